@@ -1,0 +1,95 @@
+"""Distributed semantics of a component method, declared once on the interface (DESIGN §5).
+
+    class Model(ABC):
+        @remote_method(dispatch='slice_dp', collect='mean')
+        def forward_backward(self, *, inputs, **kwargs): ...
+
+The local runtime ignores the declaration (the object is called directly). The Ray runtime and the HTTP
+client build their proxies from `remote_methods(cls)`: which methods exist, how arguments are split across
+data-parallel workers, and how results are collected. No hand-written mirror of every method.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, TypeVar
+
+Dispatch = Literal['all', 'slice_dp', 'first']
+Collect = Literal['first', 'mean', 'concat', 'list', 'none']
+
+_F = TypeVar('_F', bound=Callable[..., Any])
+_ATTR = '__twinkle_remote__'
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """`dispatch`: 'all' = every worker gets the same call; 'slice_dp' = the `inputs` argument is split across
+    data-parallel ranks; 'first' = only rank 0 runs it. `collect`: how per-worker results become one result.
+    `mutates`: the call changes state (a runtime must not retry it blindly)."""
+    dispatch: Dispatch = 'all'
+    collect: Collect = 'first'
+    mutates: bool = True
+
+
+def remote_method(dispatch: Dispatch = 'all', collect: Collect = 'first', *, mutates: bool = True) -> Callable[[_F], _F]:
+    """Mark an interface method as callable through remote runtimes, with its dispatch/collect semantics."""
+    spec = RemoteSpec(dispatch, collect, mutates)
+
+    def decorator(fn: _F) -> _F:
+        setattr(fn, _ATTR, spec)
+        return fn
+
+    return decorator
+
+
+def remote_methods(cls: type) -> dict[str, RemoteSpec]:
+    """All remote methods of `cls` (inherited declarations included; an override keeps the base's spec)."""
+    out: dict[str, RemoteSpec] = {}
+    for klass in reversed(cls.__mro__):
+        for name, attr in vars(klass).items():
+            spec = getattr(attr, _ATTR, None)
+            if spec is not None:  # an undecorated override keeps the base's declaration
+                out[name] = spec
+    return out
+
+
+def collect_results(results: list[Any], how: Collect) -> Any:
+    """Combine per-worker results according to `how`."""
+    if how == 'none':
+        return None
+    if how == 'list':
+        return results
+    if how == 'first' or len(results) == 1:
+        return results[0]
+    if how == 'concat':
+        first = results[0]
+        if isinstance(first, list):
+            return [x for r in results for x in r]
+        if isinstance(first, dict):
+            return {k: collect_results([r[k] for r in results], 'concat') for k in first}
+        import torch  # only reached for tensor results
+        return torch.cat(results)
+    if how == 'mean':
+        first = results[0]
+        if isinstance(first, dict):
+            return {k: collect_results([r[k] for r in results], 'mean') if _numeric(first[k]) else first[k]
+                    for k in first}
+        return sum(results) / len(results)
+    raise ValueError(f'unknown collect mode {how!r}')
+
+
+def _numeric(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def split_for_dp(inputs: list[Any], dp_size: int) -> list[list[Any]]:
+    """Split a batch into `dp_size` contiguous, near-equal slices (rank r gets slice r)."""
+    if dp_size < 1:
+        raise ValueError('dp_size must be >= 1')
+    n = len(inputs)
+    base, extra = divmod(n, dp_size)
+    out, start = [], 0
+    for r in range(dp_size):
+        size = base + (1 if r < extra else 0)
+        out.append(list(inputs[start:start + size]))
+        start += size
+    return out

@@ -1,0 +1,43 @@
+"""The Loss interface.
+
+Contract (all losses):
+- `inputs`: the collated batch from the model's input processor: ``labels`` [B, T] already **shifted** so that
+  ``labels[:, t]`` is the token predicted at position t (-100 = no loss), plus any per-token fields shifted the
+  same way (``advantages``, ``old_logps``, ``ref_logps``, ``weights`` ...) and per-row fields.
+- `outputs`: the forward's results: ``logps`` [B, T] = log-prob of ``labels[:, t]`` (0 where masked), ``mask``
+  [B, T] bool, and ``logits`` [B, T, V] when the loss declares ``needs_logits = True``.
+- returns a `LossOutput` dict: ``loss`` (scalar tensor to backpropagate) and optional float metrics.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, TypedDict
+
+
+class LossOutput(TypedDict, total=False):
+    loss: Any  # scalar torch.Tensor
+    num_tokens: int
+    metrics: dict[str, float]
+
+
+class Loss(ABC):
+    needs_logits: bool = False  # True: the model must keep full logits in `outputs['logits']`
+
+    @abstractmethod
+    def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
+        """Compute the loss of one (micro-)batch."""
+
+    @classmethod
+    def from_callable(cls, fn: Callable[..., Any], **init_args: Any) -> 'Loss':
+        """Wrap ``fn(inputs, outputs, **kwargs) -> tensor | LossOutput`` as a Loss."""
+        return _CallableLoss(fn, **init_args)
+
+
+class _CallableLoss(Loss):
+    def __init__(self, fn: Callable[..., Any], needs_logits: bool = False, **kwargs: Any) -> None:
+        self.fn, self.needs_logits, self.kwargs = fn, needs_logits, kwargs
+        self.__name__ = getattr(fn, '__name__', 'custom_loss')
+
+    def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
+        out = self.fn(inputs, outputs, **{**self.kwargs, **kwargs})
+        return out if isinstance(out, dict) else LossOutput(loss=out)

@@ -1,0 +1,111 @@
+"""The Model interface: what a training script calls. Backends (Transformers, Megatron) implement it.
+
+Every per-tenant method takes ``adapter_name=None``: a single-adapter model ignores it (or uses its only
+adapter); a multi-adapter model requires it (or takes it from ``with model.adapter(name):``).
+
+Gradient accumulation: `forward_backward` accumulates gradients; `clip_grad_and_step` performs the optimizer
+step only on every `gradient_accumulation_steps`-th call (per adapter) and always returns the step's metrics.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from twinkle_core.dispatch import remote_method
+from twinkle_core.runtime.context import HostedComponentMeta
+
+
+class Model(ABC, metaclass=HostedComponentMeta):
+    """A trainable model. Inputs are lists of `InputFeature` rows (dicts or models)."""
+
+    # ---- configuration -------------------------------------------------------------------------------------
+    @remote_method('all', 'first')
+    @abstractmethod
+    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
+                             **kwargs: Any) -> None:
+        """Add a trainable LoRA adapter (`config`: a `peft.LoraConfig` or a dict of its fields)."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Optimizer by name (kind `optimizer`, e.g. 'AdamW') or class; kwargs go to its constructor."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """LR scheduler by name (kind `lr_scheduler`) or class; requires an optimizer."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Loss by name (kind `loss`), class, instance or plain function. Unknown names raise."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Input processor (collation: padding or padding-free packing) by name, class or instance."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Chat template by name, class or instance (used by `encode`-side helpers and samplers)."""
+
+    # ---- training step -------------------------------------------------------------------------------------
+    @remote_method('slice_dp', 'mean')
+    @abstractmethod
+    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward, loss, backward (gradients accumulate). Returns {'loss': float, 'logprobs': [...], ...}."""
+
+    @remote_method('slice_dp', 'concat', mutates=False)
+    @abstractmethod
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients. Returns per-row target-token logprobs (and loss when labels exist)."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
+                           **kwargs: Any) -> dict[str, Any]:
+        """Clip gradients, optimizer step, LR step and zero_grad (honouring gradient accumulation)."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
+        """Clip gradients to `max_norm` (None: measure only); returns the total norm before clipping."""
+
+    @remote_method('all', 'none')
+    @abstractmethod
+    def step(self, *, adapter_name: str | None = None) -> None:
+        """Optimizer step (no clipping, no accumulation bookkeeping)."""
+
+    @remote_method('all', 'none')
+    @abstractmethod
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        """Drop accumulated gradients."""
+
+    @remote_method('all', 'none')
+    @abstractmethod
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        """Advance the LR scheduler one step."""
+
+    @remote_method('all', 'first', mutates=False)
+    @abstractmethod
+    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
+        """Metrics since the last call (loss, token accuracy, grad norm, lr, tokens/s), then reset them."""
+
+    @remote_method('all', 'first', mutates=False)
+    @abstractmethod
+    def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
+        """A JSON-serialisable description of the training setup (model, adapter, optimizer, loss, ...)."""
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    @remote_method('first', 'first')
+    @abstractmethod
+    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
+             adapter_name: str | None = None, **kwargs: Any) -> str:
+        """Write a checkpoint; returns its directory. LoRA in PEFT format, full weights in HF format."""
+
+    @remote_method('all', 'first')
+    @abstractmethod
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
+             **kwargs: Any) -> None:
+        """Load a checkpoint written by `save` (weights, and optimizer/scheduler/RNG state when asked)."""

@@ -1,0 +1,21 @@
+"""The Runtime interface: where components live (this process, Ray actors, an HTTP server)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class Runtime(ABC):
+    name: str = ''
+
+    @abstractmethod
+    def start(self, *, groups: list[Any] | None = None, global_device_mesh: Any = None, **kwargs: Any) -> None:
+        """Bring the runtime up (idempotent)."""
+
+    @abstractmethod
+    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
+              device_mesh: Any = None) -> Any:
+        """Construct a component of class `cls` (locally, or as a proxy to remote workers)."""
+
+    def shutdown(self) -> None:
+        """Release workers and connections."""

@@ -1,0 +1,60 @@
+"""The active runtime, and the metaclass that lets ``Cls(..., remote_group='model')`` build a remote proxy.
+
+Under the `local` runtime (the default) `remote_group` is dropped and the object is built here. Under a remote
+runtime (e.g. `ray`) the runtime's `build` returns a proxy whose methods follow the interface's `remote_method`
+declarations. This is the one place where construction is redirected; it is explicit in `initialize(mode=...)`.
+"""
+from __future__ import annotations
+
+from abc import ABCMeta
+from typing import Any
+
+from twinkle_core.mesh import DeviceGroup, DeviceMesh
+from twinkle_core.runtime.base import Runtime
+
+_active: Runtime | None = None
+_mesh: DeviceMesh | None = None
+_groups: list[DeviceGroup] = []
+
+
+def initialize(mode: str = 'local', *, groups: list[DeviceGroup] | None = None,
+               global_device_mesh: DeviceMesh | None = None, **kwargs: Any) -> Runtime:
+    """Pick and start the runtime plugin named `mode` (kind `runtime`). Calling it again replaces the runtime."""
+    global _active, _mesh, _groups
+    from twinkle_core.registry import resolve
+    runtime = resolve('runtime', mode)
+    if _active is not None and _active is not runtime:
+        _active.shutdown()
+    runtime.start(groups=groups, global_device_mesh=global_device_mesh, **kwargs)
+    _active, _mesh, _groups = runtime, global_device_mesh, list(groups or [])
+    return runtime
+
+
+def current_runtime() -> Runtime | None:
+    return _active
+
+
+def global_device_mesh() -> DeviceMesh | None:
+    return _mesh
+
+
+def device_groups() -> list[DeviceGroup]:
+    return list(_groups)
+
+
+def shutdown() -> None:
+    global _active, _mesh, _groups
+    if _active is not None:
+        _active.shutdown()
+    _active, _mesh, _groups = None, None, []
+
+
+class HostedComponentMeta(ABCMeta):
+    """Metaclass of components a runtime may host elsewhere (models, samplers, data loaders)."""
+
+    def __call__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
+        runtime = _active
+        if remote_group is not None and runtime is not None and runtime.name != 'local':
+            device_mesh = kwargs.pop('device_mesh', None)
+            return runtime.build(cls, args, kwargs, remote_group=remote_group, device_mesh=device_mesh)
+        return super().__call__(*args, **kwargs)

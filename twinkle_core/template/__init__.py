@@ -1,0 +1,5 @@
+"""Kind `template`: the interface, plus lazy access to every registered template by name."""
+from twinkle_core._lazy import kind_getattr
+from twinkle_core.template.base import Template
+
+__getattr__ = kind_getattr('template', __name__)

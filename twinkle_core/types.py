@@ -1,0 +1,152 @@
+"""Data formats shared by every component and runtime (pydantic models: validated, JSON-serialisable).
+
+Pipelines (HF `datasets` rows, DataLoader batches) carry plain dicts with exactly these fields; components accept
+either the model or its dict, and validate at the boundary with `as_input_features` / `Trajectory.model_validate`.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from twinkle_core.errors import InvalidInputError
+
+Role = Literal['system', 'user', 'assistant', 'tool']
+
+
+class Message(BaseModel):
+    """One chat message. `loss` overrides whether an assistant turn is trained on (default: assistant turns are)."""
+    model_config = ConfigDict(extra='allow')
+    role: Role
+    content: str
+    loss: bool | None = None
+
+
+class Trajectory(BaseModel):
+    """A conversation in the standard format, plus optional per-trajectory fields (reward inputs, answers...)."""
+    model_config = ConfigDict(extra='allow')
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator('messages')
+    @classmethod
+    def _non_empty(cls, v: list[Message]) -> list[Message]:
+        if not v:
+            raise ValueError('a trajectory needs at least one message')
+        return v
+
+
+class InputFeature(BaseModel):
+    """One encoded sequence, ready for a model's input processor.
+
+    `labels[i]` is the target for position i *after* the processor's shift, i.e. labels are aligned with
+    input_ids and -100 marks positions without loss (HF convention). Extra fields (advantages, old_logprobs,
+    ref_logprobs, adapter_name, ...) are kept and reach the loss untouched.
+    """
+    model_config = ConfigDict(extra='allow', arbitrary_types_allowed=True)
+    input_ids: list[int]
+    labels: list[int] | None = None
+    attention_mask: list[int] | None = None
+    position_ids: list[int] | None = None
+
+    @model_validator(mode='after')
+    def _lengths_match(self) -> 'InputFeature':
+        n = len(self.input_ids)
+        if n == 0:
+            raise ValueError('input_ids is empty')
+        for name in ('labels', 'attention_mask', 'position_ids'):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f'{name} has length {len(v)} but input_ids has length {n}')
+        return self
+
+
+def as_input_features(batch: Any) -> list[dict[str, Any]]:
+    """Validate a batch (an InputFeature, a dict, or a list of either) and return it as a list of dicts.
+
+    Raises `InvalidInputError` naming the first bad row.
+    """
+    if isinstance(batch, (InputFeature, dict)):
+        batch = [batch]
+    if not isinstance(batch, (list, tuple)) or not batch:
+        raise InvalidInputError(f'Expected a non-empty list of InputFeature rows, got {type(batch).__name__}.')
+    rows: list[dict[str, Any]] = []
+    for i, row in enumerate(batch):
+        if isinstance(row, InputFeature):
+            rows.append(row.model_dump(exclude_none=True))
+            continue
+        if not isinstance(row, dict):
+            raise InvalidInputError(f'Batch row {i} is a {type(row).__name__}, expected an InputFeature or dict.')
+        try:
+            InputFeature.model_validate(_listify(row))
+        except Exception as exc:  # pydantic.ValidationError, with the row index added
+            raise InvalidInputError(f'Batch row {i} is not a valid InputFeature: {exc}') from exc
+        rows.append(row)
+    return rows
+
+
+def _listify(row: dict[str, Any]) -> dict[str, Any]:
+    """Tensors/arrays -> lists for validation only (rows themselves are passed on unchanged)."""
+    out = {}
+    for k, v in row.items():
+        tolist = getattr(v, 'tolist', None)
+        out[k] = tolist() if callable(tolist) else v
+    return out
+
+
+class SamplingParams(BaseModel):
+    """How to sample. `stop` takes strings or token ids; `None` stops at EOS only."""
+    max_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_k: int = -1
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | list[int] | None = None
+    seed: int | None = None
+    num_samples: int = Field(default=1, ge=1)
+    logprobs: bool = True
+    prompt_logprobs: bool = False
+
+    @field_validator('top_k')
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError('top_k must be -1 (disabled) or >= 1')
+        return v
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, str):
+            return [self.stop]
+        return [s for s in self.stop if isinstance(s, str)]
+
+    def stop_token_ids(self) -> list[int]:
+        if self.stop is None or isinstance(self.stop, str):
+            return []
+        return [s for s in self.stop if isinstance(s, int)]
+
+
+class SampledSequence(BaseModel):
+    """One generated continuation."""
+    tokens: list[int]
+    logprobs: list[float] | None = None
+    stop_reason: Literal['stop', 'length']
+    text: str | None = None
+
+
+class SampleResponse(BaseModel):
+    """All samples for one prompt. `prompt_logprobs[0]` is None (nothing predicts the first token)."""
+    sequences: list[SampledSequence]
+    prompt_logprobs: list[float | None] | None = None
+
+
+def ensure_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]
+
+
+def flatten(groups: Iterable[Sequence[Any]]) -> list[Any]:
+    return [x for g in groups for x in g]
