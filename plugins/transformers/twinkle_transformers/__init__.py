@@ -1,0 +1,1 @@
+"""twinkle-transformers: the Hugging Face Transformers backend of twinkle_core (registered via entry points)."""

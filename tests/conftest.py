@@ -1,0 +1,32 @@
+"""Shared fixtures. The tiny model is built once per machine (cached, deterministic) — see DESIGN §9."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+
+
+@pytest.fixture(scope='session')
+def tiny_model_dir() -> Path:
+    """Directory of the deterministic tiny Qwen3 fixture (tokenizer + weights in HF format)."""
+    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+    return ensure_tiny_model('tiny')
+
+
+@pytest.fixture(scope='session')
+def small_model_dir() -> Path:
+    """A larger fixture model of the same architecture and tokenizer (e.g. a GKD teacher)."""
+    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+    return ensure_tiny_model('small')
+
+
+@pytest.fixture(scope='session')
+def self_cognition_path() -> Path:
+    from twinkle_core.fixtures import data_path
+    return data_path('self_cognition.jsonl')
