@@ -70,9 +70,10 @@ def collect_results(results: list[Any], how: Collect) -> Any:
         return torch.cat(results)
     if how == 'mean':
         first = results[0]
-        if isinstance(first, dict):
-            return {k: collect_results([r[k] for r in results], 'mean') if _numeric(first[k]) else first[k]
-                    for k in first}
+        if isinstance(first, dict):  # numbers (and nested dicts of numbers) average; per-row lists concatenate
+            return {k: collect_results([r[k] for r in results], 'mean') if _numeric(first[k]) or isinstance(
+                        first[k], dict) else collect_results([r[k] for r in results], 'concat')
+                    if isinstance(first[k], list) else first[k] for k in first}
         return sum(results) / len(results)
     raise ValueError(f'unknown collect mode {how!r}')
 

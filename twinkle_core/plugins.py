@@ -62,7 +62,10 @@ def import_target(target: str) -> Any:
 
 
 def refresh() -> None:
-    """Forget cached metadata, e.g. after ``pip install`` of a plugin in this process."""
+    """Forget cached metadata, e.g. after ``pip install`` of a plugin in this process.
+
+    Hook plugins (``twinkle.hooks``) are discovered once per process; `twinkle_core.hooks.reset_plugin_manager()`
+    re-discovers them (dropping hooks registered in this process)."""
     entry_points_of_group.cache_clear()
     importlib.invalidate_caches()
     try:

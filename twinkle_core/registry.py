@@ -166,14 +166,19 @@ def _not_found_message(kind: str, name: str) -> str:
     lines = [f'No {kind} named {name!r}.']
     if close:
         lines.append(f"Did you mean: {', '.join(close)}?")
-    if known:
+    installed = [c for c in known if c.source != 'index']
+    indexed = [c for c in known if c.source == 'index']
+    if installed:
         providers: dict[str, list[str]] = {}
-        for c in known:
+        for c in installed:
             providers.setdefault(c.provider, []).append(c.name)
         lines.append(f'Installed providers of kind {kind!r}:')
         lines += [f'  {prov}: {", ".join(sorted(ns))}' for prov, ns in sorted(providers.items())]
     else:
         lines.append(f'No provider of kind {kind!r} is installed.')
+    if indexed:
+        lines.append('Also known to the registry/ index (installable):')
+        lines += [f'  {c.name}: {c.target}' for c in indexed]
     lines.append(f'Register one with @register({kind!r}), an entry point in group "twinkle.{kind}", '
                  f'or a hub reference such as "ms://org/repo:Name".')
     return '\n'.join(lines)

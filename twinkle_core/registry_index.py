@@ -2,7 +2,10 @@
 
 Each file holds ``[[component]]`` tables with ``name``, ``kind`` and either ``distribution`` (a pip
 distribution providing it via entry points) or ``hub`` + ``revision`` + ``sha256`` (a pinned hub repo).
-The index directory is ``$TWINKLE_REGISTRY_DIR`` if set, else the ``registry/`` folder of a source checkout.
+The index directory is ``$TWINKLE_REGISTRY_DIR`` if set, else the copy shipped inside an installed wheel
+(``twinkle_core/_registry/``, written at build time by setup.py from the repo's ``registry/``), else the
+``registry/`` folder of a source checkout (editable installs). ``registry/`` at the repo root is the source of
+truth; never edit the packaged copy.
 """
 from __future__ import annotations
 
@@ -54,11 +57,15 @@ class IndexEntry:
 
 
 def index_dir() -> Path | None:
+    """The folder holding the index's ``*.toml`` files (see the module docstring), or None when there is none."""
     env = os.environ.get('TWINKLE_REGISTRY_DIR')
     if env:
         return Path(env)
-    candidate = Path(__file__).resolve().parent.parent / 'registry'
-    return candidate if candidate.is_dir() else None
+    here = Path(__file__).resolve().parent
+    for candidate in (here / '_registry', here.parent / 'registry'):
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 @lru_cache(maxsize=8)
@@ -73,10 +80,19 @@ def _load(directory: str | None) -> tuple[IndexEntry, ...]:
             raise TwinkleError(f'registry index file {path} is not valid TOML: {exc}') from exc
         for i, item in enumerate(data.get('component', [])):
             try:
-                out.append(IndexEntry(**item))
+                entry = IndexEntry(**item)
             except TypeError as exc:
                 raise TwinkleError(f'{path}: component #{i} is malformed: {exc}') from exc
+            if not entry.name or not entry.kind or bool(entry.distribution) == bool(entry.hub):
+                raise TwinkleError(f'{path}: component #{i} ({entry.name!r}) needs a name, a kind and exactly one '
+                                   f'of "distribution" or "hub".')
+            out.append(entry)
     return tuple(out)
+
+
+def refresh() -> None:
+    """Forget the parsed index (e.g. after editing registry/ or changing $TWINKLE_REGISTRY_DIR's content)."""
+    _load.cache_clear()
 
 
 def entries(kind: str | None = None) -> list[IndexEntry]:

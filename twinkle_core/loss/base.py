@@ -22,6 +22,9 @@ class LossOutput(TypedDict, total=False):
 
 class Loss(ABC):
     needs_logits: bool = False  # True: the model must keep full logits in `outputs['logits']`
+    # How the loss reduces over tokens (docs/conventions.md): 'token_mean' | 'sequence_mean' | 'sum'. Gradient
+    # accumulation divides each micro-batch's loss by the number of micro-batches unless it is 'sum'.
+    reduction: str = 'token_mean'
 
     @abstractmethod
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:

@@ -98,7 +98,7 @@ class Model(ABC, metaclass=HostedComponentMeta):
         """A JSON-serialisable description of the training setup (model, adapter, optimizer, loss, ...)."""
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
-    @remote_method('first', 'first')
+    @remote_method('all', 'first')  # every rank: gathering sharded (FSDP/TP) weights is collective; rank 0 writes
     @abstractmethod
     def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
              adapter_name: str | None = None, **kwargs: Any) -> str:

@@ -1,4 +1,7 @@
-"""Kind `template`: the interface, plus lazy access to every registered template by name."""
+"""Kind `template`: the interface, plus lazy access to every registered template by name.
+
+Built-ins (entry points): ``Template`` / ``ChatTemplate`` (any tokenizer with a chat template), ``Qwen3Template``.
+"""
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.template.base import Template
 

@@ -1,0 +1,89 @@
+"""The `ray` runtime: ``initialize(mode='ray', groups=[DeviceGroup(...)])`` hosts components on Ray actors.
+
+    twinkle_core.initialize(mode='ray', groups=[DeviceGroup('model', ranks=2), DeviceGroup('sampler', ranks=1)])
+    model = TransformersModel(model_id, remote_group='model')   # a proxy; 2 actors train data-parallel
+    model.forward_backward(inputs=batch)                          # batch split across the 2 data ranks
+
+Connects to a running cluster (``address='auto'`` / ``'ray://...'``) or starts a local one (``num_cpus``);
+a Ray instance that was already initialised is reused and left running at shutdown. Shutdown kills the actors and
+removes the placement groups of every device group.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from twinkle_core.errors import MeshError
+from twinkle_core.mesh import DeviceGroup, DeviceMesh
+from twinkle_core.runtime.base import Runtime
+
+# Environment passed to every actor (Hugging Face offline switches, tokenizer threads, ...).
+FORWARDED_ENV_PREFIXES = ('HF_', 'TRANSFORMERS_', 'TOKENIZERS_', 'TWINKLE_', 'OMP_NUM_THREADS')
+
+
+class RayRuntime(Runtime):
+    name = 'ray'
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Any] = {}  # name -> WorkerGroup
+        self._default_mesh: DeviceMesh | None = None
+        self._owns_ray = False
+
+    def start(self, *, groups: list[DeviceGroup] | None = None, global_device_mesh: DeviceMesh | None = None,
+              address: str | None = None, num_cpus: int | None = None, nproc_per_node: int | None = None,
+              runtime_env: dict[str, Any] | None = None, **ray_init_kwargs: Any) -> None:
+        """Connect to (or start) Ray and register `groups` (their actors start when a component first uses them).
+
+        `nproc_per_node` sets each worker's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (torchrun's meaning).
+        `global_device_mesh`, when given, is the default mesh of a group of the same size.
+        """
+        import ray
+
+        from twinkle_ray.group import WorkerGroup
+        if not groups:
+            raise MeshError("the ray runtime needs device groups: initialize(mode='ray', groups=[DeviceGroup("
+                            "name='model', ranks=2), ...]).")
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            raise MeshError(f'device group names must be unique, got {names}.')
+        if not ray.is_initialized():
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
+                     log_to_driver=ray_init_kwargs.pop('log_to_driver', True), **ray_init_kwargs)
+            self._owns_ray = True
+        env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+        self._default_mesh = global_device_mesh
+        self.groups = {g.name: WorkerGroup(g, nproc_per_node=nproc_per_node, env=env) for g in groups}
+
+    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
+              device_mesh: DeviceMesh | None = None, lazy_collect: bool = False) -> Any:
+        """Construct `cls` on every rank of `remote_group` and return its driver-side proxy."""
+        if remote_group not in self.groups:
+            raise MeshError(f'unknown device group {remote_group!r}; groups are {sorted(self.groups)}. Declare it in '
+                            "initialize(mode='ray', groups=[DeviceGroup(name=..., ranks=...)]).")
+        group = self.groups[remote_group]
+        if device_mesh is None and self._default_mesh is not None \
+                and self._default_mesh.world_size == group.world_size:
+            device_mesh = self._default_mesh
+        group.ensure_started(device_mesh)
+        obj_id = group.construct(cls, args, kwargs)
+        return _proxy_class(cls)(group, obj_id, lazy_collect=lazy_collect)
+
+    def group(self, name: str) -> Any:
+        """The `WorkerGroup` named `name` (its actors, mesh and placement group)."""
+        return self.groups[name]
+
+    def shutdown(self) -> None:
+        for group in self.groups.values():
+            group.shutdown()
+        self.groups = {}
+        if self._owns_ray:
+            import ray
+            ray.shutdown()
+            self._owns_ray = False
+
+
+@functools.lru_cache(maxsize=None)
+def _proxy_class(cls: type) -> type:
+    from twinkle_ray.proxy import make_proxy_class
+    return make_proxy_class(cls)

@@ -1,0 +1,120 @@
+"""The narrow engine interface the service runs on: one base model, many LoRA adapters, a sampler.
+
+Everything here is called from the base model's worker thread only (see `scheduler.py`), never from the
+event loop, so implementations need no locking. The HTTP layers speak only this interface; which training
+stack sits behind it (`MultiLoraTransformersModel` + `TorchSampler`) is the implementation's business.
+
+Rows are `InputFeature` dicts (docs/conventions.md): `labels` aligned with `input_ids`, per-token fields
+(`weights`, `old_logps`, `advantages`) aligned the same way. Losses are sums over tokens (Tinker semantics):
+gradients add up until `optim_step`.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinkle_core.types import SampleResponse, SamplingParams
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What a client asked for. `targets` are module-name suffixes (attention and/or MLP, lm_head)."""
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    seed: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'seed': self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> 'LoraSpec':
+        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'))
+
+
+@dataclass
+class TrainBatch:
+    """One tenant's share of a (possibly mixed) forward/backward pass."""
+    adapter: str
+    rows: list[dict[str, Any]]
+    loss_fn: str  # a name of kind `loss` (the Tinker names map to registered losses)
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    forward_only: bool = False
+
+
+@dataclass
+class TrainResult:
+    loss: float  # the sum-reduced loss of this batch
+    logprobs: list[list[float]]  # per row, aligned with input_ids; element 0 is 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AdamStep:
+    """Tinker `AdamParams`: every field is applied to the adapter's optimizer before it steps."""
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0  # 0 = no clipping
+
+
+@dataclass
+class SampleJob:
+    """One prompt, `num_samples` continuations, from `adapter` (a sampler adapter name) or the base model."""
+    prompt: list[int]
+    params: SamplingParams
+    num_samples: int = 1
+    prompt_logprobs: bool = False
+    adapter: str | None = None
+
+
+class Engine(ABC):
+    """One hosted base model: adapters for training, a sampler for generation."""
+
+    #: public name clients use (e.g. "Qwen/Qwen3-0.6B"), and the local directory holding weights + tokenizer
+    base_model: str
+    model_dir: str
+    max_context_length: int
+
+    @abstractmethod
+    def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
+        """Create a trainable adapter with a fresh AdamW optimizer."""
+
+    @abstractmethod
+    def remove_adapter(self, adapter: str) -> None:
+        """Free an adapter and its optimizer state (no-op when unknown)."""
+
+    @abstractmethod
+    def has_adapter(self, adapter: str) -> bool: ...
+
+    @abstractmethod
+    def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:
+        """Run every batch (one per adapter) in as few passes as the engine can; one batch's failure is
+        returned in its slot and never touches another adapter's gradients."""
+
+    @abstractmethod
+    def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
+        """Apply `step`'s hyper-parameters, clip, step and zero the adapter's gradients. Returns metrics."""
+
+    @abstractmethod
+    def save_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
+        """Adapter weights (PEFT format) + LoRA config, and optimizer state when asked, into `directory`."""
+
+    @abstractmethod
+    def load_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
+        """Replace the adapter's weights (and optimizer state when asked) with a `save_state` directory."""
+
+    @abstractmethod
+    def load_sampler_adapter(self, name: str, directory: str) -> None:
+        """Make the adapter saved in `directory` available to `sample` under `name`."""
+
+    @abstractmethod
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+        """Generate for every job (batched where possible); failures are returned in their slot."""
+
+    @abstractmethod
+    def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Call a `Model` interface method for `adapter` (the native API; `method` is already whitelisted)."""

@@ -1,0 +1,151 @@
+"""The production engine: `MultiLoraTransformersModel` (training, mixed-tenant passes) + `TorchSampler`.
+
+The sampler holds its own copy of the base weights (its LoRA routing is PEFT's, which must not be injected into
+the training model); sampler adapters are loaded from saved checkpoint directories, so what a client samples
+is exactly what was saved. Tinker loss names resolve through the registry (kind `loss`): `cross_entropy` is
+`CrossEntropyLoss(reduction='sum')` (weights may be any real number), the RL names are registered by
+twinkle-core under their Tinker names.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle_core.types import SampleResponse
+from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
+from twinkle_server.errors import ApiError, unprocessable
+from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
+from twinkle_transformers.sampler import TorchSampler
+
+#: Tinker loss_fn -> (registered loss name, fixed constructor arguments); config values are added as arguments.
+LOSS_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
+    'cross_entropy': ('CrossEntropyLoss', {'reduction': 'sum'}),
+    'importance_sampling': ('importance_sampling', {}),
+    'ppo': ('ppo', {}),
+    'cispo': ('cispo', {}),
+    'dro': ('dro', {}),
+}
+
+
+class TwinkleEngine(Engine):
+    def __init__(self, base_model: str, model_dir: str, *, device: str | None = None) -> None:
+        self.base_model, self.model_dir = base_model, str(model_dir)
+        self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device)
+        self.sampler = TorchSampler(self.model_dir, device=device)
+        self.max_context_length = int(self.model.max_length or 4096)
+        self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
+
+    # ---- adapters ------------------------------------------------------------------------------------------
+    def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
+        gen = torch.Generator().manual_seed(lora.seed) if lora.seed is not None else None
+        config = {'r': lora.rank, 'lora_alpha': lora.alpha, 'target_modules': list(lora.targets), 'lora_dropout': 0.0}
+        self.model.add_adapter_to_model(adapter, config, generator=gen)
+        self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+                                 adapter_name=adapter)
+
+    def remove_adapter(self, adapter: str) -> None:
+        if adapter in self.model.states:
+            self.model.remove_adapter(adapter)
+        self._losses.pop(adapter, None)
+
+    def has_adapter(self, adapter: str) -> bool:
+        return adapter in self.model.states
+
+    # ---- training ------------------------------------------------------------------------------------------
+    def _set_loss(self, batch: TrainBatch) -> None:
+        if batch.loss_fn not in LOSS_SPECS:
+            raise unprocessable(f'unknown loss_fn {batch.loss_fn!r}; supported: {sorted(LOSS_SPECS)}')
+        name, fixed = LOSS_SPECS[batch.loss_fn]
+        kwargs = {**fixed, **batch.loss_config}
+        key = (name, tuple(sorted(kwargs.items())))
+        if self._losses.get(batch.adapter) != key:
+            try:
+                self.model.set_loss(name, adapter_name=batch.adapter, **kwargs)
+            except TypeError as exc:
+                raise unprocessable(f'loss_fn_config {batch.loss_config} is not valid for {batch.loss_fn!r}: '
+                                    f'{exc}') from None
+            self._losses[batch.adapter] = key
+
+    def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:
+        results: dict[int, TrainResult | BaseException] = {}
+        for forward_only in (False, True):
+            group: dict[str, int] = {}
+            for i, b in enumerate(batches):
+                if b.forward_only != forward_only:
+                    continue
+                try:
+                    self._set_loss(b)
+                    group[b.adapter] = i
+                except Exception as exc:  # noqa: BLE001 - only this tenant fails
+                    results[i] = exc
+            if not group:
+                continue
+            run = self.model.forward_only if forward_only else self.model.forward_backward
+            out = run(inputs={a: batches[i].rows for a, i in group.items()}, return_errors=True)
+            for adapter, i in group.items():
+                results[i] = _result(out[adapter])
+        return [results[i] for i in range(len(batches))]
+
+    def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
+        state = self.model.states[adapter]
+        for group in state.require_optimizer().param_groups:
+            group.update(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
+                         weight_decay=step.weight_decay)
+        out = self.model.clip_grad_and_step(step.grad_clip_norm if step.grad_clip_norm > 0 else None,
+                                            adapter_name=adapter)
+        if out.get('skipped'):
+            raise ApiError(422, f'optimizer step skipped: the gradient norm is not finite ({out.get("grad_norm")}); '
+                                f'gradients were dropped, weights are unchanged')
+        norm = out.get('grad_norm')
+        metrics = {'learning_rate:mean': step.learning_rate}
+        if norm is not None and math.isfinite(norm):
+            metrics['grad_norm:mean'] = float(norm)
+        return metrics
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
+        path = Path(directory)
+        self.model.save(path.name, output_dir=str(path.parent), save_optimizer=optimizer, adapter_name=adapter)
+
+    def load_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
+        self.model.load(directory, load_optimizer=optimizer, adapter_name=adapter)
+
+    def load_sampler_adapter(self, name: str, directory: str) -> None:
+        self.sampler.load_weights(directory, adapter_name=name)
+
+    # ---- sampling ------------------------------------------------------------------------------------------
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+        """Jobs with the same sampling settings share one `TorchSampler.sample` call (adapters mixed per row)."""
+        out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
+        groups: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            params = job.params.model_copy(update={'num_samples': job.num_samples,
+                                                   'prompt_logprobs': job.prompt_logprobs, 'logprobs': True})
+            jobs[i].params = params
+            groups.setdefault(params.model_dump_json(), []).append(i)
+        for idx in groups.values():
+            try:
+                responses = self.sampler.sample([{'input_ids': jobs[i].prompt} for i in idx], jobs[idx[0]].params,
+                                                adapter_name=[jobs[i].adapter for i in idx])
+                for i, r in zip(idx, responses):
+                    out[i] = r
+            except Exception as exc:  # noqa: BLE001
+                for i in idx:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
+    def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if method == 'set_loss' or method == 'set_optimizer':
+            self._losses.pop(adapter, None)
+        return getattr(self.model, method)(*args, adapter_name=adapter, **kwargs)
+
+
+def _result(out: dict[str, Any]) -> TrainResult | BaseException:
+    if 'error' in out:
+        err = out['error']
+        return ApiError(422, f"{err.get('stage', 'step')} failed: {err.get('message', err)}")
+    metrics = {k: float(v) for k, v in (out.get('metrics') or {}).items() if isinstance(v, (int, float))}
+    return TrainResult(float(out['loss']), [list(map(float, lp)) for lp in out['logprobs']], metrics)

@@ -1,0 +1,84 @@
+"""Futures: every queued request answers `{request_id}` at once; clients long-poll `retrieve_future`.
+
+A future is completed from a worker thread (`resolve` / `reject`) and awaited on the event loop (`wait`).
+Finished results are written to the store, so a client can still collect them after a restart; futures that
+were pending when the server died are failed at start-up with a message that says to resubmit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinkle_server.errors import failure_body
+from twinkle_server.store import FutureRow, Store
+
+JSON = 'application/json'
+PROTOBUF = 'application/x-protobuf'
+
+
+@dataclass
+class _Pending:
+    tenant: str
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FutureTable:
+    """Pending futures in memory, finished ones in the store."""
+
+    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+
+    def recover(self) -> int:
+        """Fail futures left pending by a previous process. Returns how many."""
+        n = 0
+        body = json.dumps({'error': 'the server restarted before this request finished; submit it again',
+                           'category': 'server'}).encode()
+        for request_id in self.store.pending_futures():
+            self.store.finish_future(request_id, 'failed', JSON, body)
+            n += 1
+        return n
+
+    def create(self, tenant: str) -> str:
+        request_id = f'req-{uuid.uuid4().hex}'
+        self.store.add_future(request_id, tenant)
+        with self._lock:
+            self._pending[request_id] = _Pending(tenant, self.loop)
+        return request_id
+
+    # ---- completion (any thread) ---------------------------------------------------------------------------
+    def resolve(self, request_id: str, result: Any) -> None:
+        """`result`: a JSON-serialisable value or protobuf `bytes`."""
+        if isinstance(result, (bytes, bytearray)):
+            self._finish(request_id, 'done', PROTOBUF, bytes(result))
+        else:
+            self._finish(request_id, 'done', JSON, json.dumps(result).encode())
+
+    def reject(self, request_id: str, exc: BaseException) -> None:
+        self._finish(request_id, 'failed', JSON, json.dumps(failure_body(exc)).encode())
+
+    def _finish(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
+        self.store.finish_future(request_id, state, content_type, body)
+        with self._lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending.loop.call_soon_threadsafe(pending.event.set)
+
+    # ---- retrieval (event loop) ----------------------------------------------------------------------------
+    async def wait(self, request_id: str, tenant: str, timeout_s: float) -> FutureRow | None:
+        """The finished row, a pending row after `timeout_s`, or None if the id is unknown to this tenant."""
+        with self._lock:
+            pending = self._pending.get(request_id)
+        if pending is not None and pending.tenant == tenant:
+            try:
+                await asyncio.wait_for(pending.event.wait(), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        return self.store.future(request_id, tenant)

@@ -1,0 +1,2 @@
+from fastapi import APIRouter
+router = APIRouter(prefix='/twinkle/v1')

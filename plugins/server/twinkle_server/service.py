@@ -1,0 +1,366 @@
+"""The service core shared by the Tinker routes and the native routes: tenants' live models, sampling
+sessions, checkpoints and the queued operations on them. Routes translate wire formats; this module owns
+the rules (ownership, limits, seq_id ordering, atomic checkpoints, persistence).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
+from twinkle_server.config import ServerConfig
+from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
+from twinkle_server.errors import ApiError, not_found, unprocessable
+from twinkle_server.futures import FutureTable
+from twinkle_server.scheduler import ModelWorker, Work
+from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LiveModel:
+    """A training model loaded in an engine (its adapter is named by `model_id`)."""
+    model_id: str
+    tenant: str
+    base_model: str
+    session_id: str
+    lora: LoraSpec
+    tinker_lora: dict[str, Any]
+
+
+class Service:
+    def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.store = Store(config.data_dir)
+        self.files = CheckpointFiles(config.data_dir)
+        self.futures = FutureTable(self.store, loop)
+        self.futures.recover()
+        self.engines = engines
+        self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch)
+                        for name, e in engines.items()}
+        self.models: dict[str, LiveModel] = {}
+        self._seen: dict[tuple[str, int], str] = {}  # (model_id, seq_id) -> request_id: idempotent re-posts
+        self._sampler_adapters: set[str] = set()
+        self._rate: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.stop()
+        self.store.close()
+
+    # ---- tenants -------------------------------------------------------------------------------------------
+    def check_rate(self, tenant: str) -> None:
+        limit = self.config.limits(tenant).requests_per_minute
+        if limit is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            window = self._rate.setdefault(tenant, deque())
+            while window and now - window[0] > 60:
+                window.popleft()
+            if len(window) >= limit:
+                raise ApiError(429, f'tenant {tenant!r} exceeded its limit of {limit} requests per minute')
+            window.append(now)
+
+    def _check_new_adapter(self, tenant: str, rank: int) -> None:
+        limits = self.config.limits(tenant)
+        if limits.max_lora_rank is not None and rank > limits.max_lora_rank:
+            raise unprocessable(f'LoRA rank {rank} exceeds the limit {limits.max_lora_rank} for tenant {tenant!r}')
+        if limits.max_adapters is not None:
+            live = sum(1 for m in self.models.values() if m.tenant == tenant)
+            if live >= limits.max_adapters:
+                raise ApiError(429, f'tenant {tenant!r} already has {live} live training models (limit '
+                                    f'{limits.max_adapters}); finish a session or unload a model first',
+                               category='user')
+
+    # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
+    def engine(self, base_model: str) -> Engine:
+        if base_model not in self.engines:
+            raise ApiError(404, f'base model {base_model!r} is not served here; available: {sorted(self.engines)}')
+        return self.engines[base_model]
+
+    def model(self, tenant: str, model_id: str) -> LiveModel:
+        m = self.models.get(model_id)
+        if m is None or m.tenant != tenant:
+            if m is None and self.store.training_run(model_id, tenant) is not None:
+                raise ApiError(404, f'model {model_id!r} is not loaded (the server restarted or its session ended); '
+                                    f'resume it from a checkpoint with create_training_client_from_state')
+            raise not_found('model', model_id)
+        return m
+
+    def checkpoint(self, tenant: str, path: str) -> tuple[CheckpointPath, CheckpointRow]:
+        cp = parse_path(path)
+        row = self.store.checkpoint(cp.run_id, cp.checkpoint_id, tenant)
+        if row is None:
+            raise not_found('checkpoint', path)
+        return cp, row
+
+    # ---- queueing ------------------------------------------------------------------------------------------
+    def enqueue(self, tenant: str, base_model: str, *, post: Callable[[Any], Any] = lambda r: r,
+                model_id: str | None = None, seq_id: int | None = None, **work: Any) -> str:
+        """Queue engine work and return a future id; `post(result)` (worker thread) makes the future's value."""
+        if model_id is not None and seq_id is not None:
+            with self._lock:
+                seen = self._seen.get((model_id, seq_id))
+            if seen is not None:
+                return seen
+        request_id = self.futures.create(tenant)
+        item = Work(tenant, on_done=lambda r: self.futures.resolve(request_id, post(r)),
+                    on_error=lambda e: self.futures.reject(request_id, e), model_id=model_id, seq_id=seq_id, **work)
+        try:
+            self.workers[base_model].submit(item)
+        except ApiError as exc:
+            self.futures.reject(request_id, exc)
+            raise
+        if model_id is not None and seq_id is not None:
+            with self._lock:
+                self._seen[(model_id, seq_id)] = request_id
+        return request_id
+
+    def skip(self, model_id: str, seq_id: int) -> None:
+        m = self.models.get(model_id)
+        if m is not None:
+            self.workers[m.base_model].skip(model_id, seq_id)
+
+    # ---- training models -----------------------------------------------------------------------------------
+    def create_model(self, tenant: str, session_id: str, model_seq_id: int, base_model: str,
+                     tinker_lora: dict[str, Any], user_metadata: Any = None) -> str:
+        self.require_session(tenant, session_id)
+        self.engine(base_model)
+        rank = int(tinker_lora.get('rank') or 0)
+        if rank < 1:
+            raise unprocessable(f'lora_config.rank must be >= 1, got {rank}')
+        self._check_new_adapter(tenant, rank)
+        lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
+        model_id = f'{session_id}:train:{model_seq_id}'
+        if model_id in self.models:
+            raise ApiError(400, f'model {model_id!r} already exists in this session (model_seq_id reused)')
+        live = LiveModel(model_id, tenant, base_model, session_id, lora, tinker_lora)
+
+        def create(engine: Engine) -> dict[str, Any]:
+            engine.add_adapter(model_id, lora)
+            self.store.add_training_run(model_id, tenant, session_id, base_model, _run_config(live), user_metadata)
+            return {'model_id': model_id, 'type': 'create_model'}
+
+        self.models[model_id] = live
+        self.workers[base_model].start_sequence(model_id, 1)
+        try:
+            return self.enqueue(tenant, base_model, call=create)
+        except ApiError:
+            self._forget(model_id)
+            raise
+
+    def load_new_model(self, tenant: str, session_id: str, model_seq_id: int, path: str, optimizer: bool,
+                       base_model: str | None = None, user_metadata: Any = None) -> str:
+        """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1)."""
+        self.require_session(tenant, session_id)
+        cp, row = self.checkpoint(tenant, path)
+        meta = self.files.read_meta(row.directory)
+        base = base_model or meta['base_model']
+        if base != meta['base_model']:
+            raise unprocessable(f'checkpoint {path} was trained on {meta["base_model"]!r}, not {base!r}')
+        if optimizer and cp.kind != 'training':
+            raise unprocessable(f'{path} is a sampler checkpoint without optimizer state; load a weights/ checkpoint')
+        self.engine(base)
+        lora = LoraSpec.from_dict(meta['lora'])
+        self._check_new_adapter(tenant, lora.rank)
+        model_id = f'{session_id}:train:{model_seq_id}'
+        live = LiveModel(model_id, tenant, base, session_id, lora, meta.get('tinker_lora', {'rank': lora.rank}))
+
+        def load(engine: Engine) -> dict[str, Any]:
+            engine.add_adapter(model_id, lora)
+            engine.load_state(model_id, row.directory, optimizer=optimizer)
+            self.store.add_training_run(model_id, tenant, session_id, base, _run_config(live), user_metadata)
+            return {'model_id': model_id, 'path': path, 'type': 'load_weights'}
+
+        self.models[model_id] = live
+        self.workers[base].start_sequence(model_id, 1)
+        return self.enqueue(tenant, base, call=load)
+
+    def load_into_model(self, tenant: str, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
+        m = self.model(tenant, model_id)
+        cp, row = self.checkpoint(tenant, path)
+        meta = self.files.read_meta(row.directory)
+        if meta['base_model'] != m.base_model or LoraSpec.from_dict(meta['lora']).rank != m.lora.rank:
+            raise unprocessable(f'checkpoint {path} (base {meta["base_model"]}, rank {meta["lora"]["rank"]}) does '
+                                f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})')
+
+        def load(engine: Engine) -> dict[str, Any]:
+            engine.load_state(model_id, row.directory, optimizer=optimizer)
+            return {'path': path, 'model_id': model_id, 'type': 'load_weights'}
+
+        return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id)
+
+    def forward_backward(self, tenant: str, model_id: str, seq_id: int | None, batch: TrainBatch,
+                         post: Callable[[Any], Any]) -> str:
+        m = self.model(tenant, model_id)
+        self.store.touch_training_run(model_id)
+        return self.enqueue(tenant, m.base_model, train=batch, post=post, model_id=model_id, seq_id=seq_id)
+
+    def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: AdamStep) -> str:
+        m = self.model(tenant, model_id)
+        return self.enqueue(tenant, m.base_model, call=lambda e: {'metrics': e.optim_step(model_id, step)},
+                            model_id=model_id, seq_id=seq_id)
+
+    def call(self, tenant: str, model_id: str, fn: Callable[[Engine], Any], seq_id: int | None = None) -> str:
+        m = self.model(tenant, model_id)
+        return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id)
+
+    def unload(self, model_id: str) -> None:
+        m = self.models.get(model_id)
+        if m is None:
+            return
+        self.workers[m.base_model].end_sequence(model_id)
+        self.workers[m.base_model].submit(Work(m.tenant, on_done=lambda r: None, on_error=lambda e: None,
+                                               call=lambda e: e.remove_adapter(model_id)))
+        self._forget(model_id)
+
+    def _forget(self, model_id: str) -> None:
+        self.models.pop(model_id, None)
+        with self._lock:
+            for key in [k for k in self._seen if k[0] == model_id]:
+                del self._seen[key]
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
+             optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
+             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://') -> str:
+        """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`)."""
+        m = self.model(tenant, model_id)
+        cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
+        final = self.files.directory(tenant, cp)
+        meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
+                'run_id': model_id, 'kind': cp.kind, 'optimizer': bool(optimizer and not sampler)}
+
+        def write(engine: Engine) -> Any:
+            size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
+                                    meta, overwrite=overwrite)
+            self.store.put_checkpoint(CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size,
+                                                    time.time(), user_metadata, None))
+            return post(cp.uri()) if post else {'path': cp.uri(), 'type': 'save_weights'}
+
+        return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id)
+
+    def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
+                             sampling_session_seq_id: int) -> str:
+        """The unnamed save_weights_for_sampler: snapshot the adapter and create the sampling session here."""
+        m = self.model(tenant, model_id)
+        sid = f'{session_id}:sample:{sampling_session_seq_id}'
+        name = f'snapshot-{sampling_session_seq_id}'
+
+        def created(uri: str) -> dict[str, Any]:
+            self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, m.base_model, uri, time.time()))
+            return {'sampling_session_id': sid, 'type': 'save_weights_for_sampler'}
+
+        return self.save(tenant, model_id, seq_id, name, sampler=True, optimizer=False, post=created)
+
+    def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
+        row = self.store.checkpoint(run_id, checkpoint_id, tenant)
+        if row is None:
+            raise not_found('checkpoint', f'{run_id}/{checkpoint_id}')
+        self.store.delete_checkpoint(run_id, checkpoint_id)
+        self.files.delete(row.directory)
+
+    # ---- sessions and sampling -----------------------------------------------------------------------------
+    def require_session(self, tenant: str, session_id: str) -> None:
+        state = self.store.session_state(session_id, tenant)
+        if state is None:
+            raise not_found('session', session_id)
+        if state == 'finished':
+            raise ApiError(410, f'session {session_id!r} has finished; create a new session')
+
+    def finish_session(self, tenant: str, session_id: str) -> None:
+        self.require_session(tenant, session_id)
+        self.store.finish_session(session_id)
+        for model_id in [k for k, m in self.models.items() if m.session_id == session_id]:
+            self.unload(model_id)
+
+    def create_sampling_session(self, tenant: str, session_id: str, seq_id: int, model_path: str | None,
+                                base_model: str | None) -> str:
+        self.require_session(tenant, session_id)
+        if model_path:
+            _, row = self.checkpoint(tenant, model_path)
+            base = self.files.read_meta(row.directory)['base_model']
+        elif base_model:
+            base = base_model
+        else:
+            raise unprocessable('create_sampling_session needs model_path (a tinker:// checkpoint) or base_model')
+        self.engine(base)
+        sid = f'{session_id}:sample:{seq_id}'
+        self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, base, model_path, time.time()))
+        return sid
+
+    def sample(self, tenant: str, sampling_session_id: str | None, model_path: str | None, base_model: str | None,
+               job: SampleJob, post: Callable[[Any], Any]) -> str:
+        if sampling_session_id:
+            row = self.store.sampling_session(sampling_session_id, tenant)
+            if row is None:
+                raise not_found('sampling session', sampling_session_id)
+            model_path, base = row.model_path, row.base_model
+        elif model_path:
+            _, ck = self.checkpoint(tenant, model_path)
+            base = self.files.read_meta(ck.directory)['base_model']
+        elif base_model:
+            base = base_model
+        else:
+            raise unprocessable('asample needs sampling_session_id, model_path or base_model')
+        engine = self.engine(base)
+        if len(job.prompt) + job.params.max_tokens > engine.max_context_length:
+            raise unprocessable(f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
+                                f'the context length {engine.max_context_length} of {base!r}')
+        if model_path:
+            _, ck = self.checkpoint(tenant, model_path)
+            job.adapter = 'sampler-' + hashlib.sha1(ck.directory.encode()).hexdigest()[:16]
+            self._ensure_sampler_adapter(tenant, base, job.adapter, ck.directory)
+        return self.enqueue(tenant, base, sample=job, post=post)
+
+    def _ensure_sampler_adapter(self, tenant: str, base: str, name: str, directory: str) -> None:
+        with self._lock:
+            if name in self._sampler_adapters:
+                return
+            self._sampler_adapters.add(name)
+
+        def failed(exc: BaseException) -> None:
+            with self._lock:
+                self._sampler_adapters.discard(name)
+
+        self.workers[base].submit(Work(tenant, on_done=lambda r: None, on_error=failed,
+                                       call=lambda e: e.load_sampler_adapter(name, directory)))
+
+    def reap_sessions(self) -> None:
+        """Unload the models of sessions whose heartbeats stopped more than `session_ttl_s` ago."""
+        cutoff = time.time() - self.config.session_ttl_s
+        for m in list(self.models.values()):
+            seen = self.store.session_last_seen(m.session_id)
+            if seen is None or seen < cutoff:
+                logger.info('unloading %s: its session ended or stopped heart-beating', m.model_id)
+                self.unload(m.model_id)
+
+
+_ATTN = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
+_MLP = ('gate_proj', 'up_proj', 'down_proj')
+
+
+def _targets(tinker_lora: dict[str, Any]) -> tuple[str, ...]:
+    targets: tuple[str, ...] = ()
+    if tinker_lora.get('train_attn', True):
+        targets += _ATTN
+    if tinker_lora.get('train_mlp', True):
+        targets += _MLP
+    if tinker_lora.get('train_unembed', True):
+        targets += ('lm_head',)
+    if not targets:
+        raise unprocessable('lora_config must train at least one of attention, MLP or unembedding')
+    return targets
+
+
+def _run_config(m: LiveModel) -> dict[str, Any]:
+    return {'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora}

@@ -1,0 +1,73 @@
+"""Tinker sampling routes: create_sampling_session, GET samplers/{id}, asample (protobuf result)."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
+from tinker import types
+
+from twinkle_core.types import SampleResponse, SamplingParams
+from twinkle_server.auth import Tenant
+from twinkle_server.deps import json_body, parse, service, tenant
+from twinkle_server.engine.base import SampleJob
+from twinkle_server.errors import not_found, unprocessable
+from twinkle_server.service import Service
+from twinkle_server.tinker import wire
+
+router = APIRouter(prefix='/api/v1')
+
+
+@router.post('/create_sampling_session')
+async def create_sampling_session(request: Request, who: Tenant = Depends(tenant),
+                                  svc: Service = Depends(service)) -> dict[str, Any]:
+    req = parse(types.CreateSamplingSessionRequest, await json_body(request))
+    sid = svc.create_sampling_session(who.name, req.session_id, req.sampling_session_seq_id, req.model_path,
+                                      req.base_model)
+    return {'sampling_session_id': sid, 'type': 'create_sampling_session'}
+
+
+@router.get('/samplers/{sampler_id}')
+async def get_sampler(sampler_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    row = svc.store.sampling_session(sampler_id, who.name)
+    if row is None:
+        raise not_found('sampler', sampler_id)
+    return {'sampler_id': row.sampling_session_id, 'base_model': row.base_model, 'model_path': row.model_path}
+
+
+@router.post('/asample')
+async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    req = parse(types.SampleRequest, await json_body(request))
+    if req.topk_prompt_logprobs or req.topk_sample_logprobs or req.prompt_alt_tokens_k or \
+            req.target_prompt_logprobs is not None or req.prompt_logprobs_last_n is not None:
+        raise unprocessable('top-k logprobs, target/alt prompt tokens and prompt_logprobs_last_n are not supported '
+                            'by this server; ask for prompt_logprobs=true and per-token sample logprobs instead')
+    job = SampleJob(prompt=_tokens(req.prompt), params=_params(req.sampling_params), num_samples=req.num_samples,
+                    prompt_logprobs=bool(req.prompt_logprobs))
+    rid = svc.sample(who.name, req.sampling_session_id, req.model_path, req.base_model, job,
+                     post=lambda r: wire.encode_sample_response(r if isinstance(r, SampleResponse)
+                                                                else SampleResponse.model_validate(r)))
+    return {'request_id': rid, 'sample_sequence_ids': [f'{rid}:{i}' for i in range(req.num_samples)]}
+
+
+def _tokens(prompt: types.ModelInput) -> list[int]:
+    tokens: list[int] = []
+    for i, chunk in enumerate(prompt.chunks):
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise unprocessable(f'prompt chunk {i} is a {type(chunk).__name__}; this server samples from token ids '
+                                f'only (EncodedTextChunk)')
+        tokens.extend(chunk.tokens)
+    if not tokens:
+        raise unprocessable('the prompt has no tokens')
+    return tokens
+
+
+def _params(p: Any) -> SamplingParams:
+    stop = p.stop
+    if stop is not None and not isinstance(stop, str):
+        stop = list(stop)
+    try:
+        return SamplingParams(max_tokens=p.max_tokens or 128, temperature=p.temperature, top_k=p.top_k,
+                              top_p=p.top_p, stop=stop, seed=p.seed)
+    except ValidationError as exc:
+        raise unprocessable(f'invalid sampling_params: {exc.errors()[0]["loc"][0]}: {exc.errors()[0]["msg"]}') from None

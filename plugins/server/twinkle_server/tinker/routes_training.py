@@ -1,0 +1,91 @@
+"""Tinker training routes: create_model, get_info, forward_backward (protobuf), optim_step, unload_model."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from tinker import types
+
+from twinkle_server.auth import Tenant
+from twinkle_server.deps import json_body, parse, service, tenant
+from twinkle_server.engine.base import AdamStep, TrainBatch, TrainResult
+from twinkle_server.errors import ApiError, bad_request
+from twinkle_server.service import Service
+from twinkle_server.tinker import datums, wire
+
+router = APIRouter(prefix='/api/v1')
+
+
+@router.post('/create_model')
+async def create_model(request: Request, who: Tenant = Depends(tenant),
+                       svc: Service = Depends(service)) -> dict[str, Any]:
+    req = parse(types.CreateModelRequest, await json_body(request))
+    if req.lora_config is None:
+        raise ApiError(422, 'full fine-tuning is not offered by this server; pass a lora_config (rank >= 1)')
+    if getattr(req.optimizer_config, 'type', 'adamw') != 'adamw':
+        raise ApiError(422, f'optimizer {req.optimizer_config.type!r} is not supported; use AdamW (the default)')
+    rid = svc.create_model(who.name, req.session_id, req.model_seq_id, req.base_model,
+                           req.lora_config.model_dump(), req.user_metadata)
+    return {'request_id': rid, 'model_id': f'{req.session_id}:train:{req.model_seq_id}'}
+
+
+@router.post('/get_info')
+async def get_info(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    req = parse(types.GetInfoRequest, await json_body(request))
+    m = svc.model(who.name, req.model_id)
+    engine = svc.engine(m.base_model)
+    return {'type': 'get_info', 'model_id': m.model_id, 'is_lora': True, 'lora_rank': m.lora.rank,
+            'model_name': m.base_model,
+            'model_data': {'arch': 'causal_lm', 'model_name': m.base_model, 'tokenizer_id': engine.model_dir}}
+
+
+@router.post('/forward_backward')
+async def forward_backward(request: Request, who: Tenant = Depends(tenant),
+                           svc: Service = Depends(service)) -> dict[str, Any]:
+    if request.headers.get('content-encoding', 'identity') not in ('identity', ''):
+        raise bad_request('compressed forward_backward bodies are not enabled on this server (client/config says '
+                          'proto_compress_fwdbwd=false); send the protobuf uncompressed')
+    if 'protobuf' not in request.headers.get('content-type', ''):
+        raise ApiError(415, 'forward_backward takes a ForwardBackwardRequest protobuf (Content-Type: '
+                            'application/x-protobuf), as sent by tinker >= 0.25')
+    msg = wire.parse_forward_backward(await request.body())
+    svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
+    try:
+        call = wire.decode_forward_backward(msg)
+        rows = datums.to_rows(call.data, call.loss_fn)
+    except ApiError:
+        svc.skip(msg.model_id, msg.seq_id)  # later requests of this model must not wait for this one
+        raise
+    batch = TrainBatch(call.model_id, rows, call.loss_fn, call.loss_config, call.forward_only)
+
+    def output(result: TrainResult) -> bytes:
+        metrics = {'loss:sum': result.loss, **{k: v for k, v in result.metrics.items() if ':' in k}}
+        return wire.encode_forward_backward_output(datums.datum_logprobs(result.logprobs), metrics)
+
+    rid = svc.forward_backward(who.name, call.model_id, call.seq_id, batch, post=output)
+    return {'request_id': rid, 'model_id': call.model_id}
+
+
+@router.post('/optim_step')
+async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    req = parse(types.OptimStepRequest, await json_body(request))
+    params = req.optim_params
+    if not isinstance(params, types.AdamParams):
+        svc.skip(req.model_id, req.seq_id or 0)
+        raise ApiError(422, f'optimizer params of type {getattr(params, "type", "?")!r} are not supported; '
+                            f'send AdamParams')
+    step = AdamStep(params.learning_rate, params.beta1, params.beta2, params.eps, params.weight_decay,
+                    params.grad_clip_norm)
+    rid = svc.optim_step(who.name, req.model_id, req.seq_id, step)
+    return {'request_id': rid, 'model_id': req.model_id}
+
+
+@router.post('/unload_model')
+async def unload_model(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    body = await json_body(request)
+    model_id = str(body.get('model_id', ''))
+    svc.model(who.name, model_id)
+    svc.unload(model_id)
+    rid = svc.futures.create(who.name)
+    svc.futures.resolve(rid, {'model_id': model_id, 'type': 'unload_model'})
+    return {'request_id': rid, 'model_id': model_id}

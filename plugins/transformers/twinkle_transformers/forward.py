@@ -1,0 +1,255 @@
+"""Forward pass -> per-token log-probs -> loss: the computation every Transformers-backed model shares.
+
+The pieces, in the order a training step uses them (see docs/conventions.md for the batch layout):
+
+- `model_call_kwargs(batch)`: the tensors a Hugging Face causal LM takes from a collated batch;
+- `forward_logps(model, batch, loss=...)`: run the model and return the loss's ``outputs`` dict
+  (``logps``, ``mask``, ``target_logps``, ``correct`` and, when the loss asks for them, ``logits``);
+- `run_loss(loss, batch, outputs)`: call the loss and check what it returned;
+- `rows_logprobs(batch, target_logps)`: per-row log-probs aligned with each row's ``input_ids``.
+
+Log-probs are computed by `compute_logps` (from logits, in token chunks, without an fp32 copy of the whole
+logits tensor) or by `compute_logps_from_hidden` (from the last hidden states and the output embedding, in
+chunks, never materialising the [T, V] logits) when the loss sets ``logps_from_hidden_states = True``.
+Both return float32 and give the same values and gradients.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from twinkle_core.errors import TwinkleError
+from twinkle_core.loss.base import Loss, LossOutput
+
+IGNORE_INDEX = -100
+# Tokens per chunk are chosen so that one chunk's fp32 logits take about this many bytes.
+CHUNK_BYTES = 1 << 28
+logger = logging.getLogger(__name__)
+
+
+def default_chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk so that a chunk of fp32 logits is ~256 MiB."""
+    return max(1, CHUNK_BYTES // (4 * max(1, vocab_size)))
+
+
+# ---- log-probs from logits ---------------------------------------------------------------------------------
+class _TokenLogProbs(torch.autograd.Function):
+    """log_softmax(logits)[target] over [N, V] logits, in chunks of rows; saves only the logsumexp [N]."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+        n = logits.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        for s in range(0, n, chunk):
+            x = logits[s:s + chunk].float()
+            lse[s:s + chunk] = torch.logsumexp(x, dim=-1)
+            out[s:s + chunk] = x.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        grad_out = grad_out.float()
+        for s in range(0, logits.shape[0], ctx.chunk):
+            g = grad_out[s:s + ctx.chunk, None]
+            d = _softmax_grad(logits[s:s + ctx.chunk].float(), lse[s:s + ctx.chunk], targets[s:s + ctx.chunk], g)
+            grad[s:s + ctx.chunk] = d.to(grad.dtype)
+        return grad, None, None
+
+
+def _softmax_grad(x: Tensor, lse: Tensor, targets: Tensor, g: Tensor) -> Tensor:
+    """d(g * log_softmax(x)[target]) / dx = g * (onehot(target) - softmax(x)), computed in place on `x`."""
+    p = x.sub_(lse[:, None]).exp_().mul_(-g)
+    return p.scatter_add_(1, targets[:, None], g)
+
+
+def compute_logps(logits: Tensor, targets: Tensor, *, chunk_tokens: int | None = None) -> Tensor:
+    """Log-probability of each target token: ``log_softmax(logits)[..., target]`` as float32.
+
+    `logits` [..., V] (any float dtype; upcast chunk by chunk), `targets` [...] int with ``-100`` where there is
+    no target (those positions get 0 and no gradient). Differentiable w.r.t. `logits`; the backward keeps only
+    the logits (already alive) and a float32 logsumexp per token.
+    """
+    shape = targets.shape
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_targets = targets.reshape(-1)
+    valid = flat_targets != IGNORE_INDEX
+    safe_targets = torch.where(valid, flat_targets, 0)
+    chunk = chunk_tokens or default_chunk_tokens(logits.shape[-1])
+    logps = _TokenLogProbs.apply(flat_logits, safe_targets, chunk)
+    return torch.where(valid, logps, 0.0).view(shape)
+
+
+# ---- log-probs from hidden states (no [T, V] logits) -----------------------------------------------------
+class _HiddenTokenLogProbs(torch.autograd.Function):
+    """log_softmax(hidden @ weight.T)[target] in chunks of rows; the backward recomputes each chunk's logits.
+
+    Returns (logps [N] float32, argmax [N] long). Peak extra memory: one chunk of fp32 logits.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor,  # type: ignore[override]
+                chunk: int) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        argmax = torch.empty(n, dtype=torch.long, device=hidden.device)
+        for s in range(0, n, chunk):
+            x = (hidden[s:s + chunk] @ weight.T).float()
+            lse[s:s + chunk] = torch.logsumexp(x, dim=-1)
+            out[s:s + chunk] = x.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
+            argmax[s:s + chunk] = x.argmax(dim=-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk = chunk
+        ctx.mark_non_differentiable(argmax)
+        return out, argmax
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor, _grad_argmax: Tensor | None  # type: ignore[override]
+                 ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_out = grad_out.float()
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            h = hidden[s:s + ctx.chunk]
+            x = (h @ weight.T).float()
+            d = _softmax_grad(x, lse[s:s + ctx.chunk], targets[s:s + ctx.chunk], grad_out[s:s + ctx.chunk, None])
+            d = d.to(hidden.dtype)
+            if grad_h is not None:
+                grad_h[s:s + ctx.chunk] = d @ weight
+            if grad_w is not None:
+                grad_w += (d.T @ h).float()
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+
+
+def compute_logps_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, *,
+                              chunk_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+    """Like `compute_logps(hidden @ weight.T, targets)` without materialising the logits.
+
+    `hidden` [..., H] (the decoder's final hidden states), `weight` [V, H] (the output embedding, no bias).
+    Returns ``(logps [...] float32, argmax [...] long)``; masked positions get logp 0. Differentiable w.r.t.
+    `hidden` and `weight` (tied embeddings accumulate their gradient through `weight` as usual).
+    """
+    shape = targets.shape
+    flat_targets = targets.reshape(-1)
+    valid = flat_targets != IGNORE_INDEX
+    chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
+    logps, argmax = _HiddenTokenLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                               torch.where(valid, flat_targets, 0), chunk)
+    return torch.where(valid, logps, 0.0).view(shape), argmax.view(shape)
+
+
+# ---- the forward pass -------------------------------------------------------------------------------------
+def model_call_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for a HF causal LM from a collated batch.
+
+    Packed batches carry no attention mask: transformers then derives the block-diagonal causal mask from the
+    restarting ``position_ids`` (sdpa/eager) or uses varlen kernels (flash-attention). ``use_cache=False`` is
+    required for that detection and is right for training anyway.
+    """
+    kwargs: dict[str, Any] = {'input_ids': batch['input_ids'], 'position_ids': batch['position_ids'],
+                              'use_cache': False}
+    if batch.get('attention_mask') is not None:
+        kwargs['attention_mask'] = batch['attention_mask']
+    return kwargs
+
+
+def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The `PreTrainedModel` under a PEFT wrapper (or `model` itself)."""
+    get_base = getattr(model, 'get_base_model', None)
+    return get_base() if callable(get_base) else model
+
+
+def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
+    """(decoder, output-embedding weight) when logps can be computed from hidden states, else None.
+
+    Not possible when the output layer is adapted (a LoRA on ``lm_head``), has a bias, or the model post-processes
+    its logits (soft-capping, scaling) -- callers then fall back to full logits.
+    """
+    base = unwrap_causal_lm(model)
+    get_decoder = getattr(base, 'get_decoder', None)
+    head = base.get_output_embeddings() if hasattr(base, 'get_output_embeddings') else None
+    config = getattr(base, 'config', None)
+    post_processed = any(getattr(config, a, None) for a in ('final_logit_softcapping', 'logit_scale'))
+    if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None or post_processed:
+        return None
+    return get_decoder(), head.weight
+
+
+def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss | None = None) -> dict[str, Tensor]:
+    """Run `model` on a collated batch and build the loss's ``outputs`` dict.
+
+    Returns ``target_logps`` [B, T] (log p of ``target_ids``: the next input token, or the label where one is
+    set; 0 at row ends and padding), ``logps`` (the same, 0 where ``labels == -100``), ``mask`` (labels != -100),
+    ``correct`` (argmax == label, bool, no grad) and ``logits`` when ``loss.needs_logits``. Runs under the
+    caller's grad mode. A loss may set ``chunk_tokens`` (tokens per log-prob chunk).
+    """
+    chunk_tokens = getattr(loss, 'chunk_tokens', None)
+    needs_logits = bool(getattr(loss, 'needs_logits', False))
+    from_hidden = bool(getattr(loss, 'logps_from_hidden_states', False)) and not needs_logits
+    targets = batch['target_ids']
+    labels = batch['labels']
+    head = hidden_state_head(model) if from_hidden else None
+    if from_hidden and head is None:
+        logger.warning('%s asked for log-probs from hidden states, but this model\'s output layer does not allow it '
+                       '(adapted, biased or post-processed logits); computing full logits instead.',
+                       type(loss).__name__)
+    outputs: dict[str, Tensor] = {}
+    if head is not None:
+        decoder, weight = head
+        hidden = decoder(**model_call_kwargs(batch)).last_hidden_state
+        target_logps, argmax = compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
+    else:
+        logits = model(**model_call_kwargs(batch)).logits
+        target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)
+        with torch.no_grad():
+            argmax = logits.argmax(dim=-1)
+        if needs_logits:
+            outputs['logits'] = logits
+    mask = labels != IGNORE_INDEX
+    outputs.update(target_logps=target_logps, logps=torch.where(mask, target_logps, 0.0), mask=mask,
+                   correct=(argmax == labels) & mask)
+    return outputs
+
+
+def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> LossOutput:
+    """Call `loss(batch, outputs)` and check the result: a dict with a scalar tensor ``loss``.
+
+    Raises `TwinkleError` naming the loss when it returns something else.
+    """
+    result = loss(batch, outputs)
+    if isinstance(result, Tensor):
+        result = LossOutput(loss=result)
+    value = result.get('loss') if isinstance(result, dict) else None
+    if not isinstance(value, Tensor) or value.numel() != 1:
+        name = getattr(loss, '__name__', type(loss).__name__)
+        raise TwinkleError(f'Loss {name} must return a scalar tensor or a dict with a scalar tensor "loss"; '
+                           f'got {type(value if isinstance(result, dict) else result).__name__}.')
+    if value.dim() != 0:
+        result['loss'] = value.reshape(())
+    return result
+
+
+def rows_logprobs(batch: dict[str, Any], target_logps: Tensor) -> list[list[float]]:
+    """Per-row log-probs aligned with each row's ``input_ids``: element i = log p(input_ids[i] | input_ids[:i]),
+    element 0 = 0.0. Works for padded ([B, T]) and packed ([1, T] + ``row_lengths``) batches."""
+    flat = target_logps.detach().float().cpu()
+    lengths: list[int] = batch['row_lengths']
+    if batch.get('packed'):
+        values = flat.reshape(-1).tolist()
+        out, start = [], 0
+        for n in lengths:
+            out.append([0.0] + values[start:start + n - 1])
+            start += n
+        return out
+    rows = flat.tolist()
+    return [[0.0] + rows[b][:n - 1] for b, n in enumerate(lengths)]

@@ -1,0 +1,31 @@
+"""LoRA configuration: a `peft.LoraConfig`, or a dict of its fields, as a causal-LM `LoraConfig`."""
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle_core.errors import InvalidInputError
+
+DEFAULT_TARGET_MODULES = 'all-linear'
+
+
+def lora_config(config: Any, **overrides: Any) -> Any:
+    """`config` (LoraConfig | dict | None) plus `overrides` -> a `LoraConfig` with ``task_type='CAUSAL_LM'``.
+
+    A dict without ``target_modules`` targets every linear layer except the output head (``'all-linear'``).
+    Unknown fields raise `InvalidInputError` naming them.
+    """
+    from peft import LoraConfig
+    if isinstance(config, LoraConfig):
+        if not overrides:
+            return config
+        config = config.to_dict()
+    fields = dict(config or {}) | overrides
+    fields.setdefault('target_modules', DEFAULT_TARGET_MODULES)
+    fields.setdefault('task_type', 'CAUSAL_LM')
+    fields.pop('peft_type', None)
+    known = set(LoraConfig.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones '
+                                f'(e.g. r, lora_alpha, lora_dropout, target_modules).')
+    return LoraConfig(**fields)

@@ -1,0 +1,282 @@
+"""`TransformersModel`: a Hugging Face causal LM trained through the twinkle `Model` interface.
+
+Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several adapters trained at once are
+`MultiLoraTransformersModel`'s job. The model is a thin composition:
+
+- `loading`: model id -> directory -> HF model on the right device and dtype;
+- `TrainState` (train_state.py): optimizer, scheduler, loss, processor, template, accumulation, metrics;
+- `forward` (forward.py): collated batch -> log-probs -> loss;
+- `checkpoint`: PEFT / HF files + resumable training state.
+
+    model = TransformersModel(model_id='ms://Qwen/Qwen3-0.6B')
+    model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 32, 'target_modules': 'all-linear'})
+    model.set_optimizer('AdamW', lr=1e-4)
+    for batch in loader:
+        model.forward_backward(inputs=batch)
+        model.clip_grad_and_step(max_norm=1.0)
+    model.save('final', output_dir='out')
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle_core.dispatch import remote_method
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
+from twinkle_core.model.base import Model
+from twinkle_core.types import as_input_features
+from twinkle_transformers import checkpoint as ckpt
+from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss
+from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
+                                          resolve_dtype, resolve_model_dir)
+from twinkle_transformers.lora import lora_config
+from twinkle_transformers.train_state import TrainState
+
+FULL = 'full'  # name of the train state of full-parameter training
+logger = logging.getLogger(__name__)
+
+
+class TransformersModel(Model):
+    """A trainable Hugging Face causal LM (kind ``model``, name ``TransformersModel``).
+
+    Args:
+        model_id: local directory, ``ms://org/repo[@rev]``, ``hf://org/repo[@rev]`` or a Hugging Face id.
+        device: default CUDA > MPS > CPU. dtype: default bfloat16 on GPUs, float32 on CPU.
+        attn_implementation: passed to ``from_pretrained`` (default: transformers' choice, usually sdpa).
+        max_length: longest accepted row (default ``config.max_position_embeddings``).
+        **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes.
+    """
+
+    def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None, attn_implementation: str | None = None,
+                 max_length: int | None = None, **from_pretrained_kwargs: Any) -> None:
+        self.model_id = str(model_id)
+        self.model_dir = resolve_model_dir(model_id)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.attn_implementation = attn_implementation
+        self.model: torch.nn.Module = load_causal_lm(self.model_dir, device=self.device, dtype=self.dtype,
+                                                     attn_implementation=attn_implementation,
+                                                     **from_pretrained_kwargs)
+        self.tokenizer = load_tokenizer_if_any(self.model_dir)
+        self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
+        self.adapter_name: str | None = None
+        self.state = TrainState(FULL, self.model.parameters)
+        self._pending: dict[str, Any] | None = None
+        notify_model_loaded(self.model, self.model_id)
+
+    # ---- configuration ---------------------------------------------------------------------------------------
+    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
+                             **kwargs: Any) -> None:
+        """Freeze the base model and add the trainable LoRA adapter `adapter_name` (`config`: a
+        ``peft.LoraConfig`` or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``).
+        Components set before (optimizer, loss, ...) are reset: set them after adding the adapter."""
+        from peft import get_peft_model
+        if self.adapter_name is not None:
+            raise TwinkleError(f'This model already trains adapter {self.adapter_name!r}; TransformersModel trains '
+                               f'one adapter. Use MultiLoraTransformersModel to train several at once.')
+        if self.state.optimizer is not None:
+            logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
+        self.model = get_peft_model(self.model, lora_config(config, **kwargs), adapter_name=adapter_name)
+        self.adapter_name = adapter_name
+        self.state = TrainState(adapter_name, self.model.parameters,
+                                gradient_accumulation_steps=gradient_accumulation_steps)
+
+    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_optimizer(optimizer, **kwargs)
+
+    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
+
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_loss(loss, **kwargs)
+
+    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_processor(processor, **kwargs)
+
+    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Template by name (kind ``template``); named templates get this model's tokenizer by default."""
+        if isinstance(template, str) or isinstance(template, type):
+            kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
+        self._state(adapter_name).set_template(template, **kwargs)
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        if adapter_name is not None and adapter_name != self.adapter_name:
+            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
+            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
+        return self.state
+
+    # ---- training step ---------------------------------------------------------------------------------------
+    @remote_method('slice_dp', 'list', mutates=False)
+    def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
+        state = self._state(adapter_name)
+        batch = self._collate(state, inputs)
+        self.model.train()
+        outputs = forward_logps(self.model, batch, loss=state.loss)
+        self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None}
+        return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
+
+    @remote_method('all', 'mean', mutates=False)
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
+        """Loss of the last `forward` (kept for `backward`); returns its value."""
+        pending = self._require_pending('calculate_loss')
+        pending['loss'] = run_loss(pending['state'].loss, pending['batch'], pending['outputs'])
+        return float(pending['loss']['loss'].detach())
+
+    @remote_method('all', 'mean')
+    def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Backpropagate the loss of the last `forward` (scaled for gradient accumulation); gradients add up."""
+        pending = self._require_pending('backward')
+        if pending['loss'] is None:
+            self.calculate_loss()
+        state, result = pending['state'], pending['loss']
+        (result['loss'] * state.loss_scale()).backward()
+        summary = _summary(pending['batch'], pending['outputs'], result)
+        state.record(summary, is_training=True)
+        self._pending = None
+        return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
+
+    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md)."""
+        logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
+        return {**self.backward(), 'logprobs': logprobs}
+
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels."""
+        state = self._state(adapter_name)
+        batch = self._collate(state, inputs)
+        self.model.eval()
+        with torch.no_grad():
+            outputs = forward_logps(self.model, batch, loss=state.loss)
+            result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
+            if bool(outputs['mask'].any()):
+                loss_out = run_loss(state.loss, batch, outputs)
+                summary = _summary(batch, outputs, loss_out)
+                state.record(summary, is_training=False)
+                result.update(loss=summary['loss'], metrics=dict(loss_out.get('metrics') or {}))
+        return result
+
+    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
+                           **kwargs: Any) -> dict[str, Any]:
+        return self._state(adapter_name).clip_grad_and_step(max_norm)
+
+    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
+        return self._state(adapter_name).clip_grad_norm(max_norm)
+
+    def step(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).step()
+
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).zero_grad()
+
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).lr_step()
+
+    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
+        """Metrics since the last call (then reset); also sent to every ``twinkle_metrics`` hook."""
+        state = self._state(adapter_name)
+        metrics = state.calculate_metric(is_training)
+        emit_metrics(state.optimizer_steps, metrics, {'adapter_name': self.adapter_name, 'is_training': is_training,
+                                                      'model_id': self.model_id})
+        return metrics
+
+    def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
+        state = self._state(adapter_name)
+        adapter = None
+        if self.adapter_name is not None:
+            adapter = json.loads(json.dumps(self.model.peft_config[self.adapter_name].to_dict(), default=_plain))
+        return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
+                'dtype': str(self.dtype).removeprefix('torch.'), 'max_length': self.max_length,
+                'attn_implementation': self.model.config._attn_implementation, 'adapter': adapter,
+                **state.describe()}
+
+    def _collate(self, state: TrainState, inputs: Any) -> dict[str, Any]:
+        rows = as_input_features(inputs)
+        if self.max_length is not None:
+            for i, row in enumerate(rows):
+                n = len(row['input_ids'])
+                if n > self.max_length:
+                    raise InvalidInputError(
+                        f'Batch row {i} has {n} tokens, more than the limit of {self.max_length} '
+                        f'({self._max_length_source}). Truncate it (e.g. the template\'s max_length) or drop it.')
+        return state.processor(rows, device=self.device)
+
+    def _require_pending(self, what: str) -> dict[str, Any]:
+        if self._pending is None:
+            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet.')
+        return self._pending
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------
+    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
+             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
+             **kwargs: Any) -> str:
+        """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory.
+
+        LoRA in PEFT format, full weights in HF format. ``save_optimizer=True`` adds the optimizer, scheduler,
+        RNG states, step counters, ``dataloader.state_dict()`` and `extra_state` for an exact resume.
+        """
+        state = self._state(adapter_name)
+        target = Path(output_dir or 'output') / name
+        with ckpt.atomic_directory(target) as tmp:
+            if self.adapter_name is not None:
+                ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id)
+            else:
+                ckpt.save_full(self.model, self.tokenizer, tmp)
+            ckpt.write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
+                                model_id=self.model_id, step=state.optimizer_steps,
+                                has_training_state=save_optimizer)
+            if save_optimizer:
+                ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
+        return str(target)
+
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
+             dataloader: Any = None, **kwargs: Any) -> Any:
+        """Load a checkpoint written by `save` (or a PEFT adapter / HF model directory).
+
+        A LoRA checkpoint into a model without adapter first adds the adapter from the saved config.
+        ``load_optimizer=True`` restores optimizer, scheduler, counters and RNG states (the optimizer is rebuilt
+        from its saved name when it is not set yet) and ``dataloader.load_state_dict``; returns the saved
+        ``extra_state`` (None otherwise).
+        """
+        meta = ckpt.read_metadata(path)
+        if meta['kind'] == 'lora':
+            if self.adapter_name is None:
+                from peft import LoraConfig
+                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default',
+                                          LoraConfig.from_pretrained(path))
+            ckpt.load_lora_weights(self.model, self.adapter_name, path)
+        else:
+            if self.adapter_name is not None:
+                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
+                                        f'{self.adapter_name!r}; load it into a model without adapter.')
+            ckpt.load_full_weights(self.model, path)
+        if not load_optimizer:
+            return None
+        saved = ckpt.load_training_state(path)
+        self._state(adapter_name).load_state_dict(saved['train_state'])
+        ckpt.set_rng_state(saved['rng'])
+        if dataloader is not None and saved.get('dataloader') is not None:
+            dataloader.load_state_dict(saved['dataloader'])
+        return saved.get('extra_state')
+
+
+def _plain(value: Any) -> Any:
+    """JSON fallback for config values: enums by value, sets as sorted lists, anything else as text."""
+    if isinstance(value, set):
+        return sorted(value)
+    return getattr(value, 'value', None) or str(value)
+
+
+def _summary(batch: dict[str, Any], outputs: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Floats for the metrics, fetched from the device in one transfer."""
+    values = torch.stack([result['loss'].detach().float(), outputs['mask'].sum().float(),
+                          outputs['correct'].sum().float()]).tolist()
+    return {'loss': values[0], 'num_loss_tokens': int(values[1]), 'num_correct': int(values[2]),
+            'num_tokens': int(batch['num_tokens'])}

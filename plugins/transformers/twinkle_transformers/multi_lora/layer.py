@@ -1,0 +1,112 @@
+"""`MultiLoraLinear`: a frozen `nn.Linear` plus any number of LoRA adapters applied per token.
+
+    y = base(x) + sum over adapters a of  scale_a * B_a(A_a(dropout_a(x[tokens of a])))
+
+Tokens are routed by the shared `AdapterRouter`: one gather of the adapter tokens (sorted by adapter), one small
+matmul pair per adapter on its contiguous segment, one scatter-add back. Each adapter has its own rank, alpha,
+dropout and scaling; an adapter that does not target this module simply has no entry here (its tokens get the
+base output). Gradients of an adapter's A/B come only from its own tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from twinkle_transformers.multi_lora.routing import AdapterRouter
+
+
+class LoraWeights(nn.Module):
+    """One adapter's weights on one module, laid out like peft (`lora_A`: r x in, `lora_B`: out x r)."""
+
+    def __init__(self, in_features: int, out_features: int, r: int, lora_alpha: float, lora_dropout: float = 0.0,
+                 use_rslora: bool = False, *, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if r <= 0:
+            raise ValueError(f'LoRA rank must be a positive integer, got r={r}.')
+        self.r = r
+        self.scaling = lora_alpha / math.sqrt(r) if use_rslora else lora_alpha / r
+        self.lora_A = nn.Linear(in_features, r, bias=False, device=device, dtype=dtype)
+        self.lora_B = nn.Linear(r, out_features, bias=False, device=device, dtype=dtype)
+        self.dropout = nn.Dropout(lora_dropout) if lora_dropout > 0 else nn.Identity()
+
+    @torch.no_grad()
+    def reset_parameters(self, init: bool | str = True, generator: torch.Generator | None = None) -> None:
+        """Initialise exactly like peft: A kaiming-uniform(a=sqrt(5)) (or normal(1/r) for 'gaussian'), B zeros.
+
+        `init=False` leaves A and B random (kaiming-uniform both), which makes the adapter non-identity.
+        """
+        if init is False:
+            for lin in (self.lora_A, self.lora_B):
+                nn.init.kaiming_uniform_(lin.weight, a=math.sqrt(5), generator=generator)
+            return
+        if init is True:
+            nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5), generator=generator)
+        elif isinstance(init, str) and init.lower() == 'gaussian':
+            nn.init.normal_(self.lora_A.weight, std=1 / self.r, generator=generator)
+        else:
+            raise ValueError(f"Unsupported init_lora_weights={init!r}; use True, False or 'gaussian'.")
+        nn.init.zeros_(self.lora_B.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.lora_A.weight.dtype)
+        return self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+
+
+class MultiLoraLinear(nn.Module):
+    """Wraps a frozen `nn.Linear` (`base_layer`); `adapters` maps str(adapter slot) -> `LoraWeights`."""
+
+    def __init__(self, base_layer: nn.Linear, router: AdapterRouter) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.adapters = nn.ModuleDict()
+        self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
+        # A plain attribute (not a submodule): every layer of a model shares one router.
+        self.__dict__['router'] = router
+
+    @property
+    def weight(self) -> torch.Tensor:  # code that inspects `module.weight` (tied weights, dtype checks) keeps working
+        return self.base_layer.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base_layer.bias
+
+    def add(self, slot: int, weights: LoraWeights) -> None:
+        key = str(slot)
+        if key in self.adapters:
+            raise KeyError(f'adapter slot {slot} already has weights on this module')
+        self.adapters[key] = weights
+
+    def remove(self, slot: int) -> None:
+        if str(slot) in self.adapters:
+            del self.adapters[str(slot)]
+
+    def get(self, slot: int) -> LoraWeights | None:
+        return self.adapters[str(slot)] if str(slot) in self.adapters else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base_layer(x)
+        if not len(self.adapters):
+            return out
+        plan = self.router.plan_for(x)
+        if plan is None:
+            return out
+        if plan.uniform_slot is not None:  # every token uses one adapter: no gather/scatter
+            weights = self.get(plan.uniform_slot)
+            return out if weights is None else out + weights(x).to(out.dtype)
+        present = [(self.get(slot), start, end) for slot, start, end in plan.segments]
+        if all(w is None for w, _, _ in present):
+            return out
+        x_sorted = x.reshape(-1, self.in_features).index_select(0, plan.order)
+        deltas = [w(x_sorted[start:end]).to(out.dtype) if w is not None
+                  else out.new_zeros(end - start, self.out_features) for w, start, end in present]
+        delta = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+        out_flat = out.reshape(-1, self.out_features).index_add(0, plan.order, delta)
+        return out_flat.view(out.shape)
+
+    def extra_repr(self) -> str:
+        ranks = {k: w.r for k, w in self.adapters.items()}
+        return f'in_features={self.in_features}, out_features={self.out_features}, adapters(slot->r)={ranks}'

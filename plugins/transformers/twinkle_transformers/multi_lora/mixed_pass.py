@@ -1,0 +1,219 @@
+"""One forward (and backward) of the base model over the micro-batches of several tenants.
+
+`run_tenants` is the whole multi-tenant step:
+
+1. tenants are grouped by input processor (one collated layout per pass; by default everybody shares one);
+2. each group's rows are collated tenant after tenant, every position carrying its tenant's adapter slot
+   (``adapter_index``; padding gets -1), and run in ONE forward with per-token LoRA routing;
+3. each tenant's loss is computed on its own rows with its own loss; a loss that raises or is not finite rejects
+   that tenant only; the healthy losses (each times its accumulation scale) are summed and backpropagated ONCE;
+4. each tenant's fresh gradients are checked: non-finite ones are discarded and the tenant rejected; gradients
+   accumulated by earlier micro-batches are kept aside during the pass and restored untouched either way.
+
+Tenants use disjoint parameters and (in a padded batch) disjoint rows, so a rejected tenant changes nothing of
+anybody else. If the shared collation or forward itself raises, every tenant of the group is retried alone, so
+the failure is pinned on the tenant that causes it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss
+from twinkle_transformers.multi_lora.errors import TenantStepError
+from twinkle_transformers.multi_lora.manager import MultiLoraManager
+from twinkle_transformers.multi_lora.tenant_batch import row_summary, slice_outputs, slice_rows
+from twinkle_transformers.train_state import TrainState
+
+INDEX_FIELD = 'adapter_index'
+
+
+@dataclass
+class TenantWork:
+    """One tenant's micro-batch in a pass: validated rows and the tenant's training state."""
+    name: str
+    state: TrainState
+    rows: list[dict[str, Any]]
+    result: dict[str, Any] | None = None
+    error: TenantStepError | None = None
+    _stash: list[torch.Tensor | None] = field(default_factory=list, repr=False)
+
+
+@dataclass(frozen=True)
+class _LossNeeds:
+    """What the forward must produce so that every tenant's loss can run (see `forward_logps`)."""
+    needs_logits: bool
+    logps_from_hidden_states: bool
+    chunk_tokens: int | None
+
+    @classmethod
+    def of(cls, losses: list[Any]) -> '_LossNeeds':
+        chunks = [c for c in (getattr(loss, 'chunk_tokens', None) for loss in losses) if c]
+        return cls(any(getattr(loss, 'needs_logits', False) for loss in losses),
+                   all(getattr(loss, 'logps_from_hidden_states', False) for loss in losses),
+                   min(chunks) if chunks else None)
+
+
+def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[TenantWork], *,
+                train: bool, device: torch.device | None = None) -> None:
+    """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
+    `.error`. Never raises for a tenant's fault."""
+    for group in _group_by_processor(work):
+        _run_isolating(model, manager, group, train=train, device=device)
+
+
+def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *, train: bool,
+                   device: torch.device | None) -> None:
+    """Run `group` in one pass; if the shared pass itself fails, pin the failure on the tenants causing it:
+    first tenants whose rows do not collate (the rest retry together), then, if the pass still fails, each
+    tenant alone."""
+    try:
+        _run_group(model, manager, group, train=train, device=device)
+        return
+    except Exception as exc:
+        if len(group) == 1:
+            group[0].result, group[0].error = None, _as_tenant_error(group[0].name, exc)
+            return
+    collatable = []
+    for w in group:
+        try:
+            w.state.processor(w.rows)
+            collatable.append(w)
+        except Exception as exc:
+            w.result, w.error = None, TenantStepError(w.name, 'input', f'{type(exc).__name__}: {exc}')
+    if 1 < len(collatable) < len(group):
+        try:
+            _run_group(model, manager, collatable, train=train, device=device)
+            return
+        except Exception:
+            pass
+    for w in collatable:
+        _run_isolating(model, manager, [w], train=train, device=device)
+
+
+def _group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:
+    groups: dict[Any, list[TenantWork]] = {}
+    for w in work:
+        spec = w.state.specs.get('processor', {})
+        name = spec.get('name', '')
+        key = (name, repr(sorted(spec.get('kwargs', {}).items()))) if ':' not in name else id(w.state.processor)
+        groups.setdefault(key, []).append(w)
+    return list(groups.values())
+
+
+def _run_group(model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *, train: bool,
+               device: torch.device | None) -> None:
+    rows, bounds = [], []
+    for w in group:
+        w.result, w.error = None, None
+        slot = manager.slot(w.name)
+        bounds.append((len(rows), len(rows) + len(w.rows)))
+        rows += [{**row, INDEX_FIELD: slot} for row in w.rows]
+    try:
+        batch = group[0].state.processor(rows, device=device)
+    except Exception as exc:
+        raise _StageError('input', exc) from exc
+    needs = _LossNeeds.of([w.state.loss for w in group])
+    if train:
+        for w in group:
+            _stash_grads(manager, w)
+    try:
+        with manager.adapter_indices(batch[INDEX_FIELD]):
+            with torch.enable_grad() if train else torch.no_grad():
+                try:
+                    outputs = forward_logps(model, batch, loss=needs)
+                except Exception as exc:
+                    raise _StageError('forward', exc) from exc
+                total = None
+                for w, (start, end) in zip(group, bounds):
+                    scaled = _tenant_loss(w, batch, outputs, start, end, train=train)
+                    if scaled is not None:
+                        total = scaled if total is None else total + scaled
+            if train and total is not None and total.requires_grad:
+                total.backward()
+    except BaseException:
+        if train:
+            for w in group:
+                _restore_grads(manager, w, keep_new=False)
+        raise
+    if train:
+        for w in group:
+            keep = w.error is None and _grads_finite(manager, w)
+            if w.error is None and not keep:
+                w.result = None
+                w.error = TenantStepError(w.name, 'gradient', 'the gradients of this micro-batch are not finite '
+                                          '(NaN/inf); they were discarded and the adapter is unchanged.')
+            _restore_grads(manager, w, keep_new=keep)
+    for w in group:  # metrics only for tenants whose micro-batch was accepted
+        summary = w.result.pop('_summary', None) if w.result is not None else None
+        if w.error is None and summary is not None:
+            w.state.record(summary, is_training=train)
+
+
+def _tenant_loss(w: TenantWork, batch: dict[str, Any], outputs: dict[str, torch.Tensor], start: int, end: int, *,
+                 train: bool) -> torch.Tensor | None:
+    """Compute tenant `w`'s loss on its rows, fill `w.result` (or `w.error`); return the scaled loss to add to
+    the backward (None when rejected or when nothing is trained)."""
+    sub_batch = slice_rows(batch, start, end, {key for row in w.rows for key in row})
+    sub_out = slice_outputs(outputs, batch, start, end)
+    logprobs = rows_logprobs(sub_batch, sub_out['target_logps'])
+    has_labels = bool(sub_out['mask'].any())
+    if not train and not has_labels:
+        w.result = {'logprobs': logprobs}  # logprobs only: nothing to score, no metrics
+        return None
+    try:
+        out = run_loss(w.state.loss, sub_batch, sub_out)
+    except Exception as exc:
+        w.error = TenantStepError(w.name, 'loss', f'{type(exc).__name__}: {exc}')
+        return None
+    loss = out['loss']
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        w.error = TenantStepError(w.name, 'loss', f'the loss is {value}; check this batch (e.g. NaN/inf in '
+                                  'advantages, weights or reference logprobs). Nothing was applied.')
+        return None
+    w.result = {'loss': value, 'logprobs': logprobs, 'metrics': dict(out.get('metrics') or {}),
+                '_summary': row_summary(sub_batch, sub_out, value)}
+    if not train:
+        return None
+    return loss * w.state.loss_scale()
+
+
+def _stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
+    """Set the gradients accumulated so far aside, so this pass's gradients can be checked on their own."""
+    params = manager.parameters(w.name)
+    w._stash = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+
+
+def _restore_grads(manager: MultiLoraManager, w: TenantWork, *, keep_new: bool) -> None:
+    """Put the set-aside gradients back; add this pass's gradients to them when `keep_new`."""
+    for p, old in zip(manager.parameters(w.name), w._stash):
+        new = p.grad if keep_new else None
+        p.grad = old if new is None else (new if old is None else old.add_(new))
+    w._stash = []
+
+
+def _grads_finite(manager: MultiLoraManager, w: TenantWork) -> bool:
+    grads = [p.grad for p in manager.parameters(w.name) if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+class _StageError(Exception):
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f'{type(cause).__name__}: {cause}')
+        self.stage = stage
+
+
+def _as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
+    if isinstance(exc, TenantStepError):
+        return exc
+    if isinstance(exc, _StageError):
+        return TenantStepError(name, exc.stage, str(exc))  # type: ignore[arg-type]
+    return TenantStepError(name, 'forward', f'{type(exc).__name__}: {exc}')

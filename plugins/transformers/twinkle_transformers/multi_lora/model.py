@@ -1,0 +1,282 @@
+"""`MultiLoraTransformersModel`: the multi-tenant training engine (kind `model`, DESIGN §6).
+
+One frozen Hugging Face base model; any number of LoRA adapters added and removed at run time, each with its
+own `LoraConfig`, optimizer, LR scheduler, loss, template, processor, gradient accumulation and metrics (a
+`TrainState` per adapter). Every per-tenant method takes ``adapter_name=`` or runs inside
+``with model.adapter(name):``.
+
+    model = MultiLoraTransformersModel(model_id='Qwen/Qwen3-0.6B')
+    model.add_adapter_to_model('alice', LoraConfig(r=8, target_modules='all-linear'))
+    model.add_adapter_to_model('bob', LoraConfig(r=32, target_modules=['q_proj', 'v_proj']))
+    model.set_optimizer('AdamW', lr=1e-4, adapter_name='alice') ...
+    out = model.forward_backward(inputs={'alice': rows_a, 'bob': rows_b})  # ONE forward + ONE backward
+    model.clip_grad_and_step(adapter_name='alice'); model.clip_grad_and_step(adapter_name='bob')
+
+A mixed call returns ``{adapter_name: {'loss', 'logprobs', 'metrics'}}``. A tenant whose micro-batch is rejected
+(bad rows, a loss that raises or is not finite, non-finite gradients) changes nothing and is reported in a
+`MixedStepError` (``.errors`` per tenant, ``.results`` of the others, whose step did happen) -- or inline as
+``{'error': {...}}`` with ``return_errors=True``. A single-tenant call raises that tenant's `TenantStepError`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
+from twinkle_core.model.base import Model
+from twinkle_transformers import checkpoint as ckpt
+from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
+                                          resolve_dtype, resolve_model_dir)
+from twinkle_transformers.lora import lora_config
+from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
+from twinkle_transformers.multi_lora.manager import MultiLoraManager
+from twinkle_transformers.multi_lora.mixed_pass import TenantWork, run_tenants
+from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
+from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
+from twinkle_transformers.train_state import TrainState
+
+
+class MultiLoraTransformersModel(Model):
+    """Many LoRA tenants on one frozen Hugging Face causal LM; tenants may share one forward/backward.
+
+    Args (as `TransformersModel`): `model_id` (local directory, ``ms://``/``hf://`` reference or HF id),
+    `device` (default CUDA > MPS > CPU), `dtype` (default bfloat16 on GPUs, float32 on CPU),
+    `attn_implementation`, `max_length` (default ``config.max_position_embeddings``), ``**from_pretrained_kwargs``.
+    Or `model=`: an already loaded causal LM to host the adapters (it is frozen and moved to `device`).
+    """
+
+    def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: torch.nn.Module | None = None,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 attn_implementation: str | None = None, max_length: int | None = None,
+                 **from_pretrained_kwargs: Any) -> None:
+        if (model_id is None) == (model is None):
+            raise InvalidInputError('pass exactly one of model_id= (a path, hub reference or HF id) or model= '
+                                    '(a loaded causal LM).')
+        self.device = torch.device(device) if device is not None else default_device()
+        if model is None:
+            self.model_id = str(model_id)
+            self.model_dir = resolve_model_dir(model_id)
+            model = load_causal_lm(self.model_dir, device=self.device, dtype=resolve_dtype(dtype, self.device),
+                                   attn_implementation=attn_implementation, **from_pretrained_kwargs)
+            self.tokenizer = load_tokenizer_if_any(self.model_dir)
+        else:
+            self.model_dir = self.model_id = str(getattr(model.config, '_name_or_path', '') or type(model).__name__)
+            self.tokenizer = None
+            model = model.to(self.device)
+        self.model = model
+        self.manager = MultiLoraManager.attach(self.model)
+        self.max_length, _ = max_model_length(self.model.config, max_length)
+        self.limits = RowLimits(vocab_size=self.model.config.vocab_size, max_length=self.max_length)
+        self.states: dict[str, TrainState] = {}
+        self._current: list[str] = []
+        notify_model_loaded(self.model, self.model_id)
+
+    # ---- adapters ------------------------------------------------------------------------------------------
+    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
+                             generator: torch.Generator | None = None, **kwargs: Any) -> None:
+        """Add LoRA adapter `adapter_name` (a peft `LoraConfig` or dict of its fields; ``target_modules``
+        defaults to ``'all-linear'``; kwargs override fields). Weights start like peft's (`generator`: seed them)."""
+        self._add(adapter_name, lora_config(config, **kwargs), gradient_accumulation_steps, generator=generator)
+
+    def _add(self, name: str, config: Any, gradient_accumulation_steps: int, **weights: Any) -> None:
+        state = TrainState(name, lambda: self.manager.parameters(name),
+                           gradient_accumulation_steps=gradient_accumulation_steps)
+        self.manager.add_adapter(name, config, **weights)
+        self.states[name] = state
+
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Delete the adapter's parameters, optimizer and scheduler state, metrics and settings."""
+        self.manager.remove_adapter(adapter_name)
+        state = self.states.pop(adapter_name)
+        state.optimizer = state.lr_scheduler = None
+
+    def list_adapters(self) -> list[str]:
+        return self.manager.adapter_names
+
+    @contextlib.contextmanager
+    def adapter(self, adapter_name: str) -> Iterator['MultiLoraTransformersModel']:
+        """Per-tenant calls inside the block default to ``adapter_name``."""
+        self._state(adapter_name)
+        self._current.append(adapter_name)
+        try:
+            yield self
+        finally:
+            self._current.pop()
+
+    def _name(self, adapter_name: str | None) -> str:
+        name = adapter_name if adapter_name is not None else (self._current[-1] if self._current else None)
+        if name is None:
+            raise InvalidInputError(f'adapter_name is required (or use `with model.adapter(name):`); adapters: '
+                                    f'{self.list_adapters() or "none yet: add_adapter_to_model first"}.')
+        return name
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        name = self._name(adapter_name)
+        try:
+            return self.states[name]
+        except KeyError:
+            raise KeyError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}.') from None
+
+    # ---- per-adapter configuration -------------------------------------------------------------------------
+    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_optimizer(optimizer, **kwargs)
+
+    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
+
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_loss(loss, **kwargs)
+
+    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).set_processor(processor, **kwargs)
+
+    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Template by name (kind ``template``); named templates get the base model's tokenizer by default."""
+        if isinstance(template, (str, type)):
+            kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
+        self._state(adapter_name).set_template(template, **kwargs)
+
+    # ---- training step -------------------------------------------------------------------------------------
+    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
+                         **kwargs: Any) -> dict[str, Any]:
+        """Forward + loss + backward (gradients accumulate per adapter).
+
+        `inputs`: rows of one adapter (with `adapter_name`), rows that each carry an ``adapter_name`` field, or
+        ``{adapter_name: rows, ...}`` -- the latter two run all tenants in one pass and return per-tenant results.
+        """
+        return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
+
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
+                     **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients: per-row logprobs (aligned with input_ids) and the loss where rows have
+        labels. Same input forms as `forward_backward`."""
+        return self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs)
+
+    def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
+             extra: dict[str, Any]) -> dict[str, Any]:
+        if extra:
+            raise TypeError(f'unexpected arguments {sorted(extra)}; per-adapter settings go through set_loss etc.')
+        batches, mixed = self._split_inputs(inputs, adapter_name)
+        work, errors = [], {}
+        for name, batch in batches.items():
+            try:
+                state = self._state(name)
+                work.append(TenantWork(name, state, validate_rows(batch, self.limits)))
+            except (InvalidInputError, KeyError) as exc:
+                errors[name] = TenantStepError(name, 'input', str(exc).strip('"'))
+        self.model.train(train)
+        run_tenants(self.model, self.manager, work, train=train, device=self.device)
+        results = {w.name: w.result for w in work if w.error is None}
+        errors.update({w.name: w.error for w in work if w.error is not None})
+        if not mixed:
+            (name,) = batches
+            if name in errors:
+                raise errors[name]
+            return results[name]
+        if errors and not return_errors:
+            raise MixedStepError(errors, results)
+        return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in batches}
+
+    def _split_inputs(self, inputs: Any, adapter_name: str | None) -> tuple[dict[str, Any], bool]:
+        """({adapter: rows}, whether the caller asked for per-tenant results)."""
+        if isinstance(inputs, dict) and 'input_ids' not in inputs:
+            if adapter_name is not None:
+                raise InvalidInputError('pass either adapter_name= with rows, or {adapter_name: rows}, not both.')
+            if not inputs:
+                raise InvalidInputError('inputs is an empty dict; expected {adapter_name: rows, ...}.')
+            return dict(inputs), True
+        rows = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        if adapter_name is None and not self._current and rows and all(
+                isinstance(r, dict) and 'adapter_name' in r for r in rows):
+            grouped: dict[str, list[Any]] = {}
+            for row in rows:
+                grouped.setdefault(row['adapter_name'], []).append(row)
+            return grouped, True
+        return {self._name(adapter_name): inputs}, False
+
+    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
+                           **kwargs: Any) -> dict[str, Any]:
+        return self._state(adapter_name).clip_grad_and_step(max_norm)
+
+    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
+        return self._state(adapter_name).clip_grad_norm(max_norm)
+
+    def step(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).step()
+
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).zero_grad()
+
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        self._state(adapter_name).lr_step()
+
+    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
+        """The adapter's metrics since its last call (then reset); also sent to ``twinkle_metrics`` hooks."""
+        name = self._name(adapter_name)
+        state = self._state(name)
+        metrics = state.calculate_metric(is_training)
+        emit_metrics(state.optimizer_steps, metrics, {'adapter_name': name, 'is_training': is_training,
+                                                      'model_id': self.model_id})
+        return metrics
+
+    def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
+        name = self._name(adapter_name)
+        record = self.manager.record(name)
+        adapter = json.loads(json.dumps(record.config.to_dict(), default=_plain))
+        return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
+                'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
+                'max_length': self.max_length, 'adapter': adapter, 'adapted_modules': len(record.targets),
+                'num_adapters': len(self.states), **self._state(name).describe()}
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
+             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
+             **kwargs: Any) -> str:
+        """Write adapter checkpoint `name` under `output_dir` (default ``./output``) atomically; returns its
+        directory. PEFT format (loads with ``peft.PeftModel.from_pretrained``) plus, with `save_optimizer`,
+        the adapter's optimizer, scheduler, counters, ``dataloader.state_dict()`` and `extra_state`."""
+        adapter = self._name(adapter_name)
+        state = self._state(adapter)
+        target = Path(output_dir or 'output') / name
+        with ckpt.atomic_directory(target) as tmp:
+            self.manager.save_adapter(adapter, str(tmp), base_model_name_or_path=self.model_id)
+            ckpt.write_metadata(tmp, kind='lora', adapter_name=adapter, model_id=self.model_id,
+                                step=state.optimizer_steps, has_training_state=save_optimizer)
+            if save_optimizer:
+                ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
+        return str(target)
+
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
+             gradient_accumulation_steps: int = 1, **kwargs: Any) -> None:
+        """Load an adapter checkpoint written by `save` (or any PEFT LoRA directory) into `adapter_name`.
+
+        A name that does not exist yet is created from the checkpoint's config: a fresh engine resumes under any
+        name. An existing adapter must have the same targets and ranks (else nothing changes and this raises).
+        `load_optimizer` restores the optimizer, scheduler and counters (the optimizer is rebuilt from its saved
+        registry name when not set). Global RNG states are NOT restored: they are shared by every tenant.
+        """
+        name = self._name(adapter_name)
+        if ckpt.read_metadata(path)['kind'] != 'lora':
+            raise InvalidInputError(f'{path!r} holds full model weights; MultiLoraTransformersModel loads LoRA '
+                                    'adapters only.')
+        config, weights = read_peft_adapter(path)
+        training = ckpt.load_training_state(path)['train_state'] if load_optimizer else None
+        if name not in self.states:
+            self._add(name, config, gradient_accumulation_steps, state_dict=weights)
+        else:
+            self.manager.load_state_dict(name, weights)
+        if training is not None:
+            self.states[name].load_state_dict(training)
+
+
+def _plain(value: Any) -> Any:
+    """JSON fallback for config values: enums by value, sets as sorted lists, anything else as text."""
+    if isinstance(value, set):
+        return sorted(value)
+    return getattr(value, 'value', None) or str(value)

@@ -1,0 +1,209 @@
+"""Apply a twinkle `DeviceMesh` to a Hugging Face model (optionally wrapped by PEFT), in place.
+
+=====================  =========================================================================================
+mesh                   what `apply_device_mesh` does
+=====================  =========================================================================================
+single rank            nothing
+dp only                DDP, composable (``replicate``): the module object and its attributes stay as they are
+fsdp only              FSDP2 ``fully_shard`` on every decoder layer, then on the root
+dp and fsdp            HSDP: FSDP2 on the 2-D (dp, fsdp) mesh (replicate over dp, shard over fsdp)
+tp (optionally fsdp)   DTensor ``parallelize_module`` with a Qwen3-style colwise/rowwise plan on every decoder
+                       layer (full-parameter models only), then FSDP2 over the fsdp dimension if any
+=====================  =========================================================================================
+
+Contract: call it once, after the weights are loaded and adapters injected (parameters that require grad must be
+final) and before the optimizer is built; call the module it was applied to for forward. Saving: gather with
+`full_state_dict` (collective; rank 0 gets CPU tensors) and write on rank 0. Loading: every rank passes the same
+full state dict to `load_full_state_dict`, which reshards it to whatever mesh this run has.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from twinkle_core.errors import MeshError
+from twinkle_core.mesh import DeviceMesh
+from twinkle_core.runtime import distributed
+
+_APPLIED_ATTR = '_twinkle_device_mesh'
+
+# Per-decoder-layer tensor-parallel plan (Qwen3 / Llama / Qwen2 naming). Attention computes its head count from
+# the projected width (``view(..., -1, head_dim)``), so colwise-sharded q/k/v give each rank whole heads.
+TP_LAYER_PLAN: dict[str, str] = {
+    'self_attn.q_proj': 'colwise', 'self_attn.k_proj': 'colwise', 'self_attn.v_proj': 'colwise',
+    'self_attn.o_proj': 'rowwise',
+    'mlp.gate_proj': 'colwise', 'mlp.up_proj': 'colwise', 'mlp.down_proj': 'rowwise',
+}
+
+
+def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
+    """Parallelise `model` in place over `mesh` (see the module docstring) and return it.
+
+    Needs an initialised process group whose size equals ``mesh.world_size`` (``twinkle_core.initialize(mode=
+    'local', global_device_mesh=mesh)`` under torchrun; the Ray runtime does it in its workers).
+    """
+    if mesh is None or mesh.world_size == 1:
+        return model
+    if getattr(model, _APPLIED_ATTR, None) is not None:
+        raise MeshError(f'a device mesh was already applied to this model ({getattr(model, _APPLIED_ATTR)!r}); '
+                        'apply_device_mesh must be called once, after adapters are injected.')
+    if not distributed.is_initialized():
+        raise MeshError(f'{mesh!r} needs a torch.distributed process group: call twinkle_core.initialize('
+                        "mode='local', global_device_mesh=mesh) under torchrun, or use the ray runtime.")
+    distributed.init_process_group(mesh)  # checks the world size against the mesh
+    for dim in ('pp', 'cp'):
+        if mesh.size(dim) > 1:
+            raise MeshError(f'{dim}_size={mesh.size(dim)} is not supported by the Transformers backend; '
+                            'use dp/fsdp/tp (or the Megatron backend for pipeline/context parallelism).')
+    dp, fsdp, tp = mesh.size('dp'), mesh.size('fsdp'), mesh.size('tp')
+    if tp > 1 and dp > 1:
+        raise MeshError(f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
+                        f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.')
+    torch_mesh = mesh.to_torch()
+    _move_to_device(model, mesh.device_type)
+    if tp > 1 or fsdp > 1:  # sharding keeps each rank's own values: start every rank from rank 0's weights
+        _broadcast_from_rank0(model)
+    if tp > 1:
+        _apply_tensor_parallel(model, torch_mesh['tp'])
+    if fsdp > 1:
+        _apply_fsdp(model, torch_mesh['dp', 'fsdp'] if dp > 1 else torch_mesh['fsdp'])
+    elif dp > 1:
+        _apply_ddp(model)
+    setattr(model, _APPLIED_ATTR, mesh)
+    return model
+
+
+def applied_mesh(model: nn.Module) -> DeviceMesh | None:
+    """The mesh `apply_device_mesh` applied to `model`, or None."""
+    return getattr(model, _APPLIED_ATTR, None)
+
+
+# ---- strategies ----------------------------------------------------------------------------------------------
+def _move_to_device(model: nn.Module, device_type: str) -> None:
+    if device_type == 'cuda':
+        model.to(torch.device('cuda', torch.cuda.current_device()))
+
+
+@torch.no_grad()
+def _broadcast_from_rank0(model: nn.Module) -> None:
+    import torch.distributed as dist
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
+def _apply_ddp(model: nn.Module) -> None:
+    import warnings
+
+    from torch.distributed._composable.replicate import replicate
+    with warnings.catch_warnings():  # composable replicate is flagged experimental; its DDP semantics are stable
+        warnings.simplefilter('ignore')
+        replicate(model)
+
+
+def _apply_fsdp(model: nn.Module, torch_mesh: Any) -> None:
+    from torch.distributed.fsdp import fully_shard
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=torch_mesh)
+    fully_shard(model, mesh=torch_mesh)
+
+
+def _apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    styles = {'colwise': ColwiseParallel, 'rowwise': RowwiseParallel}
+    layers = decoder_layers(model)
+    if any(hasattr(m, 'lora_A') for m in model.modules()):
+        raise MeshError('tensor parallelism with LoRA adapters is not supported by the Transformers backend '
+                        '(a LoRA branch would see sharded activations); use dp/fsdp for LoRA training.')
+    _check_tp_divisible(model, tp_mesh.size())
+    for layer in layers:
+        missing = [name for name in TP_LAYER_PLAN if not _has_submodule(layer, name)]
+        if missing:
+            raise MeshError(f'{type(layer).__name__} has no {missing}: tensor parallelism supports Qwen3/Llama-style '
+                            'decoder layers (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj).')
+        parallelize_module(layer, tp_mesh, {name: styles[kind]() for name, kind in TP_LAYER_PLAN.items()})
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
+
+
+def _check_tp_divisible(model: nn.Module, tp: int) -> None:
+    config = getattr(model, 'config', None)
+    if config is None:
+        return
+    for field in ('num_attention_heads', 'num_key_value_heads', 'intermediate_size'):
+        value = getattr(config, field, None)
+        if value is not None and value % tp:
+            raise MeshError(f'tp_size={tp} does not divide {field}={value}; pick a tp_size that divides it.')
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of `model` (classes named in HF's ``_no_split_modules``; PEFT wrappers see through)."""
+    block_names: set[str] = set()
+    for module in model.modules():
+        block_names.update(getattr(module, '_no_split_modules', None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not layers:
+        raise MeshError(f'could not find the decoder layers of {type(model).__name__} (no `_no_split_modules`); '
+                        'FSDP/TP need a Hugging Face transformer model.')
+    return layers
+
+
+# ---- gradients and checkpoints -------------------------------------------------------------------------------
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> float:
+    """Total gradient norm before clipping (clips to `max_norm` unless None); correct for DTensor (FSDP2/TP) grads."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    by_mesh: dict[Any, list[torch.Tensor]] = {}  # plain tensors under None, DTensors grouped by their mesh
+    for g in grads:
+        by_mesh.setdefault(getattr(g, 'device_mesh', None), []).append(g)
+    squared = 0.0
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
+        squared += float(norm.full_tensor() if hasattr(norm, 'full_tensor') else norm) ** 2
+    total = squared ** 0.5
+    if max_norm is not None and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return total
+
+
+def full_state_dict(model: nn.Module, *, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """Unsharded CPU state dict of `model`. Collective under a mesh: every rank must call it; rank 0 gets the
+    tensors, other ranks get an empty dict. `trainable_only` keeps only parameters that require grad."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    if applied_mesh(model) is None:
+        sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    else:
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not distributed.is_main_process():
+            return {}
+    if trainable_only:
+        keep = {name for name, p in model.named_parameters() if p.requires_grad}
+        sd = {k: v for k, v in sd.items() if k in keep}
+    return sd
+
+
+def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], *, strict: bool = False) -> None:
+    """Load an unsharded state dict (e.g. read from a checkpoint written by any world size) into `model`.
+
+    Under a mesh every rank must call it with the same tensors; they are resharded to this run's layout.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    if applied_mesh(model) is None:
+        result = model.load_state_dict(state_dict, strict=strict)
+    else:
+        result = set_model_state_dict(model, state_dict,
+                                      options=StateDictOptions(full_state_dict=True, strict=strict))
+    unexpected = getattr(result, 'unexpected_keys', [])
+    if unexpected:
+        raise KeyError(f'{len(unexpected)} checkpoint tensors match no parameter of the model, e.g. '
+                       f'{unexpected[:3]}; was it saved from a different model or adapter?')

@@ -1,0 +1,186 @@
+"""LoRA adapters of a sampler's model: which exist, how to add/replace one, and how to run a batch whose rows use
+different adapters in ONE forward.
+
+Two backends, chosen by the model (`adapter_backend`):
+- `MultiLoraAdapters` -- twinkle's multi-LoRA layers (`twinkle_transformers.multi_lora`): per-row adapter indices,
+  grouped per-adapter matmuls, adapters of any rank added and freed at run time. Used for the sampler's own model
+  and for models shared with a `MultiLoraTransformersModel`.
+- `PeftAdapters` -- a PEFT `PeftModel` (e.g. shared with a LoRA `TransformersModel`): PEFT's mixed-adapter
+  inference (``adapter_names=[...]``, ``'__base__'`` for base rows).
+
+Wire format of adapter tensors for both: PEFT's saved-adapter keys (e.g.
+``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), i.e. what `adapter_model.safetensors` holds.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+
+Weights = Mapping[str, torch.Tensor]
+
+
+class AdapterBackend(Protocol):
+    def names(self) -> list[str]: ...
+
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
+        """Add or replace adapter `name`; returns the model to use from now on."""
+
+    def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        """(context, forward kwargs) that run row i with adapter `rows[i]` (None: base weights)."""
+
+
+def is_peft_model(model: Any) -> bool:
+    return hasattr(model, 'peft_config') and hasattr(model, 'base_model')
+
+
+def adapter_backend(model: torch.nn.Module, *, owned: bool) -> AdapterBackend:
+    if is_peft_model(model):
+        return PeftAdapters(model)
+    from twinkle_transformers.multi_lora.manager import _ATTR
+    if owned or getattr(model, _ATTR, None) is not None:
+        return MultiLoraAdapters(model)
+    return _NoAdapters()
+
+
+def check_adapters(backend: AdapterBackend, requested: Iterable[str | None]) -> None:
+    known = set(backend.names())
+    unknown = sorted({n for n in requested if n is not None and n not in known})
+    if unknown:
+        raise InvalidInputError(
+            f'Unknown adapter(s) {unknown}; this sampler has {sorted(known) or "no adapters"}. Load one first with '
+            f'`sampler.load_weights(tensors, adapter_name=..., lora_config=...)` or a PEFT directory.')
+
+
+class MultiLoraAdapters:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._index: tuple[tuple[str | None, ...], torch.Tensor] | None = None
+
+    @property
+    def manager(self) -> Any:
+        from twinkle_transformers.multi_lora import MultiLoraManager
+        return MultiLoraManager.attach(self.model)  # freezes the base on first use; idempotent
+
+    def names(self) -> list[str]:
+        from twinkle_transformers.multi_lora.manager import _ATTR
+        manager = getattr(self.model, _ATTR, None)
+        return manager.adapter_names if manager is not None else []
+
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
+        if isinstance(weights, (str, Path)):
+            weights, lora_config = read_peft_dir(Path(weights), lora_config)
+        lora_config = _as_lora_config(lora_config) if lora_config is not None else None
+        manager = self.manager
+        if name in manager:
+            old = manager.record(name).config
+            if lora_config is None or _shape_key(lora_config) == _shape_key(old):
+                manager.load_state_dict(name, dict(weights))
+                return self.model
+            manager.remove_adapter(name)
+        elif lora_config is None:
+            raise _config_needed(name)
+        manager.add_adapter(name, lora_config, state_dict=dict(weights))
+        self._index = None
+        return self.model
+
+    def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        if all(r is None for r in rows):
+            return contextlib.nullcontext(), {}
+        manager = self.manager
+        if len(set(rows)) == 1:
+            return manager.use_adapter(rows[0]), {}
+        key = tuple(rows)
+        if self._index is None or self._index[0] != key:
+            device = next(self.model.parameters()).device
+            self._index = (key, manager.index_tensor(rows, device=device))
+        return manager.adapter_indices(self._index[1]), {}
+
+
+class PeftAdapters:
+    BASE = '__base__'
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def names(self) -> list[str]:
+        return sorted(self.model.peft_config)
+
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
+        import peft
+        if isinstance(weights, (str, Path)):
+            weights, lora_config = read_peft_dir(Path(weights), lora_config)
+        config = _as_lora_config(lora_config) if lora_config is not None else None
+        if name in self.model.peft_config:
+            if config is not None and _shape_key(config) != _shape_key(self.model.peft_config[name]):
+                self.model.delete_adapter(name)
+                self.model.add_adapter(name, config)
+        else:
+            if config is None:
+                raise _config_needed(name)
+            config.inference_mode = True
+            self.model.add_adapter(name, config)
+        result = peft.set_peft_model_state_dict(self.model, dict(weights), adapter_name=name)
+        unmatched = [k for k in getattr(result, 'unexpected_keys', []) if 'lora_' in k]
+        if unmatched:
+            raise InvalidInputError(f'Adapter {name!r}: tensors that match no LoRA layer of this model: '
+                                    f'{unmatched[:5]}{" ..." if len(unmatched) > 5 else ""}')
+        return self.model
+
+    def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        return contextlib.nullcontext(), {'adapter_names': [self.BASE if r is None else r for r in rows]}
+
+
+class _NoAdapters:
+    """A shared plain model: adding adapters would inject LoRA layers into the owner's model, so none are."""
+
+    def names(self) -> list[str]:
+        return []
+
+    def load(self, name: str, weights: Any, lora_config: Any = None) -> torch.nn.Module:
+        raise InvalidInputError(
+            'This sampler shares a model without LoRA layers with its owner; adding an adapter would inject LoRA '
+            'layers into the owner\'s model. Build the sampler from `model_id=` (its own copy) instead.')
+
+    def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        return contextlib.nullcontext(), {}
+
+
+def read_peft_dir(path: Path, lora_config: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    if not (path / 'adapter_config.json').is_file():
+        raise InvalidInputError(f'{path} is not a PEFT adapter directory (no adapter_config.json).')
+    from peft.utils import load_peft_weights
+
+    config = lora_config if lora_config is not None else json.loads((path / 'adapter_config.json').read_text())
+    return load_peft_weights(str(path), device='cpu'), config
+
+
+def _config_needed(name: str) -> InvalidInputError:
+    return InvalidInputError(
+        f'Adapter {name!r} is new: pass `lora_config=` (a peft.LoraConfig or dict with r, lora_alpha, '
+        f'target_modules) along with its tensors, or load it from a PEFT directory.')
+
+
+def _shape_key(config: Any) -> tuple[Any, ...]:
+    get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+    targets = get('target_modules')
+    targets = tuple(sorted(targets)) if isinstance(targets, (set, list, tuple)) else targets
+    return (get('r', 8), get('lora_alpha', 8), targets, bool(get('use_rslora', False)),
+            json.dumps(get('rank_pattern', {}) or {}, sort_keys=True),
+            json.dumps(get('alpha_pattern', {}) or {}, sort_keys=True))
+
+
+def _as_lora_config(config: Any) -> Any:
+    import peft
+
+    if isinstance(config, peft.LoraConfig):
+        return config
+    if isinstance(config, Mapping):
+        fields = {k: v for k, v in config.items() if k in peft.LoraConfig.__dataclass_fields__}
+        return peft.LoraConfig(**fields)
+    raise InvalidInputError(f'lora_config must be a peft.LoraConfig or a dict, got {type(config).__name__}.')

@@ -1,0 +1,257 @@
+"""TorchSampler: batched KV-cache generation on a Hugging Face causal LM, with per-request LoRA adapters.
+
+    sampler = TorchSampler('path/to/model')                       # own copy of the weights
+    sampler = TorchSampler(model=hf_model_or_transformers_model)   # shares the weights of a training model
+    responses = sampler.sample(prompts, SamplingParams(max_tokens=64, temperature=0.7, seed=1, num_samples=4),
+                               adapter_name=['tenant-a', None, 'tenant-b'])
+
+Contract (see docs/sampling.md):
+- one `SampleResponse` per prompt, `num_samples` sequences each, in input order;
+- `logprobs[i]` is the model's log-softmax (temperature 1, no top-k/top-p) of the sampled token, i.e. the value the
+  training forward computes for the same token -- not the log-probability under the filtered sampling distribution;
+- stops at EOS and at `stop` token ids/strings; the stopping token is included (see `stopping.py`);
+- a fixed `seed` reproduces the same tokens for the same prompt and settings, whatever else is in the batch
+  (each sequence has its own random stream; see `sampling.py`), up to floating-point ties between near-equal
+  logits computed at different batch shapes;
+- `adapter_name=None` runs the base weights; a list gives one adapter per prompt (mixed in one batch).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.sampler.base import Sampler
+from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
+from twinkle_transformers.sampler import adapters as lora
+from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
+from twinkle_transformers.sampler.model_source import ModelSource, open_model
+from twinkle_transformers.sampler.prompts import encode_prompt, prompt_rows, row_adapter
+from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
+from twinkle_transformers.sampler.stopping import StopCondition
+
+
+class TorchSampler(Sampler):
+    """Native sampler. `model_id`: a local model directory (or hub id resolvable offline); or `model`: a
+    `transformers` model, PEFT model, or a twinkle `TransformersModel` whose weights are shared (no copy).
+    `max_batch_size` bounds the number of sequences decoded together (prompts x samples)."""
+
+    def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: Any = None, tokenizer: Any = None,
+                 template: Any = None, device: str | torch.device | None = None, dtype: Any = None,
+                 max_batch_size: int = 64) -> None:
+        if max_batch_size < 1:
+            raise InvalidInputError(f'max_batch_size must be >= 1, got {max_batch_size}.')
+        source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+        self.model_id = source.model_id
+        self._model = source.module
+        self._adapters = lora.adapter_backend(self._model, owned=source.owned)
+        self.tokenizer = source.tokenizer
+        self.max_batch_size = max_batch_size
+        self._template: Any = None
+        if template is not None:
+            self.set_template(template)
+
+    # ---- Sampler interface ---------------------------------------------------------------------------------
+    def set_template(self, template: Any, **kwargs: Any) -> None:
+        from twinkle_core.registry import resolve
+        if isinstance(template, str) and 'model_id' not in kwargs and self.model_id is not None:
+            kwargs['model_id'] = self.model_id
+        self._template = resolve('template', template, **kwargs)
+
+    def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
+               adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
+        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
+        params = _as_params(sampling_params, kwargs)
+        rows = prompt_rows(inputs)
+        prompts = [encode_prompt(row, i, self._encode_chat if self._can_encode_chat else None)
+                   for i, row in enumerate(rows)]
+        adapters = _adapters_per_prompt(adapter_name, rows)
+        self._validate(prompts, adapters, params)
+        stop = StopCondition(max_tokens=params.max_tokens,
+                             stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
+                             stop_strings=tuple(params.stop_strings()),
+                             decode=self._decode_raw if params.stop_strings() else None)
+        chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
+        jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy)
+        results: dict[int, list[PromptResult]] = {}
+        decoder = BatchDecoder(self._model, pad_token_id=self._pad_token_id(), route=self._adapters.routed)
+        with _eval_mode(self._model):
+            for batch in _batches(jobs, self.max_batch_size):
+                outputs = decoder.decode([job for _, job in batch], chooser, stop,
+                                         prompt_logprobs=params.prompt_logprobs)
+                for (prompt_index, _), out in zip(batch, outputs):
+                    results.setdefault(prompt_index, []).append(out)
+        return [self._response(results[i], params) for i in range(len(prompts))]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
+                     *, adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
+        """`adapter_name` given: add/replace that LoRA adapter from PEFT-format tensors (or a PEFT directory;
+        `lora_config` required for a new adapter given as tensors). Otherwise: copy base weights in place
+        (names as in the plain Hugging Face model's state dict; PEFT wrapper prefixes are accepted)."""
+        if adapter_name is not None:
+            weights = (Path(os.fspath(named_tensors)) if isinstance(named_tensors, (str, os.PathLike))
+                       else dict(named_tensors))
+            self._model = self._adapters.load(adapter_name, weights, lora_config)
+            return
+        if isinstance(named_tensors, (str, os.PathLike)):
+            raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
+                                    'pairs, or adapter_name=... for a PEFT adapter directory.')
+        from twinkle_core.checkpoint_engine.weights import copy_base_weights
+        copy_base_weights(self._model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+    # ---- introspection -------------------------------------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying `transformers` (or PEFT) module."""
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._model.parameters()).device
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return sorted(self._adapters.names())
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    @property
+    def _can_encode_chat(self) -> bool:
+        return self._template is not None or getattr(self.tokenizer, 'chat_template', None) is not None
+
+    def _encode_chat(self, trajectory: Trajectory) -> list[int]:
+        if self._template is not None:
+            return list(self._template.encode(trajectory, add_generation_prompt=True)['input_ids'])
+        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
+        ids = self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        return list(ids)
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str | None:
+        if self._template is not None:
+            return self._template.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return None
+
+    def _decode_raw(self, token_ids: list[int]) -> str:
+        return self._decode(token_ids, skip_special_tokens=False) or ''
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_config = getattr(self._model, 'generation_config', None)
+        for source in (getattr(gen_config, 'eos_token_id', None), getattr(self.tokenizer, 'eos_token_id', None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+    def _pad_token_id(self) -> int:
+        for candidate in (getattr(self.tokenizer, 'pad_token_id', None),
+                          getattr(self._model.config, 'pad_token_id', None), *sorted(self._eos_token_ids())):
+            if isinstance(candidate, int):
+                return candidate
+        return 0
+
+    def _validate(self, prompts: list[list[int]], adapters: list[str | None], params: SamplingParams) -> None:
+        config = self._model.config
+        vocab = getattr(config, 'vocab_size', None)
+        context = getattr(config, 'max_position_embeddings', None)
+        for i, ids in enumerate(prompts):
+            if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
+                raise InvalidInputError(f'Prompt {i} has token ids outside the vocabulary [0, {vocab}).')
+            if context is not None and len(ids) + params.max_tokens > context:
+                raise InvalidInputError(
+                    f'Prompt {i}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} exceeds the model '
+                    f'context of {context} tokens; lower max_tokens to at most {max(context - len(ids), 0)} or '
+                    f'shorten the prompt.')
+        lora.check_adapters(self._adapters, adapters)
+        if params.stop_strings() and self._template is None and self.tokenizer is None:
+            raise InvalidInputError('Stop strings need a tokenizer or template to decode tokens; call '
+                                    'set_template(...) or pass stop token ids instead.')
+
+    @staticmethod
+    def _jobs(prompts: list[list[int]], adapters: list[str | None], params: SamplingParams, device: torch.device,
+              greedy: bool) -> list[tuple[int, PromptJob]]:
+        """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
+        jobs = []
+        for i, (ids, adapter) in enumerate(zip(prompts, adapters)):
+            base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            generators = [] if greedy else [make_generator(sequence_seed(base_seed, s), device)
+                                            for s in range(params.num_samples)]
+            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter)))
+        return jobs
+
+    def _response(self, parts: list[PromptResult], params: SamplingParams) -> SampleResponse:
+        sequences = []
+        for part in parts:
+            for gen in part.generations:
+                sequences.append(SampledSequence(tokens=gen.tokens, stop_reason=gen.stop_reason,
+                                                 logprobs=gen.logprobs if params.logprobs else None,
+                                                 text=self._decode(gen.tokens)))
+        return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
+
+
+def sequence_seed(base_seed: int, sample_index: int) -> int:
+    """Seed of sample `sample_index` of a request seeded `base_seed` (well mixed, 63 bits)."""
+    digest = hashlib.blake2b(f'{base_seed}:{sample_index}'.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, 'little') >> 1
+
+
+def _as_params(params: SamplingParams | Mapping[str, Any] | None, overrides: dict[str, Any]) -> SamplingParams:
+    base = params.model_dump() if isinstance(params, SamplingParams) else dict(params or {})
+    try:
+        return SamplingParams(**{**base, **overrides})
+    except Exception as exc:  # pydantic.ValidationError -> the user's mistake, said plainly
+        raise InvalidInputError(f'Invalid sampling parameters: {exc}') from exc
+
+
+def _adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[Any]) -> list[str | None]:
+    if isinstance(adapter_name, (list, tuple)):
+        if len(adapter_name) != len(rows):
+            raise InvalidInputError(f'adapter_name has {len(adapter_name)} entries for {len(rows)} prompts; '
+                                    'give one per prompt (None for the base model).')
+        return list(adapter_name)
+    if adapter_name is not None:
+        return [adapter_name] * len(rows)
+    return [row_adapter(row) for row in rows]
+
+
+def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int) -> Iterator[list[tuple[int, PromptJob]]]:
+    """Group jobs (shortest prompts together, to limit padding) into batches of at most `max_sequences`
+    sequences; a prompt with more samples than that is split into several jobs."""
+    split: list[tuple[int, PromptJob]] = []
+    for index, job in jobs:
+        for start in range(0, job.num_samples, max_sequences):
+            count = min(max_sequences, job.num_samples - start)
+            split.append((index, PromptJob(job.token_ids, job.generators[start:start + count], count,
+                                           job.adapter_name)))
+    split.sort(key=lambda item: len(item[1].token_ids))
+    batch: list[tuple[int, PromptJob]] = []
+    size = 0
+    for item in split:
+        if batch and size + item[1].num_samples > max_sequences:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += item[1].num_samples
+    if batch:
+        yield batch
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run in eval mode (no dropout), then restore exactly the modules that were training (a shared model may
+    belong to a trainer)."""
+    training = [m for m in model.modules() if m.training]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True

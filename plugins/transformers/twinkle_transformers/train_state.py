@@ -1,0 +1,238 @@
+"""`TrainState`: everything one trainable unit needs to train -- the full model, or one LoRA adapter.
+
+A model owns one `TrainState` per trainable unit (TransformersModel: one; MultiLoraTransformersModel: one per
+tenant adapter) and delegates the per-tenant API to it: optimizer, LR scheduler, loss, input processor,
+template, gradient accumulation, the optimizer-step logic over *its* parameters, metrics and the resumable
+counters. It never runs the model itself (see `twinkle_transformers.forward`).
+
+Gradient accumulation: `loss_scale()` is the factor a model multiplies each micro-batch loss by before backward
+(``1 / gradient_accumulation_steps``, or 1 for ``reduction == 'sum'`` losses); `clip_grad_and_step()` steps the
+optimizer on every `gradient_accumulation_steps`-th call only. A step whose gradient norm is not finite is
+skipped (gradients dropped, weights and optimizer state untouched) and reported as ``skipped``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.metric.base import Metric
+from twinkle_core.metric.training import LossMetric, Throughput, TokenAccuracy
+from twinkle_core.registry import resolve
+
+DEFAULT_LOSS = 'CrossEntropyLoss'
+DEFAULT_PROCESSOR = 'CausalLMProcessor'
+STATE_VERSION = 1
+
+
+def _spec_name(spec: Any) -> str:
+    """A readable name for a component spec (a registry name, a class, a function or an instance)."""
+    if isinstance(spec, str):
+        return spec
+    obj = spec if isinstance(spec, type) or callable(spec) and hasattr(spec, '__name__') else type(spec)
+    return f'{getattr(obj, "__module__", "?")}:{getattr(obj, "__qualname__", repr(obj))}'
+
+
+class TrainState:
+    """Training state of one trainable unit named `name` over the parameters `parameters()` returns.
+
+    `parameters` is a callable (evaluated when the optimizer is built and when gradients are clipped) so a
+    model may create the unit before its parameters exist. Components are resolved through the registry
+    (kinds ``optimizer``, ``lr_scheduler``, ``loss``, ``processor``, ``template``); unknown names raise
+    `ComponentNotFoundError` with suggestions.
+    """
+
+    def __init__(self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *,
+                 gradient_accumulation_steps: int = 1) -> None:
+        if gradient_accumulation_steps < 1:
+            raise InvalidInputError(f'gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.')
+        self.name = name
+        self._parameters = parameters
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: Any = None
+        self.loss: Any = resolve('loss', DEFAULT_LOSS)
+        self.processor: Any = resolve('processor', DEFAULT_PROCESSOR)
+        self.template: Any = None
+        self.specs: dict[str, dict[str, Any]] = {'loss': {'name': DEFAULT_LOSS, 'kwargs': {}},
+                                                 'processor': {'name': DEFAULT_PROCESSOR, 'kwargs': {}}}
+        self.optimizer_steps = 0      # optimizer steps taken
+        self.pending_micro_steps = 0  # clip_grad_and_step calls since the last optimizer step
+        self.micro_batches = 0        # forward_backward calls in total
+        self.last_grad_norm: float | None = None
+        self.metrics: dict[bool, list[Metric]] = {True: self._new_metrics(), False: self._new_metrics()}
+
+    # ---- components ------------------------------------------------------------------------------------
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters of this unit (those with ``requires_grad``)."""
+        return [p for p in self._parameters() if p.requires_grad]
+
+    def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
+        """Build the optimizer over `parameters()` (a name of kind `optimizer`, a class, or a factory taking
+        ``params=``). Replacing the optimizer drops the LR scheduler bound to the old one."""
+        params = self.parameters()
+        if not params:
+            raise TwinkleError(f'{self.name!r} has no trainable parameters; add an adapter or unfreeze the model '
+                               f'before set_optimizer.')
+        self.optimizer = resolve('optimizer', optimizer, params=params, **kwargs)
+        self.lr_scheduler = None
+        self.specs.pop('lr_scheduler', None)
+        self.specs['optimizer'] = {'name': _spec_name(optimizer), 'kwargs': kwargs}
+
+    def set_lr_scheduler(self, scheduler: Any, **kwargs: Any) -> None:
+        """Build the LR scheduler (kind `lr_scheduler`) over the optimizer; `set_optimizer` must come first."""
+        self.lr_scheduler = resolve('lr_scheduler', scheduler, optimizer=self.require_optimizer(), **kwargs)
+        self.specs['lr_scheduler'] = {'name': _spec_name(scheduler), 'kwargs': kwargs}
+
+    def set_loss(self, loss: Any, **kwargs: Any) -> None:
+        self.loss = resolve('loss', loss, **kwargs)
+        self.specs['loss'] = {'name': _spec_name(loss), 'kwargs': kwargs}
+
+    def set_processor(self, processor: Any, **kwargs: Any) -> None:
+        self.processor = resolve('processor', processor, **kwargs)
+        self.specs['processor'] = {'name': _spec_name(processor), 'kwargs': kwargs}
+
+    def set_template(self, template: Any, **kwargs: Any) -> None:
+        self.template = resolve('template', template, **kwargs)
+        self.specs['template'] = {'name': _spec_name(template),
+                                  'kwargs': {k: v for k, v in kwargs.items() if _jsonable(v)}}
+
+    def require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise TwinkleError(f'{self.name!r} has no optimizer yet; call set_optimizer(...) first '
+                               f'(e.g. set_optimizer("AdamW", lr=1e-4)).')
+        return self.optimizer
+
+    # ---- gradient accumulation and the optimizer step ---------------------------------------------------
+    def loss_scale(self) -> float:
+        """Factor applied to each micro-batch loss before backward: 1/k, except for ``reduction='sum'`` losses."""
+        if getattr(self.loss, 'reduction', None) == 'sum':
+            return 1.0
+        return 1.0 / self.gradient_accumulation_steps
+
+    def clip_grad_norm(self, max_norm: float | None = 1.0) -> float:
+        """Clip this unit's gradients to `max_norm` (None: measure only); returns the norm before clipping."""
+        grads = [p for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        limit = math.inf if max_norm is None else float(max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(grads, limit, error_if_nonfinite=False)
+        self.last_grad_norm = float(norm)
+        return self.last_grad_norm
+
+    def step(self) -> None:
+        self.require_optimizer().step()
+        self.optimizer_steps += 1
+
+    def zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            for p in self.parameters():
+                p.grad = None
+
+    def lr_step(self) -> None:
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def clip_grad_and_step(self, max_norm: float | None = 1.0) -> dict[str, Any]:
+        """Count one accumulation micro-step; on every k-th: clip, optimizer step, LR step, zero_grad.
+
+        Returns ``{'stepped': bool, 'skipped': bool, 'step': int, 'grad_norm': float | None, 'lr': float}``.
+        A non-finite gradient norm skips the step (gradients dropped) instead of corrupting the weights.
+        """
+        self.require_optimizer()
+        self.pending_micro_steps += 1
+        result: dict[str, Any] = {'stepped': False, 'skipped': False, 'grad_norm': None}
+        if self.pending_micro_steps >= self.gradient_accumulation_steps:
+            norm = self.clip_grad_norm(max_norm)
+            if math.isfinite(norm):
+                self.step()
+                self.lr_step()
+                result['stepped'] = True
+            else:
+                result['skipped'] = True
+            self.zero_grad()
+            self.pending_micro_steps = 0
+            result['grad_norm'] = norm
+        result.update(step=self.optimizer_steps, lr=self.current_lr())
+        return result
+
+    def current_lr(self) -> float:
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]['lr'])
+
+    # ---- metrics ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _new_metrics() -> list[Metric]:
+        return [LossMetric(), TokenAccuracy(), Throughput()]
+
+    def record(self, summary: dict[str, Any], *, is_training: bool) -> None:
+        """Fold one micro-batch summary (``loss``, ``num_loss_tokens``, ``num_correct``, ``num_tokens``)."""
+        if is_training:
+            self.micro_batches += 1
+        for metric in self.metrics[is_training]:
+            metric.accumulate({}, summary)
+
+    def calculate_metric(self, is_training: bool = True) -> dict[str, float]:
+        """Metrics of the window since the last call (then reset): loss, token_accuracy, tokens_per_second,
+        num_tokens, and for training grad_norm, lr and step."""
+        out: dict[str, float] = {}
+        for metric in self.metrics[is_training]:
+            out.update(metric.calculate())
+            metric.reset()
+        if is_training:
+            if self.last_grad_norm is not None:
+                out['grad_norm'] = self.last_grad_norm
+            out['lr'] = self.current_lr()
+            out['step'] = float(self.optimizer_steps)
+        return out
+
+    # ---- configuration and checkpoints ------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description: component names and arguments, accumulation, counters."""
+        return {'name': self.name, 'gradient_accumulation_steps': self.gradient_accumulation_steps,
+                'optimizer_steps': self.optimizer_steps,
+                'num_trainable_parameters': sum(p.numel() for p in self.parameters()),
+                **{kind: {'name': s['name'], 'kwargs': {k: v for k, v in s['kwargs'].items() if _jsonable(v)}}
+                   for kind, s in self.specs.items()}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and scheduler state plus counters: what `load_state_dict` needs for a bit-exact resume."""
+        return {'version': STATE_VERSION,
+                'optimizer': self.optimizer.state_dict() if self.optimizer is not None else None,
+                'lr_scheduler': self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                'specs': {k: v for k, v in self.specs.items() if k in ('optimizer', 'lr_scheduler')},
+                'optimizer_steps': self.optimizer_steps, 'pending_micro_steps': self.pending_micro_steps,
+                'micro_batches': self.micro_batches, 'last_grad_norm': self.last_grad_norm,
+                'gradient_accumulation_steps': self.gradient_accumulation_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`. An optimizer/scheduler that was saved but is not set yet is rebuilt from its
+        recorded registry name and arguments; one set by class or instance must be set again first."""
+        for kind, setter in (('optimizer', self.set_optimizer), ('lr_scheduler', self.set_lr_scheduler)):
+            if state.get(kind) is None or getattr(self, kind) is not None:
+                continue
+            spec = state['specs'].get(kind)
+            if spec is None or ':' in spec['name']:
+                raise TwinkleError(f'The checkpoint has {kind} state but {self.name!r} has no {kind}; call '
+                                   f'set_{kind}(...) as in the original run before loading.')
+            setter(spec['name'], **spec['kwargs'])
+        if state.get('optimizer') is not None:
+            self.require_optimizer().load_state_dict(state['optimizer'])
+        if state.get('lr_scheduler') is not None:
+            self.lr_scheduler.load_state_dict(state['lr_scheduler'])
+        self.optimizer_steps = state['optimizer_steps']
+        self.pending_micro_steps = state['pending_micro_steps']
+        self.micro_batches = state['micro_batches']
+        self.last_grad_norm = state['last_grad_norm']
+        self.gradient_accumulation_steps = state['gradient_accumulation_steps']
+
+
+def _jsonable(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool)) or (
+        isinstance(value, (list, tuple)) and all(_jsonable(v) for v in value)) or (
+        isinstance(value, dict) and all(isinstance(k, str) and _jsonable(v) for k, v in value.items()))

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create (or update) .venv with twinkle_core and its first-party plugins, offline-capable after this step.
+# torch is installed FIRST and pinned to the CPU build that lies on this machine's disk; an unpinned torch would
+# pull a multi-GB CUDA build. Versions of everything else are pinned by requirements/constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+VPIP=".venv/bin/python -m pip"
+stamp=.venv/.twinkle-setup-$(cat pyproject.toml plugins/*/pyproject.toml requirements/*.txt | sha256sum | cut -c1-16)
+if [ -f "$stamp" ]; then
+  echo "[setup] .venv is up to date"
+  exit 0
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+echo "[setup] installing torch (CPU build)"
+$VPIP install -q "torch==2.13.0"
+echo "[setup] installing twinkle-core and plugins"
+$VPIP install -q -c requirements/constraints.txt \
+  -e ".[data,hub,tensorboard,dev]" \
+  -e plugins/transformers -e plugins/client -e plugins/server -e plugins/ray \
+  -r requirements/test.txt
+rm -f .venv/.twinkle-setup-*
+touch "$stamp"
+echo "[setup] done"

@@ -1,0 +1,182 @@
+"""TransformersModel training step: gradients vs a plain transformers+peft loop, padding-free == padded,
+logprob alignment, accumulation, metrics hook and clear errors. Tiny fp32 model on CPU."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from twinkle_core.errors import ComponentNotFoundError, InvalidInputError
+from twinkle_core.hooks import hook, register_hooks
+from twinkle_core.registry import resolve
+from twinkle_transformers.model import TransformersModel
+
+LORA = {'r': 4, 'lora_alpha': 8, 'init_lora_weights': False}  # random B: every LoRA weight gets a gradient
+
+
+def make_rows(seed: int, lengths=(9, 14, 5, 11), prompt: int = 3) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(3, 1100, (n,), generator=g).tolist()
+        rows.append({'input_ids': ids, 'labels': [-100] * prompt + ids[prompt:]})
+    return rows
+
+
+def lora_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n.replace('.tenant', ''): p.grad.clone()
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.fixture()
+def lora_model(tiny_model_dir):
+    torch.manual_seed(0)
+    model = TransformersModel(tiny_model_dir)
+    model.add_adapter_to_model('tenant', LORA)
+    return model
+
+
+def test_gradients_equal_plain_transformers_peft_loop(lora_model, tiny_model_dir):
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    rows = make_rows(1)
+    out = lora_model.forward_backward(inputs=rows)
+
+    ref = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                         lora_model.model.peft_config['tenant'], adapter_name='tenant')
+    set_peft_model_state_dict(ref, get_peft_model_state_dict(lora_model.model, adapter_name='tenant'), adapter_name='tenant')
+    width = max(len(r['input_ids']) for r in rows)
+    ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows])
+    labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows])
+    mask = torch.tensor([[1] * len(r['input_ids']) + [0] * (width - len(r['input_ids'])) for r in rows])
+    ref_loss = ref(input_ids=ids, attention_mask=mask, labels=labels).loss
+    ref_loss.backward()
+
+    assert out['loss'] == pytest.approx(ref_loss.item(), abs=1e-6)
+    ours, theirs = lora_grads(lora_model.model), lora_grads(ref)
+    assert ours.keys() == theirs.keys() and len(ours) > 0
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_padding_free_equals_padded(lora_model):
+    rows = make_rows(2)
+    padded = lora_model.forward_backward(inputs=rows)
+    grads_padded = lora_grads(lora_model.model)
+    lora_model.zero_grad()
+    lora_model.set_processor('CausalLMProcessor', padding_free=True)
+    packed = lora_model.forward_backward(inputs=rows)
+    assert packed['loss'] == pytest.approx(padded['loss'], abs=1e-5)
+    for name, grad in lora_grads(lora_model.model).items():
+        torch.testing.assert_close(grad, grads_padded[name], atol=1e-5, rtol=1e-5, msg=name)
+    for a, b in zip(packed['logprobs'], padded['logprobs']):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_logprobs_are_aligned_with_input_ids(lora_model):
+    rows = make_rows(3)
+    out = lora_model.forward_only(inputs=rows)
+    with torch.no_grad():
+        for row, logprobs in zip(rows, out['logprobs']):
+            ids = torch.tensor([row['input_ids']])
+            ref = torch.log_softmax(lora_model.model(input_ids=ids).logits[0, :-1].float(), -1)
+            ref = ref.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+            assert len(logprobs) == len(row['input_ids']) and logprobs[0] == 0.0
+            assert logprobs[1:] == pytest.approx(ref, abs=1e-5)  # prompt tokens included
+    train_out = lora_model.forward_backward(inputs=rows)
+    for a, b in zip(train_out['logprobs'], out['logprobs']):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert train_out['loss'] == pytest.approx(out['loss'], abs=1e-6)
+
+
+def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
+    rows = make_rows(4, lengths=(8, 8, 8, 8))  # equal token counts: mean of means == global mean
+    torch.manual_seed(0)
+    big = TransformersModel(tiny_model_dir)
+    big.add_adapter_to_model('tenant', LORA)
+    big.forward_backward(inputs=rows)
+    torch.manual_seed(0)
+    acc = TransformersModel(tiny_model_dir)
+    acc.add_adapter_to_model('tenant', LORA, gradient_accumulation_steps=2)
+    acc.set_optimizer('SGD', lr=0.1)
+    acc.forward_backward(inputs=rows[:2])
+    assert acc.clip_grad_and_step(None)['stepped'] is False  # first micro-step: no optimizer step yet
+    acc.forward_backward(inputs=rows[2:])
+    grads = lora_grads(acc.model)
+    for name, grad in lora_grads(big.model).items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    result = acc.clip_grad_and_step(None)
+    assert result['stepped'] is True and result['step'] == 1
+
+
+def test_training_reduces_loss_and_reports_metrics_through_the_hook(lora_model):
+    seen = []
+
+    class Recorder:
+        @hook
+        def twinkle_metrics(self, step, metrics, context):
+            seen.append((step, metrics, context))
+
+    register_hooks(Recorder(), name=f'recorder-{id(seen)}')
+    lora_model.set_optimizer('AdamW', lr=1e-2)
+    lora_model.set_lr_scheduler('LinearWarmupScheduler', num_warmup_steps=0, num_training_steps=20)
+    rows = make_rows(5)
+    first = lora_model.forward_backward(inputs=rows)['loss']
+    lora_model.clip_grad_and_step(1.0)
+    for _ in range(7):
+        last = lora_model.forward_backward(inputs=rows)['loss']
+        lora_model.clip_grad_and_step(1.0)
+    assert last < 0.9 * first
+    metrics = lora_model.calculate_metric()
+    assert {'loss', 'token_accuracy', 'grad_norm', 'lr', 'tokens_per_second'} <= metrics.keys()
+    assert metrics['num_tokens'] == 8 * sum(len(r['input_ids']) for r in rows)
+    assert 0.0 <= metrics['token_accuracy'] <= 1.0 and math.isfinite(metrics['grad_norm'])
+    assert metrics['lr'] == pytest.approx(1e-2 * (1 - 8 / 20))
+    assert seen and seen[-1][0] == 8 and seen[-1][1] == metrics and seen[-1][2]['adapter_name'] == 'tenant'
+
+
+def test_non_finite_gradients_skip_the_step(lora_model):
+    lora_model.set_optimizer('AdamW', lr=1e-2)
+    before = {n: p.detach().clone() for n, p in lora_model.model.named_parameters() if p.requires_grad}
+    lora_model.forward_backward(inputs=make_rows(6))
+    next(p for p in lora_model.model.parameters() if p.requires_grad).grad.fill_(float('nan'))
+    result = lora_model.clip_grad_and_step(1.0)
+    assert result['skipped'] and not result['stepped']
+    for n, p in lora_model.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p, before[n]) and p.grad is None
+
+
+def test_full_parameter_training_by_registry_name(tiny_model_dir):
+    model = resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), max_length=64)
+    model.set_optimizer('AdamW', lr=1e-3)
+    rows = make_rows(7)
+    before = model.model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    model.forward_backward(inputs=rows)
+    model.clip_grad_and_step(1.0)
+    assert not torch.equal(before, model.model.model.layers[0].mlp.up_proj.weight)
+    configs = model.get_train_configs()
+    assert configs['adapter'] is None and configs['optimizer']['name'] == 'AdamW' and configs['max_length'] == 64
+
+
+def test_over_long_row_names_row_length_and_limit(tiny_model_dir):
+    model = TransformersModel(tiny_model_dir, max_length=12)
+    with pytest.raises(InvalidInputError, match=r'Batch row 1 has 14 tokens, more than the limit of 12'):
+        model.forward_backward(inputs=make_rows(8, lengths=(9, 14)))
+
+
+def test_unknown_loss_name_suggests_close_matches(lora_model):
+    with pytest.raises(ComponentNotFoundError, match=r"(?s)No loss named 'CrossEntropyLos'.*Did you mean.*CrossEntropyLoss"):
+        lora_model.set_loss('CrossEntropyLos')
+    with pytest.raises(ComponentNotFoundError, match="No loss named 'NoSuchLoss'"):
+        lora_model.set_loss('NoSuchLoss')
+
+
+def test_unknown_adapter_and_missing_optimizer_are_clear_errors(lora_model):
+    with pytest.raises(InvalidInputError, match="Unknown adapter 'b'.*adapter 'tenant'"):
+        lora_model.forward_backward(inputs=make_rows(9), adapter_name='b')
+    lora_model.forward_backward(inputs=make_rows(9))
+    with pytest.raises(Exception, match=r'call set_optimizer'):
+        lora_model.clip_grad_and_step()

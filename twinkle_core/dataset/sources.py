@@ -1,0 +1,90 @@
+"""Built-in ``dataset_source`` plugins: how a `DatasetMeta` becomes a Hugging Face `datasets.Dataset`.
+
+A source is any callable ``source(meta, cache_dir=None) -> datasets.Dataset`` registered in the entry-point group
+``twinkle.dataset_source`` under its scheme name: ``local`` (files and directories), ``ms`` (ModelScope via
+``MsDataset``), ``hf`` (Hugging Face via ``datasets.load_dataset``). `load_meta` picks one by ``meta.scheme``
+and then applies ``meta.data_slice``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from twinkle_core.dataset.meta import DatasetMeta
+from twinkle_core.errors import InvalidInputError
+
+# File suffix -> `datasets` builder name.
+FILE_BUILDERS: dict[str, str] = {
+    '.json': 'json', '.jsonl': 'json', '.csv': 'csv', '.tsv': 'csv', '.parquet': 'parquet', '.arrow': 'arrow',
+    '.txt': 'text',
+}
+
+
+def load_meta(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
+    """Load `meta` with the source its scheme names, then select ``meta.data_slice``."""
+    from twinkle_core.registry import resolve_class
+    source = resolve_class('dataset_source', meta.scheme)
+    data = source(meta, cache_dir=cache_dir)
+    indices = meta.indices(len(data))
+    return data if indices is None else data.select(indices)
+
+
+def _only_split(data: Any, meta: DatasetMeta) -> Any:
+    """A `DatasetDict` -> its `meta.split`; a `Dataset` as is."""
+    import datasets
+    if isinstance(data, datasets.DatasetDict):
+        if meta.split not in data:
+            raise InvalidInputError(f'{meta.dataset_id_or_path} has no split {meta.split!r}; '
+                                    f'splits: {sorted(data)}.')
+        return data[meta.split]
+    return data
+
+
+def local_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
+    """A local file (by suffix), a ``save_to_disk`` directory, or a directory of data files."""
+    import datasets
+    path = Path(meta.dataset_id_or_path).expanduser()
+    if not path.exists():
+        raise InvalidInputError(f'Dataset {meta.dataset_id_or_path!r} is not a local file or directory. For hub '
+                                'data sets use "ms://org/name" (ModelScope) or "hf://org/name" (Hugging Face).')
+    if path.is_dir():
+        if (path / 'dataset_info.json').exists() or (path / 'dataset_dict.json').exists():
+            return _only_split(datasets.load_from_disk(str(path)), meta)
+        return _only_split(datasets.load_dataset(str(path), meta.subset_name, cache_dir=cache_dir), meta)
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise InvalidInputError(f'Cannot read {path.name}: unknown file type {path.suffix!r}; supported: '
+                                f'{sorted(FILE_BUILDERS)}.')
+    kwargs = {'delimiter': '\t'} if path.suffix.lower() == '.tsv' else {}
+    return datasets.load_dataset(builder, data_files=str(path), split='train', cache_dir=cache_dir, **kwargs)
+
+
+def hf_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
+    """``hf://org/name[@revision]`` via `datasets.load_dataset` (honours ``HF_DATASETS_OFFLINE`` and its cache)."""
+    import datasets
+    repo, revision = _repo_and_revision(meta)
+    return datasets.load_dataset(repo, meta.subset_name, split=meta.split, revision=revision, cache_dir=cache_dir)
+
+
+def ms_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
+    """``ms://org/name[@revision]`` via ModelScope's `MsDataset`, converted to a Hugging Face `Dataset`."""
+    repo, revision = _repo_and_revision(meta)
+    try:
+        from modelscope.msdatasets import MsDataset
+    except ImportError as exc:
+        raise InvalidInputError(f'Loading {meta.dataset_id_or_path} needs ModelScope\'s dataset extras ({exc}). '
+                                'Run: pip install "modelscope[datasets]" (or pip install addict).') from exc
+    loaded = MsDataset.load(repo, subset_name=meta.subset_name, split=meta.split, version=revision,
+                            cache_dir=cache_dir or os.environ.get('MODELSCOPE_CACHE') or None)
+    data = loaded.to_hf_dataset() if hasattr(loaded, 'to_hf_dataset') else loaded
+    return _only_split(data, meta)
+
+
+def _repo_and_revision(meta: DatasetMeta) -> tuple[str, str | None]:
+    """``'hf://org/name@rev'`` -> ``('org/name', 'rev')``."""
+    rest = meta.dataset_id_or_path.split('://', 1)[1]
+    repo, _, revision = rest.partition('@')
+    if repo.count('/') != 1 or not all(repo.split('/')):
+        raise InvalidInputError(f'{meta.dataset_id_or_path!r}: expected "{meta.scheme}://org/name[@revision]".')
+    return repo, revision or None

@@ -1,0 +1,76 @@
+"""Load a component from a hub reference: parse -> trust check -> download -> verify -> import.
+
+Trust rule (DESIGN §3): hub code runs only when its repo revision is pinned in registry/ (revision + sha256)
+or the caller trusts it explicitly (``trust_remote_code=True``, or ``TWINKLE_TRUST_REMOTE_CODE=1`` when the
+argument is left as None). A pinned revision is always verified: files whose sha256 differs are refused, even
+when trusted. Without a revision in the reference, the revision pinned in registry/ is used when there is one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from twinkle_core.errors import HubError, IntegrityError, UntrustedRemoteCodeError
+from twinkle_core.hub import download
+from twinkle_core.hub.importer import import_entry, package_name
+from twinkle_core.hub.integrity import folder_sha256
+from twinkle_core.hub.manifest import check_requirements, read_manifest
+from twinkle_core.hub.ref import HubRef
+
+_cache: dict[tuple[str, str, str], Any] = {}  # (package, entry, kind) -> loaded object
+
+
+def trust_from_env() -> bool:
+    return os.environ.get('TWINKLE_TRUST_REMOTE_CODE', '').strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def find_pin(ref: HubRef) -> Any | None:
+    """The registry/ entry pinning `ref`'s repo at `ref`'s revision (or its only pinned revision when `ref` has
+    none), or None. Entries without both revision and sha256 are not pins."""
+    from twinkle_core import registry_index
+    pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.revision and e.sha256]
+    if ref.revision is not None:
+        pins = [e for e in pins if e.revision == ref.revision]
+    revisions = {(e.revision, e.sha256) for e in pins}
+    if len(revisions) > 1:
+        raise HubError(f'registry/ pins {ref.repo_url} at several revisions ({", ".join(sorted(r for r, _ in revisions))}); '
+                       f'say which one with "@revision" in the reference.')
+    return pins[0] if pins else None
+
+
+def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool | None = None) -> Any:
+    """Return the class or callable of kind `kind` that `ref` (``ms://org/repo[@rev][:Name]``) names.
+
+    Raises `UntrustedRemoteCodeError` (not pinned, not trusted), `IntegrityError` (sha256 differs from the pin)
+    or `HubError` (bad reference, download failure, bad manifest, missing requirement).
+    """
+    ref = ref if isinstance(ref, HubRef) else HubRef.parse(ref)
+    pin = find_pin(ref)
+    if pin is not None and ref.revision is None:
+        ref = ref.with_revision(pin.revision)
+    trusted = trust_remote_code if trust_remote_code is not None else trust_from_env()
+    if pin is None and not trusted:
+        raise UntrustedRemoteCodeError(
+            f'Refusing to run hub code from {ref}: it is not pinned in registry/ and not trusted. Review the code '
+            f'(`twinkle hub pull {ref}`), then either pin it in registry/ (revision + sha256 from '
+            f'`twinkle hub hash <folder>`) or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).')
+    folder = download.snapshot(ref)
+    sha = folder_sha256(folder)
+    if pin is not None and sha != pin.sha256:
+        raise IntegrityError(
+            f'{ref}: files at {folder} have sha256 {sha}, but registry/ pins {pin.sha256} for revision '
+            f'{pin.revision}. The download was altered or the pin is stale; re-download (delete that folder) '
+            f'or update the pin after reviewing the code.')
+    return _import_component(kind, ref, folder, sha)
+
+
+def _import_component(kind: str, ref: HubRef, folder: Path, sha: str) -> Any:
+    where = str(ref)
+    spec = read_manifest(folder).select(kind, ref.name, where)
+    check_requirements(spec, where)
+    package = package_name(ref.scheme, ref.org, ref.repo, ref.effective_revision, sha)
+    key = (package, spec.entry, kind)
+    if key not in _cache:
+        _cache[key] = import_entry(package, folder, spec.entry, where)
+    return _cache[key]

@@ -1,0 +1,84 @@
+"""Publish a component folder (``twinkle.toml`` + modules) to a hub repo; the inverse of `download.snapshot`.
+
+Uses the hubs' own upload APIs (``HfApi.upload_folder``, modelscope ``HubApi.upload_folder``; credentials come
+from their usual login/token settings). With ``TWINKLE_HUB_ROOT`` set the folder is copied into that local root
+instead (tests, mirrors). Returns what to pin in registry/.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinkle_core.errors import HubError
+from twinkle_core.hub import download
+from twinkle_core.hub.integrity import folder_sha256, hashed_files
+from twinkle_core.hub.manifest import read_manifest
+from twinkle_core.hub.ref import HubRef
+
+IGNORE = ['.*', '**/.*', '__pycache__', '**/__pycache__/**', '*.pyc', '**/*.pyc']
+
+
+@dataclass(frozen=True)
+class Published:
+    """Where a folder went: `location` (URL or local path), the `revision` to pin and the folder's `sha256`."""
+    ref: HubRef
+    location: str
+    revision: str
+    sha256: str
+
+    def registry_toml(self, names: list[tuple[str, str]]) -> str:
+        """``[[component]]`` tables for registry/ pinning this publication (`names`: (name, kind) pairs)."""
+        return '\n'.join(f'[[component]]\nname = "{n}"\nkind = "{k}"\nhub = "{self.ref.repo_url}"\n'
+                         f'revision = "{self.revision}"\nsha256 = "{self.sha256}"\n' for n, k in names)
+
+
+def publish(folder: str | Path, repo: str, *, revision: str | None = None,
+            message: str | None = None) -> Published:
+    """Upload `folder` to `repo` (``ms://org/repo`` / ``hf://org/repo``) at `revision` (default branch)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)  # refuse to publish what could not be loaded
+    ref = HubRef.parse(repo)
+    if ref.name:
+        raise HubError(f'publish takes a repo ({ref.repo_url}), not a component name (":{ref.name}").')
+    if revision:
+        ref = ref.with_revision(revision)
+    sha = folder_sha256(folder)
+    message = message or f'twinkle hub publish: {", ".join(c.name for c in manifest.components)}'
+    root = download.hub_root()
+    if root is not None:
+        dest = download.local_repo_dir(root, ref)
+        if dest.exists():
+            shutil.rmtree(dest)
+        for rel in hashed_files(folder):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(folder / rel, dest / rel)
+        return Published(ref, str(dest), ref.effective_revision, sha)
+    try:
+        if ref.scheme == 'hf':
+            return _publish_hf(folder, ref, message, sha)
+        return _publish_ms(folder, ref, message, sha)
+    except ImportError as exc:
+        raise HubError(f'Publishing needs the hub client ({exc}). Run: pip install "twinkle-core[hub]"') from exc
+
+
+def _publish_hf(folder: Path, ref: HubRef, message: str, sha: str) -> Published:
+    from huggingface_hub import HfApi
+    api = HfApi()
+    api.create_repo(ref.repo_id, exist_ok=True)
+    if ref.revision:
+        api.create_branch(ref.repo_id, branch=ref.revision, exist_ok=True)
+    info = api.upload_folder(repo_id=ref.repo_id, folder_path=str(folder), revision=ref.revision,
+                             commit_message=message, ignore_patterns=IGNORE)
+    # Pin the immutable commit, not the branch name.
+    return Published(ref, str(getattr(info, 'commit_url', info)), getattr(info, 'oid', None) or ref.effective_revision,
+                     sha)
+
+
+def _publish_ms(folder: Path, ref: HubRef, message: str, sha: str) -> Published:
+    from modelscope.hub.api import HubApi
+    api = HubApi()
+    api.create_repo(ref.repo_id, exist_ok=True)
+    api.upload_folder(repo_id=ref.repo_id, folder_path=str(folder), commit_message=message,
+                      revision=ref.effective_revision, ignore_patterns=IGNORE)
+    return Published(ref, f'https://modelscope.cn/models/{ref.repo_id}', ref.effective_revision, sha)

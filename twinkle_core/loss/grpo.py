@@ -1,0 +1,113 @@
+"""GRPO-family losses: GRPO (with the DAPO asymmetric clip) and GSPO.
+
+Per token (``lp`` = ``outputs['logps']``, ``old`` = ``old_logps``, ``ref`` = ``ref_logps``, ``A`` = advantages)::
+
+    r    = exp(lp - old)                                       # GSPO: see GSPOLoss
+    pg   = -min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
+    kl   = exp(ref - lp) - (ref - lp) - 1                      # k3 estimator of KL(pi || ref), only if beta > 0
+    loss_token = pg + beta * kl
+
+Aggregation over the micro-batch (``loss_type``):
+
+- ``'grpo'``    -- mean over rows of each row's token mean (``sequence_mean``; the GRPO paper).
+- ``'bnpo'``    -- sum over all loss tokens / number of loss tokens (``token_mean``; DAPO's token-level loss).
+- ``'dr_grpo'`` -- sum over all loss tokens / (rows * ``max_completion_length``) (Dr. GRPO: no length bias).
+  ``max_completion_length`` defaults to the longest row's number of loss tokens in the micro-batch.
+
+Rows without loss tokens are left out of the ``'grpo'`` mean. ``old_logps`` is optional: without it the batch is
+taken as on-policy (``old = sg(lp)``, so ``r == 1`` and the gradient is ``-A * grad lp``).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.loss.token_batch import TokenBatch
+
+GRPOLossType = Literal['grpo', 'bnpo', 'dr_grpo']
+_REDUCTIONS: dict[str, str] = {'grpo': 'sequence_mean', 'bnpo': 'token_mean', 'dr_grpo': 'sequence_mean'}
+
+
+class GRPOLoss(Loss):
+    """Clipped-ratio policy gradient with an optional k3 KL penalty to a reference model.
+
+    Inputs: per-token ``advantages`` [B, T] or per-row ``advantage``; optional ``old_logps`` [B, T] (behaviour
+    log-probs); ``ref_logps`` [B, T] when ``beta > 0``. ``epsilon_high=None`` means symmetric clipping.
+    """
+
+    def __init__(self, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+                 loss_type: GRPOLossType = 'grpo', max_completion_length: int | None = None) -> None:
+        if loss_type not in _REDUCTIONS:
+            raise InvalidInputError(f'{type(self).__name__}: unknown loss_type {loss_type!r}; '
+                                    f'choose one of {sorted(_REDUCTIONS)}.')
+        if epsilon < 0 or (epsilon_high is not None and epsilon_high < 0) or beta < 0:
+            raise InvalidInputError(f'{type(self).__name__}: epsilon, epsilon_high and beta must be >= 0 '
+                                    f'(got {epsilon}, {epsilon_high}, {beta}).')
+        if max_completion_length is not None and max_completion_length < 1:
+            raise InvalidInputError(f'{type(self).__name__}: max_completion_length must be >= 1.')
+        self.epsilon_low = float(epsilon)
+        self.epsilon_high = float(epsilon if epsilon_high is None else epsilon_high)
+        self.beta = float(beta)
+        self.loss_type = loss_type
+        self.max_completion_length = max_completion_length
+        self.reduction = _REDUCTIONS[loss_type]
+
+    def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """Per-token log importance ratio log(pi / pi_old) [B, T]."""
+        return lp - old
+
+    def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
+        batch = TokenBatch(inputs, outputs, type(self).__name__)
+        lp, adv = batch.logps, batch.advantages()
+        old = batch.token_field('old_logps', required=False)
+        ratio = torch.exp(self.log_ratio(batch, lp, lp.detach() if old is None else old))
+        clipped = ratio.clamp(1.0 - self.epsilon_low, 1.0 + self.epsilon_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+        kl = None
+        if self.beta > 0:
+            ref_minus_lp = batch.token_field('ref_logps') - lp
+            kl = torch.exp(ref_minus_lp) - ref_minus_lp - 1.0
+            per_token = per_token + self.beta * kl
+        loss = self._aggregate(batch, per_token)
+        return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=self._metrics(batch, ratio, adv, kl))
+
+    def _aggregate(self, batch: TokenBatch, per_token: torch.Tensor) -> torch.Tensor:
+        if self.loss_type == 'grpo':
+            return batch.sequence_mean(per_token)
+        if self.loss_type == 'bnpo':
+            return batch.token_mean(per_token)
+        length = self.max_completion_length or max(int(batch.row_tokens().max()) if batch.num_rows else 1, 1)
+        return batch.token_sum(per_token) / (max(batch.num_rows, 1) * length)
+
+    @torch.no_grad()
+    def _metrics(self, batch: TokenBatch, ratio: torch.Tensor, adv: torch.Tensor,
+                 kl: torch.Tensor | None) -> dict[str, float]:
+        low = (ratio < 1.0 - self.epsilon_low) & (adv < 0)
+        high = (ratio > 1.0 + self.epsilon_high) & (adv > 0)
+        as_float = lambda m: float(batch.token_mean(m.to(ratio.dtype)))  # noqa: E731
+        metrics = {'clip_frac': as_float(low | high), 'clip_frac_low': as_float(low), 'clip_frac_high': as_float(high),
+                   'ratio_mean': float(batch.token_mean(ratio))}
+        if kl is not None:
+            metrics['kl'] = float(batch.token_mean(kl))
+        return metrics
+
+
+class GSPOLoss(GRPOLoss):
+    """GSPO: the GRPO objective with one importance ratio per sequence, the geometric mean of its token ratios.
+
+    ``s_i = exp(mean_t (lp - old))`` over row i's loss tokens; each token uses ``sg(s_i) * exp(lp - sg(lp))``
+    (value ``s_i``; the GSPO-token form), so with a per-row advantage and ``loss_type='grpo'`` the loss and its
+    gradient equal the sequence-level GSPO objective ``-mean_i min(s_i A_i, clip(s_i) A_i)``. Clip ranges are
+    much smaller than GRPO's (paper defaults 3e-4 / 4e-4).
+    """
+
+    def __init__(self, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
+                 loss_type: GRPOLossType = 'grpo', max_completion_length: int | None = None) -> None:
+        super().__init__(epsilon, epsilon_high, beta, loss_type, max_completion_length)
+
+    def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        sequence = batch.broadcast_rows(batch.row_mean(lp - old))
+        return sequence.detach() + lp - lp.detach()

@@ -1,0 +1,164 @@
+"""`TokenBatch`: how RL and preference losses read a collated micro-batch.
+
+One place for the rules every such loss follows (see docs/rl.md, "Inputs and validation"):
+
+- ``labels`` [B, T] (already shifted, -100 = no loss) and ``outputs['logps']`` [B, T] are required.
+- Rows: in a padded batch row ``b`` is ``labels[b]``; in a padding-free packed batch (``row_index`` [B, T] present)
+  every position belongs to row ``row_index[b, t]``. Sequence-level quantities (sums, per-row advantages, DPO
+  pairs) are computed per row in both layouts.
+- A per-token field must have exactly the shape of ``labels``; a per-row field holds one value per row.
+- A missing required field raises `InvalidInputError` naming the field and the loss.
+- NaN policy: values at masked positions are ignored -- replaced by 0 *before* any arithmetic, so a NaN there
+  (e.g. the NaN prompt logprob at position 0 of a Tinker `compute_logprobs`) never reaches the loss or a
+  gradient. A NaN or inf at a loss position raises `InvalidInputError` naming the field, row and position.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+
+IGNORE_INDEX = -100
+
+
+class TokenBatch:
+    """The loss positions, rows and validated fields of one collated micro-batch, for the loss `loss_name`."""
+
+    def __init__(self, inputs: dict[str, Any], outputs: dict[str, Any], loss_name: str) -> None:
+        self.inputs, self.loss_name = inputs, loss_name
+        logps = outputs.get('logps')
+        if logps is None:
+            raise InvalidInputError(f"{loss_name}: outputs['logps'] is missing; the model must return per-token "
+                                    'log-probs of the labels (shape [B, T]).')
+        labels = self._tensor('labels', inputs.get('labels'), dtype=torch.long, device=logps.device)
+        if labels.shape != logps.shape:
+            raise InvalidInputError(f"{loss_name}: labels have shape {tuple(labels.shape)} but outputs['logps'] "
+                                    f'has shape {tuple(logps.shape)}; they must match.')
+        self.mask: torch.Tensor = labels != IGNORE_INDEX
+        self.logps: torch.Tensor = torch.where(self.mask, logps, torch.zeros((), dtype=logps.dtype,
+                                                                              device=logps.device))
+        self.rows, self.num_rows = self._row_ids(inputs.get('row_index'))
+
+    # ---- layout -------------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.logps.dtype
+
+    def row_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of the per-token tensor `x` over each row's loss positions -> [num_rows]."""
+        x = torch.where(self.mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        out = torch.zeros(self.num_rows, dtype=x.dtype, device=x.device)
+        return out.index_add(0, self.rows.reshape(-1), x.reshape(-1))
+
+    def row_tokens(self) -> torch.Tensor:
+        """Number of loss positions of each row -> [num_rows] (in the loss dtype)."""
+        return self.row_sum(self.mask.to(self.dtype))
+
+    def row_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean of `x` over each row's loss positions -> [num_rows] (0 for a row without loss positions)."""
+        return self.row_sum(x) / self.row_tokens().clamp(min=1)
+
+    def broadcast_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """A per-row tensor [num_rows] -> per-token [B, T] (each position gets its row's value)."""
+        return values[self.rows]
+
+    def token_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+
+    def token_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over loss positions / number of loss positions (0 when there are none)."""
+        return self.token_sum(x) / max(self.num_tokens, 1)
+
+    def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean over rows of each row's token mean; rows without loss positions are left out."""
+        counts = self.row_tokens()
+        has_tokens = counts > 0
+        if not bool(has_tokens.any()):
+            return self.token_sum(x)  # zero, still attached to the graph
+        per_row = self.row_sum(x) / counts.clamp(min=1)
+        return per_row[has_tokens].mean()
+
+    # ---- fields -------------------------------------------------------------------------------------------
+    def token_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:
+        """Per-token field `name` [B, T], validated, with masked positions set to 0 (None if absent and optional)."""
+        value = self.inputs.get(name)
+        if value is None:
+            if required:
+                raise self.missing(name, 'per-token [B, T] like labels')
+            return None
+        tensor = self._tensor(name, value, dtype=self.dtype, device=self.logps.device)
+        if tensor.shape != self.mask.shape:
+            raise InvalidInputError(
+                f'{self.loss_name}: per-token field {name!r} has shape {tuple(tensor.shape)} but labels have shape '
+                f'{tuple(self.mask.shape)}; give one value per token, aligned with labels.')
+        return self._finite_at_loss_positions(name, tensor)
+
+    def row_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:
+        """Per-row field `name` [num_rows], validated (None if absent and optional)."""
+        value = self.inputs.get(name)
+        if value is None:
+            if required:
+                raise self.missing(name, f'per-row [{self.num_rows}]')
+            return None
+        tensor = self._tensor(name, value, dtype=self.dtype, device=self.logps.device).reshape(-1)
+        if tensor.numel() != self.num_rows:
+            raise InvalidInputError(
+                f'{self.loss_name}: per-row field {name!r} has {tensor.numel()} values but the batch has '
+                f'{self.num_rows} rows; give one value per row.')
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise InvalidInputError(f'{self.loss_name}: {name!r} of row {row} is {tensor[row].item()}; '
+                                    'it must be finite.')
+        return tensor
+
+    def advantages(self) -> torch.Tensor:
+        """Per-token advantages [B, T]: the field ``advantages`` [B, T], or the per-row ``advantage`` broadcast."""
+        if self.inputs.get('advantages') is not None:
+            return self.token_field('advantages')
+        if self.inputs.get('advantage') is not None:
+            return self.broadcast_rows(self.row_field('advantage'))
+        raise self.missing('advantages', f"per-token [B, T], or a per-row 'advantage' [{self.num_rows}]")
+
+    def missing(self, name: str, shape: str) -> InvalidInputError:
+        return InvalidInputError(f'{self.loss_name} needs the input field {name!r} ({shape}); it is missing from '
+                                 f'the batch (fields present: {sorted(self.inputs)}).')
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _tensor(self, name: str, value: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if value is None:
+            raise self.missing(name, 'per-token [B, T]')
+        try:
+            return torch.as_tensor(value, dtype=dtype, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidInputError(f'{self.loss_name}: field {name!r} cannot be read as a tensor ({exc}); '
+                                    'ragged lists must be collated (padded) first.') from exc
+
+    def _finite_at_loss_positions(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        bad = ~torch.isfinite(tensor) & self.mask
+        if bool(bad.any()):
+            b, t = (int(i) for i in bad.nonzero()[0])
+            raise InvalidInputError(
+                f'{self.loss_name}: {name!r} is {tensor[b, t].item()} at row {b}, position {t}, which is a loss '
+                'position; values must be finite wherever labels != -100 (masked positions may hold anything).')
+        return torch.where(self.mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+
+    def _row_ids(self, row_index: Any) -> tuple[torch.Tensor, int]:
+        batch, length = self.mask.shape
+        if row_index is None:
+            rows = torch.arange(batch, device=self.mask.device).unsqueeze(1).expand(batch, length)
+            return rows, batch
+        rows = self._tensor('row_index', row_index, dtype=torch.long, device=self.mask.device)
+        if rows.shape != self.mask.shape:
+            raise InvalidInputError(f'{self.loss_name}: row_index has shape {tuple(rows.shape)} but labels have '
+                                    f'shape {tuple(self.mask.shape)}.')
+        if bool((rows[self.mask] < 0).any()):
+            raise InvalidInputError(f'{self.loss_name}: row_index is negative at a loss position.')
+        rows = rows.clamp(min=0)  # padding may carry -1; it is masked anyway
+        return rows, int(rows.max()) + 1 if rows.numel() else 0

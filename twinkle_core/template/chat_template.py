@@ -1,0 +1,153 @@
+"""`ChatTemplate` (registered as ``Template``): encodes trajectories with any tokenizer that has a chat template."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from typing import Any, Literal, Sequence
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.template import labels as L
+from twinkle_core.template.base import Template
+from twinkle_core.template.tokenizer import load_tokenizer
+from twinkle_core.types import Trajectory
+
+TruncationStrategy = Literal['right', 'left', 'error']
+TRUNCATION_STRATEGIES: tuple[str, ...] = ('right', 'left', 'error')
+
+
+class ChatTemplate(Template):
+    """Trajectory -> ``{'input_ids', 'labels', **extra fields}`` using the tokenizer's own chat template.
+
+    Labels follow docs/conventions.md: aligned with input_ids, the token id where the model is trained, -100
+    elsewhere (``labels[0]`` always -100). By default assistant turns are trained on (content + end-of-turn
+    token, never the role header); ``Message.loss`` overrides that per message. Trajectory fields other than
+    ``messages``/``tools`` (e.g. ``ground_truth``) pass through to the encoded row.
+
+    Args:
+        model_id_or_tokenizer: a tokenizer, a local model directory, ``ms://``/``hf://`` ref or HF id.
+        max_length: longest encoded row; None = no limit.
+        truncation_strategy: ``'right'`` keeps the first `max_length` tokens, ``'left'`` the last ones,
+            ``'error'`` raises `InvalidInputError` naming the row length and the limit.
+        chat_template_kwargs: extra variables for the Jinja template (e.g. ``enable_thinking``).
+    """
+
+    def __init__(self, model_id_or_tokenizer: Any, max_length: int | None = None,
+                 truncation_strategy: TruncationStrategy = 'right',
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        if truncation_strategy not in TRUNCATION_STRATEGIES:
+            raise InvalidInputError(f'truncation_strategy must be one of {TRUNCATION_STRATEGIES}, '
+                                    f'got {truncation_strategy!r}.')
+        if max_length is not None and max_length < 2:
+            raise InvalidInputError(f'max_length must be at least 2 (or None for no limit), got {max_length}.')
+        self.tokenizer = load_tokenizer(model_id_or_tokenizer)
+        if not getattr(self.tokenizer, 'chat_template', None):
+            raise InvalidInputError(
+                f'The tokenizer of {model_id_or_tokenizer!r} has no chat template. Set tokenizer.chat_template '
+                'or use a model-specific template.')
+        self.max_length = max_length
+        self.truncation_strategy = truncation_strategy
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.uses_generation_markers = L.has_generation_markers(self.tokenizer.chat_template)
+
+    # ---- encoding ----------------------------------------------------------------------------------------------
+    def encode(self, trajectory: Any, *, add_generation_prompt: bool = False) -> dict[str, Any]:
+        """Encode one trajectory.
+
+        ``add_generation_prompt=True`` (RL prompts): the trailing assistant turn(s) are dropped, the generation
+        prompt is appended, and the row has ``input_ids`` only (no labels).
+        """
+        traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory.model_validate(trajectory)
+        messages = [m.model_dump(exclude_none=True, exclude={'loss'}) for m in traj.messages]
+        flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
+        extras = traj.model_dump(exclude={'messages', 'tools'})
+        kwargs = self._render_kwargs(traj)
+        if add_generation_prompt:
+            while messages and messages[-1]['role'] == 'assistant':
+                messages.pop()
+            if not messages:
+                raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
+            ids = self._tokenize_prompt(messages, kwargs)
+            return {'input_ids': self._truncate(ids, None)[0], **extras}
+        input_ids, labels = self._encode_with_labels(messages, flags, kwargs)
+        input_ids, labels = self._truncate(input_ids, labels)
+        return {'input_ids': input_ids, 'labels': labels, **extras}
+
+    def _render_kwargs(self, traj: Trajectory) -> dict[str, Any]:
+        kwargs = dict(self.chat_template_kwargs)
+        if traj.tools:
+            kwargs['tools'] = traj.tools
+        return kwargs
+
+    def _tokenize_prompt(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[int]:
+        text = L.render(self.tokenizer, messages, add_generation_prompt=True, **kwargs)
+        return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
+
+    def _encode_with_labels(self, messages: list[dict[str, Any]], flags: list[bool], kwargs: dict[str, Any]
+                            ) -> tuple[list[int], list[int]]:
+        wanted = [i for i, f in enumerate(flags) if f]
+        found = None
+        only_assistant = all(messages[i]['role'] == 'assistant' for i in wanted)
+        if self.uses_generation_markers and only_assistant:
+            found = L.generation_mask_spans(self.tokenizer, messages, **kwargs)
+        if found is None:
+            found = L.prefix_spans(self.tokenizer, messages, wanted, **kwargs)
+        input_ids, spans = found
+        eos = self.tokenizer.eos_token_id
+        chosen = [L.trim_after_eos(input_ids, spans[i], eos) if messages[i]['role'] == 'assistant' else spans[i]
+                  for i in wanted]
+        return input_ids, L.build_labels(input_ids, chosen)
+
+    def _truncate(self, input_ids: list[int], labels: list[int] | None) -> tuple[list[int], list[int] | None]:
+        n, limit = len(input_ids), self.max_length
+        if limit is None or n <= limit:
+            return input_ids, labels
+        if self.truncation_strategy == 'error':
+            raise InvalidInputError(f'Encoded row has {n} tokens, more than max_length={limit}. Raise max_length, '
+                                    "drop long rows (e.g. Dataset.filter(MessageLengthFilter(...))), or use "
+                                    "truncation_strategy='right'/'left'.")
+        window = slice(0, limit) if self.truncation_strategy == 'right' else slice(n - limit, n)
+        input_ids = input_ids[window]
+        if labels is not None:
+            labels = labels[window]
+            labels[0] = L.IGNORE_INDEX
+        return input_ids, labels
+
+    def encode_batch(self, trajectories: Sequence[Any], *, add_generation_prompt: bool = False) -> list[dict[str, Any]]:
+        return [self.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
+
+    # ---- decoding ----------------------------------------------------------------------------------------------
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_completion(self, completion: Sequence[int] | dict[str, Any], *, skip_special_tokens: bool = True
+                          ) -> str:
+        """Text of a completion: sampled token ids (decoded as given), or an encoded row (its labelled tokens)."""
+        if isinstance(completion, dict):
+            completion = [t for t in completion.get('labels') or [] if t != L.IGNORE_INDEX]
+        return self.decode(completion, skip_special_tokens=skip_special_tokens)
+
+    # ---- caching -----------------------------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """Digest of the tokenizer (vocab, merges, special tokens), chat template, options and this code."""
+        digest = hashlib.sha256()
+        tok = self.tokenizer
+        backend = getattr(tok, 'backend_tokenizer', None)
+        digest.update(backend.to_str().encode() if backend is not None else repr(tok.get_vocab()).encode())
+        config = {'chat_template': tok.chat_template, 'eos': tok.eos_token_id, 'max_length': self.max_length,
+                  'truncation': self.truncation_strategy, 'kwargs': self.chat_template_kwargs,
+                  'class': f'{type(self).__module__}.{type(self).__qualname__}'}
+        digest.update(json.dumps(config, sort_keys=True, default=repr).encode())
+        for cls in type(self).__mro__:  # code changes invalidate cached encodings
+            if cls.__module__.startswith(('twinkle', '__main__')) or cls is type(self):
+                try:
+                    digest.update(inspect.getsource(inspect.getmodule(cls)).encode())
+                except (OSError, TypeError):
+                    digest.update(cls.__qualname__.encode())
+        digest.update(inspect.getsource(L).encode())
+        return digest.hexdigest()[:32]
+
+    def __repr__(self) -> str:
+        name = getattr(self.tokenizer, 'name_or_path', '?')
+        return (f'{type(self).__name__}({name!r}, max_length={self.max_length}, '
+                f'truncation_strategy={self.truncation_strategy!r})')

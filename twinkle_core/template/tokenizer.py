@@ -1,0 +1,35 @@
+"""Tokenizer loading for templates: a tokenizer object, a local directory, ``ms://``/``hf://`` refs, or an HF id."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twinkle_core.errors import InvalidInputError
+
+
+def load_tokenizer(model_id_or_tokenizer: Any, **kwargs: Any) -> Any:
+    """Return a Hugging Face tokenizer.
+
+    - an object with ``apply_chat_template`` is returned as is;
+    - ``ms://org/name`` / ``hf://org/name[@rev]`` are fetched through `twinkle_core.hub` (cached; honours
+      ``TWINKLE_HUB_OFFLINE`` / ``HF_HUB_OFFLINE`` / ``TWINKLE_HUB_ROOT``);
+    - anything else goes to ``transformers.AutoTokenizer.from_pretrained`` (a local directory, or a Hugging Face
+      id resolved from the HF cache when ``HF_HUB_OFFLINE=1``).
+    """
+    if hasattr(model_id_or_tokenizer, 'apply_chat_template'):
+        return model_id_or_tokenizer
+    if not isinstance(model_id_or_tokenizer, (str, os.PathLike)):
+        raise InvalidInputError(f'A template needs a tokenizer, a local model directory or a model id, got '
+                                f'{type(model_id_or_tokenizer).__name__}.')
+    source = os.fspath(model_id_or_tokenizer)
+    from twinkle_core.hub.ref import is_hub_ref
+    if is_hub_ref(source):
+        from twinkle_core.hub.download import snapshot
+        from twinkle_core.hub.ref import HubRef
+        source = str(snapshot(HubRef.parse(source)))
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        raise InvalidInputError(f'Could not load a tokenizer from {model_id_or_tokenizer!r}: give a local model '
+                                f'directory, an ms:// or hf:// reference, or a cached Hugging Face id. ({exc})') from exc
