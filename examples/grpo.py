@@ -43,8 +43,11 @@ def addition_prompts(rng: random.Random, n: int, max_operand: int) -> list[dict[
     return prompts
 
 
+WARM = {'format': lambda p: str(random.randint(0, 9)), 'answers': lambda p: p['ground_truth']}
+
+
 def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup_steps: int = 30,
-         max_operand: int = 4, lr: float = 2e-4, seed: int = 0) -> dict[str, Any]:
+         max_operand: int = 4, lr: float = 2e-4, seed: int = 0, warmup: str = 'format') -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -53,7 +56,7 @@ def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup
     # ---- 1. format warm-start: "<digit><|im_end|>" with a random digit (teaches the format, not the sums) ----
     model.set_loss('CrossEntropyLoss')
     for _ in tqdm(range(warmup_steps), desc='format warm-start'):
-        rows = [template.encode({'messages': p['messages'] + [{'role': 'assistant', 'content': str(rng.randint(0, 9))}]})
+        rows = [template.encode({'messages': p['messages'] + [{'role': 'assistant', 'content': WARM[warmup](p)}]})
                 for p in addition_prompts(rng, 16, max_operand)]
         model.forward_backward(inputs=rows)
         model.clip_grad_and_step()

@@ -263,3 +263,104 @@ def test_publish_pull_and_load_via_local_hub_root(tmp_path: Path) -> None:
     assert done.stdout.strip() == 'published', done.stderr
     bad = run_twinkle('hub', 'publish', str(tmp_path), '--repo', 'ms://me/echo', env=env)
     assert bad.returncode == 1 and 'has no twinkle.toml' in bad.stderr
+
+
+def test_subpackages_init_and_import_errors(publish_to_cache, tmp_path: Path) -> None:
+    src = write_repo(tmp_path / 'pkg', {
+        'twinkle.toml': '''
+            [[component]]
+            name = "Deep"
+            kind = "loss"
+            entry = "inner.deep:Deep"
+            [[component]]
+            name = "NoModule"
+            kind = "loss"
+            entry = "missing:X"
+            [[component]]
+            name = "NoAttr"
+            kind = "loss"
+            entry = "inner.deep:Nope"
+            [[component]]
+            name = "Raises"
+            kind = "loss"
+            entry = "boom:X"
+        ''',
+        '__init__.py': 'ROOT_MARK = "root"\n',
+        'inner/__init__.py': '',
+        'inner/deep.py': 'from .. import ROOT_MARK\nclass Deep:\n    mark = ROOT_MARK\n',
+        'boom.py': 'raise RuntimeError("import-time failure")\n',
+    })
+    publish_to_cache('hf://someone/pkg@v1', src)
+    assert load_hub_component('loss', 'hf://someone/pkg@v1:Deep', trust_remote_code=True).mark == 'root'
+    with pytest.raises(HubError, match="entry module 'missing' not found"):
+        load_hub_component('loss', 'hf://someone/pkg@v1:NoModule', trust_remote_code=True)
+    with pytest.raises(HubError, match="has no attribute 'Nope'"):
+        load_hub_component('loss', 'hf://someone/pkg@v1:NoAttr', trust_remote_code=True)
+    with pytest.raises(HubError, match='RuntimeError: import-time failure'):
+        load_hub_component('loss', 'hf://someone/pkg@v1:Raises', trust_remote_code=True)
+
+
+def test_publish_calls_the_real_upload_apis(tmp_path: Path, monkeypatch) -> None:
+    """Without TWINKLE_HUB_ROOT, publish goes through HfApi / modelscope HubApi (recorded here, no network)."""
+    import types
+
+    import huggingface_hub
+    from twinkle_core.hub.publish import IGNORE, publish
+    monkeypatch.delenv('TWINKLE_HUB_ROOT', raising=False)
+    src = loss_repo(tmp_path / 'src', 'up')
+    calls = []
+
+    def recorder(tag):
+        return lambda self, repo_id, **kw: calls.append((tag, repo_id, kw))
+
+    monkeypatch.setattr(huggingface_hub.HfApi, 'create_repo', recorder('hf-create'))
+    monkeypatch.setattr(huggingface_hub.HfApi, 'create_branch', recorder('hf-branch'))
+
+    def hf_upload(self, **kw):
+        calls.append(('hf-upload', kw['repo_id'], kw))
+        return types.SimpleNamespace(oid='a' * 40, commit_url='https://huggingface.co/me/echo/commit/aaa')
+
+    monkeypatch.setattr(huggingface_hub.HfApi, 'upload_folder', hf_upload)
+    done = publish(src, 'hf://me/echo', revision='v1')
+    assert done.revision == 'a' * 40 and done.sha256 == folder_sha256(src)  # pins the immutable commit
+    assert [c[0] for c in calls] == ['hf-create', 'hf-branch', 'hf-upload']
+    assert calls[1][2]['branch'] == 'v1' and calls[2][2]['revision'] == 'v1'
+    assert calls[2][2]['folder_path'] == str(src) and calls[2][2]['ignore_patterns'] == IGNORE
+
+    class FakeMsApi:  # stands in for modelscope.hub.api.HubApi (whose import pulls in torch)
+        def create_repo(self, repo_id, **kw):
+            calls.append(('ms-create', repo_id, kw))
+
+        def upload_folder(self, repo_id, folder_path=None, **kw):
+            calls.append(('ms-upload', repo_id, {'folder_path': folder_path, **kw}))
+
+    monkeypatch.setitem(sys.modules, 'modelscope.hub.api', types.SimpleNamespace(HubApi=FakeMsApi))
+    calls.clear()
+    done = publish(src, 'ms://me/echo')
+    assert done.revision == 'master'
+    assert calls[0] == ('ms-create', 'me/echo', {'exist_ok': True})
+    assert calls[1][2]['revision'] == 'master' and calls[1][2]['folder_path'] == str(src)
+    with pytest.raises(HubError, match='not a component name'):
+        publish(src, 'ms://me/echo:EchoLoss')
+
+
+def test_several_pinned_revisions_need_an_explicit_one(registry_dir) -> None:
+    registry_dir('''
+        [[component]]
+        name = "A"
+        kind = "loss"
+        hub = "hf://org/two"
+        revision = "v1"
+        sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
+        [[component]]
+        name = "A"
+        kind = "loss"
+        hub = "hf://org/two"
+        revision = "v2"
+        sha256 = "0000000000000000000000000000000000000000000000000000000000000002"
+    ''')
+    from twinkle_core.hub.loader import find_pin
+    with pytest.raises(HubError, match=r'several revisions \(v1, v2\)'):
+        find_pin(HubRef.parse('hf://org/two:A'))
+    assert find_pin(HubRef.parse('hf://org/two@v2:A')).sha256.endswith('2')
+    assert find_pin(HubRef.parse('hf://org/two@v3:A')) is None

@@ -107,6 +107,20 @@ def test_invalid_settings():
         DataLoader(ROWS, batch_size=4, min_batch_size=5)
     with pytest.raises(InvalidInputError, match='smaller than the number of data ranks 8'):
         DataLoader(ROWS, batch_size=4).shard(0, 8)
+    with pytest.raises(InvalidInputError, match='min_batch_size=1 is smaller than the number of data ranks 2'):
+        DataLoader(ROWS, batch_size=4, min_batch_size=1).shard(0, 2)
+
+
+def test_rank_comes_from_torch_distributed_when_initialised(monkeypatch, tmp_path):
+    dist = pytest.importorskip('torch.distributed')
+    mesh = DeviceMesh.from_sizes(dp_size=2)
+    monkeypatch.setenv('RANK', '1')  # torch.distributed wins over the environment
+    dist.init_process_group('gloo', init_method=f'file://{tmp_path / "store"}', rank=0, world_size=1)
+    try:
+        assert ids(DataLoader(ROWS, batch_size=4, device_mesh=mesh))[0] == [0, 1]
+    finally:
+        dist.destroy_process_group()
+    assert ids(DataLoader(ROWS, batch_size=4, device_mesh=mesh))[0] == [2, 3]
 
 
 def test_over_an_encoded_dataset(samples, tiny_model_dir):

@@ -10,6 +10,7 @@ from twinkle_core.errors import ComponentNotFoundError, InvalidInputError
 from twinkle_core.preprocessor import LengthFilter
 from twinkle_core.template.chat_template import ChatTemplate
 from twinkle_core.template.labels import IGNORE_INDEX
+from twinkle_core.types import as_input_features
 
 SELF_COGNITION = {'model_name': 'Twinkle', 'model_author': 'ModelScope'}
 
@@ -20,18 +21,20 @@ def _alpaca_rows(samples):
 
 @pytest.fixture
 def alpaca_files(samples, tmp_path):
-    """The alpaca sample as jsonl, csv, parquet and a save_to_disk directory."""
+    """The alpaca sample as jsonl, csv, parquet, a save_to_disk directory and a folder of data files."""
     import datasets
     data = datasets.Dataset.from_list(_alpaca_rows(samples))
     paths = {'jsonl': samples['alpaca'], 'csv': tmp_path / 'alpaca.csv', 'parquet': tmp_path / 'alpaca.parquet',
-             'disk': tmp_path / 'alpaca_disk'}
+             'disk': tmp_path / 'alpaca_disk', 'folder': tmp_path / 'alpaca_folder'}
+    paths['folder'].mkdir()
+    data.to_json(str(paths['folder'] / 'train.jsonl'))
     data.to_csv(str(paths['csv']))
     data.to_parquet(str(paths['parquet']))
     data.save_to_disk(str(paths['disk']))
     return paths
 
 
-@pytest.mark.parametrize('kind', ['jsonl', 'csv', 'parquet', 'disk'])
+@pytest.mark.parametrize('kind', ['jsonl', 'csv', 'parquet', 'disk', 'folder'])
 def test_local_formats_map_filter_encode(kind, alpaca_files, samples, tiny_model_dir, tmp_path):
     rows = _alpaca_rows(samples)
     ds = Dataset(DatasetMeta(str(alpaca_files[kind]), data_slice=10), cache_dir=str(tmp_path / 'cache'))
@@ -40,6 +43,7 @@ def test_local_formats_map_filter_encode(kind, alpaca_files, samples, tiny_model
     assert ds[3]['messages'][-1]['content'] == rows[3]['output']
     ds.set_template('Template', model_id=str(tiny_model_dir), max_length=256).encode()
     assert sorted(ds.column_names) == ['input_ids', 'labels']
+    assert len(as_input_features(list(ds))) == 10  # every row is a valid InputFeature
     template = ChatTemplate(str(tiny_model_dir))
     for i in range(10):
         labelled = [t for t in ds[i]['labels'] if t != IGNORE_INDEX]
@@ -113,7 +117,8 @@ def test_mixing_concat_with_per_dataset_preprocessors(samples):
 
 def test_mixing_aligns_message_fields(tiny_model_dir):
     plain = Dataset.from_hf([{'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a'}]}])
-    with_loss = [{'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'skip', 'loss': False},
+    with_loss = [{'messages': [{'role': 'user', 'content': 'q'},
+                               {'role': 'assistant', 'content': 'skip', 'loss': False},
                                {'role': 'user', 'content': 'q2'}, {'role': 'assistant', 'content': 'a2'}]}]
     from twinkle_core.dataset.mixing import Mixing
     mixed = Mixing().combine([plain.data, Dataset.from_hf(with_loss).data])
@@ -122,6 +127,14 @@ def test_mixing_aligns_message_fields(tiny_model_dir):
     ds = Dataset.from_hf(mixed).set_template('Template', model_id=str(tiny_model_dir)).encode()
     template = ChatTemplate(str(tiny_model_dir))
     assert [template.decode_completion(r) for r in ds] == ['a', 'a2']
+
+
+def test_extra_fields_survive_encoding_when_the_first_row_lacks_them(tiny_model_dir):
+    rows = [{'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': None},
+            {'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': '7'}]
+    ds = Dataset.from_hf(rows).set_template('Template', model_id=str(tiny_model_dir))
+    ds.encode(add_generation_prompt=True)
+    assert [r['ground_truth'] for r in ds] == [None, '7']
 
 
 def test_mixing_interleave_is_seeded_and_weighted(samples):
@@ -192,6 +205,25 @@ def test_from_hf_rows_and_callable_preprocessor(tiny_model_dir):
     assert len(ds) == 4 and [r['messages'][1]['content'] for r in ds.rows([3, 0])] == ['answer 4', 'answer 0']
     with pytest.raises(IndexError):
         ds[4]
+
+
+def test_hf_id_loads_from_the_datasets_cache_offline(samples, tmp_path):
+    """hf://org/name end to end, offline: `datasets` answers from its cache of that repo (laid out here)."""
+    import shutil
+
+    import datasets
+    if not datasets.config.HF_HUB_OFFLINE:
+        pytest.skip('needs HF_HUB_OFFLINE=1 (set by tests/conftest.py) so that nothing is fetched')
+    cache = tmp_path / 'hf-cache'
+    datasets.load_dataset('json', data_files=str(samples['gsm8k']), split='train', cache_dir=str(cache))
+    built = next((cache / 'json').glob('*/*/*'))
+    repo_cache = cache / 'acme___gsm8k_mini' / 'default' / '0.0.0' / built.name
+    repo_cache.mkdir(parents=True)
+    for f in built.iterdir():
+        shutil.copy(f, repo_cache / f.name.replace('json-', 'gsm8k_mini-'))
+    ds = Dataset(DatasetMeta('hf://acme/gsm8k_mini', data_slice=5), cache_dir=str(cache)).map('GSM8KProcessor')
+    expected = [json.loads(line)['question'] for line in samples['gsm8k'].read_text().splitlines()[:5]]
+    assert [r['messages'][1]['content'] for r in ds] == expected
 
 
 def test_hf_ids_resolve_to_load_dataset(monkeypatch):

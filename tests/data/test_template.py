@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from twinkle_core import resolve
-from twinkle_core.errors import ComponentNotFoundError, InvalidInputError
+from twinkle_core.errors import ComponentNotFoundError, HubError, InvalidInputError
 from twinkle_core.template.labels import IGNORE_INDEX, mask_runs
 
 CONVERSATION = {
@@ -89,12 +89,17 @@ def test_truncation_strategies(tiny_model_dir, chat_template):
 
 
 def test_generation_prompt_encodes_the_prompt_only(chat_template):
+    from twinkle_core.template.chat_template import ChatTemplate
     prompt = chat_template.encode(CONVERSATION, add_generation_prompt=True)
     assert 'labels' not in prompt and prompt['ground_truth'] == '42'
     text = chat_template.decode(prompt['input_ids'], skip_special_tokens=False)
     assert text.endswith('What can you do?<|im_end|>\n<|im_start|>assistant\n')
     full = chat_template.encode(CONVERSATION)
     assert full['input_ids'][:len(prompt['input_ids'])] == prompt['input_ids']
+    short = ChatTemplate(chat_template.tokenizer, max_length=10, truncation_strategy='right')
+    assert short.encode(CONVERSATION, add_generation_prompt=True)['input_ids'] == prompt['input_ids'][-10:]
+    with pytest.raises(InvalidInputError, match='Not a valid Trajectory'):
+        chat_template.encode({'messages': [{'role': 'robot', 'content': 'x'}]})
     with pytest.raises(InvalidInputError, match='only assistant turns'):
         chat_template.encode({'messages': [{'role': 'assistant', 'content': 'x'}]}, add_generation_prompt=True)
 
@@ -160,6 +165,9 @@ def test_tokenizer_without_chat_template_is_rejected(tiny_model_dir):
     tok.chat_template = None
     with pytest.raises(InvalidInputError, match='no chat template'):
         ChatTemplate(tok)
+    tok.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(InvalidInputError, match=r"rejected a conversation with roles \['system', 'user'.*alternate"):
+        ChatTemplate(tok).encode(CONVERSATION)
 
 
 def test_fingerprint_tracks_what_changes_encoding(tiny_model_dir, chat_template):
@@ -167,3 +175,19 @@ def test_fingerprint_tracks_what_changes_encoding(tiny_model_dir, chat_template)
     same = ChatTemplate(str(tiny_model_dir))
     assert same.fingerprint() == chat_template.fingerprint()
     assert ChatTemplate(str(tiny_model_dir), max_length=32).fingerprint() != chat_template.fingerprint()
+
+
+def test_tokenizer_from_a_hub_reference(tiny_model_dir, tmp_path, monkeypatch, chat_template):
+    """ms://org/name goes through twinkle_core.hub (here its local stand-in, TWINKLE_HUB_ROOT)."""
+    import shutil
+
+    from twinkle_core.template.chat_template import ChatTemplate
+    repo = tmp_path / 'ms' / 'acme' / 'tiny-chat' / 'master'
+    repo.mkdir(parents=True)
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'):
+        shutil.copy(tiny_model_dir / name, repo / name)
+    monkeypatch.setenv('TWINKLE_HUB_ROOT', str(tmp_path))
+    template = ChatTemplate('ms://acme/tiny-chat')
+    assert template.encode(CONVERSATION) == chat_template.encode(CONVERSATION)
+    with pytest.raises(HubError, match='not in the local hub'):
+        ChatTemplate('ms://acme/missing')

@@ -29,6 +29,15 @@ def lora_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny model is fastest single-threaded (and the CI box is shared); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture()
 def lora_model(tiny_model_dir):
     torch.manual_seed(0)

@@ -1,5 +1,15 @@
-"""Kind `checkpoint_engine`: the interface, plus lazy access to every registered checkpoint_engine by name."""
-from twinkle_core._lazy import kind_getattr
-from twinkle_core.checkpoint_engine.base import CheckpointEngine
+"""Kind `checkpoint_engine`: the interface, the (lazily imported, torch-using) `CheckpointEngineManager`, plus lazy
+access to every registered checkpoint_engine by name."""
+from typing import Any
 
-__getattr__ = kind_getattr('checkpoint_engine', __name__)
+from twinkle_core._lazy import kind_getattr
+from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
+
+_registered = kind_getattr('checkpoint_engine', __name__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ('CheckpointEngineManager', 'SyncReport'):
+        from twinkle_core.checkpoint_engine import manager
+        return getattr(manager, name)
+    return _registered(name)

@@ -37,23 +37,41 @@ def base_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {canonical_name(n): t for n, t in module.state_dict(keep_vars=True).items() if not is_lora_name(n)}
 
 
+# Attribute under which twinkle_transformers.multi_lora.MultiLoraManager attaches itself to a model.
+MULTI_LORA_ATTR = '_twinkle_multi_lora'
+
+
+def module_of(model: Any) -> torch.nn.Module:
+    """The `torch.nn.Module` behind `model`: itself, or the module a twinkle model/sampler wraps (`.model`)."""
+    if isinstance(model, torch.nn.Module):
+        return model
+    inner = getattr(model, 'model', None)
+    if isinstance(inner, torch.nn.Module):
+        return inner
+    raise InvalidInputError(f'{type(model).__name__} neither is nor wraps (as `.model`) a torch module.')
+
+
 def lora_adapters(module: torch.nn.Module) -> list[str]:
-    """Names of the PEFT LoRA adapters in `module` (empty for a plain model)."""
+    """Names of the LoRA adapters in `module` (PEFT or twinkle multi-LoRA); empty for a plain model."""
+    manager = getattr(module, MULTI_LORA_ATTR, None)
+    if manager is not None:
+        return sorted(manager.adapter_names)
     config = getattr(module, 'peft_config', None)
     return sorted(config) if isinstance(config, dict) else []
 
 
-def lora_tensors(module: torch.nn.Module, adapter_name: str) -> dict[str, torch.Tensor]:
-    """PEFT-format state dict of one adapter (no copy)."""
+def adapter_export(module: torch.nn.Module, adapter_name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(PEFT-format tensors without copies, JSON-safe LoRA config dict) of one adapter."""
+    if adapter_name not in lora_adapters(module):
+        raise InvalidInputError(f'The model has no LoRA adapter {adapter_name!r}; adapters: '
+                                f'{lora_adapters(module) or "none"}.')
+    manager = getattr(module, MULTI_LORA_ATTR, None)
+    if manager is not None:
+        return manager.state_dict(adapter_name), _json_safe(manager.record(adapter_name).config)
     marker = f'.{adapter_name}.'
-    out = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if is_lora_name(name) and marker in name:
-            out[_drop_adapter(name, adapter_name)] = tensor
-    if not out:
-        raise InvalidInputError(f'The model has no LoRA tensors for adapter {adapter_name!r}; '
-                                f'adapters: {lora_adapters(module) or "none"}.')
-    return out
+    tensors = {_drop_adapter(n, adapter_name): t.detach() for n, t in module.state_dict(keep_vars=True).items()
+               if is_lora_name(n) and marker in n}
+    return tensors, _json_safe(module.peft_config[adapter_name])  # type: ignore[index]
 
 
 def _drop_adapter(name: str, adapter_name: str) -> str:
@@ -64,27 +82,38 @@ def _drop_adapter(name: str, adapter_name: str) -> str:
     return name
 
 
-def lora_config_dict(module: torch.nn.Module, adapter_name: str) -> dict[str, Any]:
-    """The adapter's LoRA config as a JSON-safe dict (sets become sorted lists, enums their values)."""
-    config = module.peft_config[adapter_name]  # type: ignore[index]
+def _json_safe(config: Any) -> dict[str, Any]:
     raw = config.to_dict() if hasattr(config, 'to_dict') else dict(vars(config))
     return json.loads(json.dumps(raw, default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else str(v)))
 
 
 def merged_tensors(module: torch.nn.Module, adapter_name: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Base weights with adapter `adapter_name` merged in (new tensors; the model is not modified)."""
-    deltas: dict[str, torch.Tensor] = {}
-    for name, sub in module.named_modules():
-        lora_a = getattr(sub, 'lora_A', None)
-        if lora_a is not None and adapter_name in lora_a and hasattr(sub, 'get_delta_weight'):
-            weight_name = canonical_name(f'{name}.base_layer.weight')
-            deltas[weight_name] = sub.get_delta_weight(adapter_name)
+    """Base weights with adapter `adapter_name` merged in (new tensors for adapted weights; the model is unchanged)."""
+    deltas = _lora_deltas(module, adapter_name)
     if not deltas:
         raise InvalidInputError(f'Nothing to merge: no LoRA layer holds adapter {adapter_name!r}.')
     with torch.no_grad():
         for name, tensor in base_tensors(module).items():
             delta = deltas.get(name)
             yield name, (tensor.detach() + delta.to(tensor.dtype)) if delta is not None else tensor.detach()
+
+
+def _lora_deltas(module: torch.nn.Module, adapter_name: str) -> dict[str, torch.Tensor]:
+    """Canonical weight name -> LoRA delta (scaling * B @ A) of every layer adapter `adapter_name` adapts."""
+    manager = getattr(module, MULTI_LORA_ATTR, None)
+    slot = manager.slot(adapter_name) if manager is not None else None
+    deltas: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, sub in module.named_modules():
+            weight_name = canonical_name(f'{name}.base_layer.weight')
+            if slot is not None and hasattr(sub, 'adapters') and hasattr(sub, 'get'):
+                w = sub.get(slot)
+                if w is not None:
+                    deltas[weight_name] = (w.lora_B.weight.float() @ w.lora_A.weight.float()) * w.scaling
+            elif slot is None and adapter_name in (getattr(sub, 'lora_A', None) or {}) and hasattr(
+                    sub, 'get_delta_weight'):
+                deltas[weight_name] = sub.get_delta_weight(adapter_name)
+    return deltas
 
 
 def shares_base(a: torch.nn.Module, b: torch.nn.Module) -> bool:

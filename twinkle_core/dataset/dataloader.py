@@ -57,6 +57,9 @@ class DataLoader:
         if data_world_size > self.batch_size:
             raise InvalidInputError(f'batch_size={self.batch_size} (global) is smaller than the number of data '
                                     f'ranks {data_world_size}: some ranks would get no rows.')
+        if self._min_batch_size is not None and self._min_batch_size < data_world_size and not self.drop_last:
+            raise InvalidInputError(f'min_batch_size={self._min_batch_size} is smaller than the number of data '
+                                    f'ranks {data_world_size}: a short last batch would leave some ranks empty.')
         self.data_rank, self.data_world_size = data_rank, data_world_size
         return self
 

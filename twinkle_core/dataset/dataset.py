@@ -118,8 +118,11 @@ class Dataset:
         template_key = self.template.fingerprint() if hasattr(self.template, 'fingerprint') else None
         for meta, data in list(self._parts.items()):
             if 'messages' not in data.column_names:
-                raise InvalidInputError(f'{meta.name} has no "messages" column (columns: {data.column_names}); '
-                                        'map it with a preprocessor first, e.g. .map("MessagesProcessor").')
+                hint = ('it is already encoded; build the Dataset again to encode with another template'
+                        if 'input_ids' in data.column_names else
+                        'map it with a preprocessor first, e.g. .map("MessagesProcessor")')
+                raise InvalidInputError(f'{meta.name} has no "messages" column (columns: {data.column_names}): '
+                                        f'{hint}.')
             fingerprint = None
             if template_key is not None:
                 fingerprint = Hasher.hash([data._fingerprint, template_key, add_generation_prompt, ENCODE_VERSION])
@@ -239,6 +242,6 @@ def _encode_rows(batch: dict[str, Any], indices: Any, *, template: Any, prompt_o
                 encoded.append(template.encode(row, add_generation_prompt=prompt_only))
             except InvalidInputError as exc:
                 raise InvalidInputError(f'{where}, row {index}: {exc}') from None
-    keys = list(encoded[0]) if encoded else []
+    keys = list(dict.fromkeys(k for e in encoded for k in e))  # union: a field may be None (absent) in some rows
     out = {k: [e.get(k) for e in encoded] for k in keys}
     return out if batched else {k: v[0] for k, v in out.items()}

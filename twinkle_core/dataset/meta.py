@@ -19,7 +19,7 @@ class DatasetMeta:
             folder of data files), ``ms://org/name`` (ModelScope) or ``hf://org/name`` (Hugging Face). Other
             ``scheme://`` prefixes are looked up as ``dataset_source`` plugins.
         subset_name: the hub data set's configuration / subset.
-        split: the split to load (``'train'``).
+        split: the split to load (``'train'``); a single local file is one split and ignores it.
         data_slice: rows to keep: ``int`` N = the first N rows (fewer if the data set is shorter), or a range,
             slice or list of row indices.
     """

@@ -105,8 +105,10 @@ class JsonlMetricsLogger:
         values = {}
         for key, value in metrics.items():
             number = scalar(value)
-            values[key] = (number if number is None or math.isfinite(number) else str(number)) \
-                if number is not None else str(value)
+            if number is None:
+                values[key] = str(value)
+            else:  # JSON has no NaN/inf: write those as strings
+                values[key] = number if math.isfinite(number) else str(number)
         record = {'step': step, 'time': time.time(), 'context': _jsonable(context), 'metrics': values}
         line = json.dumps(record, sort_keys=True) + '\n'
         with self._lock:

@@ -1,6 +1,7 @@
 """Fetch a hub repo snapshot to a local folder through the hub's own client (cached by that client).
 
-- ``ms://`` -> ``modelscope`` ``snapshot_download`` (cache: ``$MODELSCOPE_CACHE``, layout
+- ``ms://`` -> ``modelscope`` ``snapshot_download`` (via ``modelscope_hub``, the client modelscope>=1.38
+  delegates to, when present: it does not import torch; cache: ``$MODELSCOPE_CACHE``, layout
   ``models/<org>--<repo>/snapshots/<revision>/``);
 - ``hf://`` -> ``huggingface_hub.snapshot_download`` (cache: ``$HF_HUB_CACHE``/``$HF_HOME``, layout
   ``models--<org>--<repo>/{refs,snapshots,blobs}``).
@@ -74,6 +75,9 @@ def _download_hf(ref: HubRef, offline: bool) -> str:
 
 
 def _download_ms(ref: HubRef, offline: bool) -> str:
-    from modelscope.hub.snapshot_download import snapshot_download
+    try:  # modelscope>=1.38 delegates to modelscope-hub; calling it directly skips modelscope's torch import
+        from modelscope_hub.compat.snapshot_download import snapshot_download
+    except ImportError:
+        from modelscope.hub.snapshot_download import snapshot_download
     return snapshot_download(ref.repo_id, revision=ref.effective_revision,
                              cache_dir=os.environ.get('MODELSCOPE_CACHE') or None, local_files_only=offline)

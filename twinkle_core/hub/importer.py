@@ -48,14 +48,16 @@ def import_package(name: str, folder: Path) -> ModuleType:
 def import_entry(package: str, folder: Path, entry: str, where: str) -> Any:
     """Import ``module:attr`` of `entry` from the hub package `package` rooted at `folder`."""
     module_name, _, attr = entry.partition(':')
-    import_package(package, folder)
     try:
+        import_package(package, folder)
         obj: Any = importlib.import_module(f'{package}.{module_name}')
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith(package):
             raise HubError(f'{where}: entry module {module_name!r} not found in {folder}.') from exc
         raise HubError(f'{where}: importing {module_name!r} failed: {exc}. Install what it needs '
                        f'(its twinkle.toml "requires").') from exc
+    except Exception as exc:  # noqa: BLE001 - the component's own import-time error, with where it came from
+        raise HubError(f'{where}: importing {module_name!r} from {folder} raised {type(exc).__name__}: {exc}') from exc
     for part in attr.split('.'):
         try:
             obj = getattr(obj, part)

@@ -34,8 +34,9 @@ def find_pin(ref: HubRef) -> Any | None:
         pins = [e for e in pins if e.revision == ref.revision]
     revisions = {(e.revision, e.sha256) for e in pins}
     if len(revisions) > 1:
-        raise HubError(f'registry/ pins {ref.repo_url} at several revisions ({", ".join(sorted(r for r, _ in revisions))}); '
-                       f'say which one with "@revision" in the reference.')
+        listed = ', '.join(sorted(r for r, _ in revisions))
+        raise HubError(f'registry/ pins {ref.repo_url} at several revisions ({listed}); say which one with '
+                       f'"@revision" in the reference.')
     return pins[0] if pins else None
 
 

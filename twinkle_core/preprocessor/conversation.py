@@ -10,8 +10,8 @@ from twinkle_core.preprocessor.messages_util import message
 # ShareGPT speaker names -> standard roles.
 SHAREGPT_ROLES: dict[str, str] = {
     'system': 'system', 'human': 'user', 'user': 'user', 'gpt': 'assistant', 'assistant': 'assistant',
-    'bing': 'assistant', 'chatgpt': 'assistant', 'bard': 'assistant', 'tool': 'tool', 'observation': 'tool',
-    'function': 'tool',
+    'bing': 'assistant', 'chatgpt': 'assistant', 'bard': 'assistant', 'function_call': 'assistant',
+    'tool': 'tool', 'observation': 'tool', 'function': 'tool',
 }
 ROLES = ('system', 'user', 'assistant', 'tool')
 

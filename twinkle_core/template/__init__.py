@@ -5,4 +5,6 @@ Built-ins (entry points): ``Template`` / ``ChatTemplate`` (any tokenizer with a 
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.template.base import Template
 
+__all__ = ['Template']
+
 __getattr__ = kind_getattr('template', __name__)

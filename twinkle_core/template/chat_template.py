@@ -55,9 +55,22 @@ class ChatTemplate(Template):
         """Encode one trajectory.
 
         ``add_generation_prompt=True`` (RL prompts): the trailing assistant turn(s) are dropped, the generation
-        prompt is appended, and the row has ``input_ids`` only (no labels).
+        prompt is appended, and the row has ``input_ids`` only (no labels). A prompt longer than `max_length`
+        keeps its end (the generation prompt) under both 'left' and 'right'; 'error' raises.
         """
-        traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory.model_validate(trajectory)
+        from jinja2 import TemplateError
+        try:
+            traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory.model_validate(trajectory)
+        except ValueError as exc:  # pydantic.ValidationError
+            raise InvalidInputError(f'Not a valid Trajectory: {exc}') from exc
+        try:
+            return self._encode(traj, add_generation_prompt)
+        except TemplateError as exc:
+            roles = [m.role for m in traj.messages]
+            raise InvalidInputError(f'The chat template of {self.tokenizer.name_or_path!r} rejected a conversation '
+                                    f'with roles {roles}: {exc}') from exc
+
+    def _encode(self, traj: Trajectory, add_generation_prompt: bool) -> dict[str, Any]:
         messages = [m.model_dump(exclude_none=True, exclude={'loss'}) for m in traj.messages]
         flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
         extras = traj.model_dump(exclude={'messages', 'tools'})
@@ -68,7 +81,7 @@ class ChatTemplate(Template):
             if not messages:
                 raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
             ids = self._tokenize_prompt(messages, kwargs)
-            return {'input_ids': self._truncate(ids, None)[0], **extras}
+            return {'input_ids': self._truncate(ids, None, keep_end=True)[0], **extras}
         input_ids, labels = self._encode_with_labels(messages, flags, kwargs)
         input_ids, labels = self._truncate(input_ids, labels)
         return {'input_ids': input_ids, 'labels': labels, **extras}
@@ -98,7 +111,10 @@ class ChatTemplate(Template):
                   for i in wanted]
         return input_ids, L.build_labels(input_ids, chosen)
 
-    def _truncate(self, input_ids: list[int], labels: list[int] | None) -> tuple[list[int], list[int] | None]:
+    def _truncate(self, input_ids: list[int], labels: list[int] | None, keep_end: bool = False
+                  ) -> tuple[list[int], list[int] | None]:
+        """Apply the truncation strategy; `keep_end` (prompts) turns 'right' into 'left' so that the generation
+        prompt survives."""
         n, limit = len(input_ids), self.max_length
         if limit is None or n <= limit:
             return input_ids, labels
@@ -106,15 +122,13 @@ class ChatTemplate(Template):
             raise InvalidInputError(f'Encoded row has {n} tokens, more than max_length={limit}. Raise max_length, '
                                     "drop long rows (e.g. Dataset.filter(MessageLengthFilter(...))), or use "
                                     "truncation_strategy='right'/'left'.")
-        window = slice(0, limit) if self.truncation_strategy == 'right' else slice(n - limit, n)
+        from_left = self.truncation_strategy == 'left' or keep_end
+        window = slice(n - limit, n) if from_left else slice(0, limit)
         input_ids = input_ids[window]
         if labels is not None:
             labels = labels[window]
             labels[0] = L.IGNORE_INDEX
         return input_ids, labels
-
-    def encode_batch(self, trajectories: Sequence[Any], *, add_generation_prompt: bool = False) -> list[dict[str, Any]]:
-        return [self.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
 
     # ---- decoding ----------------------------------------------------------------------------------------------
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:

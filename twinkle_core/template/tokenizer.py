@@ -31,5 +31,6 @@ def load_tokenizer(model_id_or_tokenizer: Any, **kwargs: Any) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source, **kwargs)
     except OSError as exc:
-        raise InvalidInputError(f'Could not load a tokenizer from {model_id_or_tokenizer!r}: give a local model '
-                                f'directory, an ms:// or hf:// reference, or a cached Hugging Face id. ({exc})') from exc
+        raise InvalidInputError(
+            f'Could not load a tokenizer from {model_id_or_tokenizer!r}: give a local model directory, an ms:// or '
+            f'hf:// reference, or a cached Hugging Face id. ({exc})') from exc

@@ -72,12 +72,14 @@ def read_metadata(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 # ---- LoRA --------------------------------------------------------------------------------------------------
-def save_lora(model: Any, adapter_name: str, directory: Path, *, base_model_id: str) -> None:
-    """Write one adapter of a PEFT model in PEFT format at the top of `directory` (whatever its name)."""
+def save_lora(model: Any, adapter_name: str, directory: Path, *, base_model_id: str,
+              state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Write one adapter of a PEFT model in PEFT format at the top of `directory` (whatever its name).
+    `state_dict`: the model's full state dict when the live one is sharded (gathered by the caller)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
     config = model.peft_config[adapter_name]
-    state = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
               str(directory / 'adapter_model.safetensors'), metadata={'format': 'pt'})
     previous = config.base_model_name_or_path
@@ -102,14 +104,25 @@ def load_lora_weights(model: Any, adapter_name: str, directory: str | os.PathLik
 
 
 # ---- full weights ------------------------------------------------------------------------------------------
-def save_full(model: Any, tokenizer: Any, directory: Path) -> None:
-    model.save_pretrained(str(directory), safe_serialization=True)
+def save_full(model: Any, tokenizer: Any, directory: Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    model.save_pretrained(str(directory), safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
 
 
 def load_full_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
     """Copy Hugging Face safetensors weights into `model` in place (the optimizer keeps its parameters)."""
+    result = model.load_state_dict(read_full_weights(directory), strict=False)
+    tied = set(getattr(model, 'all_tied_weights_keys', None) or {}) | _tied_parameter_names(model)
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise InvalidInputError(f'Weights in {str(directory)!r} do not match the model: missing {missing[:3]} '
+                                f'({len(missing)}), unexpected {result.unexpected_keys[:3]} '
+                                f'({len(result.unexpected_keys)}).')
+
+
+def read_full_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the Hugging Face safetensors files in `directory` (CPU)."""
     from safetensors.torch import load_file
     files = sorted(Path(directory).glob('*.safetensors'))
     if not files:
@@ -117,13 +130,7 @@ def load_full_weights(model: torch.nn.Module, directory: str | os.PathLike[str])
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    result = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, 'all_tied_weights_keys', None) or {}) | _tied_parameter_names(model)
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
-        raise InvalidInputError(f'Weights in {str(directory)!r} do not match the model: missing {missing[:3]} '
-                                f'({len(missing)}), unexpected {result.unexpected_keys[:3]} '
-                                f'({len(result.unexpected_keys)}).')
+    return state
 
 
 def _tied_parameter_names(model: torch.nn.Module) -> set[str]:

@@ -30,8 +30,11 @@ from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
 from twinkle_core.model.base import Model
+from twinkle_core.runtime.context import global_device_mesh
+from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
+from twinkle_transformers import parallel
 from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
@@ -50,13 +53,17 @@ class TransformersModel(Model):
         device: default CUDA > MPS > CPU. dtype: default bfloat16 on GPUs, float32 on CPU.
         attn_implementation: passed to ``from_pretrained`` (default: transformers' choice, usually sdpa).
         max_length: longest accepted row (default ``config.max_position_embeddings``).
+        device_mesh: how ranks train together (DDP / FSDP2 / TP, see `twinkle_transformers.parallel`); default
+            the one given to ``twinkle_core.initialize``. Applied once, at `set_optimizer` or the first forward.
         **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes.
     """
 
     def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, attn_implementation: str | None = None,
-                 max_length: int | None = None, **from_pretrained_kwargs: Any) -> None:
+                 max_length: int | None = None, device_mesh: Any = None, **from_pretrained_kwargs: Any) -> None:
         self.model_id = str(model_id)
+        self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
+        self._mesh_applied = False
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = resolve_dtype(dtype, self.device)
@@ -78,6 +85,9 @@ class TransformersModel(Model):
         ``peft.LoraConfig`` or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``).
         Components set before (optimizer, loss, ...) are reset: set them after adding the adapter."""
         from peft import get_peft_model
+        if parallel.applied_mesh(self.model) is not None:
+            raise TwinkleError(f'add_adapter_to_model must come before set_optimizer and the first forward: the '
+                               f'model is already parallelised over {self.device_mesh!r}.')
         if self.adapter_name is not None:
             raise TwinkleError(f'This model already trains adapter {self.adapter_name!r}; TransformersModel trains '
                                f'one adapter. Use MultiLoraTransformersModel to train several at once.')
@@ -89,6 +99,7 @@ class TransformersModel(Model):
                                 gradient_accumulation_steps=gradient_accumulation_steps)
 
     def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
         self._state(adapter_name).set_optimizer(optimizer, **kwargs)
 
     def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -106,6 +117,12 @@ class TransformersModel(Model):
             kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
         self._state(adapter_name).set_template(template, **kwargs)
 
+    def _apply_device_mesh(self) -> None:
+        """Parallelise the model over `device_mesh` once its trainable parameters are final (no-op without one)."""
+        if not self._mesh_applied:
+            self._mesh_applied = True
+            parallel.apply_device_mesh(self.model, self.device_mesh)
+
     def _state(self, adapter_name: str | None) -> TrainState:
         if adapter_name is not None and adapter_name != self.adapter_name:
             trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
@@ -117,6 +134,7 @@ class TransformersModel(Model):
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         state = self._state(adapter_name)
+        self._apply_device_mesh()
         batch = self._collate(state, inputs)
         self.model.train()
         outputs = forward_logps(self.model, batch, loss=state.loss)
@@ -137,8 +155,12 @@ class TransformersModel(Model):
         if pending['loss'] is None:
             self.calculate_loss()
         state, result = pending['state'], pending['loss']
-        (result['loss'] * state.loss_scale()).backward()
         summary = _summary(pending['batch'], pending['outputs'], result)
+        reduction, rows = getattr(state.loss, 'reduction', None), len(pending['batch']['row_lengths'])
+        dp_scale = parallel.backward_scale(self.model, reduction, num_loss_tokens=summary['num_loss_tokens'],
+                                           num_rows=rows)  # equal to one process over the global batch
+        (result['loss'] * (state.loss_scale() * dp_scale)).backward()
+        summary = parallel.reduce_step_summary(self.model, summary, reduction, num_rows=rows)
         state.record(summary, is_training=True)
         self._pending = None
         return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
@@ -151,6 +173,7 @@ class TransformersModel(Model):
     def forward_only(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels."""
         state = self._state(adapter_name)
+        self._apply_device_mesh()
         batch = self._collate(state, inputs)
         self.model.eval()
         with torch.no_grad():
@@ -158,7 +181,9 @@ class TransformersModel(Model):
             result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
             if bool(outputs['mask'].any()):
                 loss_out = run_loss(state.loss, batch, outputs)
-                summary = _summary(batch, outputs, loss_out)
+                summary = parallel.reduce_step_summary(self.model, _summary(batch, outputs, loss_out),
+                                                       getattr(state.loss, 'reduction', None),
+                                                       num_rows=len(batch['row_lengths']))
                 state.record(summary, is_training=False)
                 result.update(loss=summary['loss'], metrics=dict(loss_out.get('metrics') or {}))
         return result
@@ -224,16 +249,23 @@ class TransformersModel(Model):
         """
         state = self._state(adapter_name)
         target = Path(output_dir or 'output') / name
+        if save_optimizer:
+            parallel.check_optimizer_checkpointing(self.model)
+        write_here, gathered = parallel.gather_for_save(self.model)  # under a mesh: collective, rank 0 writes
+        if not write_here:
+            barrier()
+            return str(target)
         with ckpt.atomic_directory(target) as tmp:
             if self.adapter_name is not None:
-                ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id)
+                ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id, state_dict=gathered)
             else:
-                ckpt.save_full(self.model, self.tokenizer, tmp)
+                ckpt.save_full(self.model, self.tokenizer, tmp, state_dict=gathered)
             ckpt.write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
                                 model_id=self.model_id, step=state.optimizer_steps,
                                 has_training_state=save_optimizer)
             if save_optimizer:
                 ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
+        barrier()
         return str(target)
 
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
@@ -251,14 +283,23 @@ class TransformersModel(Model):
                 from peft import LoraConfig
                 self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default',
                                           LoraConfig.from_pretrained(path))
-            ckpt.load_lora_weights(self.model, self.adapter_name, path)
+            if parallel.is_sharded(self.model):
+                from peft.utils import load_peft_weights
+                parallel.load_adapter_weights_sharded(self.model, self.adapter_name, load_peft_weights(path))
+            else:
+                ckpt.load_lora_weights(self.model, self.adapter_name, path)
         else:
             if self.adapter_name is not None:
                 raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
                                         f'{self.adapter_name!r}; load it into a model without adapter.')
-            ckpt.load_full_weights(self.model, path)
+            if parallel.is_sharded(self.model):
+                parallel.load_full_state_dict(self.model, ckpt.read_full_weights(path))
+            else:
+                ckpt.load_full_weights(self.model, path)
         if not load_optimizer:
             return None
+        self._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
+        parallel.check_optimizer_checkpointing(self.model)
         saved = ckpt.load_training_state(path)
         self._state(adapter_name).load_state_dict(saved['train_state'])
         ckpt.set_rng_state(saved['rng'])

@@ -80,6 +80,12 @@ def applied_mesh(model: nn.Module) -> DeviceMesh | None:
     return getattr(model, _APPLIED_ATTR, None)
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """True when parameters are DTensor shards (FSDP2 and/or TP), False for replicas (DDP) or no mesh."""
+    mesh = applied_mesh(model)
+    return mesh is not None and (mesh.size('fsdp') > 1 or mesh.size('tp') > 1)
+
+
 # ---- strategies ----------------------------------------------------------------------------------------------
 def _move_to_device(model: nn.Module, device_type: str) -> None:
     if device_type == 'cuda':
@@ -207,3 +213,79 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], 
     if unexpected:
         raise KeyError(f'{len(unexpected)} checkpoint tensors match no parameter of the model, e.g. '
                        f'{unexpected[:3]}; was it saved from a different model or adapter?')
+
+
+# ---- losses and metrics across data ranks --------------------------------------------------------------------
+def _replication(mesh: DeviceMesh) -> int:
+    """How many ranks hold each data shard (tensor-parallel peers see the same rows)."""
+    return mesh.world_size // mesh.data_world_size
+
+
+def loss_weight(reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:
+    """What a rank's mean loss is a mean over: tokens (``token_mean``, the default), rows (``sequence_mean``),
+    or nothing (``sum``: 1)."""
+    if reduction == 'sum':
+        return 1.0
+    return float(num_rows if reduction == 'sequence_mean' else num_loss_tokens)
+
+
+def backward_scale(model: nn.Module, reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:
+    """Factor on this rank's loss so that the gradients averaged by DDP/FSDP equal the single-process gradients
+    of the whole global batch. 1.0 without a mesh. Collective under a mesh (every rank calls it)."""
+    mesh = applied_mesh(model)
+    if mesh is None:
+        return 1.0
+    if reduction == 'sum':  # gradients add up over the batch; DDP/FSDP average over the data ranks
+        return float(mesh.data_world_size)
+    weight = loss_weight(reduction, num_loss_tokens=num_loss_tokens, num_rows=num_rows)
+    return distributed.data_parallel_loss_scale(weight)  # tp peers count twice in both sums: the ratio holds
+
+
+def reduce_step_summary(model: nn.Module, summary: dict[str, Any], reduction: str | None, *,
+                        num_rows: int) -> dict[str, Any]:
+    """Turn one rank's micro-batch summary (``loss``, ``num_loss_tokens``, ``num_correct``, ``num_tokens``) into
+    the global batch's: the loss as the single process would report it, counts summed over data shards.
+    Returns `summary` unchanged without a mesh. Collective under a mesh."""
+    mesh = applied_mesh(model)
+    if mesh is None:
+        return summary
+    weight = loss_weight(reduction, num_loss_tokens=summary['num_loss_tokens'], num_rows=num_rows)
+    counts = ('num_loss_tokens', 'num_correct', 'num_tokens')
+    sums = distributed.all_reduce_sum([summary['loss'] * weight, weight, *(float(summary[k]) for k in counts)])
+    copies = _replication(mesh)
+    loss = sums[0] / copies if reduction == 'sum' else (sums[0] / sums[1] if sums[1] else 0.0)
+    return {**summary, 'loss': loss, **{k: int(round(v / copies)) for k, v in zip(counts, sums[2:])}}
+
+
+# ---- checkpoints under a mesh --------------------------------------------------------------------------------
+def gather_for_save(model: nn.Module) -> tuple[bool, dict[str, torch.Tensor] | None]:
+    """``(write_here, state_dict)`` for saving `model`: only rank 0 writes under a mesh; `state_dict` is the
+    gathered full state dict for sharded models (collective), None where the live module can be saved as is."""
+    mesh = applied_mesh(model)
+    if mesh is None:
+        return True, None
+    if is_sharded(model):
+        state = full_state_dict(model)
+        return distributed.is_main_process(), state
+    return distributed.is_main_process(), None
+
+
+def check_optimizer_checkpointing(model: nn.Module) -> None:
+    """Raise for optimizer checkpoints of sharded models (not supported yet; replicas are fine)."""
+    if is_sharded(model):
+        raise MeshError(f'saving/loading optimizer state of a sharded model ({applied_mesh(model)!r}) is not '
+                        'supported yet: save with save_optimizer=False (weights only), or train with dp (DDP).')
+
+
+def load_adapter_weights_sharded(model: nn.Module, adapter_name: str, weights: dict[str, torch.Tensor]) -> None:
+    """Load PEFT-format adapter weights (keys without the adapter name) into a sharded PEFT model."""
+    suffix = f'.{adapter_name}'
+    by_saved_key = {}
+    for key in model.state_dict():
+        if suffix in key:
+            by_saved_key[key.replace(suffix + '.', '.', 1)] = key
+    unknown = [k for k in weights if k not in by_saved_key]
+    if unknown:
+        raise MeshError(f'{len(unknown)} adapter tensors match no parameter of adapter {adapter_name!r}, e.g. '
+                        f'{unknown[:3]}; was the checkpoint saved with another LoRA config or base model?')
+    load_full_state_dict(model, {by_saved_key[k]: v for k, v in weights.items()})

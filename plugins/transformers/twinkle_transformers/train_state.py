@@ -117,6 +117,10 @@ class TrainState:
         grads = [p for p in self.parameters() if p.grad is not None]
         if not grads:
             return 0.0
+        if any(hasattr(p.grad, 'device_mesh') for p in grads):  # FSDP2/TP shards: the norm spans all ranks
+            from twinkle_transformers.parallel import clip_grad_norm
+            self.last_grad_norm = clip_grad_norm(grads, max_norm)
+            return self.last_grad_norm
         limit = math.inf if max_norm is None else float(max_norm)
         norm = torch.nn.utils.clip_grad_norm_(grads, limit, error_if_nonfinite=False)
         self.last_grad_norm = float(norm)

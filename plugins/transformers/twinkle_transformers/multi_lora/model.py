@@ -229,7 +229,7 @@ class MultiLoraTransformersModel(Model):
         name = self._name(adapter_name)
         record = self.manager.record(name)
         adapter = json.loads(json.dumps(record.config.to_dict(), default=_plain))
-        return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
+        return {'model_id': self.model_id, 'adapter_name': name, 'model_class': type(self.model).__name__, 'device': str(self.device),
                 'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
                 'max_length': self.max_length, 'adapter': adapter, 'adapted_modules': len(record.targets),
                 'num_adapters': len(self.states), **self._state(name).describe()}

@@ -16,6 +16,7 @@ class ModelSource:
     tokenizer: Any
     model_id: str | None
     owned: bool  # True: loaded by the sampler; False: shared (in-place changes are visible to the owner)
+    owner: Any = None  # the wrapper the module came from (re-read on use: e.g. a model that gains a PEFT wrapper)
 
 
 def open_model(model_id: str | os.PathLike[str] | None, *, model: Any, tokenizer: Any,
@@ -31,7 +32,8 @@ def open_model(model_id: str | os.PathLike[str] | None, *, model: Any, tokenizer
         name = getattr(getattr(module, 'config', None), '_name_or_path', None) or None
         if tokenizer is None and name and os.path.isdir(name):
             tokenizer = _load_tokenizer(name)
-        return ModelSource(module, tokenizer, name, owned=False)
+        return ModelSource(module, tokenizer, name, owned=False,
+                           owner=None if isinstance(model, torch.nn.Module) else model)
     from transformers import AutoModelForCausalLM
 
     path = os.fspath(model_id)

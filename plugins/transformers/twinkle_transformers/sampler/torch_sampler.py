@@ -49,6 +49,7 @@ class TorchSampler(Sampler):
         source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
         self.model_id = source.model_id
         self._model = source.module
+        self._owner = source.owner
         self._adapters = lora.adapter_backend(self._model, owned=source.owned)
         self.tokenizer = source.tokenizer
         self.max_batch_size = max_batch_size
@@ -67,6 +68,7 @@ class TorchSampler(Sampler):
                adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
         params = _as_params(sampling_params, kwargs)
+        model = self.model
         rows = prompt_rows(inputs)
         prompts = [encode_prompt(row, i, self._encode_chat if self._can_encode_chat else None)
                    for i, row in enumerate(rows)]
@@ -79,8 +81,8 @@ class TorchSampler(Sampler):
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
         jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy)
         results: dict[int, list[PromptResult]] = {}
-        decoder = BatchDecoder(self._model, pad_token_id=self._pad_token_id(), route=self._adapters.routed)
-        with _eval_mode(self._model):
+        decoder = BatchDecoder(model, pad_token_id=self._pad_token_id(), route=self._adapters.routed)
+        with _eval_mode(model):
             for batch in _batches(jobs, self.max_batch_size):
                 outputs = decoder.decode([job for _, job in batch], chooser, stop,
                                          prompt_logprobs=params.prompt_logprobs)
@@ -93,6 +95,7 @@ class TorchSampler(Sampler):
         """`adapter_name` given: add/replace that LoRA adapter from PEFT-format tensors (or a PEFT directory;
         `lora_config` required for a new adapter given as tensors). Otherwise: copy base weights in place
         (names as in the plain Hugging Face model's state dict; PEFT wrapper prefixes are accepted)."""
+        model = self.model
         if adapter_name is not None:
             weights = (Path(os.fspath(named_tensors)) if isinstance(named_tensors, (str, os.PathLike))
                        else dict(named_tensors))
@@ -102,12 +105,18 @@ class TorchSampler(Sampler):
             raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
                                     'pairs, or adapter_name=... for a PEFT adapter directory.')
         from twinkle_core.checkpoint_engine.weights import copy_base_weights
-        copy_base_weights(self._model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        copy_base_weights(model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
     # ---- introspection -------------------------------------------------------------------------------------
     @property
     def model(self) -> torch.nn.Module:
-        """The underlying `transformers` (or PEFT) module."""
+        """The underlying `transformers` (or PEFT) module. For a shared twinkle model it is re-read from the owner
+        on every use, so a model that gained a PEFT wrapper after the sampler was built is followed."""
+        if self._owner is not None:
+            from twinkle_transformers.sampler.model_source import unwrap_module
+            module = unwrap_module(self._owner)
+            if module is not self._model:
+                self._model, self._adapters = module, lora.adapter_backend(module, owned=False)
         return self._model
 
     @property

@@ -1,0 +1,195 @@
+"""Multi-tenant LoRA: memory and step throughput of `MultiLoraTransformersModel` vs the obvious baselines.
+
+For N tenants (default 1, 4, 16), each with its own rank-r all-linear LoRA, AdamW and a small batch:
+
+(a) peak RSS, each configuration in a fresh subprocess:
+    - engine:  one base model + N adapters, N optimizers, mixed steps;
+    - peft:    N separate transformers+peft models (the usual way to train N LoRAs at once), one step each;
+    - one-adapter engine on the same N-tenant batch (same activations): the "base" the adapters add to.
+    Budget (target): engine(N) <= base(N) + (N - 1) x adapter + 10%, where `adapter` is one adapter's
+    training bytes (weights + grads + two AdamW moments, fp32) and base(N) already holds one adapter.
+(b) step throughput, measured in this process (tenant-steps/s, median of `--repeats` steps):
+    - mixed:       ONE forward_backward over all tenants' rows, then each tenant's clip_grad_and_step;
+    - sequential:  the same engine, tenants one after another (adapter switching);
+    - peft:        N separate peft models, one after another (raw HF loop: model(labels=...).loss).
+
+Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small] [--tenants 1 4 16] [--rows 2] [--tokens 32]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+
+RANK, ALPHA, LR = 8, 16, 1e-4
+
+
+def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n_rows):
+        ids = torch.randint(3, 1100, (n_tokens,), generator=g).tolist()
+        rows.append({'input_ids': ids, 'labels': [-100] * 4 + ids[4:]})
+    return rows
+
+
+def _engine(model_dir: str, n: int):
+    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+    engine = MultiLoraTransformersModel(model_dir, device='cpu')
+    for i in range(n):
+        engine.add_adapter_to_model(f't{i}', dict(r=RANK, lora_alpha=ALPHA, target_modules='all-linear'))
+        engine.set_optimizer('AdamW', lr=LR, adapter_name=f't{i}')
+    return engine
+
+
+def _peft_models(model_dir: str, n: int):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    models = []
+    for i in range(n):
+        m = get_peft_model(base if i == n - 1 else copy.deepcopy(base),
+                           LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules='all-linear'))
+        models.append((m, torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=LR)))
+    return models
+
+
+def _padded(rows: list[dict]):
+    import torch
+    width = max(len(r['input_ids']) for r in rows)
+    ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows])
+    labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows])
+    mask = torch.tensor([[1] * len(r['input_ids']) + [0] * (width - len(r['input_ids'])) for r in rows])
+    return ids, mask, labels
+
+
+# ---- one training step of each kind ----------------------------------------------------------------------
+def mixed_step(engine, data: dict[str, list[dict]]) -> None:
+    engine.forward_backward(inputs=data)
+    for name in data:
+        engine.clip_grad_and_step(adapter_name=name)
+
+
+def sequential_step(engine, data: dict[str, list[dict]]) -> None:
+    for name, rows in data.items():
+        engine.forward_backward(inputs=rows, adapter_name=name)
+        engine.clip_grad_and_step(adapter_name=name)
+
+
+def peft_step(models, batches) -> None:
+    import torch
+    for (model, optim), (ids, mask, labels) in zip(models, batches):
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+
+# ---- (a) memory, one configuration per fresh process ------------------------------------------------------
+def child(kind: str, model_dir: str, n: int, rows: int, tokens: int) -> None:
+    data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
+    if kind == 'engine':
+        engine = _engine(model_dir, n)
+        for _ in range(3):
+            mixed_step(engine, data)
+    elif kind == 'one_adapter':  # same rows and activations, a single adapter for all of them
+        engine = _engine(model_dir, 1)
+        for _ in range(3):
+            mixed_step(engine, {'t0': [r for rs in data.values() for r in rs]})
+    elif kind == 'peft':
+        models = _peft_models(model_dir, n)
+        batches = [_padded(rs) for rs in data.values()]
+        for _ in range(3):
+            peft_step(models, batches)
+    else:
+        raise SystemExit(f'unknown child kind {kind!r}')
+    print(json.dumps({'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float:
+    out = subprocess.run([sys.executable, __file__, '--child', kind, '--n', str(n), '--model-dir', model_dir,
+                          '--rows', str(args.rows), '--tokens', str(args.tokens)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])['peak_rss_mb']
+
+
+def adapter_train_mb(model_dir: str) -> float:
+    engine = _engine(model_dir, 1)
+    params = sum(p.numel() for p in engine.manager.parameters('t0'))
+    return params * 4 * 4 / 2 ** 20  # fp32 weight + grad + exp_avg + exp_avg_sq
+
+
+# ---- (b) throughput, in this process --------------------------------------------------------------------
+def _median_time(step, repeats: int) -> float:
+    step()  # warm-up (allocations, optimizer state)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def throughput(model_dir: str, n: int, args: argparse.Namespace) -> dict[str, float]:
+    data = {f't{i}': _rows(args.rows, args.tokens, seed=i) for i in range(n)}
+    engine = _engine(model_dir, n)
+    t_mixed = _median_time(lambda: mixed_step(engine, data), args.repeats)
+    t_seq = _median_time(lambda: sequential_step(engine, data), args.repeats)
+    del engine
+    models, batches = _peft_models(model_dir, n), [_padded(rs) for rs in data.values()]
+    t_peft = _median_time(lambda: peft_step(models, batches), args.repeats)
+    return {'mixed': n / t_mixed, 'sequential': n / t_seq, 'peft': n / t_peft}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--model', default='tiny', choices=['tiny', 'small'])
+    parser.add_argument('--tenants', type=int, nargs='+', default=[1, 4, 16])
+    parser.add_argument('--rows', type=int, default=2, help='rows per tenant per step')
+    parser.add_argument('--tokens', type=int, default=32, help='tokens per row')
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--skip-memory', action='store_true')
+    parser.add_argument('--child', help=argparse.SUPPRESS)
+    parser.add_argument('--n', type=int, help=argparse.SUPPRESS)
+    parser.add_argument('--model-dir', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.model_dir, args.n, args.rows, args.tokens)
+
+    import torch
+    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+    model_dir = str(ensure_tiny_model(args.model))
+    print(f'model={args.model} tenants={args.tenants} rows/tenant={args.rows} tokens/row={args.tokens} '
+          f'rank={RANK} all-linear, AdamW; torch {torch.__version__}, {torch.get_num_threads()} threads, CPU')
+    if not args.skip_memory:
+        adapter = adapter_train_mb(model_dir)
+        print(f'\n(a) peak RSS (MB), fresh process each; one adapter trains with {adapter:.1f} MB')
+        print(f'{"N":>3} {"engine":>9} {"peft xN":>9} {"base(N)":>9} {"budget":>9} {"engine/budget":>14} '
+              f'{"peft/engine":>12}')
+        for n in args.tenants:
+            ours, peft = measure_rss('engine', model_dir, n, args), measure_rss('peft', model_dir, n, args)
+            base = measure_rss('one_adapter', model_dir, n, args)
+            budget = (base + (n - 1) * adapter) * 1.10
+            print(f'{n:>3} {ours:>9.1f} {peft:>9.1f} {base:>9.1f} {budget:>9.1f} {ours / budget:>14.2f} '
+                  f'{peft / ours:>12.2f}', flush=True)
+    print('\n(b) throughput (tenant-steps/s, median), same process')
+    print(f'{"N":>3} {"mixed":>8} {"sequential":>11} {"peft xN":>8} {"mixed/sequential":>17} {"mixed/peft":>11}')
+    for n in args.tenants:
+        r = throughput(model_dir, n, args)
+        print(f'{n:>3} {r["mixed"]:>8.1f} {r["sequential"]:>11.1f} {r["peft"]:>8.1f} '
+              f'{r["mixed"] / r["sequential"]:>17.2f} {r["mixed"] / r["peft"]:>11.2f}', flush=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,107 @@
+"""LoRA SFT on one device: teach a model that it is "Twinkle", built by ModelScope.
+
+A plain top-to-bottom loop: data set -> self-cognition preprocessing -> chat template -> encode -> DataLoader
+-> TransformersModel with a LoRA adapter -> forward_backward / clip_grad_and_step -> metrics -> save. Then a
+greedy answer to "who are you?" checks that the identity was learned.
+
+    python examples/sft_lora.py                      # tiny offline fixture model, local data, CPU: ~1 minute
+    python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --steps 200   # a real model, on a GPU
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from twinkle_core.dataset import DataLoader, Dataset, DatasetMeta
+from twinkle_core.fixtures import data_path
+from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+from twinkle_transformers.model import TransformersModel
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--model', default=None, help='model dir or ms:// / hf:// id (default: the tiny fixture)')
+    parser.add_argument('--data', default=str(data_path('self_cognition.jsonl')), help='self-cognition jsonl')
+    parser.add_argument('--steps', type=int, default=100, help='optimizer steps')
+    parser.add_argument('--batch-size', type=int, default=8)
+    parser.add_argument('--lr', type=float, default=3e-3)
+    parser.add_argument('--lora-rank', type=int, default=16)
+    parser.add_argument('--padding-free', action='store_true', help='pack each batch into one row')
+    parser.add_argument('--log-every', type=int, default=20, help='report metrics every N steps')
+    parser.add_argument('--output-dir', default='output/sft_lora')
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    model_id = args.model or str(ensure_tiny_model('tiny'))
+    torch.manual_seed(0)
+
+    # Data: rows {query, response} -> chat messages naming the model -> input_ids + assistant-only labels.
+    dataset = Dataset(DatasetMeta(args.data))
+    dataset.map('SelfCognitionProcessor', init_args={'model_name': 'Twinkle', 'model_author': 'ModelScope'})
+    dataset.set_template('Template', model_id=model_id, max_length=512)
+    dataset.encode()
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0)
+
+    # Model: frozen base + one LoRA adapter, with its optimizer and schedule.
+    model = TransformersModel(model_id=model_id)
+    model.add_adapter_to_model('default', {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank,
+                                           'target_modules': 'all-linear'})
+    model.set_template('Template')
+    model.set_processor('CausalLMProcessor', padding_free=args.padding_free)
+    model.set_optimizer('AdamW', lr=args.lr, weight_decay=0.0)
+    model.set_lr_scheduler('CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=args.steps,
+                           min_lr_ratio=0.1)
+
+    first_loss, metrics = None, {}
+    progress = tqdm(total=args.steps, desc='sft', unit='step')
+    while progress.n < args.steps:
+        for batch in loader:
+            out = model.forward_backward(inputs=batch)
+            model.clip_grad_and_step(max_norm=1.0)
+            first_loss = out['loss'] if first_loss is None else first_loss
+            progress.update(1)
+            progress.set_postfix(loss=f"{out['loss']:.3f}")
+            if progress.n % args.log_every == 0 or progress.n == args.steps:
+                metrics = model.calculate_metric(is_training=True)
+                progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  acc {metrics['token_accuracy']:.3f}  "
+                               f"grad_norm {metrics['grad_norm']:.3f}  lr {metrics['lr']:.2e}  "
+                               f"{metrics['tokens_per_second']:.0f} tok/s")
+            if progress.n == args.steps:
+                break
+    progress.close()
+    path = model.save('final', output_dir=args.output_dir)
+    print(f'saved LoRA adapter to {Path(path).resolve()}')
+
+    # Check: the final loss is far below the first one, and the model answers with its new name.
+    answer = greedy_answer(model, 'who are you?')
+    print(f'Q: who are you?\nA: {answer}')
+    print(f"loss: first step {first_loss:.3f} -> last window {metrics['loss']:.3f}")
+    if metrics['loss'] > 0.3 * first_loss:
+        raise SystemExit(f"Training did not converge: last loss {metrics['loss']:.3f} is above 30% of the first "
+                         f'({first_loss:.3f}). Try more --steps or a higher --lr.')
+    if 'Twinkle' not in answer:
+        raise SystemExit(f'The model did not learn its identity: {answer!r} does not mention "Twinkle". '
+                         'Try more --steps.')
+
+
+def greedy_answer(model: TransformersModel, question: str, max_new_tokens: int = 40) -> str:
+    """Greedy decoding with the trained adapter (transformers' `generate` on the underlying module)."""
+    template = model.state.template
+    prompt = template.encode({'messages': [{'role': 'user', 'content': question}]}, add_generation_prompt=True)
+    input_ids = torch.tensor([prompt['input_ids']], device=model.device)
+    model.model.eval()
+    with torch.no_grad():
+        output = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                                      eos_token_id=template.tokenizer.eos_token_id,
+                                      pad_token_id=template.tokenizer.pad_token_id)
+    return template.decode(output[0, input_ids.shape[1]:].tolist())
+
+
+if __name__ == '__main__':
+    main()

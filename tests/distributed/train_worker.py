@@ -1,0 +1,77 @@
+"""One SPMD training run of TransformersModel on the tiny fixture model -- run alone, or by torchrun on N ranks.
+
+    python train_worker.py --out DIR                                   # one process
+    torchrun --nproc_per_node 2 train_worker.py --out DIR --dp 2       # DDP
+    torchrun --nproc_per_node 2 train_worker.py --out DIR --fsdp 2     # FSDP2
+
+Every run trains on the same global batches (rows of different lengths, so ranks hold different token counts),
+writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
+The script is the same for every world size except for the mesh given to ``twinkle_core.initialize``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import twinkle_core
+from twinkle_core.dataset import DataLoader
+from twinkle_core.mesh import DeviceMesh
+from twinkle_core.runtime import distributed
+
+
+def make_rows(num_rows: int, vocab: int = 1000, seed: int = 0) -> list[dict]:
+    """Rows of 6..24 tokens whose first third is prompt (label -100)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        n = rng.randint(6, 24)
+        ids = [rng.randrange(3, vocab) for _ in range(n)]
+        prompt = max(1, n // 3)
+        rows.append({'input_ids': ids, 'labels': [-100] * prompt + ids[prompt:]})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--model', required=True)
+    parser.add_argument('--out', required=True)
+    parser.add_argument('--dp', type=int, default=1)
+    parser.add_argument('--fsdp', type=int, default=1)
+    parser.add_argument('--tp', type=int, default=1)
+    parser.add_argument('--full', action='store_true', help='full-parameter training instead of LoRA')
+    parser.add_argument('--steps', type=int, default=4)
+    parser.add_argument('--batch-size', type=int, default=8)
+    args = parser.parse_args()
+
+    import torch
+    torch.set_num_threads(1)  # this script's processes share a small CPU
+    mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp)
+    twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
+
+    from twinkle_transformers.model import TransformersModel
+    torch.manual_seed(0)
+    model = TransformersModel(args.model)
+    if not args.full:
+        model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear',
+                                               'init_lora_weights': 'gaussian'})
+    model.set_optimizer('AdamW', lr=1e-3)
+    rows = make_rows(args.batch_size * args.steps)
+    loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
+    losses = []
+    for batch in loader:
+        losses.append(model.forward_backward(inputs=batch)['loss'])
+        model.clip_grad_and_step(max_norm=1.0)
+    eval_rows = make_rows(4, seed=1)
+    evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
+    path = model.save('final', output_dir=args.out)
+    if distributed.is_main_process():
+        result = {'losses': losses, 'eval_loss': evaluation['loss'], 'eval_logprobs': evaluation['logprobs'],
+                  'checkpoint': path, 'world_size': distributed.get_world_size(), 'eval_rows': eval_rows}
+        Path(args.out, 'result.json').write_text(json.dumps(result))
+    twinkle_core.shutdown()
+
+
+if __name__ == '__main__':
+    main()

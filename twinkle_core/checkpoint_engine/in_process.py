@@ -1,0 +1,25 @@
+"""`InProcessCheckpointEngine`: model and sampler in one process; tensors are handed over by reference (no copy,
+no serialisation). The receiver copies them into its own parameters (or skips that when it shares them)."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterable
+
+from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
+from twinkle_core.errors import TwinkleError
+
+
+class InProcessCheckpointEngine(CheckpointEngine):
+    """A FIFO of updates: each `send` is delivered by exactly one later `receive`."""
+
+    def __init__(self) -> None:
+        self._pending: deque[WeightUpdate] = deque()
+
+    def send(self, named_tensors: Iterable[tuple[str, Any]], *, lora_only: bool = False,
+             metadata: dict[str, Any] | None = None) -> None:
+        self._pending.append(WeightUpdate(list(named_tensors), lora_only, dict(metadata or {})))
+
+    def receive(self) -> WeightUpdate:
+        if not self._pending:
+            raise TwinkleError('InProcessCheckpointEngine.receive(): nothing was sent; call send() first.')
+        return self._pending.popleft()
