@@ -39,11 +39,11 @@ def single_lora(tiny_model_dir, tmp_path_factory) -> dict:
     return run_worker(tiny_model_dir, tmp_path_factory.mktemp('single_lora'))
 
 
-def assert_same_run(dist: dict, single: dict) -> None:
+def assert_same_run(dist: dict, single: dict, *, token_tol: float = TOL) -> None:
     assert dist['losses'] == pytest.approx(single['losses'], abs=TOL)
     assert dist['eval_loss'] == pytest.approx(single['eval_loss'], abs=TOL)
     for got, want in zip(dist['eval_logprobs'], single['eval_logprobs']):
-        assert got == pytest.approx(want, abs=TOL)
+        assert got == pytest.approx(want, abs=token_tol)
 
 
 def reload_and_evaluate(model_dir: Path, result: dict) -> dict:
@@ -79,7 +79,8 @@ def test_fsdp2_lora_matches_one_process_and_consolidated_checkpoint_reloads(tiny
 def test_full_parameter_fsdp2_and_tp_match_one_process(tiny_model_dir, tmp_path, strategy) -> None:
     single = run_worker(tiny_model_dir, tmp_path / 'single', extra=('--full',))
     dist = run_worker(tiny_model_dir, tmp_path / 'dist', nproc=2, extra=(strategy, '2', '--full'))
-    assert_same_run(dist, single)
+    # row-parallel matmuls sum in another order: single-token logprobs drift a little more after 4 Adam steps
+    assert_same_run(dist, single, token_tol=TOL if strategy == '--fsdp' else 1e-3)
     assert 'model.safetensors' in os.listdir(dist['checkpoint'])  # HF format, consolidated
     reloaded = reload_and_evaluate(tiny_model_dir, dist)
     assert reloaded['loss'] == pytest.approx(dist['eval_loss'], abs=TOL)
