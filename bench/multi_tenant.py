@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
@@ -119,7 +120,7 @@ def child(kind: str, model_dir: str, n: int, rows: int, tokens: int) -> None:
 
 def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float:
     out = subprocess.run([sys.executable, __file__, '--child', kind, '--n', str(n), '--model-dir', model_dir,
-                          '--rows', str(args.rows), '--tokens', str(args.tokens)],
+                          '--rows', str(args.rows), '--tokens', str(args.tokens), '--threads', str(args.threads)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_rss_mb']
 
@@ -131,25 +132,28 @@ def adapter_train_mb(model_dir: str) -> float:
 
 
 # ---- (b) throughput, in this process --------------------------------------------------------------------
-def _median_time(step, repeats: int) -> float:
-    step()  # warm-up (allocations, optimizer state)
-    times = []
+def _median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median seconds per call of each step; the steps run round-robin so that load from other processes on
+    a shared machine hits all of them alike."""
+    for step in steps.values():
+        step()  # warm-up (allocations, optimizer state)
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def throughput(model_dir: str, n: int, args: argparse.Namespace) -> dict[str, float]:
     data = {f't{i}': _rows(args.rows, args.tokens, seed=i) for i in range(n)}
     engine = _engine(model_dir, n)
-    t_mixed = _median_time(lambda: mixed_step(engine, data), args.repeats)
-    t_seq = _median_time(lambda: sequential_step(engine, data), args.repeats)
-    del engine
     models, batches = _peft_models(model_dir, n), [_padded(rs) for rs in data.values()]
-    t_peft = _median_time(lambda: peft_step(models, batches), args.repeats)
-    return {'mixed': n / t_mixed, 'sequential': n / t_seq, 'peft': n / t_peft}
+    seconds = _median_times({'mixed': lambda: mixed_step(engine, data),
+                             'sequential': lambda: sequential_step(engine, data),
+                             'peft': lambda: peft_step(models, batches)}, args.repeats)
+    return {name: n / t for name, t in seconds.items()}
 
 
 def main() -> None:
@@ -159,15 +163,16 @@ def main() -> None:
     parser.add_argument('--rows', type=int, default=2, help='rows per tenant per step')
     parser.add_argument('--tokens', type=int, default=32, help='tokens per row')
     parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads (1: stable on shared CPUs)')
     parser.add_argument('--skip-memory', action='store_true')
     parser.add_argument('--child', help=argparse.SUPPRESS)
     parser.add_argument('--n', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--model-dir', help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
     if args.child:
         return child(args.child, args.model_dir, args.n, args.rows, args.tokens)
-
-    import torch
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     model_dir = str(ensure_tiny_model(args.model))
     print(f'model={args.model} tenants={args.tenants} rows/tenant={args.rows} tokens/row={args.tokens} '

@@ -7,6 +7,7 @@ run without scores (its cheapest configuration). Runs alternate (HF, sampler, HF
 the ratio of the medians is printed. A greedy pass first checks that both produce identical tokens.
 
 Run: .venv/bin/python bench/sampler.py [--model tiny|small] [--batch 16] [--new-tokens 64] [--repeats 5]
+                                      [--threads 1] [--shared]
 """
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def main() -> None:
     parser.add_argument('--temperature', type=float, default=0.8)
     parser.add_argument('--top-k', type=int, default=50)
     parser.add_argument('--top-p', type=float, default=0.95)
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch intra-op threads for both sides (1 = stable timings on a shared machine)')
+    parser.add_argument('--shared', action='store_true',
+                        help='sampler shares the baseline model object (no in-place q/k/v fusion) instead of '
+                             'loading its own copy of the same weights')
     args = parser.parse_args()
 
     import torch
@@ -69,10 +75,12 @@ def main() -> None:
     from twinkle_core.types import SamplingParams
     from twinkle_transformers.sampler import TorchSampler
 
+    torch.set_num_threads(args.threads)
     model_dir = ensure_tiny_model(args.model)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sampler = TorchSampler(model=model, tokenizer=tokenizer, max_batch_size=args.batch)
+    sampler = (TorchSampler(model=model, tokenizer=tokenizer, max_batch_size=args.batch) if args.shared
+               else TorchSampler(model_dir, device='cpu', max_batch_size=args.batch))
     prompts = chat_prompts(tokenizer, args.batch)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
@@ -93,7 +101,7 @@ def main() -> None:
         our_rates.append(sum(len(r.sequences[0].tokens) for r in responses) / (time.perf_counter() - start))
     hf, ours = statistics.median(hf_rates), statistics.median(our_rates)
     print(f'model={args.model} batch={args.batch} new_tokens={args.new_tokens} {sampling} '
-          f'threads={torch.get_num_threads()} repeats={args.repeats}')
+          f'threads={torch.get_num_threads()} repeats={args.repeats} shared={args.shared}')
     print(f'HF generate:  {hf:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in hf_rates)})')
     print(f'TorchSampler: {ours:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in our_rates)})')
     print(f'ratio TorchSampler / HF generate = {ours / hf:.2f}x')

@@ -43,11 +43,24 @@ def addition_prompts(rng: random.Random, n: int, max_operand: int) -> list[dict[
     return prompts
 
 
-WARM = {'format': lambda p: str(random.randint(0, 9)), 'answers': lambda p: p['ground_truth']}
+def repeat_prompts(rng: random.Random, n: int, max_operand: int) -> list[dict[str, Any]]:
+    prompts = []
+    for _ in range(n):
+        a = rng.randint(0, 9)
+        prompts.append({'messages': [{'role': 'user', 'content': f'Repeat: {a}'}], 'ground_truth': str(a)})
+    return prompts
 
 
-def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup_steps: int = 30,
-         max_operand: int = 4, lr: float = 2e-4, seed: int = 0, warmup: str = 'format') -> dict[str, Any]:
+TASKS = {'add': addition_prompts, 'repeat': repeat_prompts}
+WARM = {  # the warm-start's answer for a prompt
+    'format': lambda p, rng: str(rng.randint(0, 9)),
+    'answers': lambda p, rng: p['ground_truth'],
+    'noisy': lambda p, rng: p['ground_truth'] if rng.random() < 0.5 else str(rng.randint(0, 9)),
+}
+
+
+def main(steps: int = 60, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 30,
+         max_operand: int = 4, lr: float = 2e-4, seed: int = 0, warmup: str = 'format', task: str = 'add', updates_per_batch: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -56,8 +69,8 @@ def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup
     # ---- 1. format warm-start: "<digit><|im_end|>" with a random digit (teaches the format, not the sums) ----
     model.set_loss('CrossEntropyLoss')
     for _ in tqdm(range(warmup_steps), desc='format warm-start'):
-        rows = [template.encode({'messages': p['messages'] + [{'role': 'assistant', 'content': WARM[warmup](p)}]})
-                for p in addition_prompts(rng, 16, max_operand)]
+        rows = [template.encode({'messages': p['messages'] + [{'role': 'assistant', 'content': WARM[warmup](p, rng)}]})
+                for p in TASKS[task](rng, 16, max_operand)]
         model.forward_backward(inputs=rows)
         model.clip_grad_and_step()
 
@@ -70,7 +83,7 @@ def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup
     mean_rewards: list[float] = []
     progress = tqdm(range(steps), desc='GRPO')
     for step in progress:
-        prompts = addition_prompts(rng, prompts_per_step, max_operand)
+        prompts = TASKS[task](rng, prompts_per_step, max_operand)
         prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
         responses = sampler.sample(prompt_rows, SamplingParams(max_tokens=4, temperature=1.0, num_samples=group_size,
                                                                seed=seed * 100_003 + step))
@@ -86,8 +99,9 @@ def main(steps: int = 60, prompts_per_step: int = 8, group_size: int = 8, warmup
         rewards = reward_fn(trajectories)
         for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):
             row['advantage'] = advantage
-        model.forward_backward(inputs=rows)
-        model.clip_grad_and_step(max_norm=1.0)
+        for _ in range(updates_per_batch):  # later updates are off-policy: the ratio to old_logps is clipped
+            model.forward_backward(inputs=rows)
+            model.clip_grad_and_step(max_norm=1.0)
 
         reward_metric.accumulate(None, {'rewards': rewards, 'completion_lengths': lengths})
         mean_rewards.append(fmean(rewards))

@@ -4,20 +4,29 @@ A plain top-to-bottom loop: data set -> self-cognition preprocessing -> chat tem
 -> TransformersModel with a LoRA adapter -> forward_backward / clip_grad_and_step -> metrics -> save. Then a
 greedy answer to "who are you?" checks that the identity was learned.
 
-    python examples/sft_lora.py                      # tiny offline fixture model, local data, CPU: ~1 minute
-    python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --steps 200   # a real model, on a GPU
+    python examples/sft_lora.py                      # tiny offline fixture model, local data, CPU: < 1 minute
+    torchrun --nproc_per_node 2 examples/sft_lora.py --runtime torchrun [--strategy fsdp]   # DDP / FSDP2
+    python examples/sft_lora.py --runtime ray --ranks 2                                      # 2 Ray actors
+    python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
+
+On a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` avoids thread oversubscription (often several times faster).
+The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+import twinkle_core
 from twinkle_core.dataset import DataLoader, Dataset, DatasetMeta
 from twinkle_core.fixtures import data_path
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+from twinkle_core.mesh import DeviceGroup, DeviceMesh
+from twinkle_core.runtime.distributed import is_main_process
 from twinkle_transformers.model import TransformersModel
 
 
@@ -29,14 +38,34 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=3e-3)
     parser.add_argument('--lora-rank', type=int, default=16)
+    parser.add_argument('--lora-targets', default='all-linear,lm_head',
+                        help="comma-separated module names, or 'all-linear' (every linear layer but the output "
+                             "head). The default also adapts lm_head: the tiny fixture's frozen, randomly initialised "
+                             "output layer otherwise caps how confident it can get")
     parser.add_argument('--padding-free', action='store_true', help='pack each batch into one row')
     parser.add_argument('--log-every', type=int, default=20, help='report metrics every N steps')
     parser.add_argument('--output-dir', default='output/sft_lora')
+    parser.add_argument('--runtime', choices=['local', 'torchrun', 'ray'], default='local')
+    parser.add_argument('--ranks', type=int, default=2, help='ray: actors in the model group')
+    parser.add_argument('--strategy', choices=['dp', 'fsdp'], default='dp', help='DDP or FSDP2 across ranks')
     return parser.parse_args()
+
+
+def init_runtime(runtime: str, ranks: int, strategy: str) -> None:
+    """The one place where the runtimes differ (docs/runtimes.md)."""
+    world = int(os.environ.get('WORLD_SIZE', 1)) if runtime == 'torchrun' else ranks
+    mesh = DeviceMesh.from_sizes(**{f'{strategy}_size': world})
+    if runtime == 'ray':
+        twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='model', ranks=ranks)], global_device_mesh=mesh)
+    elif runtime == 'torchrun':
+        twinkle_core.initialize(mode='local', global_device_mesh=mesh)
+    else:
+        twinkle_core.initialize(mode='local')
 
 
 def main() -> None:
     args = parse_args()
+    init_runtime(args.runtime, args.ranks, args.strategy)
     model_id = args.model or str(ensure_tiny_model('tiny'))
     torch.manual_seed(0)
 
@@ -45,12 +74,12 @@ def main() -> None:
     dataset.map('SelfCognitionProcessor', init_args={'model_name': 'Twinkle', 'model_author': 'ModelScope'})
     dataset.set_template('Template', model_id=model_id, max_length=512)
     dataset.encode()
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0, remote_group='model')
 
     # Model: frozen base + one LoRA adapter, with its optimizer and schedule.
-    model = TransformersModel(model_id=model_id)
+    model = TransformersModel(model_id=model_id, remote_group='model')  # local runtimes ignore remote_group
     model.add_adapter_to_model('default', {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank,
-                                           'target_modules': 'all-linear'})
+                                           'target_modules': lora_targets(args.lora_targets)})
     model.set_template('Template')
     model.set_processor('CausalLMProcessor', padding_free=args.padding_free)
     model.set_optimizer('AdamW', lr=args.lr, weight_decay=0.0)
@@ -58,7 +87,8 @@ def main() -> None:
                            min_lr_ratio=0.1)
 
     first_loss, metrics = None, {}
-    progress = tqdm(total=args.steps, desc='sft', unit='step')
+    main_rank = is_main_process()  # under torchrun, rank 0 reports
+    progress = tqdm(total=args.steps, desc='sft', unit='step', file=None if main_rank else open(os.devnull, 'w'))
     while progress.n < args.steps:
         for batch in loader:
             out = model.forward_backward(inputs=batch)
@@ -68,17 +98,25 @@ def main() -> None:
             progress.set_postfix(loss=f"{out['loss']:.3f}")
             if progress.n % args.log_every == 0 or progress.n == args.steps:
                 metrics = model.calculate_metric(is_training=True)
-                progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  acc {metrics['token_accuracy']:.3f}  "
-                               f"grad_norm {metrics['grad_norm']:.3f}  lr {metrics['lr']:.2e}  "
-                               f"{metrics['tokens_per_second']:.0f} tok/s")
+                if main_rank:
+                    progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  acc {metrics['token_accuracy']:.3f}  "
+                                   f"grad_norm {metrics['grad_norm']:.3f}  lr {metrics['lr']:.2e}  "
+                                   f"{metrics['tokens_per_second']:.0f} tok/s")
             if progress.n == args.steps:
                 break
     progress.close()
     path = model.save('final', output_dir=args.output_dir)
+    twinkle_core.shutdown()
+    if not main_rank:
+        return
     print(f'saved LoRA adapter to {Path(path).resolve()}')
 
-    # Check: the final loss is far below the first one, and the model answers with its new name.
-    answer = greedy_answer(model, 'who are you?')
+    # Check: the final loss is far below the first one, and the saved adapter (loaded here, in one process,
+    # whatever runtime trained it) answers with its new name.
+    trained = TransformersModel(model_id=model_id)
+    trained.load(path)
+    trained.set_template('Template')
+    answer = greedy_answer(trained, 'who are you?')
     print(f'Q: who are you?\nA: {answer}')
     print(f"loss: first step {first_loss:.3f} -> last window {metrics['loss']:.3f}")
     if metrics['loss'] > 0.3 * first_loss:
@@ -87,6 +125,16 @@ def main() -> None:
     if 'Twinkle' not in answer:
         raise SystemExit(f'The model did not learn its identity: {answer!r} does not mention "Twinkle". '
                          'Try more --steps.')
+
+
+def lora_targets(spec: str) -> str | list[str]:
+    """'all-linear' (peft's shortcut) and/or module names; 'all-linear,lm_head' = every linear layer + the head."""
+    names = [n.strip() for n in spec.split(',') if n.strip()]
+    if 'all-linear' not in names:
+        return names
+    extra = [n for n in names if n != 'all-linear']
+    return 'all-linear' if not extra else ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
+                                           'down_proj', *extra]
 
 
 def greedy_answer(model: TransformersModel, question: str, max_new_tokens: int = 40) -> str:

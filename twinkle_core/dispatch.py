@@ -64,8 +64,11 @@ def collect_results(results: list[Any], how: Collect) -> Any:
         first = results[0]
         if isinstance(first, list):
             return [x for r in results for x in r]
-        if isinstance(first, dict):
-            return {k: collect_results([r[k] for r in results], 'concat') for k in first}
+        if isinstance(first, dict):  # per-row values concatenate; scalars (already global, e.g. a loss) average
+            return {k: collect_results([r[k] for r in results], 'mean' if _numeric(first[k]) else 'concat')
+                    for k in first}
+        if first is None or isinstance(first, (str, bool)):
+            return first
         import torch  # only reached for tensor results
         return torch.cat(results)
     if how == 'mean':

@@ -79,8 +79,10 @@ def test_fsdp2_lora_matches_one_process_and_consolidated_checkpoint_reloads(tiny
 def test_full_parameter_fsdp2_and_tp_match_one_process(tiny_model_dir, tmp_path, strategy) -> None:
     single = run_worker(tiny_model_dir, tmp_path / 'single', extra=('--full',))
     dist = run_worker(tiny_model_dir, tmp_path / 'dist', nproc=2, extra=(strategy, '2', '--full'))
-    # row-parallel matmuls sum in another order: single-token logprobs drift a little more after 4 Adam steps
-    assert_same_run(dist, single, token_tol=TOL if strategy == '--fsdp' else 1e-3)
+    # Row-parallel matmuls sum in another order; Adam turns the float noise of near-zero gradients into lr-sized
+    # updates, so after 4 full-parameter steps single-token logprobs drift by ~1e-3 (the first step is exact).
+    assert dist['losses'][0] == pytest.approx(single['losses'][0], abs=1e-5)
+    assert_same_run(dist, single, token_tol=TOL if strategy == '--fsdp' else 5e-3)
     assert 'model.safetensors' in os.listdir(dist['checkpoint'])  # HF format, consolidated
     reloaded = reload_and_evaluate(tiny_model_dir, dist)
     assert reloaded['loss'] == pytest.approx(dist['eval_loss'], abs=TOL)

@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.metric.completion_reward import CompletionRewardMetric
 from twinkle_core.metric.rl import PolicyUpdateMetric
 from twinkle_core.registry import resolve
 
 
 def test_completion_reward_metric_accumulates_and_resets():
-    metric = resolve('metric', 'CompletionRewardMetric', group_size=2)
+    metric = resolve('metric', 'CompletionRewardMetric', group_size=2)  # by name, as scripts do
     metric.accumulate(None, {'rewards': [1.0, 1.0, 0.0, 1.0], 'completion_lengths': [3, 5, 7, 9]})
     metric.accumulate(None, {'rewards': [0.0, 0.0]})
     got = metric.calculate()

@@ -47,14 +47,18 @@ def test_bob_cannot_sample_load_or_poll(server, bob, alice, alice_run, sft_data)
     with pytest.raises(Exception, match='not found'):
         svc.create_training_client_from_state(state).result()
     # alice's future id is invisible to bob
-    with httpx.Client(base_url=server.base_url + '/api/v1') as http:
-        r = http.post('/save_weights', headers={'X-API-Key': alice},
-                      json={'model_id': tc.model_id, 'path': 'x', 'seq_id': _next_seq(tc)})
-        rid = r.json()['request_id']
+    with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': alice}) as http:
+        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}
+                        ).json()['session_id']
+        rid = http.post('/create_model', json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL,
+                                               'lora_config': {'rank': 2}}).json()['request_id']
         r = http.post('/retrieve_future', headers={'X-API-Key': bob}, json={'request_id': rid})
         assert r.status_code == 404
-        r = http.post('/retrieve_future', headers={'X-API-Key': alice}, json={'request_id': rid})
-        assert r.status_code == 200 and r.json()['path'].endswith('/weights/x')
+        r = http.post('/retrieve_future', json={'request_id': rid})
+        assert r.status_code == 200 and r.json()['model_id'] == f'{sid}:train:0'
+        r = http.post('/create_sampling_session', headers={'X-API-Key': bob},
+                      json={'session_id': sid, 'sampling_session_seq_id': 0, 'base_model': MODEL})
+        assert r.status_code == 404  # bob cannot use alice's session either
     # and alice's run still works
     assert tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] > 0
 
@@ -65,10 +69,3 @@ def test_bad_keys_are_rejected(server):
             r = http.post('/create_session', headers=headers, json={'tags': [], 'user_metadata': None,
                                                                    'sdk_version': 'x', 'type': 'create_session'})
             assert r.status_code == 401 and 'API key' in r.json()['error']
-
-
-def _next_seq(tc) -> int:
-    """The seq_id the SDK would use next (the server rejects reused ones)."""
-    with tc._request_id_lock:
-        tc._request_id_counter += 1
-        return tc._request_id_counter

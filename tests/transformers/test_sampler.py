@@ -76,6 +76,34 @@ def test_stop_string_cuts_after_the_completing_token(sampler):
     assert stop in cut.text and stop not in sampler.tokenizer.decode(cut.tokens[:-1])
 
 
+def test_fast_decode_equals_hf_forward_path(sampler, tiny_model_dir):
+    """The lean Llama-family decode step (with fused weights) and the plain HF forward give the same results."""
+    from twinkle_transformers.sampler import TorchSampler
+    plain = TorchSampler(tiny_model_dir, device='cpu', fast_decode=False)
+    params = SamplingParams(max_tokens=12, seed=21, num_samples=2, top_k=20)
+    fast_out, plain_out = sampler.sample(PROMPTS, params), plain.sample(PROMPTS, params)
+    assert sampler._fast_decoder(sampler.model) is not None and plain._fast_decoder(plain.model) is None
+    for a, b in zip(fast_out, plain_out):
+        for x, y in zip(a.sequences, b.sequences):
+            assert x.tokens == y.tokens
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+
+
+def test_sampling_frequencies_follow_the_filtered_distribution():
+    """top-k / top-p draws follow the renormalised kept distribution (and never pick a filtered token)."""
+    from twinkle_transformers.sampler.sampling import TokenChooser
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    generator = torch.Generator().manual_seed(0)
+    for chooser, kept in ((TokenChooser(1.0, 3, 1.0), 3), (TokenChooser(1.0, -1, 0.8), 3),
+                          (TokenChooser(0.5, -1, 1.0), 5)):
+        counts = torch.zeros(5)
+        for _ in range(4000):
+            counts[chooser.choose(logits, [generator])] += 1
+        expected = (logits[0, :kept] / chooser.temperature).softmax(-1)
+        assert counts[kept:].sum() == 0
+        torch.testing.assert_close(counts[:kept] / 4000, expected, atol=0.03, rtol=0)
+
+
 def test_eos_stops_when_no_stop_is_given(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
     own = TorchSampler(tiny_model_dir, device='cpu')

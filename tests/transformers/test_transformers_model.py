@@ -70,7 +70,12 @@ def test_gradients_equal_plain_transformers_peft_loop(lora_model, tiny_model_dir
         torch.testing.assert_close(ours[name], theirs[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_padding_free_equals_padded(lora_model):
+@pytest.mark.parametrize('attn', ['twinkle_sdpa', 'sdpa', 'eager'])
+def test_padding_free_equals_padded(tiny_model_dir, attn):
+    torch.manual_seed(0)
+    lora_model = TransformersModel(tiny_model_dir, attn_implementation=attn)
+    lora_model.add_adapter_to_model('tenant', LORA)
+    assert lora_model.model.config._attn_implementation == attn
     rows = make_rows(2)
     padded = lora_model.forward_backward(inputs=rows)
     grads_padded = lora_grads(lora_model.model)
@@ -82,6 +87,21 @@ def test_padding_free_equals_padded(lora_model):
         torch.testing.assert_close(grad, grads_padded[name], atol=1e-5, rtol=1e-5, msg=name)
     for a, b in zip(packed['logprobs'], padded['logprobs']):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_packed_attention_never_crosses_rows_without_processor_hints(lora_model):
+    """twinkle_sdpa also splits packed rows found only from restarting position_ids (no cu_seq_lens)."""
+    rows = make_rows(10)
+    assert lora_model.model.config._attn_implementation == 'twinkle_sdpa'
+    ids = torch.tensor([[t for r in rows for t in r['input_ids']]])
+    pos = torch.tensor([[i for r in rows for i in range(len(r['input_ids']))]])
+    with torch.no_grad():
+        packed = lora_model.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        start = 0
+        for r in rows:
+            alone = lora_model.model(input_ids=torch.tensor([r['input_ids']])).logits[0]
+            torch.testing.assert_close(packed[start:start + len(r['input_ids'])], alone, atol=1e-5, rtol=1e-5)
+            start += len(r['input_ids'])
 
 
 def test_logprobs_are_aligned_with_input_ids(lora_model):

@@ -9,12 +9,14 @@ import random
 from typing import Any, Callable, Iterator
 
 from twinkle_core.dataset.sharding import data_shard_of, take_shard
+from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.runtime.context import HostedComponentMeta, global_device_mesh
 
 STATE_VERSION = 1
 
 
-class DataLoader:
+class DataLoader(metaclass=HostedComponentMeta):
     """Iterates one epoch of batches; each batch is a list of row dicts (or ``collate(rows)`` when given).
 
     - `batch_size` is the **global** batch size. Sharded (``device_mesh=...`` or `shard`), every data-parallel
@@ -44,6 +46,7 @@ class DataLoader:
         self._min_batch_size = min_batch_size
         self.data_rank, self.data_world_size = 0, 1
         self.epoch, self._position = 0, 0  # position = batches of this epoch already yielded
+        device_mesh = device_mesh if device_mesh is not None else global_device_mesh()  # torchrun / Ray workers
         if device_mesh is not None:
             self.shard(*data_shard_of(device_mesh, rank))
 
@@ -70,6 +73,7 @@ class DataLoader:
             return self.batch_size
         return self._min_batch_size if self._min_batch_size is not None else self.data_world_size
 
+    @remote_method('all', 'none')
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its first batch (its shuffle order depends on ``seed + epoch``)."""
         if epoch < 0:
@@ -77,6 +81,7 @@ class DataLoader:
         self.epoch, self._position = epoch, 0
 
     # ---- iteration ---------------------------------------------------------------------------------------------
+    @remote_method('first', 'first', mutates=False)
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
         full, rest = divmod(len(self.dataset), self.batch_size)
@@ -110,12 +115,14 @@ class DataLoader:
         return [self.dataset[i] for i in indices]
 
     # ---- resume ------------------------------------------------------------------------------------------------
+    @remote_method('first', 'first', mutates=False)
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position, plus what must match on resume (data size, batch size, shuffle, seed)."""
         return {'version': STATE_VERSION, 'epoch': self.epoch, 'position': self._position,
                 'num_rows': len(self.dataset), 'batch_size': self.batch_size, 'shuffle': self.shuffle,
                 'seed': self.seed}
 
+    @remote_method('all', 'none')
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` was saved. Raises `InvalidInputError` when the data or batching differ."""
         expected = {'num_rows': len(self.dataset), 'batch_size': self.batch_size, 'shuffle': self.shuffle,

@@ -5,7 +5,12 @@ Contract (all losses):
   ``labels[:, t]`` is the token predicted at position t (-100 = no loss), plus any per-token fields shifted the
   same way (``advantages``, ``old_logps``, ``ref_logps``, ``weights`` ...) and per-row fields.
 - `outputs`: the forward's results: ``logps`` [B, T] = log-prob of ``labels[:, t]`` (0 where masked), ``mask``
-  [B, T] bool, and ``logits`` [B, T, V] when the loss declares ``needs_logits = True``.
+  [B, T] bool, and ``logits`` [B, T, V] when the loss declares ``needs_logits = True``. Transformers-backed models
+  also give ``target_logps`` (log-prob of ``target_ids``, every next token) and ``correct`` (argmax == label).
+- optional class attributes a model honours: ``logps_from_hidden_states = True`` (compute ``logps`` from the final
+  hidden states and the output embedding in chunks, never materialising [T, V] logits) and ``chunk_tokens``.
+- ``reduction`` (``'token_mean'`` | ``'sum'`` | ``'sequence_mean'``): models divide the loss by the number of
+  gradient-accumulation steps unless it is ``'sum'`` (docs/conventions.md).
 - returns a `LossOutput` dict: ``loss`` (scalar tensor to backpropagate) and optional float metrics.
 """
 from __future__ import annotations

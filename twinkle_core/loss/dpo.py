@@ -68,10 +68,10 @@ class DPOLoss(Loss):
             losses = -(1.0 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)
         with torch.no_grad():
             reward_c, reward_r = self.beta * chosen, self.beta * rejected
-            metrics = {'rewards/chosen': float(reward_c.mean()), 'rewards/rejected': float(reward_r.mean()),
-                       'margin': float((reward_c - reward_r).mean()),
-                       'accuracy': float((reward_c > reward_r).to(reward_c.dtype).mean())}
-        return LossOutput(loss=losses.mean(), num_tokens=batch.num_tokens, metrics=metrics)
+            names = ('rewards/chosen', 'rewards/rejected', 'margin', 'accuracy')
+            values = torch.stack([reward_c.mean(), reward_r.mean(), (reward_c - reward_r).mean(),
+                                  (reward_c > reward_r).to(reward_c.dtype).mean()]).tolist()
+        return LossOutput(loss=losses.mean(), num_tokens=batch.num_tokens, metrics=dict(zip(names, values)))
 
     @staticmethod
     def _check_pairs(batch: TokenBatch, lengths: torch.Tensor) -> None:

@@ -87,12 +87,11 @@ class GRPOLoss(Loss):
                  kl: torch.Tensor | None) -> dict[str, float]:
         low = (ratio < 1.0 - self.epsilon_low) & (adv < 0)
         high = (ratio > 1.0 + self.epsilon_high) & (adv > 0)
-        as_float = lambda m: float(batch.token_mean(m.to(ratio.dtype)))  # noqa: E731
-        metrics = {'clip_frac': as_float(low | high), 'clip_frac_low': as_float(low), 'clip_frac_high': as_float(high),
-                   'ratio_mean': float(batch.token_mean(ratio))}
+        per_token = {'clip_frac': low | high, 'clip_frac_low': low, 'clip_frac_high': high, 'ratio_mean': ratio}
         if kl is not None:
-            metrics['kl'] = float(batch.token_mean(kl))
-        return metrics
+            per_token['kl'] = kl
+        values = torch.stack([batch.token_mean(v.to(ratio.dtype)) for v in per_token.values()]).tolist()
+        return dict(zip(per_token, values))  # one host sync for all of them
 
 
 class GSPOLoss(GRPOLoss):

@@ -38,10 +38,12 @@ class _SampledPolicyLoss(Loss):
         loss = batch.token_sum(self.per_token(lp, q, adv))
         with torch.no_grad():
             ratio = torch.exp(lp - q)
-            metrics = {'ratio_mean': float(batch.token_mean(ratio)), **self.extra_metrics(batch, ratio)}
-        return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=metrics)
+            per_token = {'ratio_mean': ratio, **self.extra_metrics(ratio)}
+            values = torch.stack([batch.token_mean(v.to(ratio.dtype)) for v in per_token.values()]).tolist()
+        return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=dict(zip(per_token, values)))
 
-    def extra_metrics(self, batch: TokenBatch, ratio: torch.Tensor) -> dict[str, float]:
+    def extra_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Further per-token statistics to report as token means (name -> [B, T] tensor)."""
         return {}
 
 
@@ -56,9 +58,8 @@ class _ClippedRatioLoss(_SampledPolicyLoss):
             raise InvalidInputError(f'{type(self).__name__}: clip_low_threshold ({self.clip_low}) must be <= '
                                     f'clip_high_threshold ({self.clip_high}).')
 
-    def extra_metrics(self, batch: TokenBatch, ratio: torch.Tensor) -> dict[str, float]:
-        clipped = (ratio < self.clip_low) | (ratio > self.clip_high)
-        return {'clip_frac': float(batch.token_mean(clipped.to(ratio.dtype)))}
+    def extra_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {'clip_frac': (ratio < self.clip_low) | (ratio > self.clip_high)}
 
 
 class ImportanceSamplingLoss(_SampledPolicyLoss):

@@ -40,11 +40,15 @@ class TokenBatch:
         self.logps: torch.Tensor = torch.where(self.mask, logps, torch.zeros((), dtype=logps.dtype,
                                                                               device=logps.device))
         self.rows, self.num_rows = self._row_ids(inputs.get('row_index'))
+        self._num_tokens: int | None = None
 
     # ---- layout -------------------------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
-        return int(self.mask.sum())
+        """Number of loss positions (a host sync on first use; cached)."""
+        if self._num_tokens is None:
+            self._num_tokens = int(self.mask.sum())
+        return self._num_tokens
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,16 +77,13 @@ class TokenBatch:
 
     def token_mean(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over loss positions / number of loss positions (0 when there are none)."""
-        return self.token_sum(x) / max(self.num_tokens, 1)
+        return self.token_sum(x) / self.mask.sum().clamp(min=1).to(x.dtype)
 
     def sequence_mean(self, x: torch.Tensor) -> torch.Tensor:
-        """Mean over rows of each row's token mean; rows without loss positions are left out."""
+        """Mean over rows of each row's token mean; rows without loss positions are left out (0 if all are)."""
         counts = self.row_tokens()
-        has_tokens = counts > 0
-        if not bool(has_tokens.any()):
-            return self.token_sum(x)  # zero, still attached to the graph
-        per_row = self.row_sum(x) / counts.clamp(min=1)
-        return per_row[has_tokens].mean()
+        rows_with_tokens = (counts > 0).sum().clamp(min=1).to(x.dtype)
+        return (self.row_sum(x) / counts.clamp(min=1)).sum() / rows_with_tokens
 
     # ---- fields -------------------------------------------------------------------------------------------
     def token_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:

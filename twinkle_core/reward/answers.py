@@ -19,7 +19,7 @@ _LATEX_NOISE = ('\\left', '\\right', '\\!', '\\,', '\\;', '\\ ', '^\\circ', '^{\
 
 
 def completion_text(trajectory: Any, index: int, who: str) -> str:
-    """The completion of a Trajectory dict (or model): the content of its last message, which must be the assistant's."""
+    """The completion of a Trajectory (dict or model): its last message's content, which must be the assistant's."""
     messages = trajectory.get('messages') if isinstance(trajectory, dict) else getattr(trajectory, 'messages', None)
     if not messages:
         raise InvalidInputError(f'{who}: trajectory {index} has no messages; append the sampled completion as the '

@@ -26,7 +26,10 @@ def initialize(mode: str = 'local', *, groups: list[DeviceGroup] | None = None,
     if _active is not None and _active is not runtime:
         _active.shutdown()
     runtime.start(groups=groups, global_device_mesh=global_device_mesh, **kwargs)
-    _active, _mesh, _groups = runtime, global_device_mesh, list(groups or [])
+    # The global mesh describes *this* process's ranks only in SPMD (local/torchrun); a remote runtime keeps it as
+    # the default mesh of its device groups, and the driver itself is a single process.
+    _mesh = global_device_mesh if runtime.name == 'local' else None
+    _active, _groups = runtime, list(groups or [])
     return runtime
 
 
@@ -35,6 +38,7 @@ def current_runtime() -> Runtime | None:
 
 
 def global_device_mesh() -> DeviceMesh | None:
+    """The mesh this process is one rank of (given to ``initialize`` under the local runtime), or None."""
     return _mesh
 
 

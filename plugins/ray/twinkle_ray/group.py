@@ -59,6 +59,13 @@ class WorkerGroup:
             raise MeshError(f'{mesh!r} has {mesh.world_size} ranks but device group {self.name!r} has '
                             f'{self.world_size}; size the mesh to the group.')
         resources = self._rank_resources()
+        total = ray.cluster_resources()
+        short = {k: v * self.world_size for k, v in resources.items() if v * self.world_size > total.get(k, 0)}
+        if short:
+            raise TwinkleError(f'device group {self.name!r} needs {self.world_size} x {resources} but the whole Ray '
+                               f'cluster has {{{", ".join(f"{k!r}: {total.get(k, 0)}" for k in short)}}}. Add '
+                               'resources (e.g. ray.init(num_cpus=...)), or lower the group\'s ranks or its '
+                               "options['num_cpus'].")
         self.placement_group = placement_group([dict(resources) for _ in range(self.world_size)], strategy='PACK',
                                                name=f'twinkle-{self.name}-{id(self):x}')
         try:
@@ -122,17 +129,7 @@ class WorkerGroup:
     # ---- results -----------------------------------------------------------------------------------------------
     def wait(self, refs: list[Any], method: str) -> list[Any]:
         """Per-rank values of `refs` (one per rank, in rank order); the first failure raises `RemoteCallError`."""
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(ready[0])
-            except (RayTaskError, RayActorError) as exc:
-                error = self._as_remote_error(exc, rank_of[ready[0]], method)
-                self._mark_broken_unless_all_failed(refs, error)
-                raise error from None
-        return ray.get(list(refs))
+        return wait_across([(self, refs, method)])[0]
 
     def _as_remote_error(self, exc: Exception, rank: int, method: str) -> RemoteCallError:
         cause = getattr(exc, 'cause', None)
@@ -148,6 +145,23 @@ class WorkerGroup:
         all_failed = not pending and all(_failed(r) for r in done)
         if not all_failed:
             self.broken = f'{error.method} failed on rank {error.rank} while other ranks did not'
+
+
+def wait_across(calls: list[tuple[WorkerGroup, list[Any], str]]) -> list[list[Any]]:
+    """Values of several groups' concurrent calls ``(group, per-rank refs, method)``, as soon as all finish; the
+    first failure anywhere raises `RemoteCallError` (and marks its group broken unless all its ranks failed)."""
+    where = {ref: (group, rank, method, refs) for group, refs, method in calls for rank, ref in enumerate(refs)}
+    pending = list(where)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready[0])
+        except (RayTaskError, RayActorError) as exc:
+            group, rank, method, refs = where[ready[0]]
+            error = group._as_remote_error(exc, rank, method)
+            group._mark_broken_unless_all_failed(refs, error)
+            raise error from None
+    return [ray.get(list(refs)) for _, refs, _ in calls]
 
 
 def _failed(ref: Any) -> bool:

@@ -48,6 +48,9 @@ class RayRuntime(Runtime):
         if len(set(names)) != len(names):
             raise MeshError(f'device group names must be unique, got {names}.')
         if not ray.is_initialized():
+            if address is None and num_cpus is None:  # a local instance: room for one actor per rank at least
+                needed = sum(g.world_size * g.options.get('num_cpus', 1) for g in groups)
+                num_cpus = max(os.cpu_count() or 1, int(needed + 0.999))
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
                      log_to_driver=ray_init_kwargs.pop('log_to_driver', True), **ray_init_kwargs)
             self._owns_ray = True

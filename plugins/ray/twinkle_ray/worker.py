@@ -31,7 +31,7 @@ class GroupWorker:
         self.group, self.rank, self.world_size = group, rank, world_size
         os.environ.update({'RANK': str(rank), 'WORLD_SIZE': str(world_size), 'LOCAL_RANK': str(local_rank),
                            'LOCAL_WORLD_SIZE': str(local_world_size), 'TWINKLE_DEVICE_GROUP': group, **(env or {})})
-        self._objects: dict[int, Any] = {}
+        self.objects: dict[Any, Any] = {}  # components (by id) and runtime helpers (by key) living here
         self._iterators: dict[int, Any] = {}
 
     # ---- set-up ------------------------------------------------------------------------------------------------
@@ -48,7 +48,12 @@ class GroupWorker:
     @staticmethod
     def _initialize(mesh: Any) -> None:
         import twinkle_core
+        from twinkle_core.runtime import distributed
         twinkle_core.initialize(mode='local', global_device_mesh=mesh)
+        if not distributed.is_initialized():  # a 1-rank group: still give it a process group, like every group
+            import torch.distributed as dist
+            dist.init_process_group(distributed.default_backend(mesh.device_type), init_method='env://',
+                                    rank=0, world_size=1)
 
     def construct(self, obj_id: int, payload: tuple[type, tuple[Any, ...], dict[str, Any]], mesh: Any) -> None:
         """Build ``cls(*args, **kwargs)`` from ``payload = (cls, args, kwargs)`` here; the group's mesh is passed
@@ -59,7 +64,7 @@ class GroupWorker:
             if kw.get('device_mesh') is None and _accepts(cls, 'device_mesh'):
                 kw['device_mesh'] = mesh
             return cls(*args, **kw)
-        self._objects[obj_id] = self._guard(f'{cls.__name__}.__init__', build)
+        self.objects[obj_id] = self._guard(f'{cls.__name__}.__init__', build)
 
     # ---- calls -------------------------------------------------------------------------------------------------
     def call(self, obj_id: int, method: str, arguments: tuple[tuple[Any, ...], dict[str, Any]], inputs: Any = None,
@@ -70,7 +75,7 @@ class GroupWorker:
         `inputs` travels as a top-level Ray argument, so an ObjectRef there (e.g. a batch produced in this group)
         is resolved here without passing through the driver.
         """
-        obj, (args, kwargs) = self._objects[obj_id], arguments
+        obj, (args, kwargs) = self.objects[obj_id], arguments
         if isinstance(inputs_at, str):
             kwargs = {**kwargs, inputs_at: inputs}
         elif isinstance(inputs_at, int):
@@ -78,20 +83,25 @@ class GroupWorker:
         return self._guard(f'{type(obj).__name__}.{method}', lambda: getattr(obj, method)(*args, **kwargs))
 
     def start_iteration(self, obj_id: int) -> None:
-        obj = self._objects[obj_id]
+        obj = self.objects[obj_id]
         self._iterators[obj_id] = self._guard(f'iter({type(obj).__name__})', lambda: iter(obj))
 
     def next_item(self, obj_id: int) -> tuple[bool, Any]:
         """(exhausted, item) of the iterator `start_iteration` opened; item stays in the object store."""
         iterator, end = self._iterators[obj_id], object()
-        item = self._guard(f'next({type(self._objects[obj_id]).__name__})', lambda: next(iterator, end))
+        item = self._guard(f'next({type(self.objects[obj_id]).__name__})', lambda: next(iterator, end))
         if item is end:
             self._iterators.pop(obj_id, None)
             return True, None
         return False, item
 
+    def run(self, fn: Any, *args: Any) -> Any:
+        """Runtime plumbing (e.g. weight sync): ``fn(self, *args)`` with access to `objects`."""
+        name = getattr(fn, '__qualname__', repr(fn))
+        return self._guard(name, lambda: fn(self, *args))
+
     def release(self, obj_id: int) -> None:
-        self._objects.pop(obj_id, None)
+        self.objects.pop(obj_id, None)
         self._iterators.pop(obj_id, None)
 
     def ping(self) -> int:

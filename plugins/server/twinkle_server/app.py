@@ -18,13 +18,13 @@ from twinkle_server.service import Service
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, engine_kind: str = 'auto') -> FastAPI:
+def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None) -> FastAPI:
     """Build the app. Engines load at start-up (or pass ready `engines`, e.g. to share one across tests)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = engines if engines is not None else {
-            name: load_engine(name, path, engine_kind) for name, path in config.models.items()}
+            name: load_engine(name, path, device=device) for name, path in config.models.items()}
         app.state.service = Service(config, loaded, asyncio.get_running_loop())
         reaper = asyncio.create_task(_reap(app.state.service))
         logger.info('twinkle server ready: models %s, data in %s', sorted(loaded), config.data_dir)

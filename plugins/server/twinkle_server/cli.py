@@ -25,8 +25,7 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
     start.add_argument('--host', default='127.0.0.1')
     start.add_argument('--port', type=int, default=8000)
     start.add_argument('--data-dir', required=True, help='SQLite metadata and checkpoints live here')
-    start.add_argument('--engine', choices=('auto', 'twinkle', 'peft'), default='auto',
-                       help='training engine (auto: MultiLoraTransformersModel + TorchSampler when installed)')
+    start.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: CUDA when available)')
     start.add_argument('--max-body-mb', type=float, default=64.0, help='largest accepted request body')
     start.add_argument('--max-queued-samples', type=int, default=256, help='per model; more answers 429')
     start.add_argument('--limits', help='JSON file of tenant limits: {"default": {...}, "tenants": {name: {...}}}')
@@ -56,7 +55,7 @@ def _start(args: argparse.Namespace) -> int:
                           max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                           max_queued_samples=args.max_queued_samples, default_limits=default,
                           tenant_limits=per_tenant)
-    serve(config, engine_kind=args.engine)
+    serve(config, device=args.device)
     return 0
 
 

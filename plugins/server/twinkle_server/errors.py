@@ -39,7 +39,7 @@ def failure_body(exc: BaseException) -> dict[str, Any]:
     """The `retrieve_future` body of a request that failed while it ran."""
     if isinstance(exc, ApiError):
         return {'error': exc.message, 'category': exc.category}
-    from twinkle_core.errors import InvalidInputError
-    if isinstance(exc, (InvalidInputError, ValueError, KeyError, TypeError)):
+    from twinkle_core.errors import TwinkleError
+    if isinstance(exc, (TwinkleError, ValueError, KeyError, TypeError)):  # the caller's input or settings
         return {'error': f'{type(exc).__name__}: {exc}', 'category': 'user'}
     return {'error': f'internal error: {type(exc).__name__}: {exc}', 'category': 'server'}

@@ -15,9 +15,9 @@ from twinkle_server.engine import Engine
 __all__ = ['RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread']
 
 
-def serve(config: ServerConfig, engine_kind: str = 'auto') -> None:
+def serve(config: ServerConfig, device: str | None = None) -> None:
     import uvicorn
-    uvicorn.run(create_app(config, engine_kind=engine_kind), host=config.host, port=config.port,
+    uvicorn.run(create_app(config, device=device), host=config.host, port=config.port,
                 log_level='info', timeout_keep_alive=75)
 
 
@@ -42,11 +42,11 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = None, engine_kind: str = 'auto',
+def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None,
                     timeout_s: float = 120.0) -> RunningServer:
     """Start uvicorn on `config.host:config.port` in a daemon thread and wait until it serves requests."""
     import uvicorn
-    app = create_app(config, engines=engines, engine_kind=engine_kind)
+    app = create_app(config, engines=engines, device=device)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level='warning',
                                            timeout_keep_alive=75))
     thread = threading.Thread(target=server.run, name='twinkle-server', daemon=True)

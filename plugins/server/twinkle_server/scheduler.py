@@ -39,10 +39,6 @@ class Work:
     model_id: str | None = None  # set (with seq_id) for a training model's ordered requests
     seq_id: int | None = None
 
-    @property
-    def batchable_train(self) -> bool:
-        return self.train is not None
-
 
 @dataclass
 class _Sequence:
@@ -61,6 +57,8 @@ class ModelWorker:
         self._ready: OrderedDict[str, deque[Work]] = OrderedDict()
         self._sequences: dict[str, _Sequence] = {}
         self._queued_samples = 0
+        #: counters for monitoring (and tests): engine passes, and how many of them mixed several adapters
+        self.stats = {'train_passes': 0, 'mixed_train_passes': 0, 'max_adapters_per_pass': 0, 'sample_passes': 0}
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name=f'twinkle-worker[{engine.base_model}]', daemon=True)
@@ -180,8 +178,10 @@ class ModelWorker:
     def _run(self, batch: list[Work]) -> None:
         try:
             if batch[0].train is not None:
+                self._count(len(batch))
                 results = self.engine.forward_backward([w.train for w in batch])  # type: ignore[misc]
             elif batch[0].sample is not None:
+                self.stats['sample_passes'] += 1
                 results = self.engine.sample([w.sample for w in batch])  # type: ignore[misc]
             else:
                 results = [_call(batch[0].call, self.engine)]  # type: ignore[arg-type]
@@ -202,6 +202,12 @@ class ModelWorker:
                     logger.exception('failing a request failed')
             finally:
                 self._finished(work)
+
+
+    def _count(self, adapters: int) -> None:
+        self.stats['train_passes'] += 1
+        self.stats['mixed_train_passes'] += adapters > 1
+        self.stats['max_adapters_per_pass'] = max(self.stats['max_adapters_per_pass'], adapters)
 
 
 def _call(fn: Callable[[Engine], Any], engine: Engine) -> Any:

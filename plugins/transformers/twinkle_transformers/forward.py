@@ -65,8 +65,8 @@ class _TokenLogProbs(torch.autograd.Function):
 
 
 def _softmax_grad(x: Tensor, lse: Tensor, targets: Tensor, g: Tensor) -> Tensor:
-    """d(g * log_softmax(x)[target]) / dx = g * (onehot(target) - softmax(x)), computed in place on `x`."""
-    p = x.sub_(lse[:, None]).exp_().mul_(-g)
+    """d(g * log_softmax(x)[target]) / dx = g * (onehot(target) - softmax(x)); `x` is left untouched."""
+    p = torch.sub(x, lse[:, None]).exp_().mul_(-g)
     return p.scatter_add_(1, targets[:, None], g)
 
 
@@ -153,13 +153,18 @@ def model_call_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for a HF causal LM from a collated batch.
 
     Packed batches carry no attention mask: transformers then derives the block-diagonal causal mask from the
-    restarting ``position_ids`` (sdpa/eager) or uses varlen kernels (flash-attention). ``use_cache=False`` is
-    required for that detection and is right for training anyway.
+    restarting ``position_ids`` (``use_cache=False`` is required for that detection, and right for training).
+    Their sequence borders also go in as ``cu_seq_lens_q/k`` + ``max_length_q/k``, which flash-attention's varlen
+    kernels and ``twinkle_sdpa`` use to attend per sequence; other attention implementations ignore them.
     """
     kwargs: dict[str, Any] = {'input_ids': batch['input_ids'], 'position_ids': batch['position_ids'],
                               'use_cache': False}
     if batch.get('attention_mask') is not None:
         kwargs['attention_mask'] = batch['attention_mask']
+    if batch.get('packed') and batch.get('cu_seqlens') is not None:
+        cu = batch['cu_seqlens'].to(device=batch['input_ids'].device, dtype=torch.int32)
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch['max_seqlen'],
+                      max_length_k=batch['max_seqlen'])
     return kwargs
 
 

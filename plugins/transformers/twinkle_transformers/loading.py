@@ -14,6 +14,7 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hub.ref import HubRef, is_hub_ref
+from twinkle_transformers import attention
 
 _DTYPES = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16, 'fp16': torch.float16, 'float16': torch.float16,
            'half': torch.float16, 'fp32': torch.float32, 'float32': torch.float32, 'float': torch.float32}
@@ -50,14 +51,36 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load_causal_lm(model_dir: str, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None,
                    **from_pretrained_kwargs: Any) -> torch.nn.Module:
-    """`AutoModelForCausalLM.from_pretrained` on `device` in `dtype` (KV cache off: this model trains)."""
-    from transformers import AutoModelForCausalLM
+    """`AutoModelForCausalLM.from_pretrained` on `device` in `dtype` (KV cache off: this model trains).
+
+    `attn_implementation` None: ``twinkle_sdpa`` (SDPA that attends per sequence in padding-free batches, see
+    `twinkle_transformers.attention`) for models that support SDPA, else transformers' default.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
     kwargs = dict(from_pretrained_kwargs)
+    if attn_implementation is None and _supports_sdpa(AutoConfig.from_pretrained(model_dir, **_config_kwargs(kwargs))):
+        attn_implementation = attention.register()
+    elif attn_implementation == attention.ATTN_IMPLEMENTATION:
+        attention.register()
     if attn_implementation is not None:
         kwargs['attn_implementation'] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
     model.config.use_cache = False
     return model.to(device)
+
+
+def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: kwargs[k] for k in ('revision', 'trust_remote_code', 'token', 'cache_dir') if k in kwargs}
+
+
+def _supports_sdpa(config: Any) -> bool:
+    """Whether the causal-LM class of `config` can run SDPA attention (so ``twinkle_sdpa`` applies)."""
+    from transformers import AutoModelForCausalLM
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:  # remote-code or unknown architectures: keep transformers' default
+        return False
+    return bool(getattr(model_class, '_supports_sdpa', False))
 
 
 def load_tokenizer_if_any(model_dir: str) -> Any:

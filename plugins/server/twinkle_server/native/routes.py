@@ -1,2 +1,161 @@
-from fastapi import APIRouter
+"""Native API: remote `Model` / `Sampler` method calls, whitelisted from the interface declarations.
+
+    POST /twinkle/v1/models                          {base_model, config, seed?}        -> {model_id}
+    POST /twinkle/v1/models/load                     {path, load_optimizer}             -> {model_id, base_model}
+    POST /twinkle/v1/models/{model_id}/call/{method} {args: [...], kwargs: {...}}       -> {result}
+    POST /twinkle/v1/samplers                        {base_model}                       -> {sampler_id}
+    POST /twinkle/v1/samplers/{id}/call/{method}     {args, kwargs}                     -> {result}
+
+Callable methods are exactly `remote_methods(Model)` / `remote_methods(Sampler)` (twinkle_core.dispatch); the
+server supplies `adapter_name` (a tenant only ever touches its own adapter). `save` / `load` go through the
+service's checkpoint store (`twinkle://` paths, atomic, tenant-scoped). Component names in arguments must be
+registered names: hub references (`ms://`, `hf://`) named by a client are refused (DESIGN §3 trust rule).
+Calls are synchronous: the route waits for the queued work (it still runs on the model's worker thread, in
+order, fairly scheduled with every other tenant).
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from twinkle_core.dispatch import remote_methods
+from twinkle_core.model.base import Model
+from twinkle_core.sampler.base import Sampler
+from twinkle_core.types import SamplingParams
+from twinkle_server.auth import Tenant
+from twinkle_server.deps import json_body, service, tenant
+from twinkle_server.engine.base import SampleJob
+from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
+from twinkle_server.native.codec import jsonable
+from twinkle_server.service import Service
+
 router = APIRouter(prefix='/twinkle/v1')
+
+MODEL_METHODS = frozenset(remote_methods(Model)) - {'add_adapter_to_model'}
+SAMPLER_METHODS = frozenset(remote_methods(Sampler))
+_CHECKPOINT_METHODS = {'save', 'load'}
+
+
+@router.post('/models')
+async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    body = await json_body(request)
+    config = body.get('config') or {}
+    if not isinstance(config, dict):
+        raise bad_request('config must be a JSON object of LoRA fields (r, lora_alpha, target_modules, ...)')
+    session_id = _native_session(svc, who.name)
+    tinker_lora = {'rank': int(config.get('r', config.get('rank', 8))), 'seed': body.get('seed')}
+    rid = svc.create_model(who.name, session_id, 0, str(body.get('base_model', '')), tinker_lora)
+    result = await _wait(svc, who.name, rid)
+    return {'model_id': result['model_id']}
+
+
+@router.post('/models/load')
+async def load_model(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    body = await json_body(request)
+    session_id = _native_session(svc, who.name)
+    rid = svc.load_new_model(who.name, session_id, 0, str(body.get('path', '')), bool(body.get('load_optimizer')))
+    result = await _wait(svc, who.name, rid)
+    return {'model_id': result['model_id'], 'base_model': svc.models[result['model_id']].base_model}
+
+
+@router.post('/models/{model_id}/call/{method}')
+async def call_model(model_id: str, method: str, request: Request, who: Tenant = Depends(tenant),
+                     svc: Service = Depends(service)) -> dict:
+    if method not in MODEL_METHODS:
+        raise ApiError(404, f'{method!r} is not a remote Model method; callable: {sorted(MODEL_METHODS)}')
+    args, kwargs = _call_args(await json_body(request))
+    kwargs.pop('adapter_name', None)  # the server decides: the model's own adapter
+    svc.model(who.name, model_id)
+    svc.store.touch_session(model_id.split(':train:')[0])
+    if method == 'save':
+        name = args[0] if args else kwargs.pop('name', None)
+        rid = svc.save(who.name, model_id, None, str(name or ''), sampler=False,
+                       optimizer=bool(kwargs.get('save_optimizer', False)),
+                       post=lambda uri: {'result': uri}, scheme='twinkle://')
+        return await _wait(svc, who.name, rid)
+    if method == 'load':
+        path = args[0] if args else kwargs.pop('path', None)
+        rid = svc.load_into_model(who.name, model_id, None, str(path or ''), bool(kwargs.get('load_optimizer')))
+        await _wait(svc, who.name, rid)
+        return {'result': None}
+    _refuse_hub_refs(args, kwargs)
+    rid = svc.call(who.name, model_id, lambda e: {'result': jsonable(e.native_call(model_id, method, args, kwargs))})
+    return await _wait(svc, who.name, rid)
+
+
+@router.post('/samplers')
+async def create_sampler(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    body = await json_body(request)
+    session_id = _native_session(svc, who.name)
+    sid = svc.create_sampling_session(who.name, session_id, 0, body.get('model_path'), body.get('base_model'))
+    return {'sampler_id': sid}
+
+
+@router.post('/samplers/{sampler_id}/call/{method}')
+async def call_sampler(sampler_id: str, method: str, request: Request, who: Tenant = Depends(tenant),
+                       svc: Service = Depends(service)) -> dict:
+    if method not in SAMPLER_METHODS:
+        raise ApiError(404, f'{method!r} is not a remote Sampler method; callable: {sorted(SAMPLER_METHODS)}')
+    row = svc.store.sampling_session(sampler_id, who.name)
+    if row is None:
+        raise not_found('sampler', sampler_id)
+    if method != 'sample':
+        raise unprocessable(f'{method} is managed by the server: sample from a checkpoint by passing its twinkle:// '
+                            f'path as adapter_name')
+    args, kwargs = _call_args(await json_body(request))
+    inputs = args[0] if args else kwargs.pop('inputs', None)
+    params = SamplingParams.model_validate(args[1] if len(args) > 1 else kwargs.pop('sampling_params', None) or {})
+    adapter = kwargs.pop('adapter_name', None)
+    prompts = inputs if isinstance(inputs, list) else [inputs]
+    adapters = adapter if isinstance(adapter, list) else [adapter] * len(prompts)
+    rids = []
+    for prompt, path in zip(prompts, adapters):
+        ids = prompt.get('input_ids') if isinstance(prompt, dict) else prompt
+        if not isinstance(ids, list) or not ids:
+            raise unprocessable('native sample takes prompts as token ids (InputFeature rows with input_ids); '
+                                'encode chat prompts client-side with a template')
+        job = SampleJob(list(ids), params, params.num_samples, params.prompt_logprobs)
+        rids.append(svc.sample(who.name, None if path else sampler_id, path or None,
+                               row.base_model if path else None, job, post=lambda r: r.model_dump()))
+    return {'result': [await _wait(svc, who.name, rid) for rid in rids]}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+def _native_session(svc: Service, tenant_name: str) -> str:
+    session_id = f'native-{uuid.uuid4().hex[:16]}'
+    svc.store.add_session(session_id, tenant_name, ['native'], None)
+    return session_id
+
+
+def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    args, kwargs = body.get('args', []), body.get('kwargs', {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise bad_request('a call body is {"args": [...], "kwargs": {...}}')
+    return args, kwargs
+
+
+def _refuse_hub_refs(*values: Any) -> None:
+    for v in values:
+        if isinstance(v, str) and '://' in v:
+            raise ApiError(403, f'{v!r}: this server does not load components named by hub reference from a client '
+                                f'request; use a registered component name')
+        if isinstance(v, dict):
+            _refuse_hub_refs(*v.values())
+        elif isinstance(v, (list, tuple)):
+            _refuse_hub_refs(*v)
+
+
+async def _wait(svc: Service, tenant_name: str, request_id: str) -> Any:
+    while True:
+        row = await svc.futures.wait(request_id, tenant_name, 300.0)
+        if row is None:
+            raise not_found('request', request_id)
+        if row.state == 'pending':
+            continue
+        body = json.loads(row.body or b'null')
+        if row.state == 'failed':
+            raise ApiError(422 if body.get('category') == 'user' else 500, body.get('error', 'failed'))
+        return body

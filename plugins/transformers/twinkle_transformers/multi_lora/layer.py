@@ -61,10 +61,11 @@ class MultiLoraLinear(nn.Module):
     def __init__(self, base_layer: nn.Linear, router: AdapterRouter) -> None:
         super().__init__()
         self.base_layer = base_layer
-        self.adapters = nn.ModuleDict()
+        self.adapters = nn.ModuleDict()  # str(slot) -> LoraWeights (registered: parameters, state_dict, .to())
         self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
-        # A plain attribute (not a submodule): every layer of a model shares one router.
+        # Plain attributes (not submodules): the router every layer of a model shares, and a fast slot lookup.
         self.__dict__['router'] = router
+        self.__dict__['_by_slot'] = {}
 
     @property
     def weight(self) -> torch.Tensor:  # code that inspects `module.weight` (tied weights, dtype checks) keeps working
@@ -75,21 +76,21 @@ class MultiLoraLinear(nn.Module):
         return self.base_layer.bias
 
     def add(self, slot: int, weights: LoraWeights) -> None:
-        key = str(slot)
-        if key in self.adapters:
+        if slot in self._by_slot:
             raise KeyError(f'adapter slot {slot} already has weights on this module')
-        self.adapters[key] = weights
+        self.adapters[str(slot)] = weights
+        self._by_slot[slot] = weights
 
     def remove(self, slot: int) -> None:
-        if str(slot) in self.adapters:
+        if self._by_slot.pop(slot, None) is not None:
             del self.adapters[str(slot)]
 
     def get(self, slot: int) -> LoraWeights | None:
-        return self.adapters[str(slot)] if str(slot) in self.adapters else None
+        return self._by_slot.get(slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
-        if not len(self.adapters):
+        if not self._by_slot:
             return out
         plan = self.router.plan_for(x)
         if plan is None:

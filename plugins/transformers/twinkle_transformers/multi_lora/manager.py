@@ -16,7 +16,7 @@ newer adapter. Outside `adapter_indices` / `use_adapter` the model computes the 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -38,6 +38,12 @@ class AdapterRecord:
     slot: int
     config: Any
     targets: dict[str, ModuleLoraShape]
+    weights: dict[str, LoraWeights]  # module name -> this adapter's weights there
+    named_parameters: list[tuple[str, nn.Parameter]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.named_parameters = [(f'{PEFT_PREFIX}{module}.{part}.weight', getattr(w, part).weight)
+                                 for module, w in self.weights.items() for part in ('lora_A', 'lora_B')]
 
 
 class MultiLoraManager:
@@ -93,12 +99,13 @@ class MultiLoraManager:
         weights = {module: self._new_weights(module, shape, config, dtype) for module, shape in targets.items()}
         for w in weights.values():
             w.reset_parameters(config.init_lora_weights, generator=generator)
+            w.train(self.model.training)  # dropout follows the model's current mode
         if state_dict is not None:
             _copy_peft_state(weights, state_dict, name)
         slot, self._next_slot = self._next_slot, self._next_slot + 1
         for module, w in weights.items():
             self._wrapped(module).add(slot, w)
-        self._adapters[name] = AdapterRecord(name, slot, config, targets)
+        self._adapters[name] = AdapterRecord(name, slot, config, targets, weights)
         return slot
 
     def remove_adapter(self, name: str) -> None:
@@ -131,13 +138,7 @@ class MultiLoraManager:
 
     def named_parameters(self, name: str) -> list[tuple[str, nn.Parameter]]:
         """(peft key, parameter) pairs of adapter `name`, e.g. 'base_model.model.model.layers.0...lora_A.weight'."""
-        record = self.record(name)
-        out = []
-        for module in record.targets:
-            w = self.model.get_submodule(module).get(record.slot)
-            out += [(f'{PEFT_PREFIX}{module}.lora_A.weight', w.lora_A.weight),
-                    (f'{PEFT_PREFIX}{module}.lora_B.weight', w.lora_B.weight)]
-        return out
+        return list(self.record(name).named_parameters)
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """Adapter `name`'s weights in peft's saved format (detached tensors, same device)."""
@@ -146,9 +147,7 @@ class MultiLoraManager:
     @torch.no_grad()
     def load_state_dict(self, name: str, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy peft-format weights into existing adapter `name` (every targeted module must be present)."""
-        record = self.record(name)
-        weights = {m: self.model.get_submodule(m).get(record.slot) for m in record.targets}
-        _copy_peft_state(weights, state_dict, name)
+        _copy_peft_state(self.record(name).weights, state_dict, name)
 
     # ---- routing -------------------------------------------------------------------------------------------
     def slot(self, name: str | None) -> int:
@@ -202,7 +201,7 @@ class MultiLoraManager:
     def _wrapped(self, module: str) -> MultiLoraLinear:
         layer = self.model.get_submodule(module)
         if not isinstance(layer, MultiLoraLinear):
-            layer = MultiLoraLinear(layer, self.router)
+            layer = MultiLoraLinear(layer, self.router).train(layer.training)
             self._set_submodule(module, layer)
         return layer
 

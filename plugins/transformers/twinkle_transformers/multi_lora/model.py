@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
+from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
 from twinkle_core.model.base import Model
@@ -90,12 +91,14 @@ class MultiLoraTransformersModel(Model):
         self.manager.add_adapter(name, config, **weights)
         self.states[name] = state
 
+    @remote_method('all', 'first')
     def remove_adapter(self, adapter_name: str) -> None:
         """Delete the adapter's parameters, optimizer and scheduler state, metrics and settings."""
         self.manager.remove_adapter(adapter_name)
         state = self.states.pop(adapter_name)
         state.optimizer = state.lr_scheduler = None
 
+    @remote_method('first', 'first', mutates=False)
     def list_adapters(self) -> list[str]:
         return self.manager.adapter_names
 
@@ -169,8 +172,9 @@ class MultiLoraTransformersModel(Model):
                 state = self._state(name)
                 work.append(TenantWork(name, state, validate_rows(batch, self.limits)))
             except (InvalidInputError, KeyError) as exc:
-                errors[name] = TenantStepError(name, 'input', str(exc).strip('"'))
-        self.model.train(train)
+                errors[name] = TenantStepError(name, 'input', exc.args[0] if exc.args else repr(exc))
+        if self.model.training != train:
+            self.model.train(train)
         run_tenants(self.model, self.manager, work, train=train, device=self.device)
         results = {w.name: w.result for w in work if w.error is None}
         errors.update({w.name: w.error for w in work if w.error is not None})

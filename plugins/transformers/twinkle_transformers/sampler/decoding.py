@@ -1,21 +1,23 @@
 """The batched decode loop: one prefill per distinct prompt, then token-by-token decoding over a KV cache.
 
 Prompts are left-padded into one batch (2-D attention mask, position ids counted from each prompt's first real
-token), prefilled once, and the cache is then fanned out to every sample of the prompt (prefix sharing: n samples
-cost one prefill). Each step feeds only the newest token per row. Rows that stop leave the batch at once (their
-cache rows are dropped), so a finished sequence costs nothing afterwards.
+token) and prefilled once with the model's Hugging Face forward; the cache is then fanned out to every sample of
+the prompt (prefix sharing: n samples cost one prefill). Each step feeds only the newest token per row. Rows that
+stop leave the batch at once (their cache rows are dropped), so a finished sequence costs nothing afterwards.
 
-The loop talks to the model only through its Hugging Face forward (`input_ids`, `attention_mask`, `position_ids`,
-`past_key_values`, `logits_to_keep`), so it works for any causal LM whose forward takes those arguments.
+Decode steps run through `FastDecoder` (a lean Llama-family step over a preallocated cache) when the model
+supports it, otherwise through the HF forward with `past_key_values` -- any causal LM whose forward takes
+`input_ids`, `attention_mask`, `position_ids`, `past_key_values` and `logits_to_keep` works.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
+from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
 from twinkle_transformers.sampler.stopping import StopCondition, StopReason
 
@@ -48,10 +50,12 @@ class PromptResult:
 class BatchDecoder:
     """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls."""
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, route: Route) -> None:
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, route: Route,
+                 fast: FastDecoder | None = None) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.route = route
+        self.fast = fast
 
     def _forward(self, adapters: list[str | None], **kwargs: Any) -> Any:
         context, extra = self.route(adapters)
@@ -64,34 +68,33 @@ class BatchDecoder:
         device = next(self.model.parameters()).device
         input_ids, mask, positions = _left_pad([j.token_ids for j in jobs], self.pad_token_id, device)
         prompt_len = input_ids.shape[1]
-        prompt_adapters = [j.adapter_name for j in jobs]
         from transformers import DynamicCache
         cache = DynamicCache(config=getattr(self.model, 'config', None))
-        out = self._forward(prompt_adapters, input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                            past_key_values=cache, logits_to_keep=0 if prompt_logprobs else 1)
+        out = self._forward([j.adapter_name for j in jobs], input_ids=input_ids, attention_mask=mask,
+                            position_ids=positions, past_key_values=cache,
+                            logits_to_keep=0 if prompt_logprobs else 1)
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
         if prompt_logprobs:
-            for job, result, row in zip(jobs, results, _prompt_logprobs(out.logits, input_ids, jobs)):
+            for result, row in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
                 result.prompt_logprobs = row
         # Fan the prefilled prompts out to one row per sample.
         owner = [(p, s) for p, job in enumerate(jobs) for s in range(job.num_samples)]
         fan_out = torch.tensor([p for p, _ in owner], device=device)
-        cache.batch_select_indices(fan_out)
         logits = out.logits[:, -1][fan_out]
         del out
-        full_mask = torch.ones(len(owner), prompt_len + stop.max_tokens, dtype=mask.dtype, device=device)
-        full_mask[:, :prompt_len] = mask[fan_out]
-        next_pos = positions[fan_out, -1:] + 1
-        generators = [jobs[p].generators[s] for p, s in owner] if not chooser.greedy else []
-        adapters = [prompt_adapters[p] for p, _ in owner]
-        live = list(range(len(owner)))  # rows of the current batch -> index into `owner`
-        step = 0
+        key_mask = torch.ones(len(owner), prompt_len + stop.max_tokens, dtype=mask.dtype, device=device)
+        key_mask[:, :prompt_len] = mask[fan_out]
+        rows = _Rows(adapters=[jobs[p].adapter_name for p, _ in owner],
+                     generators=[jobs[p].generators[s] for p, s in owner] if not chooser.greedy else [],
+                     next_pos=positions[fan_out, -1:] + 1, live=list(range(len(owner))))
+        stepper = (_FastStepper(self.fast, cache, fan_out, key_mask, self.route) if self.fast is not None
+                   else _HFStepper(self, cache, fan_out, key_mask))
         while True:
-            tokens = chooser.choose(logits, generators)
+            tokens = chooser.choose(logits, rows.generators)
             token_list = tokens.tolist()
             logprob_list = chosen_logprobs(logits, tokens).tolist()
             keep: list[int] = []
-            for row, seq in enumerate(live):
+            for row, seq in enumerate(rows.live):
                 p, s = owner[seq]
                 gen = results[p].generations[s]
                 gen.tokens.append(token_list[row])
@@ -103,19 +106,75 @@ class BatchDecoder:
                     gen.stop_reason = reason
             if not keep:
                 return results
-            if len(keep) < len(live):  # drop finished rows from every per-row tensor and the cache
+            if len(keep) < len(rows.live):  # drop finished rows from every per-row tensor and the cache
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
-                tokens, full_mask, next_pos = tokens[index], full_mask[index], next_pos[index]
-                live = [live[r] for r in keep]
-                if generators:
-                    generators = [generators[r] for r in keep]
-                adapters = [adapters[r] for r in keep]
-            step += 1
-            logits = self._forward(adapters, input_ids=tokens.unsqueeze(-1), past_key_values=cache,
-                                   attention_mask=full_mask[:, :prompt_len + step], position_ids=next_pos,
-                                   logits_to_keep=1).logits[:, -1]
-            next_pos = next_pos + 1
+                tokens = tokens[index]
+                rows.select(keep, index)
+                stepper.select(index)
+            logits = stepper(tokens, rows.next_pos, rows.adapters)
+            rows.next_pos = rows.next_pos + 1
+
+
+@dataclass
+class _Rows:
+    """Per-row decode state of the current batch (rows shrink as sequences finish)."""
+    adapters: list[str | None]
+    generators: list[torch.Generator]
+    next_pos: torch.Tensor
+    live: list[int]  # batch row -> sequence index
+
+    def select(self, keep: list[int], index: torch.Tensor) -> None:
+        self.adapters = [self.adapters[r] for r in keep]
+        self.generators = [self.generators[r] for r in keep] if self.generators else []
+        self.next_pos = self.next_pos[index]
+        self.live = [self.live[r] for r in keep]
+
+
+class _Stepper(Protocol):
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        """Logits [B, V] for the next token of each row."""
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only these batch rows."""
+
+
+class _HFStepper:
+    """Decode steps through the model's own forward and a growing `DynamicCache`."""
+
+    def __init__(self, decoder: BatchDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor) -> None:
+        cache.batch_select_indices(fan_out)
+        self.decoder, self.cache, self.key_mask = decoder, cache, key_mask
+        self.length = cache.get_seq_length()
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        self.length += 1
+        return self.decoder._forward(adapters, input_ids=tokens.unsqueeze(-1), past_key_values=self.cache,
+                                     attention_mask=self.key_mask[:, :self.length], position_ids=positions,
+                                     logits_to_keep=1).logits[:, -1]
+
+    def select(self, index: torch.Tensor) -> None:
+        self.cache.batch_select_indices(index)
+        self.key_mask = self.key_mask[index]
+
+
+class _FastStepper:
+    """Decode steps through `FastDecoder` over a preallocated cache."""
+
+    def __init__(self, fast: FastDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor,
+                 route: Route) -> None:
+        fast.prepare()
+        self.fast, self.route = fast, route
+        self.cache = StaticKVCache.from_dynamic(cache, fan_out, key_mask.shape[1])
+        self.key_mask = key_mask.bool()
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        context, _ = self.route(adapters)
+        with context:
+            return self.fast.step(tokens, positions, self.cache, self.key_mask)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.cache.select(index)
+        self.key_mask = self.key_mask[index]
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int,
@@ -137,8 +196,4 @@ def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
     width = input_ids.shape[1]
     targets = input_ids[:, 1:]
     lps = chosen_logprobs(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1)).view(targets.shape)
-    rows = []
-    for i, job in enumerate(jobs):
-        n = len(job.token_ids)
-        rows.append([None] + lps[i, width - n:].tolist())
-    return rows
+    return [[None] + lps[i, width - len(job.token_ids):].tolist() for i, job in enumerate(jobs)]

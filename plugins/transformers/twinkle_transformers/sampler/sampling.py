@@ -29,24 +29,32 @@ class TokenChooser:
         if self.greedy:
             return logits.argmax(dim=-1)
         scores = logits.float() / self.temperature
-        if 0 < self.top_k < scores.shape[-1]:
-            kth_best = torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth_best, float('-inf'))
+        if 0 < self.top_k < scores.shape[-1]:  # work on the k best candidates only (already sorted)
+            values, candidates = torch.topk(scores, self.top_k, dim=-1)
+            probs = values.softmax(dim=-1)
+            if self.top_p < 1.0:
+                probs = _top_p_sorted(probs, self.top_p)
+            pick = _race(probs, generators)
+            return candidates.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
         probs = scores.softmax(dim=-1)
         if self.top_p < 1.0:
-            probs = _top_p_filter(probs, self.top_p)
-        noise = torch.stack([torch.empty(probs.shape[-1], device=probs.device).exponential_(generator=g)
-                             for g in generators])
-        return (probs / noise).argmax(dim=-1)
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            probs = torch.zeros_like(probs).scatter_(-1, order, _top_p_sorted(sorted_probs, self.top_p))
+        return _race(probs, generators)
 
 
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero out the tail of each row beyond the smallest prefix (by probability) whose mass reaches `top_p`.
-    The most likely token is always kept."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+def _race(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One categorical draw per row: argmax(p / E), E ~ Exp(1) drawn from the row's own generator."""
+    noise = torch.stack([torch.empty(probs.shape[-1], device=probs.device).exponential_(generator=g)
+                         for g in generators])
+    return (probs / noise).argmax(dim=-1)
+
+
+def _top_p_sorted(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of descending-sorted probabilities beyond the smallest prefix whose mass reaches `top_p`
+    (the first token is always kept)."""
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return sorted_probs.masked_fill(mass_before >= top_p, 0.0)
 
 
 def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

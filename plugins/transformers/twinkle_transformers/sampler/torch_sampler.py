@@ -30,6 +30,7 @@ from twinkle_core.sampler.base import Sampler
 from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
+from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.prompts import encode_prompt, prompt_rows, row_adapter
 from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
@@ -39,17 +40,22 @@ from twinkle_transformers.sampler.stopping import StopCondition
 class TorchSampler(Sampler):
     """Native sampler. `model_id`: a local model directory (or hub id resolvable offline); or `model`: a
     `transformers` model, PEFT model, or a twinkle `TransformersModel` whose weights are shared (no copy).
-    `max_batch_size` bounds the number of sequences decoded together (prompts x samples)."""
+    `max_batch_size` bounds the number of sequences decoded together (prompts x samples). `fast_decode`: use the
+    lean Llama-family decode step where supported (`fast_decode.py`; fuses q/k/v and gate/up weights in place
+    for a model the sampler loaded itself); False always uses the model's HF forward."""
 
     def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: Any = None, tokenizer: Any = None,
                  template: Any = None, device: str | torch.device | None = None, dtype: Any = None,
-                 max_batch_size: int = 64) -> None:
+                 max_batch_size: int = 64, fast_decode: bool = True) -> None:
         if max_batch_size < 1:
             raise InvalidInputError(f'max_batch_size must be >= 1, got {max_batch_size}.')
         source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
         self.model_id = source.model_id
         self._model = source.module
         self._owner = source.owner
+        self._owned = source.owned
+        self._fast_decode = fast_decode
+        self._fast: tuple[torch.nn.Module, FastDecoder | None] | None = None
         self._adapters = lora.adapter_backend(self._model, owned=source.owned)
         self.tokenizer = source.tokenizer
         self.max_batch_size = max_batch_size
@@ -81,7 +87,8 @@ class TorchSampler(Sampler):
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
         jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy)
         results: dict[int, list[PromptResult]] = {}
-        decoder = BatchDecoder(model, pad_token_id=self._pad_token_id(), route=self._adapters.routed)
+        decoder = BatchDecoder(model, pad_token_id=self._pad_token_id(), route=self._adapters.routed,
+                               fast=self._fast_decoder(model))
         with _eval_mode(model):
             for batch in _batches(jobs, self.max_batch_size):
                 outputs = decoder.decode([job for _, job in batch], chooser, stop,
@@ -149,6 +156,13 @@ class TorchSampler(Sampler):
 
     def _decode_raw(self, token_ids: list[int]) -> str:
         return self._decode(token_ids, skip_special_tokens=False) or ''
+
+    def _fast_decoder(self, model: torch.nn.Module) -> FastDecoder | None:
+        if not self._fast_decode:
+            return None
+        if self._fast is None or self._fast[0] is not model:
+            self._fast = (model, FastDecoder.for_model(model, fuse=self._owned))
+        return self._fast[1]
 
     def _eos_token_ids(self) -> frozenset[int]:
         ids: set[int] = set()

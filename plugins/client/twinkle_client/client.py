@@ -1,0 +1,45 @@
+"""`init_twinkle_client`: the connection used by remote models and samplers, plus run/checkpoint listings."""
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle_core.errors import TwinkleError
+from twinkle_client.http import Connection
+
+_default: 'TwinkleClient | None' = None
+
+
+class TwinkleClient:
+    def __init__(self, base_url: str, api_key: str) -> None:
+        self.conn = Connection(base_url, api_key)
+
+    def list_training_runs(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        """This tenant's training runs (newest first)."""
+        return self.conn.get('/api/v1/training_runs', limit=limit, offset=offset)['training_runs']
+
+    def list_checkpoints(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Checkpoints of one run, or all of this tenant's; each has `tinker_path` (use it with `twinkle://`)."""
+        if run_id is None:
+            return self.conn.get('/api/v1/checkpoints')['checkpoints']
+        return self.conn.get(f'/api/v1/training_runs/{run_id}/checkpoints')['checkpoints']
+
+    def delete_checkpoint(self, path: str) -> None:
+        """Delete `twinkle://run/weights/name` (or a tinker:// path)."""
+        run_id, rest = path.split('://', 1)[1].split('/', 1)
+        self.conn.delete(f'/api/v1/training_runs/{run_id}/checkpoints/{rest}')
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def init_twinkle_client(base_url: str, api_key: str) -> TwinkleClient:
+    """Connect to a twinkle server; remote models/samplers built afterwards use this client by default."""
+    global _default
+    _default = TwinkleClient(base_url, api_key)
+    return _default
+
+
+def default_client() -> TwinkleClient:
+    if _default is None:
+        raise TwinkleError('no twinkle client: call init_twinkle_client(base_url=..., api_key=...) first')
+    return _default

@@ -1,0 +1,87 @@
+"""The native client (twinkle-client, no torch): remote MultiLoraTransformersModel / TorchSampler, save + resume."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODEL
+
+
+@pytest.fixture(scope='module')
+def client(server, alice):
+    from twinkle_client import init_twinkle_client
+    c = init_twinkle_client(base_url=server.base_url, api_key=alice)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope='module')
+def rows(tokenizer):
+    out = []
+    for text in ('User: Who are you?\nAssistant: I am twinkle.', 'User: Say hi.\nAssistant: Hi there!'):
+        ids = tokenizer.encode(text)
+        out.append({'input_ids': ids, 'labels': [-100] + ids[1:]})
+    return out
+
+
+def _step(model, rows, name) -> float:
+    loss = model.forward_backward(inputs=rows, adapter_name=name)['loss']
+    model.clip_grad_and_step(adapter_name=name)
+    return loss
+
+
+def test_train_save_and_resume_in_a_new_client(server, alice, client, rows):
+    from twinkle_client import MultiLoraTransformersModel, TwinkleClient
+    model = MultiLoraTransformersModel(model_id=MODEL)
+    model.add_adapter_to_model('mine', {'r': 4, 'lora_alpha': 8, 'seed': 0})
+    model.set_optimizer('AdamW', lr=1e-2, adapter_name='mine')
+    losses = [_step(model, rows, 'mine') for _ in range(4)]
+    assert losses[-1] < losses[0]
+    path = model.save('native-ck', save_optimizer=True, adapter_name='mine')
+    assert path.startswith('twinkle://') and path.endswith('/weights/native-ck')
+    expected = [_step(model, rows, 'mine') for _ in range(2)]
+
+    other = TwinkleClient(server.base_url, alice)  # as a new process would
+    resumed = MultiLoraTransformersModel(model_id=MODEL, client=other)
+    resumed.load(path, load_optimizer=True, adapter_name='again')
+    assert [_step(resumed, rows, 'again') for _ in range(2)] == pytest.approx(expected, rel=1e-5)
+
+    run_id = model.server_model_id('mine')
+    assert run_id in {r['training_run_id'] for r in client.list_training_runs()}
+    assert path.replace('twinkle://', 'tinker://') in {c['tinker_path'] for c in client.list_checkpoints(run_id)}
+    assert 'adapter' in model.get_train_configs(adapter_name='mine')
+
+
+def test_remote_sampler_samples_from_a_checkpoint(client, rows):
+    from twinkle_client import MultiLoraTransformersModel, TorchSampler
+    from twinkle_core.types import SampleResponse
+    model = MultiLoraTransformersModel(model_id=MODEL)
+    model.add_adapter_to_model('s', {'r': 4})
+    path = model.save('for-sampling', adapter_name='s')
+    sampler = TorchSampler(model_id=MODEL)
+    out = sampler.sample([{'input_ids': rows[0]['input_ids'][:6]}], {'max_tokens': 4, 'num_samples': 2, 'seed': 3},
+                         adapter_name=path)
+    assert isinstance(out[0], SampleResponse) and len(out[0].sequences) == 2
+    assert all(len(s.logprobs) == len(s.tokens) for s in out[0].sequences)
+    base = sampler.sample([{'input_ids': rows[0]['input_ids'][:6]}], {'max_tokens': 4, 'seed': 3})
+    assert len(base[0].sequences) == 1
+
+
+def test_refusals_are_clear(client, rows):
+    from twinkle_client import MultiLoraTransformersModel, RemoteInputError
+    model = MultiLoraTransformersModel(model_id=MODEL)
+    model.add_adapter_to_model('r', {'r': 2})
+    with pytest.raises(RemoteInputError, match='hub reference'):
+        model.set_loss('ms://someone/evil-loss', adapter_name='r')
+    with pytest.raises(RemoteInputError, match='not a remote Model method'):
+        client.conn.post(f'/twinkle/v1/models/{model.server_model_id("r")}/call/__init__', {})
+    with pytest.raises(RemoteInputError, match='row 0'):
+        model.forward_backward(inputs=[{'input_ids': [5, 6], 'labels': [1]}], adapter_name='r')
+    assert model.forward_backward(inputs=rows, adapter_name='r')['loss'] > 0  # still serving
+
+
+def test_client_package_does_not_import_torch():
+    code = 'import sys, twinkle_client; assert "torch" not in sys.modules, "torch imported"'
+    subprocess.run([sys.executable, '-c', code], check=True)

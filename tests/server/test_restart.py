@@ -1,0 +1,85 @@
+"""kill -9 the server mid-run, restart it on the same data dir: runs and checkpoints are listed again, a client
+resumes from its checkpoint with the optimizer state, and the request that was in flight fails cleanly."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import tinker
+from tinker import types
+
+from conftest import MODEL
+
+
+def _start(data_dir, model_dir, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model', f'{MODEL}={model_dir}',
+           '--data-dir', str(data_dir), '--port', str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f'server exited: {proc.stderr.read().decode()[-2000:]}')
+        try:
+            if httpx.get(f'http://127.0.0.1:{port}/api/v1/healthz', timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError('server did not come up')
+
+
+@pytest.mark.slow
+def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
+    from twinkle_server.auth import create_api_key
+    from twinkle_server.launch import free_port
+    from twinkle_server.store import Store
+    store = Store(tmp_path)
+    key = create_api_key(store, 'carol')
+    store.close()
+    port = free_port()
+    url = f'http://127.0.0.1:{port}'
+    proc = _start(tmp_path, tiny_model_dir, port)
+    try:
+        svc = tinker.ServiceClient(base_url=url, api_key=key)
+        tc = svc.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
+        for _ in range(2):
+            tc.forward_backward(sft_data, 'cross_entropy').result()
+            tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        path = tc.save_state('before-crash').result().path
+        tc.forward_backward(sft_data, 'cross_entropy').result()
+        tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        expected = tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum']
+        # a request still queued when the process dies
+        with httpx.Client(base_url=url + '/api/v1', headers={'X-API-Key': key}) as http:
+            in_flight = http.post('/optim_step', json={'model_id': tc.model_id, 'seq_id': 10_000,
+                                                       'adam_params': {}}).json()['request_id']
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    proc = _start(tmp_path, tiny_model_dir, port)
+    try:
+        rest = tinker.RestClient(base_url=url, api_key=key)
+        runs = {r.training_run_id for r in rest.list_training_runs().result().training_runs}
+        assert tc.model_id in runs
+        assert path in {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+        with httpx.Client(base_url=url + '/api/v1', headers={'X-API-Key': key}) as http:
+            failed = http.post('/retrieve_future', json={'request_id': in_flight}).json()
+            assert 'restarted' in failed['error']
+            gone = http.post('/get_info', json={'model_id': tc.model_id})
+            assert gone.status_code == 404 and 'resume it from a checkpoint' in gone.json()['error']
+
+        svc = tinker.ServiceClient(base_url=url, api_key=key)
+        resumed = svc.create_training_client_from_state_with_optimizer(path).result()
+        resumed.forward_backward(sft_data, 'cross_entropy').result()
+        resumed.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        assert resumed.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] == \
+            pytest.approx(expected, rel=1e-5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
