@@ -49,7 +49,8 @@ def train_and_time(rank: int, world: int, args: argparse.Namespace, port: int, o
     from twinkle_core.runtime import distributed
     from twinkle_transformers.model import TransformersModel
 
-    twinkle_core.initialize(mode='local', global_device_mesh=DeviceMesh.from_sizes(dp_size=world) if world > 1 else None)
+    mesh = DeviceMesh.from_sizes(dp_size=world) if world > 1 else None
+    twinkle_core.initialize(mode='local', global_device_mesh=mesh)
     torch.manual_seed(0)
     model = TransformersModel(str(ensure_tiny_model(args.model)))
     if args.lora:

@@ -14,6 +14,7 @@ For N tenants (default 1, 4, 16), each with its own rank-r all-linear LoRA, Adam
     - peft:        N separate peft models, one after another (raw HF loop: model(labels=...).loss).
 
 Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small] [--tenants 1 4 16] [--rows 2] [--tokens 32]
+     [--repeats 5] [--threads 1] [--skip-memory] [--skip-throughput]
 """
 from __future__ import annotations
 
@@ -165,6 +166,7 @@ def main() -> None:
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads (1: stable on shared CPUs)')
     parser.add_argument('--skip-memory', action='store_true')
+    parser.add_argument('--skip-throughput', action='store_true')
     parser.add_argument('--child', help=argparse.SUPPRESS)
     parser.add_argument('--n', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--model-dir', help=argparse.SUPPRESS)
@@ -188,6 +190,8 @@ def main() -> None:
             budget = (base + (n - 1) * adapter) * 1.10
             print(f'{n:>3} {ours:>9.1f} {peft:>9.1f} {base:>9.1f} {budget:>9.1f} {ours / budget:>14.2f} '
                   f'{peft / ours:>12.2f}', flush=True)
+    if args.skip_throughput:
+        return
     print('\n(b) throughput (tenant-steps/s, median), same process')
     print(f'{"N":>3} {"mixed":>8} {"sequential":>11} {"peft xN":>8} {"mixed/sequential":>17} {"mixed/peft":>11}')
     for n in args.tenants:

@@ -7,8 +7,10 @@
    clip_grad_and_step on `batch` x `seq_len` tokens.
 2. Served: a `twinkle server start` subprocess on 127.0.0.1 (same engine), driven by the unmodified tinker SDK:
    forward_backward + optim_step on the same data.
-Prints steps/s of both and their ratio (served / in-process; target >= 0.85), then p50/p99 latency of
-forward_backward with `clients` concurrent SDK clients (each its own LoRA; they share the server's passes).
+The two are timed alternately step by step (so load from other processes hits both alike) with torch at
+`--threads` threads in both processes; the ratio is median in-process step time / median served step time
+(= served throughput relative to in-process; target >= 0.85). Then p50/p99 latency of forward_backward with
+`clients` concurrent SDK clients (each its own LoRA; the server mixes them into shared passes).
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import httpx
+from tqdm import tqdm
 
 
 def make_rows(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[list[int]]:
@@ -30,20 +34,18 @@ def make_rows(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[list[
     return [[rng.randrange(5, vocab) for _ in range(seq_len)] for _ in range(batch)]
 
 
-def in_process(model_dir: str, seqs: list[list[int]], steps: int) -> float:
+def in_process_step(model_dir: str, seqs: list[list[int]]) -> Callable[[], None]:
     from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
     model = MultiLoraTransformersModel(model_id=model_dir, device='cpu')
     model.add_adapter_to_model('bench', {'r': 8, 'lora_alpha': 32, 'target_modules': 'all-linear'})
     model.set_optimizer('AdamW', lr=1e-4, adapter_name='bench')
     model.set_loss('CrossEntropyLoss', reduction='sum', adapter_name='bench')
     rows = [{'input_ids': s, 'labels': [-100] + s[1:]} for s in seqs]
-    model.forward_backward(inputs=rows, adapter_name='bench')  # warm-up
-    model.clip_grad_and_step(None, adapter_name='bench')
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
         model.forward_backward(inputs=rows, adapter_name='bench')
         model.clip_grad_and_step(None, adapter_name='bench')
-    return steps / (time.perf_counter() - t0)
+    return step
 
 
 def datums(seqs: list[list[int]]):
@@ -52,21 +54,25 @@ def datums(seqs: list[list[int]]):
                         loss_fn_inputs={'target_tokens': s[1:], 'weights': [1.0] * (len(s) - 1)}) for s in seqs]
 
 
-def served(url: str, key: str, seqs: list[list[int]], steps: int) -> float:
+def served_step(url: str, key: str, seqs: list[list[int]]) -> Callable[[], None]:
     import tinker
     from tinker import types
     tc = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
         base_model='bench', rank=8, seed=0).result()
     data = datums(seqs)
     adam = types.AdamParams(learning_rate=1e-4)
-    tc.forward_backward(data, 'cross_entropy').result()  # warm-up
-    tc.optim_step(adam).result()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
         fwd, opt = tc.forward_backward(data, 'cross_entropy'), tc.optim_step(adam)
         fwd.result()
         opt.result()
-    return steps / (time.perf_counter() - t0)
+    return step
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def concurrent_latency(url: str, key: str, seqs: list[list[int]], clients: int, requests: int) -> list[float]:
@@ -87,10 +93,11 @@ def concurrent_latency(url: str, key: str, seqs: list[list[int]], clients: int, 
         return [x for xs in pool.map(loop, tcs) for x in xs]
 
 
-def start_server(model_dir: str, data_dir: str, port: int) -> subprocess.Popen:
+def start_server(model_dir: str, data_dir: str, port: int, threads: int) -> subprocess.Popen:
     cmd = [sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model', f'bench={model_dir}',
            '--data-dir', data_dir, '--port', str(port), '--device', 'cpu']
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, 'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(600):
         try:
             if httpx.get(f'http://127.0.0.1:{port}/api/v1/healthz', timeout=1).status_code == 200:
@@ -109,7 +116,10 @@ def main() -> None:
     ap.add_argument('--seq-len', type=int, default=256)
     ap.add_argument('--clients', type=int, default=8)
     ap.add_argument('--requests', type=int, default=4)
+    ap.add_argument('--threads', type=int, default=1, help='torch threads in the bench and the server process')
     args = ap.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     import logging
     logging.getLogger('tinker').setLevel(logging.ERROR)
@@ -119,30 +129,35 @@ def main() -> None:
     from twinkle_server.store import Store
 
     model_dir = str(ensure_tiny_model(args.model))
-    import json
-    vocab = json.load(open(os.path.join(model_dir, 'config.json')))['vocab_size']
-    seqs = make_rows(vocab, args.batch, args.seq_len)
-    local = in_process(model_dir, seqs, args.steps)
+    from transformers import AutoTokenizer
+    seqs = make_rows(len(AutoTokenizer.from_pretrained(model_dir)), args.batch, args.seq_len)
+    local_step = in_process_step(model_dir, seqs)
 
     data_dir = tempfile.mkdtemp(prefix='twinkle-bench-')
     store = Store(data_dir)
     key = create_api_key(store, 'bench')
     store.close()
     port = free_port()
-    proc = start_server(model_dir, data_dir, port)
+    proc = start_server(model_dir, data_dir, port, args.threads)
     try:
         url = f'http://127.0.0.1:{port}'
-        remote = served(url, key, seqs, args.steps)
+        remote_step = served_step(url, key, seqs)
+        local_step(), remote_step()  # warm-up
+        local_t, remote_t = [], []
+        for _ in tqdm(range(args.steps), desc='alternating steps'):
+            local_t.append(timed(local_step))
+            remote_t.append(timed(remote_step))
         lat = sorted(concurrent_latency(url, key, seqs, args.clients, args.requests))
     finally:
         proc.kill()
         proc.wait()
     p50 = statistics.median(lat)
     p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
-    print(f'model={args.model} batch={args.batch}x{args.seq_len} steps={args.steps}')
-    print(f'in-process : {local:.3f} steps/s')
-    print(f'served     : {remote:.3f} steps/s (tinker SDK -> 127.0.0.1)')
-    print(f'ratio served/in-process = {remote / local:.3f} (target >= 0.85)')
+    local, remote = statistics.median(local_t), statistics.median(remote_t)
+    print(f'model={args.model} batch={args.batch}x{args.seq_len} steps={args.steps} threads={args.threads}')
+    print(f'in-process : median {local * 1000:.0f} ms/step ({1 / local:.3f} steps/s)')
+    print(f'served     : median {remote * 1000:.0f} ms/step ({1 / remote:.3f} steps/s, tinker SDK -> 127.0.0.1)')
+    print(f'ratio served/in-process throughput = {local / remote:.3f} (target >= 0.85)')
     print(f'forward_backward latency, {args.clients} concurrent clients x {args.requests}: '
           f'p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms')
 

@@ -8,8 +8,6 @@ greedy answer to "who are you?" checks that the identity was learned.
     torchrun --nproc_per_node 2 examples/sft_lora.py --runtime torchrun [--strategy fsdp]   # DDP / FSDP2
     python examples/sft_lora.py --runtime ray --ranks 2                                      # 2 Ray actors
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
-
-On a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` avoids thread oversubscription (often several times faster).
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
 from __future__ import annotations
@@ -45,6 +43,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--padding-free', action='store_true', help='pack each batch into one row')
     parser.add_argument('--log-every', type=int, default=20, help='report metrics every N steps')
     parser.add_argument('--output-dir', default='output/sft_lora')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='CPU intra-op threads (default: 1 for the tiny fixture, whose small matmuls gain '
+                             'nothing from more and suffer badly on a busy machine; torch\'s default otherwise)')
     parser.add_argument('--runtime', choices=['local', 'torchrun', 'ray'], default='local')
     parser.add_argument('--ranks', type=int, default=2, help='ray: actors in the model group')
     parser.add_argument('--strategy', choices=['dp', 'fsdp'], default='dp', help='DDP or FSDP2 across ranks')
@@ -67,6 +68,9 @@ def main() -> None:
     args = parse_args()
     init_runtime(args.runtime, args.ranks, args.strategy)
     model_id = args.model or str(ensure_tiny_model('tiny'))
+    threads = args.threads or (1 if args.model is None else None)
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
 
     # Data: rows {query, response} -> chat messages naming the model -> input_ids + assistant-only labels.
@@ -99,7 +103,8 @@ def main() -> None:
             if progress.n % args.log_every == 0 or progress.n == args.steps:
                 metrics = model.calculate_metric(is_training=True)
                 if main_rank:
-                    progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  acc {metrics['token_accuracy']:.3f}  "
+                    progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  "
+                                   f"acc {metrics['token_accuracy']:.3f}  "
                                    f"grad_norm {metrics['grad_norm']:.3f}  lr {metrics['lr']:.2e}  "
                                    f"{metrics['tokens_per_second']:.0f} tok/s")
             if progress.n == args.steps:

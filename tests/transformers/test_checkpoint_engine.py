@@ -126,3 +126,28 @@ def test_sync_from_transformers_model_matches_forward_only(tiny_model_dir):
     for prompt, response, logprobs in zip(PROMPTS, responses, out['logprobs']):
         torch.testing.assert_close(torch.tensor(logprobs[len(prompt):]),
                                    torch.tensor(response.sequences[0].logprobs), atol=1e-4, rtol=0)
+
+
+def test_multi_lora_model_syncs_each_tenant_and_shared_sampler_uses_it_directly(tiny_model_dir):
+    """A MultiLoraTransformersModel's tenants sync into a separate sampler (LoRA tensors in PEFT format), and a
+    sampler sharing the model samples each tenant without any copy; logprobs equal forward_only's."""
+    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+    from twinkle_transformers.sampler import TorchSampler
+    trainer = MultiLoraTransformersModel(tiny_model_dir, device='cpu', dtype='float32')
+    for i, name in enumerate(('tenant_a', 'tenant_b')):
+        trainer.add_adapter_to_model(name, {'r': 2 + 2 * i, 'lora_alpha': 8, 'target_modules': TARGETS,
+                                            'init_lora_weights': False}, generator=torch.Generator().manual_seed(i))
+    separate = TorchSampler(tiny_model_dir, device='cpu')
+    shared = TorchSampler(model=trainer)
+    for name in ('tenant_a', 'tenant_b'):
+        assert CheckpointEngineManager(model=trainer, sampler=separate, adapter_name=name).sync_weights().moved
+        assert not CheckpointEngineManager(model=trainer, sampler=shared, adapter_name=name).sync_weights().moved
+    for sampler in (separate, shared):
+        names = ['tenant_a', 'tenant_b']
+        responses = sampler.sample(PROMPTS, max_tokens=6, seed=4, adapter_name=names)
+        for prompt, response, name in zip(PROMPTS, responses, names):
+            tokens = response.sequences[0].tokens
+            out = trainer.forward_only(inputs=[{'input_ids': prompt + tokens,
+                                                'labels': [-100] * len(prompt) + tokens}], adapter_name=name)
+            torch.testing.assert_close(torch.tensor(out['logprobs'][0][len(prompt):]),
+                                       torch.tensor(response.sequences[0].logprobs), atol=1e-4, rtol=0)

@@ -9,7 +9,8 @@ import torch
 
 from test_multi_lora_helpers import peft_state, random_peft_model
 from twinkle_core.errors import InvalidInputError
-from twinkle_transformers.multi_lora import AdapterRouter, LoraWeights, MultiLoraLinear, MultiLoraManager, adapter_indices
+from twinkle_transformers.multi_lora import (AdapterRouter, LoraWeights, MultiLoraLinear, MultiLoraManager,
+                                             adapter_indices)
 
 
 def _layer_with_adapters(ranks: dict[int, int]):
@@ -23,10 +24,14 @@ def _layer_with_adapters(ranks: dict[int, int]):
     return layer, router
 
 
-def test_per_token_routing_matches_the_explicit_formula_and_gradients_stay_per_adapter():
+@pytest.mark.parametrize('index', [
+    [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],  # interleaved: gather/scatter
+    [[0, 0, 0, 1, 1, 1, 1], [2, 2, 3, 3, 3, -1, -1]],   # tenants one after another (packed layout): views
+], ids=['interleaved', 'contiguous'])
+def test_per_token_routing_matches_the_explicit_formula_and_gradients_stay_per_adapter(index):
     layer, router = _layer_with_adapters({0: 1, 1: 2, 3: 5})  # slot 2 exists elsewhere but not on this module
     x = torch.randn(2, 7, 16, requires_grad=True)
-    index = torch.tensor([[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]])
+    index = torch.tensor(index)
     router.set_index(index)
     out = layer(x)
     expected = layer.base_layer(x).detach().clone()
@@ -106,8 +111,8 @@ def test_generation_batch_with_a_different_adapter_per_row_matches_peft(tiny_mod
     for row, name in enumerate(names):
         alone_model = references[name] if name else base
         with torch.no_grad():
-            alone = alone_model.generate(input_ids=prompts[row:row + 1], attention_mask=torch.ones(1, 4, dtype=torch.long),
-                                         **gen)
+            alone = alone_model.generate(input_ids=prompts[row:row + 1],
+                                         attention_mask=torch.ones(1, 4, dtype=torch.long), **gen)
         assert together[row].tolist() == alone[0].tolist(), name
     assert together[0].tolist() != together[1].tolist()  # the adapters really differ
 
@@ -121,3 +126,19 @@ def test_half_precision_base_keeps_float32_adapters(tiny_model_dir):
     with manager.use_adapter('a'):
         logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize('config', [dict(r=8, lora_alpha=16, target_modules='all-linear'),
+                                    dict(r=4, target_modules=['k_proj', 'down_proj'], init_lora_weights='gaussian')])
+def test_initial_weights_are_peft_initial_weights_for_the_same_seed(tiny_model_dir, config):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(123)
+    reference = peft_state(get_peft_model(copy.deepcopy(base), LoraConfig(**config)))
+    manager = MultiLoraManager.attach(copy.deepcopy(base))
+    torch.manual_seed(123)
+    manager.add_adapter('a', config)
+    ours = manager.state_dict('a')
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in reference)

@@ -3,6 +3,7 @@ and resume bit-for-bit in a fresh engine under a new name."""
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import pytest
@@ -155,9 +156,36 @@ def test_train_configs_and_metrics_are_per_adapter(engine, tokenizer):
     assert cfg_a['adapter']['r'] == 4 and cfg_b['adapter']['r'] == 16
     assert cfg_b['gradient_accumulation_steps'] == 4 and cfg_a['optimizer']['name'] == 'AdamW'
     assert cfg_b['adapted_modules'] == 4 and cfg_a['adapted_modules'] == 28
+    assert json.loads(json.dumps(cfg_a))['adapter']['target_modules'] == 'all-linear'  # JSON-serialisable
     assert 'loss' in engine.calculate_metric(adapter_name='a')
     assert 'loss' not in engine.calculate_metric(adapter_name='b')
     with engine.adapter('b'):
         assert engine.get_train_configs()['adapter_name'] == 'b'
     with pytest.raises(InvalidInputError, match='adapter_name is required'):
         engine.get_train_configs()
+
+
+def test_transformers_model_checkpoint_resumes_in_the_multi_tenant_engine(tiny_model_dir, tokenizer, tmp_path):
+    """A LoRA checkpoint (weights + optimizer) written by the single-adapter TransformersModel continues training
+    here exactly as it would there."""
+    from twinkle_transformers.model import TransformersModel
+    rows = text_rows(tokenizer, TEXTS)
+    single = TransformersModel(tiny_model_dir, device='cpu')
+    single.add_adapter_to_model('solo', dict(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'up_proj'],
+                                             init_lora_weights=False))
+    single.set_optimizer('AdamW', lr=1e-2)
+    _train(single, None, rows, 1)
+    path = single.save('solo', output_dir=str(tmp_path), save_optimizer=True)
+    _train(single, None, rows, 2)
+
+    engine = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+    engine.add_adapter_to_model('neighbour', dict(r=2))
+    engine.load(path, adapter_name='solo-here', load_optimizer=True)
+    _train(engine, 'solo-here', rows, 2)
+
+    from peft import get_peft_model_state_dict
+    want = {k: v for k, v in get_peft_model_state_dict(single.model, adapter_name='solo').items()}
+    got = engine.manager.state_dict('solo-here')
+    assert want.keys() == got.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=1e-5)

@@ -121,3 +121,49 @@ def test_forward_only_mixed_matches_forward_backward_logprobs(base, tokenizer):
     trained = engine.forward_backward(inputs=rows)
     for name in TENANTS:
         assert evaluated[name]['loss'] == pytest.approx(trained[name]['loss'], abs=1e-6)
+
+
+def test_split_forward_calculate_loss_backward_equals_forward_backward(base, tokenizer):
+    rows = {name: text_rows(tokenizer, texts) for name, texts in DATA.items()}
+    fused, _ = _engine_and_references(base)
+    split, _ = _engine_and_references(base)
+    expected = fused.forward_backward(inputs=rows)
+
+    logprobs = split.forward(inputs=rows)
+    losses = split.calculate_loss()
+    out = split.backward()
+
+    for name in TENANTS:
+        assert logprobs[name]['logprobs'] == expected[name]['logprobs']
+        assert losses[name] == out[name]['loss'] == expected[name]['loss']
+        for (key, p), (_, q) in zip(fused.manager.named_parameters(name), split.manager.named_parameters(name)):
+            assert torch.equal(p.grad, q.grad), key
+    with pytest.raises(Exception, match='needs a preceding forward'):
+        split.backward()
+
+
+@pytest.mark.parametrize('padding_free', [False, True], ids=['padded', 'packed'])
+def test_rl_tenant_mixed_with_sft_tenants_equals_running_it_alone(base, tokenizer, padding_free):
+    """Per-token RL fields (advantages, old_logps) of one tenant reach only its loss, whatever the others send."""
+    rl_rows = text_rows(tokenizer, DATA['carol'] + DATA['bob'])
+    g = torch.Generator().manual_seed(0)
+    for row in rl_rows:
+        n = len(row['input_ids'])
+        row['advantages'] = (torch.randn(1, generator=g).item() * torch.ones(n)).tolist()
+        row['old_logps'] = (-3.0 + 0.1 * torch.randn(n, generator=g)).tolist()
+    runs = []
+    for mixed in (True, False):
+        engine, _ = _engine_and_references(base, padding_free=padding_free)
+        engine.set_loss('GRPOLoss', adapter_name='carol')
+        if mixed:
+            out = engine.forward_backward(inputs={'alice': text_rows(tokenizer, DATA['alice']), 'carol': rl_rows,
+                                                  'bob': text_rows(tokenizer, DATA['bob'])})['carol']
+        else:
+            out = engine.forward_backward(inputs=rl_rows, adapter_name='carol')
+        runs.append((out, dict(engine.manager.named_parameters('carol'))))
+    (mixed_out, mixed_params), (alone_out, alone_params) = runs
+    assert mixed_out['loss'] == pytest.approx(alone_out['loss'], abs=1e-6)
+    assert mixed_out['metrics'] == pytest.approx(alone_out['metrics'], abs=1e-6)
+    for key, p in alone_params.items():
+        assert p.grad.abs().sum() > 0
+        torch.testing.assert_close(mixed_params[key].grad, p.grad, atol=1e-6, rtol=1e-5)

@@ -144,6 +144,22 @@ def test_trajectory_prompt_uses_chat_template_and_decodes(sampler):
     assert seq.text == sampler.tokenizer.decode(seq.tokens, skip_special_tokens=True)
 
 
+def test_set_template_by_name_encodes_trajectories(tiny_model_dir):
+    from twinkle_core.registry import resolve
+    from twinkle_transformers.sampler import TorchSampler
+    sampler = TorchSampler(tiny_model_dir, device='cpu')
+    sampler.set_template('Template')
+    trajectory = {'messages': [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]}
+    response = sampler.sample(trajectory, max_tokens=4, temperature=0.0, prompt_logprobs=True)[0]
+    expected = resolve('template', 'Template', model_id_or_tokenizer=tiny_model_dir).encode(
+        trajectory, add_generation_prompt=True)['input_ids']
+    assert len(response.prompt_logprobs) == len(expected)
+    direct = sampler.sample([{'input_ids': expected}], max_tokens=4, temperature=0.0)[0]
+    assert response.sequences[0].tokens == direct.sequences[0].tokens
+    assert response.sequences[0].text == sampler.tokenizer.decode(direct.sequences[0].tokens,
+                                                                  skip_special_tokens=True)
+
+
 @pytest.mark.parametrize('call, message', [
     (lambda s: s.sample([PROMPTS[0]], num_samples=0), 'num_samples'),
     (lambda s: s.sample([PROMPTS[0]], max_tokens=5000), 'context'),

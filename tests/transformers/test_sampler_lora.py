@@ -157,3 +157,20 @@ def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapt
     ref = forward_logprobs(reference, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1:]  # active adapter: default
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
     assert reference.training is False and peft.get_peft_model_state_dict(reference)  # untouched otherwise
+
+
+@pytest.mark.parametrize('shared', [False, True], ids=['multi_lora', 'peft'])
+def test_bad_adapter_tensors_leave_the_existing_adapter_intact(tiny_model_dir, adapters, shared):
+    from twinkle_transformers.sampler import TorchSampler
+    sampler = (TorchSampler(model=make_peft(tiny_model_dir, seed=6)) if shared
+               else TorchSampler(tiny_model_dir, device='cpu'))
+    sampler.load_weights(str(adapters['alpha'][0]), adapter_name='alpha')
+    before = sampler.sample([PROMPTS[0]], max_tokens=6, seed=1, adapter_name='alpha')[0].sequences[0]
+    bad = {'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight': torch.zeros(3, 3)}
+    with pytest.raises(InvalidInputError):
+        sampler.load_weights(bad, adapter_name='alpha')  # same config: refused before copying
+    with pytest.raises(InvalidInputError):  # a new shape that does not fit: the old adapter is restored
+        sampler.load_weights(bad, adapter_name='alpha', lora_config={'r': 2, 'lora_alpha': 4,
+                                                                     'target_modules': ['q_proj']})
+    after = sampler.sample([PROMPTS[0]], max_tokens=6, seed=1, adapter_name='alpha')[0].sequences[0]
+    assert after.tokens == before.tokens and after.logprobs == pytest.approx(before.logprobs, abs=1e-6)

@@ -2,6 +2,7 @@
 logprob alignment, accumulation, metrics hook and clear errors. Tiny fp32 model on CPU."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -190,6 +191,26 @@ def test_full_parameter_training_by_registry_name(tiny_model_dir):
     assert configs['adapter'] is None and configs['optimizer']['name'] == 'AdamW' and configs['max_length'] == 64
 
 
+def test_plain_function_loss_and_load_hook(tiny_model_dir):
+    loaded = []
+
+    class OnLoad:
+        @hook
+        def twinkle_model_loaded(self, model, model_id):
+            loaded.append((type(model).__name__, model_id))
+
+    register_hooks(OnLoad(), name=f'on-load-{id(loaded)}')
+    model = TransformersModel(tiny_model_dir)
+    assert loaded == [('Qwen3ForCausalLM', str(tiny_model_dir))]
+    model.add_adapter_to_model('tenant', LORA)
+    rows = make_rows(12)
+    model.set_loss('CrossEntropyLoss', reduction='sum')
+    expected = model.forward_only(inputs=rows)['loss']
+    model.set_loss(lambda inputs, outputs: -(outputs['logps'] * outputs['mask']).sum())
+    assert model.forward_backward(inputs=rows)['loss'] == pytest.approx(expected, rel=1e-6)
+    assert json.loads(json.dumps(model.get_train_configs()))['adapter']['r'] == LORA['r']
+
+
 def test_over_long_row_names_row_length_and_limit(tiny_model_dir):
     model = TransformersModel(tiny_model_dir, max_length=12)
     with pytest.raises(InvalidInputError, match=r'Batch row 1 has 14 tokens, more than the limit of 12'):
@@ -209,3 +230,20 @@ def test_unknown_adapter_and_missing_optimizer_are_clear_errors(lora_model):
     lora_model.forward_backward(inputs=make_rows(9))
     with pytest.raises(Exception, match=r'call set_optimizer'):
         lora_model.clip_grad_and_step()
+
+
+@pytest.mark.gpu
+def test_cuda_defaults_to_bf16_and_packing_matches(tiny_model_dir):
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA GPU')
+    model = TransformersModel(tiny_model_dir)
+    assert model.device.type == 'cuda' and model.dtype == torch.bfloat16
+    model.add_adapter_to_model('tenant', LORA)
+    rows = make_rows(11)
+    padded = model.forward_only(inputs=rows)
+    model.set_processor('CausalLMProcessor', padding_free=True)
+    packed = model.forward_only(inputs=rows)
+    assert packed['loss'] == pytest.approx(padded['loss'], rel=2e-2)
+    model.set_optimizer('AdamW', lr=1e-3)
+    assert math.isfinite(model.forward_backward(inputs=rows)['loss'])
+    assert model.clip_grad_and_step(1.0)['stepped']

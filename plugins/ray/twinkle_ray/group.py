@@ -8,6 +8,7 @@ that leaves other ranks running or stuck (e.g. inside a collective) marks the gr
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 import ray
@@ -113,10 +114,11 @@ class WorkerGroup:
 
     # ---- components --------------------------------------------------------------------------------------------
     def construct(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        """Build ``cls(*args, **kwargs)`` on every rank; returns the component's id within the group."""
+        """Build ``cls(*args, **kwargs)`` on every rank, starting from the driver's torch RNG state; returns the
+        component's id within the group."""
         self.check_usable()
         obj_id = next(self._ids)
-        payload = ray.put((cls, args, kwargs))
+        payload = ray.put((cls, args, kwargs, _driver_rng_state()))
         self.wait([w.construct.remote(obj_id, payload, self.mesh) for w in self.workers],
                   f'{cls.__name__}.__init__')
         return obj_id
@@ -145,6 +147,13 @@ class WorkerGroup:
         all_failed = not pending and all(_failed(r) for r in done)
         if not all_failed:
             self.broken = f'{error.method} failed on rank {error.rank} while other ranks did not'
+
+
+def _driver_rng_state() -> Any:
+    """The driver's torch CPU RNG state (None if torch is not imported): components are built from it in the
+    actors, so a script that seeds torch gets the same initial weights (e.g. LoRA) as when it builds them here."""
+    torch = sys.modules.get('torch')
+    return torch.get_rng_state() if torch is not None else None
 
 
 def wait_across(calls: list[tuple[WorkerGroup, list[Any], str]]) -> list[list[Any]]:

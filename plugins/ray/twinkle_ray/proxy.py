@@ -56,7 +56,8 @@ class LazyResult:
         """Wait for every rank, raise the first failure, and return the collected value."""
         if not self._done:
             values = self._group.wait(self._refs, self._method)
-            self._value = collect_results([values[r] for r in self._collect_ranks], self._collect)  # type: ignore[arg-type]
+            picked = [values[r] for r in self._collect_ranks]
+            self._value = collect_results(picked, self._collect)  # type: ignore[arg-type]
             self._done = True
         return self._value
 

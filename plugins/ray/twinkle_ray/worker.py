@@ -55,11 +55,16 @@ class GroupWorker:
             dist.init_process_group(distributed.default_backend(mesh.device_type), init_method='env://',
                                     rank=0, world_size=1)
 
-    def construct(self, obj_id: int, payload: tuple[type, tuple[Any, ...], dict[str, Any]], mesh: Any) -> None:
-        """Build ``cls(*args, **kwargs)`` from ``payload = (cls, args, kwargs)`` here; the group's mesh is passed
-        as `device_mesh` if `cls` takes one and none was given."""
-        cls, args, kwargs = payload
+    def construct(self, obj_id: int, payload: tuple[type, tuple[Any, ...], dict[str, Any], Any], mesh: Any) -> None:
+        """Build ``cls(*args, **kwargs)`` from ``payload = (cls, args, kwargs, torch_rng_state)`` here, after
+        setting torch's RNG state (when given); the group's mesh is passed as `device_mesh` if `cls` takes one and
+        none was given."""
+        cls, args, kwargs, rng_state = payload
+
         def build() -> Any:
+            if rng_state is not None:
+                import torch
+                torch.set_rng_state(rng_state)
             kw = dict(kwargs)
             if kw.get('device_mesh') is None and _accepts(cls, 'device_mesh'):
                 kw['device_mesh'] = mesh

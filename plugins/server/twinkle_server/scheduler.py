@@ -142,24 +142,25 @@ class ModelWorker:
             self._cond.notify()
 
     def _take(self) -> list[Work]:
-        """Next work in tenant rotation, plus compatible heads of other tenants' queues."""
+        """Next work in tenant rotation, plus compatible work queued behind it: for a forward/backward, the
+        heads of other tenants' queues that are forward/backward passes of other adapters (one mixed pass);
+        for a sample, queued sample jobs of every tenant (one sampler batch), up to `max_batch`."""
         tenant = next(t for t, q in self._ready.items() if q)
         first = self._ready[tenant].popleft()
         self._ready.move_to_end(tenant)
         batch = [first]
-        if first.train is not None or first.sample is not None:
-            adapters = {first.train.adapter} if first.train is not None else set()
-            for other, q in list(self._ready.items()):
+        if first.train is not None:
+            adapters = {first.train.adapter}
+            for q in self._ready.values():
                 if len(batch) >= self.max_batch:
                     break
-                if not q:
-                    continue
-                head = q[0]
-                if first.train is not None and head.train is not None and head.train.adapter not in adapters:
-                    adapters.add(head.train.adapter)
-                elif not (first.sample is not None and head.sample is not None):
-                    continue
-                batch.append(q.popleft())
+                if q and q[0].train is not None and q[0].train.adapter not in adapters:
+                    adapters.add(q[0].train.adapter)
+                    batch.append(q.popleft())
+        elif first.sample is not None:
+            for q in self._ready.values():
+                while q and q[0].sample is not None and len(batch) < self.max_batch:
+                    batch.append(q.popleft())
         for t in [t for t, q in self._ready.items() if not q]:
             del self._ready[t]
         return batch

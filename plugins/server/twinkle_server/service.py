@@ -5,7 +5,6 @@ the rules (ownership, limits, seq_id ordering, atomic checkpoints, persistence).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
@@ -47,7 +46,6 @@ class Service:
                         for name, e in engines.items()}
         self.models: dict[str, LiveModel] = {}
         self._seen: dict[tuple[str, int], str] = {}  # (model_id, seq_id) -> request_id: idempotent re-posts
-        self._sampler_adapters: set[str] = set()
         self._rate: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
@@ -232,7 +230,7 @@ class Service:
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
              optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
-             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://') -> str:
+             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True) -> str:
         """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`)."""
         m = self.model(tenant, model_id)
         cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
@@ -244,14 +242,15 @@ class Service:
             size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
                                     meta, overwrite=overwrite)
             self.store.put_checkpoint(CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size,
-                                                    time.time(), user_metadata, None))
+                                                    time.time(), user_metadata, None, listed))
             return post(cp.uri()) if post else {'path': cp.uri(), 'type': 'save_weights'}
 
         return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id)
 
     def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
                              sampling_session_seq_id: int) -> str:
-        """The unnamed save_weights_for_sampler: snapshot the adapter and create the sampling session here."""
+        """The unnamed save_weights_for_sampler: snapshot the adapter (unlisted; deleted with the session) and
+        create the sampling session here."""
         m = self.model(tenant, model_id)
         sid = f'{session_id}:sample:{sampling_session_seq_id}'
         name = f'snapshot-{sampling_session_seq_id}'
@@ -260,7 +259,7 @@ class Service:
             self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, m.base_model, uri, time.time()))
             return {'sampling_session_id': sid, 'type': 'save_weights_for_sampler'}
 
-        return self.save(tenant, model_id, seq_id, name, sampler=True, optimizer=False, post=created)
+        return self.save(tenant, model_id, seq_id, name, sampler=True, optimizer=False, post=created, listed=False)
 
     def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
         row = self.store.checkpoint(run_id, checkpoint_id, tenant)
@@ -282,6 +281,8 @@ class Service:
         self.store.finish_session(session_id)
         for model_id in [k for k, m in self.models.items() if m.session_id == session_id]:
             self.unload(model_id)
+            for snap in self.store.checkpoints(tenant, model_id, hidden=True):
+                self.delete_checkpoint(tenant, model_id, snap.checkpoint_id)
 
     def create_sampling_session(self, tenant: str, session_id: str, seq_id: int, model_path: str | None,
                                 base_model: str | None) -> str:
@@ -318,22 +319,8 @@ class Service:
                                 f'the context length {engine.max_context_length} of {base!r}')
         if model_path:
             _, ck = self.checkpoint(tenant, model_path)
-            job.adapter = 'sampler-' + hashlib.sha1(ck.directory.encode()).hexdigest()[:16]
-            self._ensure_sampler_adapter(tenant, base, job.adapter, ck.directory)
+            job.adapter_dir = ck.directory
         return self.enqueue(tenant, base, sample=job, post=post)
-
-    def _ensure_sampler_adapter(self, tenant: str, base: str, name: str, directory: str) -> None:
-        with self._lock:
-            if name in self._sampler_adapters:
-                return
-            self._sampler_adapters.add(name)
-
-        def failed(exc: BaseException) -> None:
-            with self._lock:
-                self._sampler_adapters.discard(name)
-
-        self.workers[base].submit(Work(tenant, on_done=lambda r: None, on_error=failed,
-                                       call=lambda e: e.load_sampler_adapter(name, directory)))
 
     def reap_sessions(self) -> None:
         """Unload the models of sessions whose heartbeats stopped more than `session_ttl_s` ago."""

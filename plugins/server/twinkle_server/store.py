@@ -30,7 +30,7 @@ CREATE INDEX IF NOT EXISTS training_runs_tenant ON training_runs (tenant, create
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, tenant TEXT NOT NULL, kind TEXT NOT NULL,
     directory TEXT NOT NULL, size_bytes INTEGER, created_at REAL NOT NULL, user_metadata TEXT,
-    expires_at REAL, PRIMARY KEY (run_id, checkpoint_id));
+    expires_at REAL, listed INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, checkpoint_id));
 CREATE INDEX IF NOT EXISTS checkpoints_tenant ON checkpoints (tenant, created_at);
 CREATE TABLE IF NOT EXISTS sampling_sessions (
     sampling_session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT, base_model TEXT NOT NULL,
@@ -65,6 +65,7 @@ class CheckpointRow:
     created_at: float
     user_metadata: dict[str, str] | None
     expires_at: float | None
+    listed: bool = True  # False: a snapshot made for a sampling session (unnamed save), hidden from listings
 
 
 @dataclass(frozen=True)
@@ -182,21 +183,24 @@ class Store:
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def put_checkpoint(self, row: CheckpointRow) -> None:
-        self._exec('INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+        self._exec('INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                    (row.run_id, row.checkpoint_id, row.tenant, row.kind, row.directory, row.size_bytes,
-                    row.created_at, json.dumps(row.user_metadata), row.expires_at))
+                    row.created_at, json.dumps(row.user_metadata), row.expires_at, int(row.listed)))
 
     def checkpoint(self, run_id: str, checkpoint_id: str, tenant: str) -> CheckpointRow | None:
         row = self._one('SELECT * FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND tenant = ?',
                         (run_id, checkpoint_id, tenant))
         return _ckpt(row) if row else None
 
-    def checkpoints(self, tenant: str, run_id: str | None = None) -> list[CheckpointRow]:
+    def checkpoints(self, tenant: str, run_id: str | None = None, *, hidden: bool = False) -> list[CheckpointRow]:
+        """Listed checkpoints (newest first); `hidden=True` returns the unlisted sampling snapshots instead."""
+        listed = 0 if hidden else 1
         if run_id is None:
-            rows = self._all('SELECT * FROM checkpoints WHERE tenant = ? ORDER BY created_at DESC', (tenant,))
+            rows = self._all('SELECT * FROM checkpoints WHERE tenant = ? AND listed = ? ORDER BY created_at DESC',
+                             (tenant, listed))
         else:
-            rows = self._all('SELECT * FROM checkpoints WHERE tenant = ? AND run_id = ? ORDER BY created_at DESC',
-                             (tenant, run_id))
+            rows = self._all('SELECT * FROM checkpoints WHERE tenant = ? AND run_id = ? AND listed = ? '
+                             'ORDER BY created_at DESC', (tenant, run_id, listed))
         return [_ckpt(r) for r in rows]
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
@@ -244,4 +248,4 @@ def _run(row: tuple[Any, ...]) -> TrainingRunRow:
 
 def _ckpt(row: tuple[Any, ...]) -> CheckpointRow:
     return CheckpointRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7] or 'null'),
-                         row[8])
+                         row[8], bool(row[9]))

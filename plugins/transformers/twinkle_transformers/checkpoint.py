@@ -79,7 +79,9 @@ def save_lora(model: Any, adapter_name: str, directory: Path, *, base_model_id: 
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
     config = model.peft_config[adapter_name]
-    state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name)
+    # The base embeddings never change under LoRA (a LoRA on a tied lm_head only adds its own delta): not saved.
+    state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name,
+                                      save_embedding_layers=False)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
               str(directory / 'adapter_model.safetensors'), metadata={'format': 'pt'})
     previous = config.base_model_name_or_path

@@ -51,7 +51,8 @@ class TransformersModel(Model):
     Args:
         model_id: local directory, ``ms://org/repo[@rev]``, ``hf://org/repo[@rev]`` or a Hugging Face id.
         device: default CUDA > MPS > CPU. dtype: default bfloat16 on GPUs, float32 on CPU.
-        attn_implementation: passed to ``from_pretrained`` (default: transformers' choice, usually sdpa).
+        attn_implementation: passed to ``from_pretrained``; default ``twinkle_sdpa`` (PyTorch SDPA that attends
+            per sequence in padding-free batches, `twinkle_transformers.attention`) where the model supports SDPA.
         max_length: longest accepted row (default ``config.max_position_embeddings``).
         device_mesh: how ranks train together (DDP / FSDP2 / TP, see `twinkle_transformers.parallel`); default
             the one given to ``twinkle_core.initialize``. Applied once, at `set_optimizer` or the first forward.
@@ -130,7 +131,7 @@ class TransformersModel(Model):
         return self.state
 
     # ---- training step ---------------------------------------------------------------------------------------
-    @remote_method('slice_dp', 'list', mutates=False)
+    @remote_method('slice_dp', 'concat')
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         state = self._state(adapter_name)
@@ -141,7 +142,7 @@ class TransformersModel(Model):
         self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None}
         return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
 
-    @remote_method('all', 'mean', mutates=False)
+    @remote_method('all', 'mean')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Loss of the last `forward` (kept for `backward`); returns its value."""
         pending = self._require_pending('calculate_loss')

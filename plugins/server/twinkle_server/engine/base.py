@@ -63,12 +63,13 @@ class AdamStep:
 
 @dataclass
 class SampleJob:
-    """One prompt, `num_samples` continuations, from `adapter` (a sampler adapter name) or the base model."""
+    """One prompt, `num_samples` continuations, from the adapter saved in `adapter_dir` (a checkpoint
+    directory written by `save_state`) or, when None, the base model."""
     prompt: list[int]
     params: SamplingParams
     num_samples: int = 1
     prompt_logprobs: bool = False
-    adapter: str | None = None
+    adapter_dir: str | None = None
 
 
 class Engine(ABC):
@@ -108,12 +109,9 @@ class Engine(ABC):
         """Replace the adapter's weights (and optimizer state when asked) with a `save_state` directory."""
 
     @abstractmethod
-    def load_sampler_adapter(self, name: str, directory: str) -> None:
-        """Make the adapter saved in `directory` available to `sample` under `name`."""
-
-    @abstractmethod
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
-        """Generate for every job (batched where possible); failures are returned in their slot."""
+        """Generate for every job (batched where possible); failures are returned in their slot. The engine
+        loads adapters from `adapter_dir` as needed and bounds how many it keeps in memory."""
 
     @abstractmethod
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:

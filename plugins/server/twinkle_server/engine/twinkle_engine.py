@@ -1,14 +1,16 @@
 """The production engine: `MultiLoraTransformersModel` (training, mixed-tenant passes) + `TorchSampler`.
 
-The sampler holds its own copy of the base weights (its LoRA routing is PEFT's, which must not be injected into
-the training model); sampler adapters are loaded from saved checkpoint directories, so what a client samples
-is exactly what was saved. Tinker loss names resolve through the registry (kind `loss`): `cross_entropy` is
+The sampler holds its own copy of the base weights, so sampling never sees half-updated training weights; its
+adapters are loaded from saved checkpoint directories (what a client samples is exactly what was saved) into a
+bounded pool of slots, least recently used first out, so a long RL run does not grow memory without limit. Tinker loss names resolve through the registry (kind `loss`): `cross_entropy` is
 `CrossEntropyLoss(reduction='sum')` (weights may be any real number), the RL names are registered by
 twinkle-core under their Tinker names.
 """
 from __future__ import annotations
 
 import math
+import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,13 @@ LOSS_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 class TwinkleEngine(Engine):
-    def __init__(self, base_model: str, model_dir: str, *, device: str | None = None) -> None:
+    def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
+                 max_sampler_adapters: int = 32) -> None:
         self.base_model, self.model_dir = base_model, str(model_dir)
         self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device)
         self.sampler = TorchSampler(self.model_dir, device=device)
+        self.max_sampler_adapters = max_sampler_adapters
+        self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
         self.max_context_length = int(self.model.max_length or 4096)
         self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
 
@@ -113,8 +118,25 @@ class TwinkleEngine(Engine):
     def load_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
         self.model.load(directory, load_optimizer=optimizer, adapter_name=adapter)
 
-    def load_sampler_adapter(self, name: str, directory: str) -> None:
-        self.sampler.load_weights(directory, adapter_name=name)
+    def _slot(self, directory: str) -> str:
+        """The sampler adapter holding `directory`'s weights, loading it (into the LRU slot) if needed. Keyed by
+        the directory's identity too, so a checkpoint overwritten under the same name is reloaded."""
+        st = os.stat(directory)
+        directory = f'{directory}#{st.st_ino}:{st.st_mtime_ns}'
+        if directory in self._slots:
+            self._slots.move_to_end(directory)
+            return self._slots[directory]
+        if len(self._slots) < self.max_sampler_adapters:
+            name = f'slot-{len(self._slots)}'
+        else:
+            _, name = self._slots.popitem(last=False)
+        self._slots[directory] = name  # recorded before loading: a failed load leaves the slot to be reloaded
+        try:
+            self.sampler.load_weights(directory.rsplit('#', 1)[0], adapter_name=name)
+        except Exception:
+            del self._slots[directory]
+            raise
+        return name
 
     # ---- sampling ------------------------------------------------------------------------------------------
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
@@ -126,16 +148,31 @@ class TwinkleEngine(Engine):
                                                    'prompt_logprobs': job.prompt_logprobs, 'logprobs': True})
             jobs[i].params = params
             groups.setdefault(params.model_dump_json(), []).append(i)
-        for idx in groups.values():
+        for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
+                adapters = [None if jobs[i].adapter_dir is None else self._slot(jobs[i].adapter_dir) for i in idx]
                 responses = self.sampler.sample([{'input_ids': jobs[i].prompt} for i in idx], jobs[idx[0]].params,
-                                                adapter_name=[jobs[i].adapter for i in idx])
+                                                adapter_name=adapters)
                 for i, r in zip(idx, responses):
                     out[i] = r
             except Exception as exc:  # noqa: BLE001
                 for i in idx:
                     out[i] = exc
         return out  # type: ignore[return-value]
+
+    def _by_adapter_budget(self, jobs: list[SampleJob], idx: list[int]) -> list[list[int]]:
+        """Split `idx` so no chunk needs more distinct adapters than there are sampler slots."""
+        chunks: list[list[int]] = [[]]
+        dirs: set[str] = set()
+        for i in idx:
+            d = jobs[i].adapter_dir
+            if d is not None and d not in dirs and len(dirs) >= self.max_sampler_adapters:
+                chunks.append([])
+                dirs = set()
+            if d is not None:
+                dirs.add(d)
+            chunks[-1].append(i)
+        return chunks
 
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if method == 'set_loss' or method == 'set_optimizer':

@@ -14,6 +14,7 @@ Inference / sampler API (no training state needed)::
     with manager.use_adapter('bob'):                         # every token -> one adapter (fast path)
         ...
     manager.remove_adapter('alice')                          # parameters freed
+    find_manager(hf_model)                                   # the model's manager, or None (creates nothing)
 
 `index` may also be per token, shape [B, T] (padding-free packed batches: [1, T]); -1 marks base-only tokens.
 Every `nn.Linear` an adapter targets becomes a `MultiLoraLinear` (grouped per-adapter matmuls on token
@@ -24,11 +25,11 @@ processor, gradient accumulation and metrics, and mixes tenants in one pass:
 ``model.forward_backward(inputs={'alice': rows, 'bob': rows})``.
 """
 from twinkle_transformers.multi_lora.layer import LoraWeights, MultiLoraLinear
-from twinkle_transformers.multi_lora.manager import MultiLoraManager, adapter_indices, attached_manager
+from twinkle_transformers.multi_lora.manager import MultiLoraManager, adapter_indices, attached_manager, find_manager
 from twinkle_transformers.multi_lora.routing import BASE_ONLY, AdapterRouter
 
 __all__ = ['BASE_ONLY', 'AdapterRouter', 'LoraWeights', 'MixedStepError', 'MultiLoraLinear', 'MultiLoraManager',
-           'MultiLoraTransformersModel', 'TenantStepError', 'adapter_indices', 'attached_manager']
+           'MultiLoraTransformersModel', 'TenantStepError', 'adapter_indices', 'attached_manager', 'find_manager']
 
 _LAZY = {'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
          'MixedStepError': 'twinkle_transformers.multi_lora.errors',

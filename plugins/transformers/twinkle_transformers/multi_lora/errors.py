@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 from twinkle_core.errors import TwinkleError
 
-Stage = Literal['input', 'forward', 'loss', 'gradient']
+Stage = Literal['input', 'forward', 'loss', 'backward', 'gradient']
 
 
 class TenantStepError(TwinkleError):
     """One tenant's micro-batch was rejected. `stage` says where: 'input' (rows failed validation or
-    collation), 'forward', 'loss' (raised or not finite) or 'gradient' (non-finite gradients)."""
+    collation), 'forward', 'loss' (raised or not finite), 'backward' or 'gradient' (non-finite gradients)."""
 
     def __init__(self, adapter_name: str, stage: Stage, message: str) -> None:
         super().__init__(f'adapter {adapter_name!r}: {stage} rejected: {message}')

@@ -101,7 +101,11 @@ class MultiLoraLinear(nn.Module):
         present = [(self.get(slot), start, end) for slot, start, end in plan.segments]
         if all(w is None for w, _, _ in present):
             return out
-        x_sorted = x.reshape(-1, self.in_features).index_select(0, plan.order)
+        x_flat = x.reshape(-1, self.in_features)
+        if plan.offset is not None:  # tokens already sorted by adapter: a view, no copy kept for backward
+            x_sorted = x_flat[plan.offset:plan.offset + plan.order.numel()]
+        else:
+            x_sorted = x_flat.index_select(0, plan.order)
         deltas = [w(x_sorted[start:end]).to(out.dtype) if w is not None
                   else out.new_zeros(end - start, self.out_features) for w, start, end in present]
         delta = torch.cat(deltas) if len(deltas) > 1 else deltas[0]

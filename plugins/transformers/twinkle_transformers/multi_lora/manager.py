@@ -86,9 +86,9 @@ class MultiLoraManager:
                     generator: torch.Generator | None = None, dtype: torch.dtype | None = None) -> int:
         """Add adapter `name` (a peft LoraConfig or dict); returns its slot.
 
-        Weights are initialised like peft (or taken from `state_dict`, peft key format, which must cover every
-        targeted module). `dtype` defaults to the base dtype, or float32 when the base is half precision.
-        Nothing is changed when this raises.
+        Weights are initialised like peft -- with the same global seed, to the very same values -- or taken from
+        `state_dict` (peft key format; it must cover every targeted module). `dtype` defaults to the base dtype,
+        or float32 when the base is half precision. Nothing is changed when this raises.
         """
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f'adapter name must be a non-empty string, got {name!r}.')
@@ -96,10 +96,11 @@ class MultiLoraManager:
             raise InvalidInputError(f'adapter {name!r} already exists; remove it first or pick another name.')
         config = to_lora_config(config)
         targets = resolve_targets(self.model, config)
-        weights = {module: self._new_weights(module, shape, config, dtype) for module, shape in targets.items()}
-        for w in weights.values():
+        weights = {}
+        for module, shape in targets.items():  # create + initialise module by module, in peft's order, so the
+            w = self._new_weights(module, shape, config, dtype)  # same seed gives peft's exact initial weights
             w.reset_parameters(config.init_lora_weights, generator=generator)
-            w.train(self.model.training)  # dropout follows the model's current mode
+            weights[module] = w.train(self.model.training)  # dropout follows the model's current mode
         if state_dict is not None:
             _copy_peft_state(weights, state_dict, name)
         slot, self._next_slot = self._next_slot, self._next_slot + 1
@@ -243,9 +244,14 @@ def _find_key(state_dict: dict[str, Any], module: str, part: str) -> str | None:
     return None
 
 
+def find_manager(model: nn.Module) -> MultiLoraManager | None:
+    """The manager attached to `model`, or None (does not create one; see `MultiLoraManager.attach`)."""
+    return getattr(model, _ATTR, None)
+
+
 def attached_manager(model: nn.Module) -> MultiLoraManager:
     """The manager attached to `model`; raises when there is none."""
-    manager = getattr(model, _ATTR, None)
+    manager = find_manager(model)
     if manager is None:
         raise InvalidInputError('this model has no multi-LoRA adapters; call MultiLoraManager.attach(model) first.')
     return manager

@@ -11,8 +11,8 @@
    accumulated by earlier micro-batches are kept aside during the pass and restored untouched either way.
 
 Tenants use disjoint parameters and (in a padded batch) disjoint rows, so a rejected tenant changes nothing of
-anybody else. If the shared collation or forward itself raises, every tenant of the group is retried alone, so
-the failure is pinned on the tenant that causes it.
+anybody else. If the shared collation or forward itself raises, the group is retried without the tenants whose
+rows do not collate, then tenant by tenant, so the failure is pinned on the tenant that causes it.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ class TenantWork:
     rows: list[dict[str, Any]]
     result: dict[str, Any] | None = None
     error: TenantStepError | None = None
+    sub_batch: dict[str, Any] | None = field(default=None, repr=False)  # its rows of the collated batch
+    sub_outputs: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     _stash: list[torch.Tensor | None] = field(default_factory=list, repr=False)
 
 
@@ -61,7 +63,7 @@ def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[Te
                 train: bool, device: torch.device | None = None) -> None:
     """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
     `.error`. Never raises for a tenant's fault."""
-    for group in _group_by_processor(work):
+    for group in group_by_processor(work):
         _run_isolating(model, manager, group, train=train, device=device)
 
 
@@ -71,11 +73,11 @@ def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: lis
     first tenants whose rows do not collate (the rest retry together), then, if the pass still fails, each
     tenant alone."""
     try:
-        _run_group(model, manager, group, train=train, device=device)
+        MixedPass(model, manager, group, train=train, device=device).run()
         return
     except Exception as exc:
         if len(group) == 1:
-            group[0].result, group[0].error = None, _as_tenant_error(group[0].name, exc)
+            group[0].result, group[0].error = None, as_tenant_error(group[0].name, exc)
             return
     collatable = []
     for w in group:
@@ -86,7 +88,7 @@ def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: lis
             w.result, w.error = None, TenantStepError(w.name, 'input', f'{type(exc).__name__}: {exc}')
     if 1 < len(collatable) < len(group):
         try:
-            _run_group(model, manager, collatable, train=train, device=device)
+            MixedPass(model, manager, collatable, train=train, device=device).run()
             return
         except Exception:
             pass
@@ -94,7 +96,8 @@ def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: lis
         _run_isolating(model, manager, [w], train=train, device=device)
 
 
-def _group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:
+def group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:
+    """Tenants whose processors collate alike (same registry name and arguments, or the same instance)."""
     groups: dict[Any, list[TenantWork]] = {}
     for w in work:
         spec = w.state.specs.get('processor', {})
@@ -104,82 +107,112 @@ def _group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:
     return list(groups.values())
 
 
-def _run_group(model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *, train: bool,
-               device: torch.device | None) -> None:
-    rows, bounds = [], []
-    for w in group:
-        w.result, w.error = None, None
-        slot = manager.slot(w.name)
-        bounds.append((len(rows), len(rows) + len(w.rows)))
-        rows += [{**row, INDEX_FIELD: slot} for row in w.rows]
-    try:
-        batch = group[0].state.processor(rows, device=device)
-    except Exception as exc:
-        raise _StageError('input', exc) from exc
-    needs = _LossNeeds.of([w.state.loss for w in group])
-    if train:
-        for w in group:
-            _stash_grads(manager, w)
-    try:
-        with manager.adapter_indices(batch[INDEX_FIELD]):
-            with torch.enable_grad() if train else torch.no_grad():
-                try:
-                    outputs = forward_logps(model, batch, loss=needs)
-                except Exception as exc:
-                    raise _StageError('forward', exc) from exc
-                total = None
-                for w, (start, end) in zip(group, bounds):
-                    scaled = _tenant_loss(w, batch, outputs, start, end, train=train)
-                    if scaled is not None:
-                        total = scaled if total is None else total + scaled
-            if train and total is not None and total.requires_grad:
-                total.backward()
-    except BaseException:
-        if train:
-            for w in group:
-                _restore_grads(manager, w, keep_new=False)
-        raise
-    if train:
-        for w in group:
-            keep = w.error is None and _grads_finite(manager, w)
-            if w.error is None and not keep:
-                w.result = None
-                w.error = TenantStepError(w.name, 'gradient', 'the gradients of this micro-batch are not finite '
-                                          '(NaN/inf); they were discarded and the adapter is unchanged.')
-            _restore_grads(manager, w, keep_new=keep)
-    for w in group:  # metrics only for tenants whose micro-batch was accepted
-        summary = w.result.pop('_summary', None) if w.result is not None else None
-        if w.error is None and summary is not None:
-            w.state.record(summary, is_training=train)
+class MixedPass:
+    """One shared pass over `group` (tenants with compatible processors), in phases:
+
+    `forward()` collates and runs the model (each tenant's logprobs land in its result); `losses()` runs each
+    tenant's loss on its rows (rejecting raising/non-finite ones); `backward()` backpropagates the healthy losses
+    once, checks each tenant's fresh gradients and records metrics. `run()` does all three. A shared failure
+    (collation, forward, backward) raises `StageError`, leaving every adapter's gradients as they were.
+    """
+
+    def __init__(self, model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *,
+                 train: bool, device: torch.device | None = None) -> None:
+        self.model, self.manager, self.group, self.train, self.device = model, manager, group, train, device
+        self.batch: dict[str, Any] | None = None
+        self.outputs: dict[str, torch.Tensor] | None = None
+        self.total: torch.Tensor | None = None
+        self._losses_done = False
+
+    def run(self) -> None:
+        self.forward()
+        self.losses()
+        self.backward()
+
+    def forward(self) -> None:
+        rows, bounds = [], []
+        for w in self.group:
+            w.result, w.error = None, None
+            slot = self.manager.slot(w.name)
+            bounds.append((len(rows), len(rows) + len(w.rows)))
+            rows += [{**row, INDEX_FIELD: slot} for row in w.rows]
+        try:
+            batch = self.group[0].state.processor(rows, device=self.device)
+        except Exception as exc:
+            raise StageError('input', exc) from exc
+        needs = _LossNeeds.of([w.state.loss for w in self.group])
+        try:
+            with self.manager.adapter_indices(batch[INDEX_FIELD]), torch.set_grad_enabled(self.train):
+                outputs = forward_logps(self.model, batch, loss=needs)
+        except Exception as exc:
+            raise StageError('forward', exc) from exc
+        for w, (start, end) in zip(self.group, bounds):
+            w.sub_batch = slice_rows(batch, start, end, {key for row in w.rows for key in row})
+            w.sub_outputs = slice_outputs(outputs, batch, start, end)
+            w.result = {'logprobs': rows_logprobs(w.sub_batch, w.sub_outputs['target_logps'])}
+        self.batch, self.outputs = batch, outputs
+
+    def losses(self) -> None:
+        if self.outputs is None:
+            self.forward()
+        if self._losses_done:
+            return
+        with torch.set_grad_enabled(self.train):
+            for w in self.group:
+                scaled = _tenant_loss(w, train=self.train)
+                if scaled is not None:
+                    self.total = scaled if self.total is None else self.total + scaled
+        self._losses_done = True
+
+    def backward(self) -> None:
+        self.losses()
+        if self.train and self.total is not None and self.total.requires_grad:
+            for w in self.group:
+                _stash_grads(self.manager, w)
+            try:
+                with self.manager.adapter_indices(self.batch[INDEX_FIELD]):  # recomputation sees the same routing
+                    self.total.backward()
+            except Exception as exc:
+                for w in self.group:
+                    _restore_grads(self.manager, w, keep_new=False)
+                raise StageError('backward', exc) from exc
+            for w in self.group:
+                keep = w.error is None and _grads_finite(self.manager, w)
+                if w.error is None and not keep:
+                    w.result = None
+                    w.error = TenantStepError(w.name, 'gradient', 'the gradients of this micro-batch are not '
+                                              'finite (NaN/inf); they were discarded and the adapter is unchanged.')
+                _restore_grads(self.manager, w, keep_new=keep)
+        self.total = None
+        for w in self.group:  # metrics only for tenants whose micro-batch was accepted
+            summary = w.result.pop('_summary', None) if w.result is not None else None
+            if w.error is None and summary is not None:
+                w.state.record(summary, is_training=self.train)
+            w.sub_batch = w.sub_outputs = None
 
 
-def _tenant_loss(w: TenantWork, batch: dict[str, Any], outputs: dict[str, torch.Tensor], start: int, end: int, *,
-                 train: bool) -> torch.Tensor | None:
+def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
     """Compute tenant `w`'s loss on its rows, fill `w.result` (or `w.error`); return the scaled loss to add to
     the backward (None when rejected or when nothing is trained)."""
-    sub_batch = slice_rows(batch, start, end, {key for row in w.rows for key in row})
-    sub_out = slice_outputs(outputs, batch, start, end)
-    logprobs = rows_logprobs(sub_batch, sub_out['target_logps'])
-    has_labels = bool(sub_out['mask'].any())
-    if not train and not has_labels:
-        w.result = {'logprobs': logprobs}  # logprobs only: nothing to score, no metrics
+    if w.error is not None:
         return None
+    sub_batch, sub_out = w.sub_batch, w.sub_outputs
+    if not train and not bool(sub_out['mask'].any()):
+        return None  # logprobs only: nothing to score, no metrics
     try:
         out = run_loss(w.state.loss, sub_batch, sub_out)
     except Exception as exc:
-        w.error = TenantStepError(w.name, 'loss', f'{type(exc).__name__}: {exc}')
+        w.result, w.error = None, TenantStepError(w.name, 'loss', f'{type(exc).__name__}: {exc}')
         return None
     loss = out['loss']
     value = float(loss.detach())
     if not math.isfinite(value):
-        w.error = TenantStepError(w.name, 'loss', f'the loss is {value}; check this batch (e.g. NaN/inf in '
-                                  'advantages, weights or reference logprobs). Nothing was applied.')
+        w.result, w.error = None, TenantStepError(w.name, 'loss', f'the loss is {value}; check this batch (e.g. '
+                                                  'NaN/inf in advantages, weights or reference logprobs). Nothing '
+                                                  'was applied.')
         return None
-    w.result = {'loss': value, 'logprobs': logprobs, 'metrics': dict(out.get('metrics') or {}),
-                '_summary': row_summary(sub_batch, sub_out, value)}
-    if not train:
-        return None
-    return loss * w.state.loss_scale()
+    w.result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=row_summary(sub_batch, sub_out, value))
+    return loss * w.state.loss_scale() if train else None
 
 
 def _stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
@@ -207,15 +240,18 @@ def _grads_finite(manager: MultiLoraManager, w: TenantWork) -> bool:
     return bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
 
 
-class _StageError(Exception):
+class StageError(Exception):
+    """A failure of the shared pass itself (`stage`: 'input' = collation, 'forward' or 'backward')."""
+
     def __init__(self, stage: str, cause: BaseException) -> None:
         super().__init__(f'{type(cause).__name__}: {cause}')
         self.stage = stage
 
 
-def _as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
+def as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
+    """`exc` (raised by a pass that `name` was alone in) as that tenant's error."""
     if isinstance(exc, TenantStepError):
         return exc
-    if isinstance(exc, _StageError):
+    if isinstance(exc, StageError):
         return TenantStepError(name, exc.stage, str(exc))  # type: ignore[arg-type]
     return TenantStepError(name, 'forward', f'{type(exc).__name__}: {exc}')

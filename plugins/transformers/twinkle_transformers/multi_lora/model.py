@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from twinkle_core.dispatch import remote_method
-from twinkle_core.errors import InvalidInputError
+from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
 from twinkle_core.model.base import Model
 from twinkle_transformers import checkpoint as ckpt
@@ -37,7 +38,8 @@ from twinkle_transformers.loading import (default_device, load_causal_lm, load_t
 from twinkle_transformers.lora import lora_config
 from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.mixed_pass import TenantWork, run_tenants
+from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, as_tenant_error, group_by_processor,
+                                                      run_tenants)
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.train_state import TrainState
@@ -76,6 +78,7 @@ class MultiLoraTransformersModel(Model):
         self.limits = RowLimits(vocab_size=self.model.config.vocab_size, max_length=self.max_length)
         self.states: dict[str, TrainState] = {}
         self._current: list[str] = []
+        self._pending: _Pending | None = None
         notify_model_loaded(self.model, self.model_id)
 
     # ---- adapters ------------------------------------------------------------------------------------------
@@ -163,6 +166,13 @@ class MultiLoraTransformersModel(Model):
 
     def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
              extra: dict[str, Any]) -> dict[str, Any]:
+        work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra)
+        run_tenants(self.model, self.manager, work, train=train, device=self.device)
+        return _outcome(work, errors, mixed, return_errors=return_errors)
+
+    def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any]
+                 ) -> tuple[list[TenantWork], dict[str, TenantStepError], bool]:
+        """Validated work per tenant, input errors per tenant, and whether the call is a mixed one."""
         if extra:
             raise TypeError(f'unexpected arguments {sorted(extra)}; per-adapter settings go through set_loss etc.')
         batches, mixed = self._split_inputs(inputs, adapter_name)
@@ -175,17 +185,7 @@ class MultiLoraTransformersModel(Model):
                 errors[name] = TenantStepError(name, 'input', exc.args[0] if exc.args else repr(exc))
         if self.model.training != train:
             self.model.train(train)
-        run_tenants(self.model, self.manager, work, train=train, device=self.device)
-        results = {w.name: w.result for w in work if w.error is None}
-        errors.update({w.name: w.error for w in work if w.error is not None})
-        if not mixed:
-            (name,) = batches
-            if name in errors:
-                raise errors[name]
-            return results[name]
-        if errors and not return_errors:
-            raise MixedStepError(errors, results)
-        return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in batches}
+        return work, errors, mixed
 
     def _split_inputs(self, inputs: Any, adapter_name: str | None) -> tuple[dict[str, Any], bool]:
         """({adapter: rows}, whether the caller asked for per-tenant results)."""
@@ -203,6 +203,52 @@ class MultiLoraTransformersModel(Model):
                 grouped.setdefault(row['adapter_name'], []).append(row)
             return grouped, True
         return {self._name(adapter_name): inputs}, False
+
+    # ---- the same step in three calls (as TransformersModel): forward -> calculate_loss -> backward ----------
+    @remote_method('slice_dp', 'list', mutates=False)
+    def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward with gradients, kept for `calculate_loss` and `backward` (a new `forward` replaces a pending
+        one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
+        work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs)
+        passes = []
+        for group in group_by_processor(work):
+            mixed_pass = MixedPass(self.model, self.manager, group, train=True, device=self.device)
+            try:
+                mixed_pass.forward()
+                passes.append(mixed_pass)
+            except Exception as exc:
+                errors.update({w.name: as_tenant_error(w.name, exc) for w in group})
+        self._pending = _Pending(work, errors, mixed, passes)
+        return _outcome(work, errors, mixed, return_errors=False)
+
+    @remote_method('all', 'mean', mutates=False)
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float | dict[str, float]:
+        """Loss of the pending `forward` (kept for `backward`): a float, or {adapter_name: float} when mixed."""
+        pending = self._require_pending('calculate_loss')
+        for mixed_pass in pending.passes:
+            mixed_pass.losses()
+        out = _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+        return {name: r['loss'] for name, r in out.items()} if pending.mixed else out['loss']
+
+    @remote_method('all', 'mean')
+    def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Backpropagate the pending pass's healthy losses once (gradients accumulate per adapter). Returns
+        ``{'loss', 'logprobs', 'metrics'}`` (per tenant when mixed); rejected tenants raise as in
+        `forward_backward`."""
+        pending = self._require_pending('backward')
+        self._pending = None
+        for mixed_pass in pending.passes:
+            try:
+                mixed_pass.backward()
+            except Exception as exc:
+                pending.errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
+        return _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+
+    def _require_pending(self, what: str) -> '_Pending':
+        if self._pending is None:
+            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated '
+                               'yet.')
+        return self._pending
 
     def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
                            **kwargs: Any) -> dict[str, Any]:
@@ -233,7 +279,8 @@ class MultiLoraTransformersModel(Model):
         name = self._name(adapter_name)
         record = self.manager.record(name)
         adapter = json.loads(json.dumps(record.config.to_dict(), default=_plain))
-        return {'model_id': self.model_id, 'adapter_name': name, 'model_class': type(self.model).__name__, 'device': str(self.device),
+        return {'model_id': self.model_id, 'adapter_name': name, 'model_class': type(self.model).__name__,
+                'device': str(self.device),
                 'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
                 'max_length': self.max_length, 'adapter': adapter, 'adapted_modules': len(record.targets),
                 'num_adapters': len(self.states), **self._state(name).describe()}
@@ -277,6 +324,33 @@ class MultiLoraTransformersModel(Model):
             self.manager.load_state_dict(name, weights)
         if training is not None:
             self.states[name].load_state_dict(training)
+
+
+@dataclass
+class _Pending:
+    """A `forward` waiting for `calculate_loss` / `backward`."""
+    work: list[TenantWork]
+    errors: dict[str, TenantStepError]
+    mixed: bool
+    passes: list[MixedPass]
+
+
+def _outcome(work: list[TenantWork], errors: dict[str, TenantStepError], mixed: bool, *,
+             return_errors: bool) -> dict[str, Any]:
+    """The caller's result: one tenant's result (or its error raised), or per-tenant results (errors raised
+    together as `MixedStepError`, or inline with `return_errors`)."""
+    errors = {**errors, **{w.name: w.error for w in work if w.error is not None}}
+    results = {w.name: {k: v for k, v in w.result.items() if not k.startswith('_')}
+               for w in work if w.error is None and w.result is not None}
+    names = list(dict.fromkeys([*(w.name for w in work), *errors]))
+    if not mixed:
+        (name,) = names
+        if name in errors:
+            raise errors[name]
+        return results[name]
+    if errors and not return_errors:
+        raise MixedStepError(errors, results)
+    return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in names}
 
 
 def _plain(value: Any) -> Any:

@@ -26,10 +26,13 @@ class SegmentPlan:
     `uniform_slot` is set when every token uses the same slot (then no gather/scatter is needed).
     Otherwise `order` lists the flat token positions that use an adapter, sorted by slot (stable), and
     `segments` holds ``(slot, start, end)`` ranges into `order`. Base-only tokens appear in neither.
+    `offset` is set when `order` is just ``offset, offset + 1, ...`` (tenants already laid out one after another,
+    e.g. a packed batch): layers then read the tokens as a view instead of gathering a copy.
     """
     uniform_slot: int | None
     order: 'torch.Tensor | None'
     segments: tuple[tuple[int, int, int], ...]
+    offset: int | None = None
 
 
 class AdapterRouter:
@@ -113,4 +116,7 @@ def _build_plan(index: 'torch.Tensor') -> SegmentPlan:
             continue
         segments.append((slot, start, start + count))
         start += count
-    return SegmentPlan(None, order[skip:], tuple(segments))
+    order = order[skip:]
+    first = int(order[0])
+    contiguous = bool(torch.equal(order, torch.arange(first, first + order.numel(), device=order.device)))
+    return SegmentPlan(None, order, tuple(segments), first if contiguous else None)

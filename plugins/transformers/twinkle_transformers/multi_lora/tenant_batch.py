@@ -8,6 +8,7 @@ would see alone.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,7 +55,7 @@ def validate_rows(batch: Any, limits: RowLimits) -> list[dict[str, Any]]:
 def _ints(values: Any, row: int, field: str) -> list[int]:
     tolist = getattr(values, 'tolist', None)
     values = tolist() if callable(tolist) else list(values)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
         raise InvalidInputError(f'row {row}: {field} must be integers.')
     return values
 

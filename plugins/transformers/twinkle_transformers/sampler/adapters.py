@@ -28,8 +28,8 @@ Weights = Mapping[str, torch.Tensor]
 class AdapterBackend(Protocol):
     def names(self) -> list[str]: ...
 
-    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
-        """Add or replace adapter `name`; returns the model to use from now on."""
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
+        """Add or replace adapter `name` (PEFT-format tensors or a PEFT directory)."""
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         """(context, forward kwargs) that run row i with adapter `rows[i]` (None: base weights)."""
@@ -60,7 +60,6 @@ def check_adapters(backend: AdapterBackend, requested: Iterable[str | None]) -> 
 class MultiLoraAdapters:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._index: tuple[tuple[str | None, ...], torch.Tensor] | None = None
 
     @property
     def manager(self) -> Any:
@@ -72,22 +71,27 @@ class MultiLoraAdapters:
         manager = getattr(self.model, _ATTR, None)
         return manager.adapter_names if manager is not None else []
 
-    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
         if isinstance(weights, (str, Path)):
             weights, lora_config = read_peft_dir(Path(weights), lora_config)
-        lora_config = _as_lora_config(lora_config) if lora_config is not None else None
-        manager = self.manager
-        if name in manager:
-            old = manager.record(name).config
-            if lora_config is None or _shape_key(lora_config) == _shape_key(old):
-                manager.load_state_dict(name, dict(weights))
-                return self.model
-            manager.remove_adapter(name)
-        elif lora_config is None:
-            raise _config_needed(name)
-        manager.add_adapter(name, lora_config, state_dict=dict(weights))
-        self._index = None
-        return self.model
+        config = _as_lora_config(lora_config) if lora_config is not None else None
+        manager, weights = self.manager, dict(weights)
+        if name not in manager:
+            if config is None:
+                raise _config_needed(name)
+            manager.add_adapter(name, config, state_dict=weights)  # validates before changing anything
+            return
+        old = manager.record(name).config
+        if config is None or _shape_key(config) == _shape_key(old):
+            manager.load_state_dict(name, weights)  # validates before copying
+            return
+        previous = {k: v.clone() for k, v in manager.state_dict(name).items()}
+        manager.remove_adapter(name)
+        try:
+            manager.add_adapter(name, config, state_dict=weights)
+        except Exception:
+            manager.add_adapter(name, old, state_dict=previous)  # the old adapter survives a bad replacement
+            raise
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         if all(r is None for r in rows):
@@ -95,11 +99,8 @@ class MultiLoraAdapters:
         manager = self.manager
         if len(set(rows)) == 1:
             return manager.use_adapter(rows[0]), {}
-        key = tuple(rows)
-        if self._index is None or self._index[0] != key:
-            device = next(self.model.parameters()).device
-            self._index = (key, manager.index_tensor(rows, device=device))
-        return manager.adapter_indices(self._index[1]), {}
+        index = manager.index_tensor(rows, device=next(self.model.parameters()).device)
+        return manager.adapter_indices(index), {}
 
 
 class PeftAdapters:
@@ -111,26 +112,46 @@ class PeftAdapters:
     def names(self) -> list[str]:
         return sorted(self.model.peft_config)
 
-    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> torch.nn.Module:
+    def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
         import peft
         if isinstance(weights, (str, Path)):
             weights, lora_config = read_peft_dir(Path(weights), lora_config)
         config = _as_lora_config(lora_config) if lora_config is not None else None
+        weights = dict(weights)
+        if name in self.model.peft_config and (config is None or
+                                               _shape_key(config) == _shape_key(self.model.peft_config[name])):
+            self._check_matches(name, weights)  # before copying anything
+            peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
+            return
+        if config is None:
+            raise _config_needed(name)
+        previous = None
         if name in self.model.peft_config:
-            if config is not None and _shape_key(config) != _shape_key(self.model.peft_config[name]):
-                self.model.delete_adapter(name)
-                self.model.add_adapter(name, config)
-        else:
-            if config is None:
-                raise _config_needed(name)
-            config.inference_mode = True
-            self.model.add_adapter(name, config)
-        result = peft.set_peft_model_state_dict(self.model, dict(weights), adapter_name=name)
-        unmatched = [k for k in getattr(result, 'unexpected_keys', []) if 'lora_' in k]
-        if unmatched:
-            raise InvalidInputError(f'Adapter {name!r}: tensors that match no LoRA layer of this model: '
-                                    f'{unmatched[:5]}{" ..." if len(unmatched) > 5 else ""}')
-        return self.model
+            previous = (self.model.peft_config[name],
+                        {k: v.clone() for k, v in peft.get_peft_model_state_dict(self.model, adapter_name=name).items()})
+            self.model.delete_adapter(name)
+        config.inference_mode = True
+        self.model.add_adapter(name, config)
+        try:
+            self._check_matches(name, weights)
+        except InvalidInputError:
+            self.model.delete_adapter(name)
+            if previous is not None:  # the old adapter survives a bad replacement
+                self.model.add_adapter(name, previous[0])
+                peft.set_peft_model_state_dict(self.model, previous[1], adapter_name=name)
+            raise
+        peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
+
+    def _check_matches(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        import peft
+        expected = peft.get_peft_model_state_dict(self.model, adapter_name=name)
+        missing = sorted(set(expected) - set(weights))
+        unexpected = sorted(set(weights) - set(expected))
+        wrong = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
+        if missing or unexpected or wrong:
+            raise InvalidInputError(
+                f'Adapter {name!r} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, '
+                f'wrong shape {wrong[:3]} (PEFT keys such as base_model.model.<module>.lora_A.weight expected).')
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         return contextlib.nullcontext(), {'adapter_names': [self.BASE if r is None else r for r in rows]}
@@ -142,7 +163,7 @@ class _NoAdapters:
     def names(self) -> list[str]:
         return []
 
-    def load(self, name: str, weights: Any, lora_config: Any = None) -> torch.nn.Module:
+    def load(self, name: str, weights: Any, lora_config: Any = None) -> None:
         raise InvalidInputError(
             'This sampler shares a model without LoRA layers with its owner; adding an adapter would inject LoRA '
             'layers into the owner\'s model. Build the sampler from `model_id=` (its own copy) instead.')

@@ -162,7 +162,7 @@ class _FastStepper:
 
     def __init__(self, fast: FastDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor,
                  route: Route) -> None:
-        fast.prepare()
+        fast.prepare(positions=key_mask.shape[1] + 1)
         self.fast, self.route = fast, route
         self.cache = StaticKVCache.from_dynamic(cache, fan_out, key_mask.shape[1])
         self.key_mask = key_mask.bool()

@@ -59,12 +59,17 @@ class FastDecoder:
         self.body = model.model
         self.eps = self.config.rms_norm_eps
         self._projections: list[tuple[Projection, Projection]] = []
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def prepare(self) -> None:
-        """Resolve each layer's projections (fused or per module) for the decode that follows; weights and
-        modules must not be swapped until it ends."""
+    def prepare(self, positions: int) -> None:
+        """Set up the decode that follows (positions below `positions`): resolve each layer's projections (fused
+        or per module) and tabulate RoPE. Weights and modules must not be swapped until it ends."""
         self._projections = [(Projection([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]),
                               Projection([l.mlp.gate_proj, l.mlp.up_proj])) for l in self.body.layers]
+        embed = self.body.embed_tokens.weight
+        all_positions = torch.arange(positions, device=embed.device)[None]
+        cos, sin = self.body.rotary_emb(embed[:1][None], all_positions)  # same values as per-step calls
+        self._rope_table = (cos[0], sin[0])
 
     @classmethod
     def for_model(cls, model: nn.Module, *, fuse: bool) -> 'FastDecoder | None':
@@ -93,8 +98,8 @@ class FastDecoder:
         `key_mask` [B, >= cache.length + 1] (bool): which cached positions each row may attend to."""
         batch = tokens.shape[0]
         x = self.body.embed_tokens(tokens)[:, None]
-        cos, sin = self.body.rotary_emb(x, positions)
-        cos, sin = cos[:, None], sin[:, None]
+        assert self._rope_table is not None, 'call prepare() first'
+        cos, sin = (table[positions[:, 0]][:, None, None] for table in self._rope_table)
         slot = cache.length
         mask = key_mask[:, None, None, :slot + 1]
         for index, (layer, (qkv, gate_up)) in enumerate(zip(self.body.layers, self._projections)):
@@ -120,8 +125,11 @@ class FastDecoder:
         return self.model.lm_head(self._norm(x, self.body.norm))[:, -1]
 
     def _norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """HF's RMSNorm: normalise in fp32, cast back, scale (one fused kernel when that order cannot matter)."""
         eps = getattr(norm, 'variance_epsilon', self.eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) * norm.weight
+        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+        return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -64,10 +64,12 @@ class TorchSampler(Sampler):
             self.set_template(template)
 
     # ---- Sampler interface ---------------------------------------------------------------------------------
-    def set_template(self, template: Any, **kwargs: Any) -> None:
+    def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
+        """Template by name (kind ``template``), class or instance. Names and classes get `model_id` (a model dir
+        or tokenizer), by default this sampler's tokenizer; `kwargs` go to the template's constructor."""
         from twinkle_core.registry import resolve
-        if isinstance(template, str) and 'model_id' not in kwargs and self.model_id is not None:
-            kwargs['model_id'] = self.model_id
+        if isinstance(template, (str, type)):
+            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
         self._template = resolve('template', template, **kwargs)
 
     def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
@@ -106,7 +108,7 @@ class TorchSampler(Sampler):
         if adapter_name is not None:
             weights = (Path(os.fspath(named_tensors)) if isinstance(named_tensors, (str, os.PathLike))
                        else dict(named_tensors))
-            self._model = self._adapters.load(adapter_name, weights, lora_config)
+            self._adapters.load(adapter_name, weights, lora_config)
             return
         if isinstance(named_tensors, (str, os.PathLike)):
             raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
