@@ -56,6 +56,8 @@ def test_chat_sl_recipe_runs_against_the_server(tmp_path, tiny_model_dir):
         assert proc.returncode == 0, proc.stderr[-4000:]
         metrics = [json.loads(line) for line in (log_path / 'metrics.jsonl').read_text().splitlines()]
         assert len(metrics) >= 3 and all('train_mean_nll' in m for m in metrics[:3]), metrics
+        for m in metrics:  # shown with `pytest -s` (recorded in docs/server.md)
+            print({k: m[k] for k in ('step', 'train_mean_nll', 'learning_rate', 'num_tokens') if k in m})
         runs, _ = running.service.store.training_runs('cookbook', 10, 0)
         assert runs and running.service.store.checkpoints('cookbook')
     finally:

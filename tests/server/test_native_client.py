@@ -85,3 +85,17 @@ def test_refusals_are_clear(client, rows):
 def test_client_package_does_not_import_torch():
     code = 'import sys, twinkle_client; assert "torch" not in sys.modules, "torch imported"'
     subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_http_runtime_turns_the_local_class_into_its_remote_twin(server, alice, rows):
+    """`initialize(mode='http')` + `remote_group=` builds the proxy: the training script itself is unchanged."""
+    from twinkle_core.runtime import initialize, shutdown
+    from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel as LocalModel
+    initialize(mode='http', base_url=server.base_url, api_key=alice)
+    try:
+        model = LocalModel(model_id=MODEL, remote_group='train')
+        assert type(model).__module__ == 'twinkle_client.remote'
+        model.add_adapter_to_model('rt', {'r': 2})
+        assert model.forward_backward(inputs=rows, adapter_name='rt')['loss'] > 0
+    finally:
+        shutdown()

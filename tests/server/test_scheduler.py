@@ -101,12 +101,21 @@ def test_concurrent_tenants_mix_on_the_real_engine_with_solo_results(server, ali
     solo = [tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] for tc in clients]
     worker = server.service.workers[MODEL]
     before = worker.stats['mixed_train_passes']
+    for _ in range(2):
+        gate = threading.Event()  # hold the worker so both tenants' requests are queued together
+        worker.submit(Work('holder', on_done=lambda r: None, on_error=lambda e: None, call=lambda e: gate.wait()))
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(lambda tc: tc.forward(sft_data, 'cross_entropy').result(), tc) for tc in clients]
+            _wait_for(lambda: worker.queued() >= 2)
+            gate.set()
+            losses = [f.result().metrics['loss:sum'] for f in futures]
+        assert losses == pytest.approx(solo, rel=1e-4)  # a mixed pass gives each tenant its solo result
+    assert worker.stats['mixed_train_passes'] >= before + 2
 
-    def forwards(tc):
-        return [tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] for _ in range(4)]
 
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(forwards, clients))
-    for losses, expected in zip(results, solo):
-        assert losses == pytest.approx([expected] * 4, rel=1e-4)
-    assert worker.stats['mixed_train_passes'] > before
+def _wait_for(cond, timeout: float = 60.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.02)

@@ -167,3 +167,15 @@ def test_rl_tenant_mixed_with_sft_tenants_equals_running_it_alone(base, tokenize
     for key, p in alone_params.items():
         assert p.grad.abs().sum() > 0
         torch.testing.assert_close(mixed_params[key].grad, p.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_checkpointing_recomputes_with_the_same_routing(base, tokenizer):
+    rows = {name: text_rows(tokenizer, DATA[name]) for name in ('alice', 'bob')}
+    plain, _ = _engine_and_references(base)
+    checkpointed, _ = _engine_and_references(base)
+    checkpointed.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})
+    plain.forward_backward(inputs=rows)
+    checkpointed.forward_backward(inputs=rows)
+    for name in rows:
+        for (key, p), (_, q) in zip(plain.manager.named_parameters(name), checkpointed.manager.named_parameters(name)):
+            torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-5, msg=key)

@@ -211,6 +211,15 @@ def test_plain_function_loss_and_load_hook(tiny_model_dir):
     assert json.loads(json.dumps(model.get_train_configs()))['adapter']['r'] == LORA['r']
 
 
+def test_hub_model_ids_resolve_through_the_hub_client(tiny_model_dir, tmp_path, monkeypatch):
+    import shutil
+    shutil.copytree(tiny_model_dir, tmp_path / 'ms' / 'org' / 'tiny' / 'v1')  # the local stand-in for ModelScope
+    monkeypatch.setenv('TWINKLE_HUB_ROOT', str(tmp_path))
+    model = TransformersModel('ms://org/tiny@v1')
+    assert model.model_dir == str(tmp_path / 'ms' / 'org' / 'tiny' / 'v1') and model.tokenizer is not None
+    assert model.get_train_configs()['model_id'] == 'ms://org/tiny@v1'
+
+
 def test_over_long_row_names_row_length_and_limit(tiny_model_dir):
     model = TransformersModel(tiny_model_dir, max_length=12)
     with pytest.raises(InvalidInputError, match=r'Batch row 1 has 14 tokens, more than the limit of 12'):

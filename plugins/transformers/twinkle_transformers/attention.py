@@ -3,8 +3,9 @@
 With plain ``sdpa``, a packed row of total length T attends through a dense [T, T] block-diagonal mask: the
 kernel does T^2 work although only sum(n_i^2) is needed, which on CPU eats most of the padding-free gain.
 ``twinkle_sdpa`` splits a packed row at its sequence borders (``cu_seq_lens_q`` from the processor, or where
-``position_ids`` restart) and calls SDPA per sequence with ``is_causal=True`` -- the CPU counterpart of
-flash-attention's varlen kernel. Anything else (padded batches, decoding with a KV cache) is plain ``sdpa``.
+``position_ids`` restart -- only when the mask transformers built from them is block-diagonal) and calls SDPA
+per sequence with ``is_causal=True``: the CPU counterpart of flash-attention's varlen kernel. Anything else
+(padded batches, decoding with a KV cache) is plain ``sdpa``.
 
 Correctness does not depend on the split: each sequence's slice of the mask transformers built is used as is
 unless it is exactly causal (sliding windows and model-specific masks are kept).
@@ -55,6 +56,8 @@ def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     bounds = None
     if query.shape[0] == 1 and query.shape[2] == key.shape[2] and query.shape[2] > 1:
         bounds = sequence_bounds(kwargs, query.shape[2])
+        if bounds is not None and kwargs.get('cu_seq_lens_q') is None and _crosses(attention_mask, bounds):
+            bounds = None  # restarting position_ids, but the mask lets sequences see each other: not packed
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -69,6 +72,18 @@ def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
             query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], attn_mask=mask,
             dropout_p=dropout, is_causal=mask is None, scale=scaling)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _crosses(mask: torch.Tensor | None, bounds: list[int]) -> bool:
+    """Whether `mask` allows any attention between the segments `bounds` delimit (unknown masks: True)."""
+    if mask is None:
+        return True  # no mask means plain causal attention over the whole row
+    if mask.dtype != torch.bool:
+        return True
+    segment = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=mask.device),
+                                      torch.tensor(bounds, device=mask.device).diff())
+    other = segment[:, None] != segment[None, :]
+    return bool((mask[0, 0, :len(segment), :len(segment)] & other).any())
 
 
 def _segment_mask(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
