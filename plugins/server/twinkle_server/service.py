@@ -5,12 +5,13 @@ the rules (ownership, limits, seq_id ordering, atomic checkpoints, persistence).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
 from twinkle_server.config import ServerConfig
@@ -144,7 +145,8 @@ class Service:
         live = LiveModel(model_id, tenant, base_model, session_id, lora, tinker_lora)
 
         def create(engine: Engine) -> dict[str, Any]:
-            engine.add_adapter(model_id, lora)
+            with self._undo_on_failure(live):
+                engine.add_adapter(model_id, lora)
             self.store.add_training_run(model_id, tenant, session_id, base_model, _run_config(live), user_metadata)
             return {'model_id': model_id, 'type': 'create_model'}
 
@@ -174,8 +176,13 @@ class Service:
         live = LiveModel(model_id, tenant, base, session_id, lora, meta.get('tinker_lora', {'rank': lora.rank}))
 
         def load(engine: Engine) -> dict[str, Any]:
-            engine.add_adapter(model_id, lora)
-            engine.load_state(model_id, row.directory, optimizer=optimizer)
+            with self._undo_on_failure(live):
+                engine.add_adapter(model_id, lora)
+                try:
+                    engine.load_state(model_id, row.directory, optimizer=optimizer)
+                except BaseException:
+                    engine.remove_adapter(model_id)
+                    raise
             self.store.add_training_run(model_id, tenant, session_id, base, _run_config(live), user_metadata)
             return {'model_id': model_id, 'path': path, 'type': 'load_weights'}
 
@@ -220,6 +227,16 @@ class Service:
         self.workers[m.base_model].submit(Work(m.tenant, on_done=lambda r: None, on_error=lambda e: None,
                                                call=lambda e: e.remove_adapter(model_id)))
         self._forget(model_id)
+
+    @contextlib.contextmanager
+    def _undo_on_failure(self, live: LiveModel) -> Iterator[None]:
+        """A model whose creation failed is forgotten (its id answers 404, its seq_ids are dropped)."""
+        try:
+            yield
+        except BaseException:
+            self.workers[live.base_model].end_sequence(live.model_id)
+            self._forget(live.model_id)
+            raise
 
     def _forget(self, model_id: str) -> None:
         self.models.pop(model_id, None)

@@ -177,8 +177,8 @@ def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
 def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
     """(decoder, output-embedding weight) when logps can be computed from hidden states, else None.
 
-    Not possible when the output layer is adapted (a LoRA on ``lm_head``), has a bias, or the model post-processes
-    its logits (soft-capping, scaling) -- callers then fall back to full logits.
+    Not possible when the output layer is adapted (a LoRA on ``lm_head``), has a bias or sharded (DTensor)
+    weights, or the model post-processes its logits (soft-capping, scaling) -- callers then use full logits.
     """
     base = unwrap_causal_lm(model)
     get_decoder = getattr(base, 'get_decoder', None)
@@ -186,6 +186,8 @@ def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] 
     config = getattr(base, 'config', None)
     post_processed = any(getattr(config, a, None) for a in ('final_logit_softcapping', 'logit_scale'))
     if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None or post_processed:
+        return None
+    if type(head.weight.data).__name__ == 'DTensor':  # FSDP/TP: only the root module's forward gathers it
         return None
     return get_decoder(), head.weight
 

@@ -42,8 +42,8 @@ def is_peft_model(model: Any) -> bool:
 def adapter_backend(model: torch.nn.Module, *, owned: bool) -> AdapterBackend:
     if is_peft_model(model):
         return PeftAdapters(model)
-    from twinkle_transformers.multi_lora.manager import _ATTR
-    if owned or getattr(model, _ATTR, None) is not None:
+    from twinkle_transformers.multi_lora import find_manager
+    if owned or find_manager(model) is not None:
         return MultiLoraAdapters(model)
     return _NoAdapters()
 
@@ -67,8 +67,8 @@ class MultiLoraAdapters:
         return MultiLoraManager.attach(self.model)  # freezes the base on first use; idempotent
 
     def names(self) -> list[str]:
-        from twinkle_transformers.multi_lora.manager import _ATTR
-        manager = getattr(self.model, _ATTR, None)
+        from twinkle_transformers.multi_lora import find_manager
+        manager = find_manager(self.model)
         return manager.adapter_names if manager is not None else []
 
     def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
