@@ -15,7 +15,7 @@ import json
 import random
 import statistics
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from tqdm import tqdm

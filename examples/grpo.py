@@ -49,7 +49,7 @@ def noisy_answer(prompt: dict[str, Any], rng: random.Random) -> str:
 
 
 def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 60,
-         lr: float = 5e-4, updates_per_batch: int = 1, seed: int = 0) -> dict[str, Any]:
+         lr: float = 5e-4, updates_per_batch: int = 1, loss_type: str = 'grpo', seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -64,7 +64,7 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
 
     # ---- 2. GRPO ------------------------------------------------------------------------------------------
     model.set_optimizer('AdamW', lr=lr)
-    model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28, loss_type='grpo')
+    model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28, loss_type=loss_type)
     sampler = TorchSampler(model=model)
     reward_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
     reward_metric = CompletionRewardMetric(group_size=group_size)
@@ -110,7 +110,8 @@ if __name__ == '__main__':
     parser.add_argument('--group-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=5e-4)
     parser.add_argument('--updates-per-batch', type=int, default=1)
+    parser.add_argument('--loss-type', default='grpo', choices=['grpo', 'bnpo', 'dr_grpo'])
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     main(steps=args.steps, group_size=args.group_size, lr=args.lr, updates_per_batch=args.updates_per_batch,
-         seed=args.seed)
+         loss_type=args.loss_type, seed=args.seed)

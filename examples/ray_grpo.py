@@ -52,24 +52,22 @@ def sampler_scores(sampler: Any, rows: list[dict[str, Any]]) -> list[list[float]
     """The sampler's log-probs of each row's own tokens (prompt log-probs; element 0 is 0.0 as in the model's)."""
     responses = sampler.sample([{'input_ids': r['input_ids']} for r in rows],
                                SamplingParams(max_tokens=1, prompt_logprobs=True), adapter_name=ADAPTER)
-    return [[0.0] + [x for x in r.prompt_logprobs[1:]] for r in responses]
+    return [[0.0, *r.prompt_logprobs[1:]] for r in responses]
 
 
 def rollout(sampler: Any, template: Any, prompts: list[dict[str, Any]], params: SamplingParams
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
-    """Sample; return (training rows with old_logps, trajectories for the reward, prompt length per row)."""
+            ) -> tuple[list[dict[str, Any]], list[int]]:
+    """Sample; return (training rows with old_logps, prompt length per row)."""
     prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
     responses = sampler.sample(prompt_rows, params, adapter_name=ADAPTER)
-    rows, trajectories, prompt_lengths = [], [], []
-    for prompt, prompt_row, response in zip(prompts, prompt_rows, responses):
+    rows, prompt_lengths = [], []
+    for prompt_row, response in zip(prompt_rows, responses):
         ids = prompt_row['input_ids']
         for seq in response.sequences:
             rows.append({'input_ids': ids + seq.tokens, 'labels': [-100] * len(ids) + seq.tokens,
                          'old_logps': [0.0] * len(ids) + seq.logprobs})
-            trajectories.append({**prompt, 'messages': [*prompt['messages'],
-                                                        {'role': 'assistant', 'content': seq.text or ''}]})
             prompt_lengths.append(len(ids))
-    return rows, trajectories, prompt_lengths
+    return rows, prompt_lengths
 
 
 def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_ranks: int = 2,
@@ -97,7 +95,7 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
         if step == 0:
             probe_scores_before = sampler_scores(sampler, probes)
         params = SamplingParams(max_tokens=4, temperature=1.0, num_samples=group_size, seed=seed * 1000 + step)
-        rows, _, prompt_lengths = rollout(sampler, template, addition_prompts(rng, prompts_per_step), params)
+        rows, prompt_lengths = rollout(sampler, template, addition_prompts(rng, prompts_per_step), params)
         rewards = even_token_reward(rows, prompt_lengths)
         for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):
             row['advantage'] = advantage

@@ -133,7 +133,8 @@ def main() -> None:
 
 
 def lora_targets(spec: str) -> str | list[str]:
-    """'all-linear' (peft's shortcut) and/or module names; 'all-linear,lm_head' = every linear layer + the head."""
+    """'all-linear' (peft's shortcut) and/or module names. 'all-linear' plus extra names (e.g. 'all-linear,lm_head')
+    expands to the Qwen/Llama projection layers (q/k/v/o, gate/up/down) plus those names."""
     names = [n.strip() for n in spec.split(',') if n.strip()]
     if 'all-linear' not in names:
         return names

@@ -11,7 +11,7 @@ data-parallel workers, and how results are collected. No hand-written mirror of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, Literal, TypeVar, get_args
 
 Dispatch = Literal['all', 'slice_dp', 'first']
 Collect = Literal['first', 'mean', 'concat', 'list', 'none']
@@ -78,7 +78,7 @@ def collect_results(results: list[Any], how: Collect) -> Any:
                         first[k], dict) else collect_results([r[k] for r in results], 'concat')
                     if isinstance(first[k], list) else first[k] for k in first}
         return sum(results) / len(results)
-    raise ValueError(f'unknown collect mode {how!r}')
+    raise ValueError(f'unknown collect mode {how!r}; use one of {get_args(Collect)}.')
 
 
 def _numeric(x: Any) -> bool:
@@ -88,7 +88,7 @@ def _numeric(x: Any) -> bool:
 def split_for_dp(inputs: list[Any], dp_size: int) -> list[list[Any]]:
     """Split a batch into `dp_size` contiguous, near-equal slices (rank r gets slice r)."""
     if dp_size < 1:
-        raise ValueError('dp_size must be >= 1')
+        raise ValueError(f'dp_size must be >= 1, got {dp_size}.')
     n = len(inputs)
     base, extra = divmod(n, dp_size)
     out, start = [], 0

@@ -5,7 +5,7 @@ either the model or its dict, and validate at the boundary with `as_input_featur
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -139,14 +139,3 @@ class SampleResponse(BaseModel):
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None
 
-
-def ensure_list(x: Any) -> list[Any]:
-    if x is None:
-        return []
-    if isinstance(x, (list, tuple)):
-        return list(x)
-    return [x]
-
-
-def flatten(groups: Iterable[Sequence[Any]]) -> list[Any]:
-    return [x for g in groups for x in g]

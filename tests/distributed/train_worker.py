@@ -12,25 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
 import twinkle_core
 from twinkle_core.dataset import DataLoader
+from twinkle_core.fixtures import random_token_rows
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.runtime import distributed
-
-
-def make_rows(num_rows: int, vocab: int = 1000, seed: int = 0) -> list[dict]:
-    """Rows of 6..24 tokens whose first third is prompt (label -100)."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(num_rows):
-        n = rng.randint(6, 24)
-        ids = [rng.randrange(3, vocab) for _ in range(n)]
-        prompt = max(1, n // 3)
-        rows.append({'input_ids': ids, 'labels': [-100] * prompt + ids[prompt:]})
-    return rows
 
 
 def main() -> None:
@@ -57,13 +45,13 @@ def main() -> None:
         model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear',
                                                'init_lora_weights': 'gaussian'})
     model.set_optimizer('AdamW', lr=1e-3)
-    rows = make_rows(args.batch_size * args.steps)
+    rows = random_token_rows(args.batch_size * args.steps)
     loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
     losses = []
     for batch in loader:
         losses.append(model.forward_backward(inputs=batch)['loss'])
         model.clip_grad_and_step(max_norm=1.0)
-    eval_rows = make_rows(4, seed=1)
+    eval_rows = random_token_rows(4, seed=1)
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
     path = model.save('final', output_dir=args.out)
     if distributed.is_main_process():

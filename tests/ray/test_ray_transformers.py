@@ -9,10 +9,10 @@ import pytest
 
 import twinkle_core
 from twinkle_core.dataset import DataLoader
+from twinkle_core.fixtures import random_token_rows
 from twinkle_core.mesh import DeviceGroup
 
 pytest.importorskip('ray')
-from toy_components import token_rows  # noqa: E402
 
 LORA = {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
 EXAMPLES = Path(__file__).resolve().parents[2] / 'examples'
@@ -33,7 +33,7 @@ def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_clu
     import torch
 
     from twinkle_transformers.model import TransformersModel
-    rows, eval_rows = token_rows(32), token_rows(6, seed=1)
+    rows, eval_rows = random_token_rows(32), random_token_rows(6, seed=1)
     torch.manual_seed(0)
     seed_model = TransformersModel(tiny_model_dir)
     seed_model.add_adapter_to_model('default', LORA)

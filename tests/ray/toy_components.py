@@ -84,15 +84,3 @@ def make_batches(num_batches: int = 4, batch_size: int = 6, dim: int = 4, seed: 
         out.append([{'x': xi.tolist(), 'y': float(yi)} for xi, yi in zip(x, y)])
     return out
 
-
-def token_rows(num_rows: int, vocab: int = 1000, seed: int = 0) -> list[dict]:
-    """InputFeature rows of 6..24 random tokens, the first third being prompt (label -100)."""
-    import random
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(num_rows):
-        n = rng.randint(6, 24)
-        ids = [rng.randrange(3, vocab) for _ in range(n)]
-        prompt = max(1, n // 3)
-        rows.append({'input_ids': ids, 'labels': [-100] * prompt + ids[prompt:]})
-    return rows

@@ -113,12 +113,17 @@ def test_work_runs_in_seq_id_order_even_when_posted_out_of_order(raw):
     assert decode(_result(http, after)).metrics['loss:sum'] != pytest.approx(loss_before, rel=1e-3)
 
 
-def test_reposting_a_seq_id_returns_the_same_future(raw):
+def test_reposting_a_request_returns_the_same_future(raw):
+    """A client retry after a lost response must not run the work twice."""
     http, model_id = raw
     body = _fwdbwd(model_id, 1, [_datum()], forward_only=True)
     first = http.post('/forward_backward', content=body, headers=PROTO).json()['request_id']
     again = http.post('/forward_backward', content=body, headers=PROTO).json()['request_id']
     assert first == again
+    sid = model_id.split(':train:')[0]
+    create = {'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL, 'lora_config': {'rank': 2, 'seed': 0}}
+    assert http.post('/create_model', json=create).json()['request_id'] == \
+        http.post('/create_model', json=create).json()['request_id']
 
 
 def test_long_poll_answers_try_again_shape(server, raw):

@@ -13,13 +13,7 @@ from twinkle_core.processor.causal_lm import CausalLMProcessor
 from twinkle_transformers.forward import compute_logps, compute_logps_from_hidden
 from twinkle_transformers.model import TransformersModel
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def make_rows(seed: int, lengths=(6, 11, 4)) -> list[dict]:

@@ -8,35 +8,20 @@ import math
 import pytest
 import torch
 
+from row_helpers import labelled_rows
 from twinkle_core.errors import ComponentNotFoundError, InvalidInputError
 from twinkle_core.hooks import hook, register_hooks
 from twinkle_core.registry import resolve
 from twinkle_transformers.model import TransformersModel
 
+pytestmark = pytest.mark.usefixtures('one_thread')
+
 LORA = {'r': 4, 'lora_alpha': 8, 'init_lora_weights': False}  # random B: every LoRA weight gets a gradient
-
-
-def make_rows(seed: int, lengths=(9, 14, 5, 11), prompt: int = 3) -> list[dict]:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for n in lengths:
-        ids = torch.randint(3, 1100, (n,), generator=g).tolist()
-        rows.append({'input_ids': ids, 'labels': [-100] * prompt + ids[prompt:]})
-    return rows
 
 
 def lora_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n.replace('.tenant', ''): p.grad.clone()
             for n, p in model.named_parameters() if p.requires_grad}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model is fastest single-threaded (and the CI box is shared); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture()
@@ -51,7 +36,7 @@ def test_gradients_equal_plain_transformers_peft_loop(lora_model, tiny_model_dir
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    rows = make_rows(1)
+    rows = labelled_rows(1)
     out = lora_model.forward_backward(inputs=rows)
 
     ref = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
@@ -77,7 +62,7 @@ def test_padding_free_equals_padded(tiny_model_dir, attn):
     lora_model = TransformersModel(tiny_model_dir, attn_implementation=attn)
     lora_model.add_adapter_to_model('tenant', LORA)
     assert lora_model.model.config._attn_implementation == attn
-    rows = make_rows(2)
+    rows = labelled_rows(2)
     padded = lora_model.forward_backward(inputs=rows)
     grads_padded = lora_grads(lora_model.model)
     lora_model.zero_grad()
@@ -92,7 +77,7 @@ def test_padding_free_equals_padded(tiny_model_dir, attn):
 
 def test_packed_attention_never_crosses_rows_without_processor_hints(lora_model):
     """twinkle_sdpa also splits packed rows found only from restarting position_ids (no cu_seq_lens)."""
-    rows = make_rows(10)
+    rows = labelled_rows(10)
     assert lora_model.model.config._attn_implementation == 'twinkle_sdpa'
     ids = torch.tensor([[t for r in rows for t in r['input_ids']]])
     pos = torch.tensor([[i for r in rows for i in range(len(r['input_ids']))]])
@@ -106,7 +91,7 @@ def test_packed_attention_never_crosses_rows_without_processor_hints(lora_model)
 
 
 def test_logprobs_are_aligned_with_input_ids(lora_model):
-    rows = make_rows(3)
+    rows = labelled_rows(3)
     out = lora_model.forward_only(inputs=rows)
     with torch.no_grad():
         for row, logprobs in zip(rows, out['logprobs']):
@@ -122,7 +107,7 @@ def test_logprobs_are_aligned_with_input_ids(lora_model):
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
-    rows = make_rows(4, lengths=(8, 8, 8, 8))  # equal token counts: mean of means == global mean
+    rows = labelled_rows(4, lengths=(8, 8, 8, 8))  # equal token counts: mean of means == global mean
     torch.manual_seed(0)
     big = TransformersModel(tiny_model_dir)
     big.add_adapter_to_model('tenant', LORA)
@@ -152,7 +137,7 @@ def test_training_reduces_loss_and_reports_metrics_through_the_hook(lora_model):
     register_hooks(Recorder(), name=f'recorder-{id(seen)}')
     lora_model.set_optimizer('AdamW', lr=1e-2)
     lora_model.set_lr_scheduler('LinearWarmupScheduler', num_warmup_steps=0, num_training_steps=20)
-    rows = make_rows(5)
+    rows = labelled_rows(5)
     first = lora_model.forward_backward(inputs=rows)['loss']
     lora_model.clip_grad_and_step(1.0)
     for _ in range(7):
@@ -170,7 +155,7 @@ def test_training_reduces_loss_and_reports_metrics_through_the_hook(lora_model):
 def test_non_finite_gradients_skip_the_step(lora_model):
     lora_model.set_optimizer('AdamW', lr=1e-2)
     before = {n: p.detach().clone() for n, p in lora_model.model.named_parameters() if p.requires_grad}
-    lora_model.forward_backward(inputs=make_rows(6))
+    lora_model.forward_backward(inputs=labelled_rows(6))
     next(p for p in lora_model.model.parameters() if p.requires_grad).grad.fill_(float('nan'))
     result = lora_model.clip_grad_and_step(1.0)
     assert result['skipped'] and not result['stepped']
@@ -182,7 +167,7 @@ def test_non_finite_gradients_skip_the_step(lora_model):
 def test_full_parameter_training_by_registry_name(tiny_model_dir):
     model = resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), max_length=64)
     model.set_optimizer('AdamW', lr=1e-3)
-    rows = make_rows(7)
+    rows = labelled_rows(7)
     before = model.model.model.layers[0].mlp.up_proj.weight.detach().clone()
     model.forward_backward(inputs=rows)
     model.clip_grad_and_step(1.0)
@@ -203,7 +188,7 @@ def test_plain_function_loss_and_load_hook(tiny_model_dir):
     model = TransformersModel(tiny_model_dir)
     assert loaded == [('Qwen3ForCausalLM', str(tiny_model_dir))]
     model.add_adapter_to_model('tenant', LORA)
-    rows = make_rows(12)
+    rows = labelled_rows(12)
     model.set_loss('CrossEntropyLoss', reduction='sum')
     expected = model.forward_only(inputs=rows)['loss']
     model.set_loss(lambda inputs, outputs: -(outputs['logps'] * outputs['mask']).sum())
@@ -223,7 +208,7 @@ def test_hub_model_ids_resolve_through_the_hub_client(tiny_model_dir, tmp_path, 
 def test_over_long_row_names_row_length_and_limit(tiny_model_dir):
     model = TransformersModel(tiny_model_dir, max_length=12)
     with pytest.raises(InvalidInputError, match=r'Batch row 1 has 14 tokens, more than the limit of 12'):
-        model.forward_backward(inputs=make_rows(8, lengths=(9, 14)))
+        model.forward_backward(inputs=labelled_rows(8, lengths=(9, 14)))
 
 
 def test_unknown_loss_name_suggests_close_matches(lora_model):
@@ -235,8 +220,8 @@ def test_unknown_loss_name_suggests_close_matches(lora_model):
 
 def test_unknown_adapter_and_missing_optimizer_are_clear_errors(lora_model):
     with pytest.raises(InvalidInputError, match="Unknown adapter 'b'.*adapter 'tenant'"):
-        lora_model.forward_backward(inputs=make_rows(9), adapter_name='b')
-    lora_model.forward_backward(inputs=make_rows(9))
+        lora_model.forward_backward(inputs=labelled_rows(9), adapter_name='b')
+    lora_model.forward_backward(inputs=labelled_rows(9))
     with pytest.raises(Exception, match=r'call set_optimizer'):
         lora_model.clip_grad_and_step()
 
@@ -248,7 +233,7 @@ def test_cuda_defaults_to_bf16_and_packing_matches(tiny_model_dir):
     model = TransformersModel(tiny_model_dir)
     assert model.device.type == 'cuda' and model.dtype == torch.bfloat16
     model.add_adapter_to_model('tenant', LORA)
-    rows = make_rows(11)
+    rows = labelled_rows(11)
     padded = model.forward_only(inputs=rows)
     model.set_processor('CausalLMProcessor', padding_free=True)
     packed = model.forward_only(inputs=rows)

@@ -4,27 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from row_helpers import labelled_rows
 from twinkle_core.errors import InvalidInputError
 from twinkle_transformers.model import TransformersModel
+
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 LORA = {'r': 4, 'lora_alpha': 8, 'lora_dropout': 0.1}  # dropout: the resume must restore the RNG too
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def rows_for_step(step: int) -> list[dict]:
-    g = torch.Generator().manual_seed(1000 + step)
-    rows = []
-    for n in (7, 12, 9):
-        ids = torch.randint(3, 1100, (n,), generator=g).tolist()
-        rows.append({'input_ids': ids, 'labels': [-100] * 2 + ids[2:]})
-    return rows
+    return labelled_rows(1000 + step, lengths=(7, 12, 9), prompt=2)
 
 
 def train(model: TransformersModel, start: int, steps: int) -> list[float]:

@@ -5,6 +5,8 @@ from typing import Any
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
 
+__all__ = ['CheckpointEngine', 'CheckpointEngineManager', 'SyncReport', 'WeightUpdate']
+
 _registered = kind_getattr('checkpoint_engine', __name__)
 
 

@@ -1,4 +1,4 @@
-"""Tinker's policy-gradient losses, with exactly Tinker's formulas (TINKER_API.md, "Losses").
+"""Tinker's policy-gradient losses, with exactly Tinker's formulas (docs/tinker_api.md, "Losses").
 
 Each is a SUM over loss tokens (reduction ``'sum'``: gradients add up over micro-batches until the optimizer
 step). Notation: ``lp`` = learner log-prob of the label (``outputs['logps']``), ``q`` = behaviour (sampler)
@@ -16,6 +16,7 @@ dro               ``-sum (lp*A - beta/2 * (lp - q)^2)``          beta 0.05
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -29,8 +30,9 @@ class _SampledPolicyLoss(Loss):
     """Shared plumbing: read lp, q, A; sum the per-token objective; report the mean ratio."""
     reduction = 'sum'
 
+    @abstractmethod
     def per_token(self, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The loss of every token [B, T] (masked positions are dropped by the caller)."""
 
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
         batch = TokenBatch(inputs, outputs, type(self).__name__)

@@ -37,8 +37,7 @@ class TokenBatch:
             raise InvalidInputError(f"{loss_name}: labels have shape {tuple(labels.shape)} but outputs['logps'] "
                                     f'has shape {tuple(logps.shape)}; they must match.')
         self.mask: torch.Tensor = labels != IGNORE_INDEX
-        self.logps: torch.Tensor = torch.where(self.mask, logps, torch.zeros((), dtype=logps.dtype,
-                                                                              device=logps.device))
+        self.logps: torch.Tensor = self.masked(logps)
         self.rows, self.num_rows = self._row_ids(inputs.get('row_index'))
         self._num_tokens: int | None = None
 
@@ -54,9 +53,13 @@ class TokenBatch:
     def dtype(self) -> torch.dtype:
         return self.logps.dtype
 
+    def masked(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` with every position outside the loss set to 0 (no NaN and no gradient leaks from there)."""
+        return torch.where(self.mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
     def row_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of the per-token tensor `x` over each row's loss positions -> [num_rows]."""
-        x = torch.where(self.mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        x = self.masked(x)
         out = torch.zeros(self.num_rows, dtype=x.dtype, device=x.device)
         return out.index_add(0, self.rows.reshape(-1), x.reshape(-1))
 
@@ -73,7 +76,7 @@ class TokenBatch:
         return values[self.rows]
 
     def token_sum(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+        return self.masked(x).sum()
 
     def token_mean(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over loss positions / number of loss positions (0 when there are none)."""
@@ -138,8 +141,9 @@ class TokenBatch:
         try:
             return torch.as_tensor(value, dtype=dtype, device=device)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise InvalidInputError(f'{self.loss_name}: field {name!r} cannot be read as a tensor ({exc}); '
-                                    'ragged lists must be collated (padded) first.') from exc
+            raise InvalidInputError(f'{self.loss_name}: field {name!r} cannot be read as a tensor ({exc}); a '
+                                    'per-token field needs one value per token of every row (as many as its '
+                                    'input_ids).') from exc
 
     def _finite_at_loss_positions(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         bad = ~torch.isfinite(tensor) & self.mask
@@ -148,7 +152,7 @@ class TokenBatch:
             raise InvalidInputError(
                 f'{self.loss_name}: {name!r} is {tensor[b, t].item()} at row {b}, position {t}, which is a loss '
                 'position; values must be finite wherever labels != -100 (masked positions may hold anything).')
-        return torch.where(self.mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+        return self.masked(tensor)
 
     def _row_ids(self, row_index: Any) -> tuple[torch.Tensor, int]:
         batch, length = self.mask.shape

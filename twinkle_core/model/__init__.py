@@ -2,4 +2,6 @@
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.model.base import Model
 
+__all__ = ['Model']
+
 __getattr__ = kind_getattr('model', __name__)

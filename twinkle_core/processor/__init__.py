@@ -2,4 +2,6 @@
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.processor.base import InputProcessor
 
+__all__ = ['InputProcessor']
+
 __getattr__ = kind_getattr('processor', __name__)

@@ -2,4 +2,6 @@
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.sampler.base import Sampler
 
+__all__ = ['Sampler']
+
 __getattr__ = kind_getattr('sampler', __name__)

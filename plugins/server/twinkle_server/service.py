@@ -9,7 +9,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -22,6 +22,7 @@ from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
 
 logger = logging.getLogger(__name__)
+SEEN_PER_MODEL = 4096  # re-posts are retries of recent requests
 
 
 @dataclass
@@ -33,6 +34,7 @@ class LiveModel:
     session_id: str
     lora: LoraSpec
     tinker_lora: dict[str, Any]
+    created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
 
 
 class Service:
@@ -46,7 +48,8 @@ class Service:
         self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch)
                         for name, e in engines.items()}
         self.models: dict[str, LiveModel] = {}
-        self._seen: dict[tuple[str, int], str] = {}  # (model_id, seq_id) -> request_id: idempotent re-posts
+        # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
+        self._seen: dict[str, OrderedDict[int, str]] = {}
         self._rate: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
@@ -108,7 +111,7 @@ class Service:
         """Queue engine work and return a future id; `post(result)` (worker thread) makes the future's value."""
         if model_id is not None and seq_id is not None:
             with self._lock:
-                seen = self._seen.get((model_id, seq_id))
+                seen = self._seen.get(model_id, {}).get(seq_id)
             if seen is not None:
                 return seen
         request_id = self.futures.create(tenant)
@@ -121,7 +124,10 @@ class Service:
             raise
         if model_id is not None and seq_id is not None:
             with self._lock:
-                self._seen[(model_id, seq_id)] = request_id
+                recent = self._seen.setdefault(model_id, OrderedDict())
+                recent[seq_id] = request_id
+                if len(recent) > SEEN_PER_MODEL:
+                    recent.popitem(last=False)
         return request_id
 
     def skip(self, model_id: str, seq_id: int) -> None:
@@ -141,7 +147,7 @@ class Service:
         lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
-            raise ApiError(400, f'model {model_id!r} already exists in this session (model_seq_id reused)')
+            return self._repost(tenant, model_id)
         live = LiveModel(model_id, tenant, base_model, session_id, lora, tinker_lora)
 
         def create(engine: Engine) -> dict[str, Any]:
@@ -153,10 +159,18 @@ class Service:
         self.models[model_id] = live
         self.workers[base_model].start_sequence(model_id, 1)
         try:
-            return self.enqueue(tenant, base_model, call=create)
+            live.created_by = self.enqueue(tenant, base_model, call=create)
         except ApiError:
             self._forget(model_id)
             raise
+        return live.created_by
+
+    def _repost(self, tenant: str, model_id: str) -> str:
+        """A create/load re-posted for an existing model id (a client retry) gets the original future."""
+        live = self.models[model_id]
+        if live.tenant != tenant or not live.created_by:
+            raise ApiError(400, f'model {model_id!r} already exists in this session (model_seq_id reused)')
+        return live.created_by
 
     def load_new_model(self, tenant: str, session_id: str, model_seq_id: int, path: str, optimizer: bool,
                        base_model: str | None = None, user_metadata: Any = None) -> str:
@@ -173,6 +187,8 @@ class Service:
         lora = LoraSpec.from_dict(meta['lora'])
         self._check_new_adapter(tenant, lora.rank)
         model_id = f'{session_id}:train:{model_seq_id}'
+        if model_id in self.models:
+            return self._repost(tenant, model_id)
         live = LiveModel(model_id, tenant, base, session_id, lora, meta.get('tinker_lora', {'rank': lora.rank}))
 
         def load(engine: Engine) -> dict[str, Any]:
@@ -188,7 +204,12 @@ class Service:
 
         self.models[model_id] = live
         self.workers[base].start_sequence(model_id, 1)
-        return self.enqueue(tenant, base, call=load)
+        try:
+            live.created_by = self.enqueue(tenant, base, call=load)
+        except ApiError:
+            self._forget(model_id)
+            raise
+        return live.created_by
 
     def load_into_model(self, tenant: str, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
         m = self.model(tenant, model_id)
@@ -241,8 +262,7 @@ class Service:
     def _forget(self, model_id: str) -> None:
         self.models.pop(model_id, None)
         with self._lock:
-            for key in [k for k in self._seen if k[0] == model_id]:
-                del self._seen[key]
+            self._seen.pop(model_id, None)
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,

@@ -6,6 +6,7 @@ The pieces, in the order a training step uses them (see docs/conventions.md for 
 - `forward_logps(model, batch, loss=...)`: run the model and return the loss's ``outputs`` dict
   (``logps``, ``mask``, ``target_logps``, ``correct`` and, when the loss asks for them, ``logits``);
 - `run_loss(loss, batch, outputs)`: call the loss and check what it returned;
+- `step_summary(batch, outputs, loss)`: the micro-batch numbers `TrainState.record` folds into the metrics;
 - `rows_logprobs(batch, target_logps)`: per-row log-probs aligned with each row's ``input_ids``.
 
 Log-probs are computed by `compute_logps` (from logits, in token chunks, without an fp32 copy of the whole
@@ -244,6 +245,15 @@ def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> Loss
     if value.dim() != 0:
         result['loss'] = value.reshape(())
     return result
+
+
+def step_summary(batch: dict[str, Any], outputs: dict[str, Any], loss: Tensor) -> dict[str, Any]:
+    """The micro-batch summary `TrainState.record` folds (``loss``, ``num_loss_tokens``, ``num_correct``,
+    ``num_tokens``) as Python numbers, fetched from the device in one transfer."""
+    values = torch.stack([loss.detach().float(), outputs['mask'].sum().float(),
+                          outputs['correct'].sum().float()]).tolist()
+    return {'loss': values[0], 'num_loss_tokens': int(values[1]), 'num_correct': int(values[2]),
+            'num_tokens': int(batch['num_tokens'])}
 
 
 def rows_logprobs(batch: dict[str, Any], target_logps: Tensor) -> list[list[float]]:

@@ -75,9 +75,9 @@ def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _supports_sdpa(config: Any) -> bool:
     """Whether the causal-LM class of `config` can run SDPA attention (so ``twinkle_sdpa`` applies)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
     try:
-        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:  # remote-code or unknown architectures: keep transformers' default
         return False
     return bool(getattr(model_class, '_supports_sdpa', False))

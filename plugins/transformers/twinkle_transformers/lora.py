@@ -1,6 +1,7 @@
 """LoRA configuration: a `peft.LoraConfig`, or a dict of its fields, as a causal-LM `LoraConfig`."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twinkle_core.errors import InvalidInputError
@@ -29,3 +30,14 @@ def lora_config(config: Any, **overrides: Any) -> Any:
         raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones '
                                 f'(e.g. r, lora_alpha, lora_dropout, target_modules).')
     return LoraConfig(**fields)
+
+
+def lora_config_json(config: Any) -> dict[str, Any]:
+    """`config.to_dict()` with plain JSON values: enums by value, sets as sorted lists, anything else as text."""
+    return json.loads(json.dumps(config.to_dict(), default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, set):
+        return sorted(value)
+    return getattr(value, 'value', None) or str(value)

@@ -5,6 +5,8 @@ Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several a
 
 - `loading`: model id -> directory -> HF model on the right device and dtype;
 - `TrainState` (train_state.py): optimizer, scheduler, loss, processor, template, accumulation, metrics;
+- `TrainStateMethods` (train_state_methods.py): the `set_*`, optimizer-step and metric methods that forward to
+  it (shared with `MultiLoraTransformersModel`);
 - `forward` (forward.py): collated batch -> log-probs -> loss;
 - `checkpoint`: PEFT / HF files + resumable training state.
 
@@ -18,7 +20,6 @@ Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several a
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -28,24 +29,25 @@ import torch
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError, TwinkleError
-from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
+from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel
-from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss
+from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
-from twinkle_transformers.lora import lora_config
+from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.train_state import TrainState
+from twinkle_transformers.train_state_methods import TrainStateMethods
 
 FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)
 
 
-class TransformersModel(Model):
+class TransformersModel(TrainStateMethods, Model):
     """A trainable Hugging Face causal LM (kind ``model``, name ``TransformersModel``).
 
     Args:
@@ -101,22 +103,7 @@ class TransformersModel(Model):
 
     def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
-        self._state(adapter_name).set_optimizer(optimizer, **kwargs)
-
-    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
-
-    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_loss(loss, **kwargs)
-
-    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_processor(processor, **kwargs)
-
-    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Template by name (kind ``template``); named templates get this model's tokenizer by default."""
-        if isinstance(template, str) or isinstance(template, type):
-            kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
-        self._state(adapter_name).set_template(template, **kwargs)
+        super().set_optimizer(optimizer, adapter_name=adapter_name, **kwargs)
 
     def _apply_device_mesh(self) -> None:
         """Parallelise the model over `device_mesh` once its trainable parameters are final (no-op without one)."""
@@ -124,10 +111,15 @@ class TransformersModel(Model):
             self._mesh_applied = True
             parallel.apply_device_mesh(self.model, self.device_mesh)
 
-    def _state(self, adapter_name: str | None) -> TrainState:
+    def _name(self, adapter_name: str | None) -> str | None:
+        """The adapter a call addresses: this model's one adapter (None under full-parameter training)."""
         if adapter_name is not None and adapter_name != self.adapter_name:
             trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
             raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
+        return self.adapter_name
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        self._name(adapter_name)
         return self.state
 
     # ---- training step ---------------------------------------------------------------------------------------
@@ -156,7 +148,7 @@ class TransformersModel(Model):
         if pending['loss'] is None:
             self.calculate_loss()
         state, result = pending['state'], pending['loss']
-        summary = _summary(pending['batch'], pending['outputs'], result)
+        summary = step_summary(pending['batch'], pending['outputs'], result['loss'])
         reduction, rows = getattr(state.loss, 'reduction', None), len(pending['batch']['row_lengths'])
         dp_scale = parallel.backward_scale(self.model, reduction, num_loss_tokens=summary['num_loss_tokens'],
                                            num_rows=rows)  # equal to one process over the global batch
@@ -182,42 +174,18 @@ class TransformersModel(Model):
             result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
             if bool(outputs['mask'].any()):
                 loss_out = run_loss(state.loss, batch, outputs)
-                summary = parallel.reduce_step_summary(self.model, _summary(batch, outputs, loss_out),
+                summary = parallel.reduce_step_summary(self.model, step_summary(batch, outputs, loss_out['loss']),
                                                        getattr(state.loss, 'reduction', None),
                                                        num_rows=len(batch['row_lengths']))
                 state.record(summary, is_training=False)
                 result.update(loss=summary['loss'], metrics=dict(loss_out.get('metrics') or {}))
         return result
 
-    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
-                           **kwargs: Any) -> dict[str, Any]:
-        return self._state(adapter_name).clip_grad_and_step(max_norm)
-
-    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
-        return self._state(adapter_name).clip_grad_norm(max_norm)
-
-    def step(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).step()
-
-    def zero_grad(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).zero_grad()
-
-    def lr_step(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).lr_step()
-
-    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
-        """Metrics since the last call (then reset); also sent to every ``twinkle_metrics`` hook."""
-        state = self._state(adapter_name)
-        metrics = state.calculate_metric(is_training)
-        emit_metrics(state.optimizer_steps, metrics, {'adapter_name': self.adapter_name, 'is_training': is_training,
-                                                      'model_id': self.model_id})
-        return metrics
-
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         state = self._state(adapter_name)
         adapter = None
         if self.adapter_name is not None:
-            adapter = json.loads(json.dumps(self.model.peft_config[self.adapter_name].to_dict(), default=_plain))
+            adapter = lora_config_json(self.model.peft_config[self.adapter_name])
         return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
                 'dtype': str(self.dtype).removeprefix('torch.'), 'max_length': self.max_length,
                 'attn_implementation': self.model.config._attn_implementation, 'adapter': adapter,
@@ -233,11 +201,6 @@ class TransformersModel(Model):
                         f'Batch row {i} has {n} tokens, more than the limit of {self.max_length} '
                         f'({self._max_length_source}). Truncate it (e.g. the template\'s max_length) or drop it.')
         return state.processor(rows, device=self.device)
-
-    def _require_pending(self, what: str) -> dict[str, Any]:
-        if self._pending is None:
-            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet.')
-        return self._pending
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
@@ -308,17 +271,3 @@ class TransformersModel(Model):
             dataloader.load_state_dict(saved['dataloader'])
         return saved.get('extra_state')
 
-
-def _plain(value: Any) -> Any:
-    """JSON fallback for config values: enums by value, sets as sorted lists, anything else as text."""
-    if isinstance(value, set):
-        return sorted(value)
-    return getattr(value, 'value', None) or str(value)
-
-
-def _summary(batch: dict[str, Any], outputs: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    """Floats for the metrics, fetched from the device in one transfer."""
-    values = torch.stack([result['loss'].detach().float(), outputs['mask'].sum().float(),
-                          outputs['correct'].sum().float()]).tolist()
-    return {'loss': values[0], 'num_loss_tokens': int(values[1]), 'num_correct': int(values[2]),
-            'num_tokens': int(batch['num_tokens'])}

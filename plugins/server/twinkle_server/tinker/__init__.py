@@ -1,1 +1,1 @@
-"""Tinker-compatible API (`/api/v1`): the wire contract of the official `tinker` SDK (see TINKER_API.md)."""
+"""Tinker-compatible API (`/api/v1`): the wire contract of the official `tinker` SDK (see docs/tinker_api.md)."""

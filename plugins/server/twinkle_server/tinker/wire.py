@@ -100,13 +100,10 @@ def _tensor(t: Any, where: str) -> np.ndarray:
     return arr
 
 
-def encode_forward_backward_output(logprobs: list[list[float]], metrics: dict[str, float],
-                                   elementwise_loss: list[list[float]] | None = None) -> bytes:
+def encode_forward_backward_output(logprobs: list[list[float]], metrics: dict[str, float]) -> bytes:
     """`logprobs[i]`: per-token learner log-probs of datum i (one per input token)."""
     record = pb.ArrayRecord(num_datums=len(logprobs))
     _batched(record.fields['logprobs'], logprobs)
-    if elementwise_loss is not None:
-        _batched(record.fields['elementwise_loss'], elementwise_loss)
     out = pb.ForwardBackwardOutput(loss_fn_output_type='ArrayRecord', loss_fn_outputs=[record])
     for k, v in metrics.items():
         out.metrics[k] = float(v)

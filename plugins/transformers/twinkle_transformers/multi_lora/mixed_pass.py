@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss
+from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.multi_lora.errors import TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.tenant_batch import row_summary, slice_outputs, slice_rows
+from twinkle_transformers.multi_lora.tenant_batch import slice_outputs, slice_rows
 from twinkle_transformers.train_state import TrainState
 
 INDEX_FIELD = 'adapter_index'
@@ -211,7 +211,7 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
                                                   'NaN/inf in advantages, weights or reference logprobs). Nothing '
                                                   'was applied.')
         return None
-    w.result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=row_summary(sub_batch, sub_out, value))
+    w.result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=step_summary(sub_batch, sub_out, loss))
     return loss * w.state.loss_scale() if train else None
 
 

@@ -20,7 +20,6 @@ A mixed call returns ``{adapter_name: {'loss', 'logprobs', 'metrics'}}``. A tena
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +28,13 @@ from typing import Any, Iterator
 import torch
 
 from twinkle_core.dispatch import remote_method
-from twinkle_core.errors import InvalidInputError, TwinkleError
-from twinkle_core.hooks.emit import emit_metrics, notify_model_loaded
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
-from twinkle_transformers.lora import lora_config
+from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, as_tenant_error, group_by_processor,
@@ -43,9 +42,10 @@ from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, a
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.train_state import TrainState
+from twinkle_transformers.train_state_methods import TrainStateMethods
 
 
-class MultiLoraTransformersModel(Model):
+class MultiLoraTransformersModel(TrainStateMethods, Model):
     """Many LoRA tenants on one frozen Hugging Face causal LM; tenants may share one forward/backward.
 
     Args (as `TransformersModel`): `model_id` (local directory, ``ms://``/``hf://`` reference or HF id),
@@ -128,25 +128,6 @@ class MultiLoraTransformersModel(Model):
             return self.states[name]
         except KeyError:
             raise KeyError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}.') from None
-
-    # ---- per-adapter configuration -------------------------------------------------------------------------
-    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_optimizer(optimizer, **kwargs)
-
-    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
-
-    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_loss(loss, **kwargs)
-
-    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).set_processor(processor, **kwargs)
-
-    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Template by name (kind ``template``); named templates get the base model's tokenizer by default."""
-        if isinstance(template, (str, type)):
-            kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
-        self._state(adapter_name).set_template(template, **kwargs)
 
     # ---- training step -------------------------------------------------------------------------------------
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
@@ -244,41 +225,10 @@ class MultiLoraTransformersModel(Model):
                 pending.errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
         return _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
 
-    def _require_pending(self, what: str) -> '_Pending':
-        if self._pending is None:
-            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated '
-                               'yet.')
-        return self._pending
-
-    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
-                           **kwargs: Any) -> dict[str, Any]:
-        return self._state(adapter_name).clip_grad_and_step(max_norm)
-
-    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
-        return self._state(adapter_name).clip_grad_norm(max_norm)
-
-    def step(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).step()
-
-    def zero_grad(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).zero_grad()
-
-    def lr_step(self, *, adapter_name: str | None = None) -> None:
-        self._state(adapter_name).lr_step()
-
-    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
-        """The adapter's metrics since its last call (then reset); also sent to ``twinkle_metrics`` hooks."""
-        name = self._name(adapter_name)
-        state = self._state(name)
-        metrics = state.calculate_metric(is_training)
-        emit_metrics(state.optimizer_steps, metrics, {'adapter_name': name, 'is_training': is_training,
-                                                      'model_id': self.model_id})
-        return metrics
-
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         name = self._name(adapter_name)
         record = self.manager.record(name)
-        adapter = json.loads(json.dumps(record.config.to_dict(), default=_plain))
+        adapter = lora_config_json(record.config)
         return {'model_id': self.model_id, 'adapter_name': name, 'model_class': type(self.model).__name__,
                 'device': str(self.device),
                 'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
@@ -352,9 +302,3 @@ def _outcome(work: list[TenantWork], errors: dict[str, TenantStepError], mixed: 
         raise MixedStepError(errors, results)
     return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in names}
 
-
-def _plain(value: Any) -> Any:
-    """JSON fallback for config values: enums by value, sets as sorted lists, anything else as text."""
-    if isinstance(value, set):
-        return sorted(value)
-    return getattr(value, 'value', None) or str(value)

@@ -112,9 +112,3 @@ def _token_slicer(batch: dict[str, Any], start: int, end: int) -> Callable[[torc
         return lambda t: t[:, p0:p1]
     width = max(lengths[start:end])
     return lambda t: t[start:end, :width]
-
-
-def row_summary(batch: dict[str, Any], outputs: dict[str, torch.Tensor], loss: float) -> dict[str, Any]:
-    """The per-micro-batch metrics summary `TrainState.record` folds."""
-    return {'loss': loss, 'num_loss_tokens': int(outputs['mask'].sum()),
-            'num_correct': int(outputs['correct'].sum()), 'num_tokens': int(batch['num_tokens'])}
