@@ -49,7 +49,7 @@ class CausalLMProcessor(InputProcessor):
 
     def __call__(self, rows: list[dict[str, Any]], *, device: Any = None) -> dict[str, Any]:
         if not rows:
-            raise InvalidInputError('Cannot collate an empty batch.')
+            raise InvalidInputError('Cannot collate an empty batch: pass at least one row (an InputFeature dict).')
         lengths = [len(r['input_ids']) for r in rows]
         token_fields, row_fields = _classify_fields(rows, lengths, self.per_row_index_fields)
         if self.padding_free:

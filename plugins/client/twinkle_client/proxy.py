@@ -7,6 +7,7 @@ encoded client-side (InputFeature rows), so no torch is needed here.
 """
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable
 
 from twinkle_core.dispatch import remote_methods
@@ -27,7 +28,7 @@ def plain(value: Any) -> Any:
     to_dict = getattr(value, 'to_dict', None)  # e.g. peft.LoraConfig
     if callable(to_dict):
         return {k: v for k, v in plain(to_dict()).items() if v is not None}
-    if hasattr(value, 'value') and type(value).__module__ == 'enum':
+    if isinstance(value, enum.Enum):
         return plain(value.value)
     tolist = getattr(value, 'tolist', None)
     if callable(tolist):

@@ -127,7 +127,8 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         try:
             return self.states[name]
         except KeyError:
-            raise KeyError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}.') from None
+            raise KeyError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}. Add it first '
+                           'with add_adapter_to_model (or load a checkpoint into it).') from None
 
     # ---- training step -------------------------------------------------------------------------------------
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
