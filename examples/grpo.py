@@ -73,7 +73,8 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     for step in progress:
         prompts = addition_prompts(rng, prompts_per_step)
         prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
-        params = SamplingParams(max_tokens=4, temperature=1.0, num_samples=group_size, seed=seed * 100_003 + step)
+        # max_tokens=2: room for one digit + end of turn; longer answers are cut off
+        params = SamplingParams(max_tokens=2, temperature=1.0, num_samples=group_size, seed=seed * 100_003 + step)
         responses = sampler.sample(prompt_rows, params)
 
         trajectories, rows, lengths = [], [], []
