@@ -106,8 +106,7 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
     # After a sync the sampler runs exactly the trained policy: its log-probs equal the model's.
     syncs.append(sync.sync_weights())
     after = sampler_scores(sampler, probes)
-    model_scores = model.forward_only(inputs=[{**p, 'labels': p['input_ids'], 'advantage': 0.0}
-                                              for p in probes])['logprobs']
+    model_scores = model.forward_only(inputs=probes, compute_loss=False)['logprobs']
     max_diff = max(abs(m - s) for mr, sr in zip(model_scores, after) for m, s in zip(mr[1:], sr[1:]))
     moved = max(abs(a - b) for ar, br in zip(after, probe_scores_before) for a, b in zip(ar[1:], br[1:]))
     print(f'steps: {steps}; loss per step: {[round(x, 4) for x in losses]}; mean reward per step: '

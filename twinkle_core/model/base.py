@@ -58,8 +58,10 @@ class Model(ABC, metaclass=HostedComponentMeta):
 
     @remote_method('slice_dp', 'concat', mutates=False)
     @abstractmethod
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Forward without gradients. Returns per-row target-token logprobs (and loss when labels exist)."""
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
+                     **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients. Returns per-row target-token logprobs, and the loss when labels exist and
+        `compute_loss` is true (False: logprobs only, e.g. old/reference logprobs while an RL loss is set)."""
 
     @remote_method('all', 'first')
     @abstractmethod

@@ -163,8 +163,10 @@ class TransformersModel(TrainStateMethods, Model):
         logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
         return {**self.backward(), 'logprobs': logprobs}
 
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels."""
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
+                     **kwargs: Any) -> dict[str, Any]:
+        """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels and
+        `compute_loss` (pass False for behaviour/reference logprobs while an RL loss is set)."""
         state = self._state(adapter_name)
         self._apply_device_mesh()
         batch = self._collate(state, inputs)
@@ -172,7 +174,7 @@ class TransformersModel(TrainStateMethods, Model):
         with torch.no_grad():
             outputs = forward_logps(self.model, batch, loss=state.loss)
             result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
-            if bool(outputs['mask'].any()):
+            if compute_loss and bool(outputs['mask'].any()):
                 loss_out = run_loss(state.loss, batch, outputs)
                 summary = parallel.reduce_step_summary(self.model, step_summary(batch, outputs, loss_out['loss']),
                                                        getattr(state.loss, 'reduction', None),

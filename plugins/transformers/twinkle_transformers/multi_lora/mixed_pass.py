@@ -37,6 +37,7 @@ class TenantWork:
     name: str
     state: TrainState
     rows: list[dict[str, Any]]
+    compute_loss: bool = True  # False: forward only for logprobs (no loss, no metrics)
     result: dict[str, Any] | None = None
     error: TenantStepError | None = None
     sub_batch: dict[str, Any] | None = field(default=None, repr=False)  # its rows of the collated batch
@@ -197,7 +198,7 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
     if w.error is not None:
         return None
     sub_batch, sub_out = w.sub_batch, w.sub_outputs
-    if not train and not bool(sub_out['mask'].any()):
+    if not w.compute_loss or (not train and not bool(sub_out['mask'].any())):
         return None  # logprobs only: nothing to score, no metrics
     try:
         out = run_loss(w.state.loss, sub_batch, sub_out)

@@ -141,14 +141,18 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
 
     def forward_only(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
-                     **kwargs: Any) -> dict[str, Any]:
-        """Forward without gradients: per-row logprobs (aligned with input_ids) and the loss where rows have
-        labels. Same input forms as `forward_backward`."""
-        return self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs)
+                     compute_loss: bool = True, **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients: per-row logprobs (aligned with input_ids) and, unless
+        ``compute_loss=False``, each tenant's loss where rows have labels. Same input forms as
+        `forward_backward`. Use ``compute_loss=False`` for reference/behaviour logprobs while an RL loss is set."""
+        return self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs,
+                         compute_loss=compute_loss)
 
     def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
-             extra: dict[str, Any]) -> dict[str, Any]:
+             extra: dict[str, Any], compute_loss: bool = True) -> dict[str, Any]:
         work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra)
+        for w in work:
+            w.compute_loss = compute_loss
         run_tenants(self.model, self.manager, work, train=train, device=self.device)
         return _outcome(work, errors, mixed, return_errors=return_errors)
 
