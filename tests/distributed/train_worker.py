@@ -3,6 +3,8 @@
     python train_worker.py --out DIR                                   # one process
     torchrun --nproc_per_node 2 train_worker.py --out DIR --dp 2       # DDP
     torchrun --nproc_per_node 2 train_worker.py --out DIR --fsdp 2     # FSDP2
+    ... --steps 2 --save-optimizer                                     # first half, checkpoint with optimizer
+    ... --steps 2 --skip-steps 2 --resume DIR/final                    # second half, resumed from it
 
 Every run trains on the same global batches (rows of different lengths, so ranks hold different token counts),
 writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
@@ -31,6 +33,10 @@ def main() -> None:
     parser.add_argument('--full', action='store_true', help='full-parameter training instead of LoRA')
     parser.add_argument('--steps', type=int, default=4)
     parser.add_argument('--batch-size', type=int, default=8)
+    parser.add_argument('--skip-steps', type=int, default=0, help='start at this global batch of the data')
+    parser.add_argument('--save-optimizer', action='store_true', help='save the checkpoint with optimizer state')
+    parser.add_argument('--resume', default=None, help='load this checkpoint with load_optimizer=True first')
+    parser.add_argument('--weights-only', action='store_true', help='--resume with load_optimizer=False')
     args = parser.parse_args()
 
     import torch
@@ -45,7 +51,9 @@ def main() -> None:
         model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear',
                                                'init_lora_weights': 'gaussian'})
     model.set_optimizer('AdamW', lr=1e-3)
-    rows = random_token_rows(args.batch_size * args.steps)
+    if args.resume:
+        model.load(args.resume, load_optimizer=not args.weights_only)
+    rows = random_token_rows(args.batch_size * (args.skip_steps + args.steps))[args.batch_size * args.skip_steps:]
     loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
     losses = []
     for batch in loader:
@@ -53,10 +61,11 @@ def main() -> None:
         model.clip_grad_and_step(max_norm=1.0)
     eval_rows = random_token_rows(4, seed=1)
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
-    path = model.save('final', output_dir=args.out)
+    path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer)
     if distributed.is_main_process():
         result = {'losses': losses, 'eval_loss': evaluation['loss'], 'eval_logprobs': evaluation['logprobs'],
-                  'checkpoint': path, 'world_size': distributed.get_world_size(), 'eval_rows': eval_rows}
+                  'checkpoint': path, 'world_size': distributed.get_world_size(), 'eval_rows': eval_rows,
+                  'optimizer_steps': model.state.optimizer_steps}
         Path(args.out, 'result.json').write_text(json.dumps(result))
     twinkle_core.shutdown()
 

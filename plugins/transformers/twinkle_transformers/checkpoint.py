@@ -6,7 +6,8 @@ A checkpoint is one directory, written atomically (into a temporary sibling, the
   ``peft.PeftModel.from_pretrained(base, path)``;
 - full weights: Hugging Face format (``config.json``, ``model*.safetensors``, tokenizer files);
 - ``twinkle_checkpoint.json``: what was saved (kind, adapter name, model id, optimizer step);
-- ``training_state.pt`` (``save_optimizer=True``): the `TrainState` (optimizer, LR scheduler, counters), the RNG
+- ``training_state.pt`` (``save_optimizer=True``): the `TrainState` (optimizer, LR scheduler, counters; the
+  optimizer state of `TransformersModel` is keyed by parameter name, so any world size can resume it), the RNG
   states (torch CPU/CUDA, python, numpy), an optional data-loader state and optional caller ``extra_state`` --
   everything needed to resume bit-for-bit. It is read with ``torch.load(weights_only=True)``: plain python
   values and tensors only (data-loader states and ``extra_state`` must be made of those).

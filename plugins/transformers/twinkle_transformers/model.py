@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,9 @@ class TransformersModel(TrainStateMethods, Model):
         """
         state = self._state(adapter_name)
         target = Path(output_dir or 'output') / name
-        if save_optimizer:
-            parallel.check_optimizer_checkpointing(self.model)
+        optimizer_state = None
+        if save_optimizer and state.optimizer is not None:  # by parameter name, gathered (collective under a mesh)
+            optimizer_state = parallel.full_optimizer_state_dict(self.model, state.optimizer)
         write_here, gathered = parallel.gather_for_save(self.model)  # under a mesh: collective, rank 0 writes
         if not write_here:
             barrier()
@@ -230,7 +232,8 @@ class TransformersModel(TrainStateMethods, Model):
                                 model_id=self.model_id, step=state.optimizer_steps,
                                 has_training_state=save_optimizer)
             if save_optimizer:
-                ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
+                ckpt.save_training_state(tmp, {**state.state_dict(), 'optimizer': optimizer_state},
+                                         dataloader=dataloader, extra_state=extra_state)
         barrier()
         return str(target)
 
@@ -265,9 +268,9 @@ class TransformersModel(TrainStateMethods, Model):
         if not load_optimizer:
             return None
         self._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
-        parallel.check_optimizer_checkpointing(self.model)
         saved = ckpt.load_training_state(path)
-        self._state(adapter_name).load_state_dict(saved['train_state'])
+        self._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
+            saved['train_state'], load_optimizer_state=partial(parallel.load_optimizer_state, self.model))
         ckpt.set_rng_state(saved['rng'])
         if dataloader is not None and saved.get('dataloader') is not None:
             dataloader.load_state_dict(saved['dataloader'])

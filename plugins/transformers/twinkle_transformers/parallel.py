@@ -13,8 +13,9 @@ tp (optionally fsdp)   DTensor ``parallelize_module`` with a Qwen3-style colwise
 
 Contract: call it once, after the weights are loaded and adapters injected (parameters that require grad must be
 final) and before the optimizer is built; call the module it was applied to for forward. Saving: gather with
-`full_state_dict` (collective; rank 0 gets CPU tensors) and write on rank 0. Loading: every rank passes the same
-full state dict to `load_full_state_dict`, which reshards it to whatever mesh this run has.
+`full_state_dict` / `full_optimizer_state_dict` (collective; rank 0 gets CPU tensors) and write on rank 0.
+Loading: every rank passes the same full state to `load_full_state_dict` / `load_optimizer_state`, which reshard
+it to whatever mesh this run has.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from twinkle_core.errors import MeshError
+from twinkle_core.errors import InvalidInputError, MeshError
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.runtime import distributed
 
@@ -270,11 +271,97 @@ def gather_for_save(model: nn.Module) -> tuple[bool, dict[str, torch.Tensor] | N
     return distributed.is_main_process(), None
 
 
-def check_optimizer_checkpointing(model: nn.Module) -> None:
-    """Raise for optimizer checkpoints of sharded models (not supported yet; replicas are fine)."""
-    if is_sharded(model):
-        raise MeshError(f'saving/loading optimizer state of a sharded model ({applied_mesh(model)!r}) is not '
-                        'supported yet: save with save_optimizer=False (weights only), or train with dp (DDP).')
+def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Unsharded CPU optimizer state keyed by parameter name (FQN) -- the checkpoint format for every world size
+    and strategy (``{'state': {fqn: {...}}, 'param_groups': [{'params': [fqn, ...], ...}]}``).
+
+    Collective under a mesh (every rank must call it): rank 0 gets the state, other ranks an empty dict.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    meshed = applied_mesh(model) is not None
+    reshard(model)
+    if not optimizer.state:  # before the first step: DCP would initialise the state with a zero-lr step (mutating
+        # this run's optimizer); only the hyper-parameters exist, and every rank holds them whole
+        return {} if meshed and not distributed.is_main_process() else _groups_by_name(model, optimizer)
+    # Without a mesh nothing is gathered; cpu_offload would keep the state on rank 0 of any process group.
+    state = get_optimizer_state_dict(model, optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=meshed))
+    if meshed and not distributed.is_main_process():
+        return {}
+    return state if meshed else _to_cpu(state)
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load optimizer state saved by any world size into `optimizer` (built over `model`'s parameters after the
+    mesh was applied), resharded to this run's layout (rank 0's copy is broadcast). Name-keyed state comes from
+    `full_optimizer_state_dict`; index-keyed state (``optimizer.state_dict()``: `MultiLoraTransformersModel`,
+    older checkpoints) is matched by position, as ``optimizer.load_state_dict`` does. Collective under a mesh."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    reshard(model)
+    if not _keyed_by_name(state):
+        state = _keyed_by_position(model, optimizer, state)
+    if not state.get('state'):  # saved before the first step: hyper-parameters only
+        optimizer.load_state_dict(_groups_by_index(model, optimizer, state))
+        return
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True,
+                                                      broadcast_from_rank0=applied_mesh(model) is not None))
+
+
+def reshard(model: nn.Module) -> None:
+    """Register the sharded parameters again on FSDP2 modules that hold them unsharded (the root stays unsharded
+    after a forward without backward, e.g. `forward_only`), so the optimizer's parameters are the module's."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _optimizer_parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group['params']]
+
+
+def _groups_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    names = _optimizer_parameter_names(model, optimizer)
+    groups = optimizer.state_dict()['param_groups']
+    return {'state': {}, 'param_groups': [{**g, 'params': [names[i] for i in g['params']]} for g in groups]}
+
+
+def _groups_by_index(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    index = {name: i for i, name in enumerate(_optimizer_parameter_names(model, optimizer))}
+    unknown = [n for g in state['param_groups'] for n in g['params'] if n not in index]
+    if unknown:
+        raise InvalidInputError(f'{len(unknown)} parameters of the saved optimizer state are not optimised here, e.g. '
+                        f'{unknown[:3]}; was it saved from another model or adapter?')
+    return {'state': {}, 'param_groups': [{**g, 'params': [index[n] for n in g['params']]}
+                                          for g in state['param_groups']]}
+
+
+def _keyed_by_position(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    names = _optimizer_parameter_names(model, optimizer)
+    saved = [p for g in state['param_groups'] for p in g['params']]
+    if len(saved) != len(names):
+        raise InvalidInputError(f'the saved optimizer state covers {len(saved)} parameters, this optimizer '
+                                f'{len(names)}; was it saved from another model or adapter?')
+    name_of = dict(zip(saved, names))
+    return {'state': {name_of[k]: v for k, v in state['state'].items()},
+            'param_groups': [{**g, 'params': [name_of[p] for p in g['params']]} for g in state['param_groups']]}
+
+
+def _keyed_by_name(state: dict[str, Any]) -> bool:
+    params = [p for group in state.get('param_groups', []) for p in group.get('params', [])]
+    return any(isinstance(key, str) for key in [*state.get('state', {}), *params])
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
 
 
 def load_adapter_weights_sharded(model: nn.Module, adapter_name: str, weights: dict[str, torch.Tensor]) -> None:

@@ -214,9 +214,13 @@ class TrainState:
                 'micro_batches': self.micro_batches, 'last_grad_norm': self.last_grad_norm,
                 'gradient_accumulation_steps': self.gradient_accumulation_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *,
+                        load_optimizer_state: Callable[[torch.optim.Optimizer, dict[str, Any]], None] | None = None,
+                        ) -> None:
         """Restore `state_dict()`. An optimizer/scheduler that was saved but is not set yet is rebuilt from its
-        recorded registry name and arguments; one set by class or instance must be set again first."""
+        recorded registry name and arguments; one set by class or instance must be set again first.
+        `load_optimizer_state(optimizer, saved)` loads the saved optimizer state (default
+        ``optimizer.load_state_dict``; models with sharded parameters pass a resharding loader)."""
         for kind, setter in (('optimizer', self.set_optimizer), ('lr_scheduler', self.set_lr_scheduler)):
             if state.get(kind) is None or getattr(self, kind) is not None:
                 continue
@@ -226,7 +230,11 @@ class TrainState:
                                    f'set_{kind}(...) as in the original run before loading.')
             setter(spec['name'], **spec['kwargs'])
         if state.get('optimizer') is not None:
-            self.require_optimizer().load_state_dict(state['optimizer'])
+            optimizer = self.require_optimizer()
+            if load_optimizer_state is None:
+                optimizer.load_state_dict(state['optimizer'])
+            else:
+                load_optimizer_state(optimizer, state['optimizer'])
         if state.get('lr_scheduler') is not None:
             self.lr_scheduler.load_state_dict(state['lr_scheduler'])
         self.optimizer_steps = state['optimizer_steps']
