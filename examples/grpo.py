@@ -1,4 +1,4 @@
-"""GRPO on CPU with the tiny fixture model: single-digit addition ("3+4=" -> "7") with a 0/1 reward.
+"""GRPO on CPU with the tiny fixture model: "repeat 7" -> "7" (echo the prompt's digit) with a 0/1 reward.
 
 The loop is the whole algorithm, top to bottom:
 
@@ -8,11 +8,11 @@ The loop is the whole algorithm, top to bottom:
 3. group-relative advantages (`GRPOAdvantage`), one per completion (the per-row field ``advantage``);
 4. a `GRPOLoss` step on the (prompt + completion) rows, with the sampler's log-probs as ``old_logps``.
 
-The fixture model starts from random weights, so a short SFT warm-start first teaches the answer format on
-*noisy* data: half of its answers are random digits. That leaves a weak, high-entropy policy (about 15% of
-sampled answers right); the rise above that is learnt from the reward alone.
+The fixture model starts from random weights, so a short SFT warm-start first teaches the answer *format* only:
+its answers are random digits, unrelated to the prompt. That leaves a policy that answers one digit and stops but
+guesses which one (about 10% of sampled answers right); everything above that is learnt from the reward alone.
 
-    python examples/grpo.py                  # a few minutes on one CPU core
+    python examples/grpo.py                  # 2-3 minutes on one CPU core
     python examples/grpo.py --updates-per-batch 2   # later updates are off-policy: the ratio clip is active
 """
 from __future__ import annotations
@@ -34,31 +34,30 @@ from twinkle_core.sampler import TorchSampler
 from twinkle_core.types import SamplingParams
 
 
-def addition_prompts(rng: random.Random, n: int) -> list[dict[str, Any]]:
-    """`n` prompts ``{'messages': [user 'a+b='], 'ground_truth': 'a+b'}`` with operands in [0, 4]."""
-    prompts = []
-    for _ in range(n):
-        a, b = rng.randint(0, 4), rng.randint(0, 4)
-        prompts.append({'messages': [{'role': 'user', 'content': f'{a}+{b}='}], 'ground_truth': str(a + b)})
-    return prompts
+def repeat_prompts(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """`n` prompts ``{'messages': [user 'repeat d'], 'ground_truth': 'd'}`` with a random digit d."""
+    digits = [rng.randint(0, 9) for _ in range(n)]
+    return [{'messages': [{'role': 'user', 'content': f'repeat {d}'}], 'ground_truth': str(d)} for d in digits]
 
 
-def noisy_answer(prompt: dict[str, Any], rng: random.Random) -> str:
-    """The warm-start's answer: right half of the time, a random digit otherwise."""
-    return prompt['ground_truth'] if rng.random() < 0.5 else str(rng.randint(0, 9))
+def warmup_answer(prompt: dict[str, Any], rng: random.Random, hint: float) -> str:
+    """The warm-start's answer: the right one with probability `hint`, else a random digit (`hint=0`: format only)."""
+    return prompt['ground_truth'] if rng.random() < hint else str(rng.randint(0, 9))
 
 
 def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 60,
-         lr: float = 5e-4, updates_per_batch: int = 1, loss_type: str = 'grpo', seed: int = 0) -> dict[str, Any]:
+         warmup_hint: float = 0.0, lr: float = 5e-4, updates_per_batch: int = 1, loss_type: str = 'grpo',
+         seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
 
-    # ---- 1. warm-start on noisy answers (format + a weak prior) ---------------------------------------------
+    # ---- 1. warm-start on random answers: the format (one digit, end of turn), not the task -----------------
     model.set_optimizer('AdamW', lr=3e-3)
-    for _ in tqdm(range(warmup_steps), desc='noisy SFT warm-start'):
-        rows = [template.encode({'messages': [*p['messages'], {'role': 'assistant', 'content': noisy_answer(p, rng)}]})
-                for p in addition_prompts(rng, 16)]
+    for _ in tqdm(range(warmup_steps), desc='format-only SFT warm-start'):
+        rows = [template.encode({'messages': [*p['messages'],
+                                              {'role': 'assistant', 'content': warmup_answer(p, rng, warmup_hint)}]})
+                for p in repeat_prompts(rng, 16)]
         model.forward_backward(inputs=rows)  # default loss: cross-entropy on the answer tokens
         model.clip_grad_and_step()
 
@@ -71,7 +70,7 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     mean_rewards: list[float] = []
     progress = tqdm(range(steps), desc='GRPO')
     for step in progress:
-        prompts = addition_prompts(rng, prompts_per_step)
+        prompts = repeat_prompts(rng, prompts_per_step)
         prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
         # max_tokens=2: room for one digit + end of turn; longer answers are cut off
         params = SamplingParams(max_tokens=2, temperature=1.0, num_samples=group_size, seed=seed * 100_003 + step)
@@ -110,9 +109,11 @@ if __name__ == '__main__':
     parser.add_argument('--steps', type=int, default=100)
     parser.add_argument('--group-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=5e-4)
+    parser.add_argument('--warmup-hint', type=float, default=0.0,
+                        help='fraction of right warm-start answers (0: the warm-start teaches the format only)')
     parser.add_argument('--updates-per-batch', type=int, default=1)
     parser.add_argument('--loss-type', default='grpo', choices=['grpo', 'bnpo', 'dr_grpo'])
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
-    main(steps=args.steps, group_size=args.group_size, lr=args.lr, updates_per_batch=args.updates_per_batch,
-         loss_type=args.loss_type, seed=args.seed)
+    main(steps=args.steps, group_size=args.group_size, warmup_hint=args.warmup_hint, lr=args.lr,
+         updates_per_batch=args.updates_per_batch, loss_type=args.loss_type, seed=args.seed)

@@ -20,7 +20,7 @@ def load_example(name: str) -> ModuleType:
 
 @pytest.mark.slow
 def test_grpo_mean_reward_at_least_doubles():
-    result = load_example('grpo').main()
+    result = load_example('grpo').main(seed=0)  # seeds 1 and 2 clear 2x as well (docs/rl.md)
     assert result['last_reward'] >= 2 * result['first_reward'], result['mean_rewards']
 
 
