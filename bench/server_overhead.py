@@ -18,14 +18,14 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import httpx
 from tqdm import tqdm
+
+from twinkle_server.launch import start_process
 
 
 def make_rows(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[list[int]]:
@@ -94,18 +94,8 @@ def concurrent_latency(url: str, key: str, seqs: list[list[int]], clients: int, 
 
 
 def start_server(model_dir: str, data_dir: str, port: int, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model', f'bench={model_dir}',
-           '--data-dir', data_dir, '--port', str(port), '--device', 'cpu']
-    env = {**os.environ, 'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    for _ in range(600):
-        try:
-            if httpx.get(f'http://127.0.0.1:{port}/api/v1/healthz', timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError('server did not start')
+    return start_process({'bench': model_dir}, data_dir, port, extra_args=('--device', 'cpu'),
+                         env={'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)})
 
 
 def main() -> None:

@@ -2,11 +2,8 @@
 resumes from its checkpoint with the optimizer state, and the request that was in flight fails cleanly."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -17,20 +14,8 @@ from conftest import MODEL
 
 
 def _start(data_dir, model_dir, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model', f'{MODEL}={model_dir}',
-           '--data-dir', str(data_dir), '--port', str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f'server exited: {proc.stderr.read().decode()[-2000:]}')
-        try:
-            if httpx.get(f'http://127.0.0.1:{port}/api/v1/healthz', timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError('server did not come up')
+    from twinkle_server.launch import start_process
+    return start_process({MODEL: str(model_dir)}, str(data_dir), port)
 
 
 @pytest.mark.slow
