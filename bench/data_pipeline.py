@@ -1,4 +1,4 @@
-"""Data pipeline timings, as ratios measured in one process (DESIGN §9).
+"""Data pipeline timings, as ratios measured in one process (docs/architecture.md §8).
 
 1. Template label paths: rows/s of the ``{% generation %}``-mask path vs prefix rendering (same output, checked).
 2. Encode cache: a second run over the same file + template reads `datasets`' cache instead of re-encoding.

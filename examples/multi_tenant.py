@@ -1,4 +1,4 @@
-"""Four tenants, one base model, one forward/backward per step (DESIGN §6).
+"""Four tenants, one base model, one forward/backward per step (docs/architecture.md §4).
 
 - ``twinkle``  : SFT, self-cognition as "Twinkle" by ModelScope      (rank 8, all linear layers)
 - ``nova``     : SFT, self-cognition as "Nova" by Acme Labs           (rank 16, attention only, other lr)

@@ -1,4 +1,4 @@
-"""Shared fixtures. The tiny model is built once per machine (cached, deterministic) — see DESIGN §9."""
+"""Shared fixtures. The tiny model is built once per machine (cached, deterministic): docs/architecture.md §8."""
 from __future__ import annotations
 
 import os

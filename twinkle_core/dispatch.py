@@ -1,4 +1,4 @@
-"""Distributed semantics of a component method, declared once on the interface (DESIGN §5).
+"""Distributed semantics of a component method, declared once on the interface (docs/architecture.md §2).
 
     class Model(ABC):
         @remote_method(dispatch='slice_dp', collect='mean')
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, TypeVar, get_args
+
+from twinkle_core.mesh import split_for_dp  # noqa: F401 - re-exported: the runtimes' slicing rule
 
 Dispatch = Literal['all', 'slice_dp', 'first']
 Collect = Literal['first', 'mean', 'concat', 'list', 'none']
@@ -83,17 +85,3 @@ def collect_results(results: list[Any], how: Collect) -> Any:
 
 def _numeric(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def split_for_dp(inputs: list[Any], dp_size: int) -> list[list[Any]]:
-    """Split a batch into `dp_size` contiguous, near-equal slices (rank r gets slice r)."""
-    if dp_size < 1:
-        raise ValueError(f'dp_size must be >= 1, got {dp_size}.')
-    n = len(inputs)
-    base, extra = divmod(n, dp_size)
-    out, start = [], 0
-    for r in range(dp_size):
-        size = base + (1 if r < extra else 0)
-        out.append(list(inputs[start:start + size]))
-        start += size
-    return out

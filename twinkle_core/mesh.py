@@ -3,12 +3,16 @@
 Dimensions, outermost first: ``pp, dp, fsdp, cp, tp`` (tp innermost, so tensor-parallel peers are neighbours).
 ``ep`` (expert parallel) is folded over the data-parallel ranks: it must divide ``dp * fsdp``.
 Pure Python: no torch import until `to_torch()`.
+
+Data-parallel slicing lives here too, the one rule every runtime and loader follows: a batch is cut into
+`data_world_size` contiguous slices whose sizes differ by at most one, lower data ranks taking the extra rows
+(`shard_bounds`, `split_for_dp`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from twinkle_core.errors import MeshError
 
@@ -156,3 +160,23 @@ class DeviceGroup:
     @property
     def world_size(self) -> int:
         return len(self.ranks)  # type: ignore[arg-type]
+
+
+# ---- data-parallel slicing -------------------------------------------------------------------------------------
+def shard_bounds(num_rows: int, data_rank: int, data_world_size: int) -> tuple[int, int]:
+    """Contiguous ``[start, end)`` of a batch of `num_rows` rows for `data_rank`: sizes differ by at most one,
+    lower ranks take the extra rows, and the shards of all ranks cover the batch exactly once."""
+    if data_world_size < 1:
+        raise MeshError(f'data_world_size must be >= 1, got {data_world_size}.')
+    if not 0 <= data_rank < data_world_size:
+        raise MeshError(f'data_rank={data_rank} is outside 0..{data_world_size - 1}.')
+    base, extra = divmod(num_rows, data_world_size)
+    start = data_rank * base + min(data_rank, extra)
+    return start, start + base + (1 if data_rank < extra else 0)
+
+
+def split_for_dp(rows: Sequence[Any], data_world_size: int) -> list[list[Any]]:
+    """`rows` cut into `data_world_size` slices by `shard_bounds` (data rank r gets slice r)."""
+    if data_world_size < 1:
+        raise MeshError(f'data_world_size must be >= 1, got {data_world_size}.')
+    return [list(rows[slice(*shard_bounds(len(rows), r, data_world_size))]) for r in range(data_world_size)]

@@ -2,7 +2,7 @@
 
 `resolve(kind, spec, **init_args)` accepts an instance (returned as is), a class or callable (instantiated, or
 wrapped by the kind's interface when it is a plain function), or a string. Strings resolve in this order, first
-hit wins (DESIGN §2):
+hit wins (docs/architecture.md §1):
 
 1. names registered in this process with `@register(kind)`;
 2. installed entry points of group ``twinkle.<kind>`` -- loaded lazily, only the one asked for;

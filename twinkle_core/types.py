@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from twinkle_core.errors import InvalidInputError
 
 Role = Literal['system', 'user', 'assistant', 'tool']
+#: The label of a position without loss (HF convention; docs/conventions.md). Import it from here.
+IGNORE_INDEX = -100
 
 
 class Message(BaseModel):
@@ -87,11 +89,13 @@ def as_input_features(batch: Any) -> list[dict[str, Any]]:
 
 def _listify(row: dict[str, Any]) -> dict[str, Any]:
     """Tensors/arrays -> lists for validation only (rows themselves are passed on unchanged)."""
-    out = {}
-    for k, v in row.items():
-        tolist = getattr(v, 'tolist', None)
-        out[k] = tolist() if callable(tolist) else v
-    return out
+    return {k: as_list(v) if callable(getattr(v, 'tolist', None)) else v for k, v in row.items()}
+
+
+def as_list(values: Any) -> list[Any]:
+    """A row field (tensor, array or sequence) as a Python list: its ``tolist()`` when it has one."""
+    tolist = getattr(values, 'tolist', None)
+    return tolist() if callable(tolist) else list(values)
 
 
 class SamplingParams(BaseModel):

@@ -1,4 +1,5 @@
-"""The resolver: @register, the four resolution steps of DESIGN §2 in order, errors that say what to do."""
+"""The resolver: @register, the four resolution steps of docs/architecture.md §1 in order, errors that say what
+to do."""
 from __future__ import annotations
 
 import pytest

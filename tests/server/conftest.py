@@ -28,12 +28,15 @@ class Server:
 
 @pytest.fixture(scope='session')
 def server(tmp_path_factory, tiny_model_dir) -> Server:
-    from twinkle_server import ServerConfig, start_in_thread
+    from twinkle_server import ServerConfig, TenantLimits, start_in_thread
     from twinkle_server.launch import free_port
     logging.getLogger('tinker').setLevel(logging.ERROR)
     data_dir = tmp_path_factory.mktemp('server-data')
+    # one server hosts every test's models for the whole session (none are unloaded): lift the adapter and
+    # session caps; every other limit keeps its default (tests/server/test_hostile.py relies on them)
+    limits = TenantLimits().merged({'max_adapters': 512, 'max_sessions': 512})
     config = ServerConfig(models={MODEL: str(tiny_model_dir)}, data_dir=str(data_dir), port=free_port(),
-                          max_body_bytes=2 * 1024 * 1024)
+                          max_body_bytes=2 * 1024 * 1024, default_limits=limits)
     running = start_in_thread(config)
     yield Server(running.base_url, data_dir, tiny_model_dir, running)
     running.stop()

@@ -6,11 +6,9 @@ import time
 import httpx
 import pytest
 from tinker import types
-from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from conftest import MODEL
-
-PROTO = {'Content-Type': 'application/x-protobuf'}
+from raw_http import PROTO, assert_refused, datum, fwdbwd_body, new_model, result
 
 
 @pytest.fixture(autouse=True)
@@ -25,69 +23,35 @@ def short_long_poll(server):
 def raw(server, alice):
     """(http client, model_id) of a fresh model created over raw HTTP."""
     with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': alice}, timeout=60) as http:
-        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}
-                        ).json()['session_id']
-        rid = http.post('/create_model', json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL,
-                                               'lora_config': {'rank': 2, 'seed': 0}}).json()['request_id']
-        assert _result(http, rid)['model_id'] == f'{sid}:train:0'
-        yield http, f'{sid}:train:0'
-
-
-def _result(http: httpx.Client, request_id: str) -> dict | bytes:
-    while True:
-        r = http.post('/retrieve_future', json={'request_id': request_id})
-        assert r.status_code == 200, r.text
-        if 'protobuf' in r.headers['content-type']:
-            return r.content
-        body = r.json()
-        if body.get('type') != 'try_again':
-            return body
-
-
-def _fwdbwd(model_id: str, seq_id: int, datums: list, loss_fn: str = 'cross_entropy', forward_only=False) -> bytes:
-    req = types.ForwardBackwardRequest(forward_backward_input=types.ForwardBackwardInput(
-        data=datums, loss_fn=loss_fn), model_id=model_id, seq_id=seq_id)
-    msg = forward_backward_request_to_proto(req)
-    msg.forward_only = forward_only
-    return msg.SerializeToString()
-
-
-def _datum(n: int = 6) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(list(range(5, 5 + n))),
-                       loss_fn_inputs={'target_tokens': list(range(6, 6 + n)), 'weights': [1.0] * n})
-
-
-def _assert_4xx(r: httpx.Response, status: int, needle: str) -> None:
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert needle in body['error'] and body['category'] == 'user', body
+        _, model_id = new_model(http, MODEL)
+        yield http, model_id
 
 
 def test_bad_requests_then_a_good_one(raw, server):
     http, model_id = raw
-    _assert_4xx(http.post('/forward_backward', content=b'\xff\x00garbage', headers=PROTO), 400, 'protobuf')
+    assert_refused(http.post('/forward_backward', content=b'\xff\x00garbage', headers=PROTO), 400, 'protobuf')
     short = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
                         loss_fn_inputs={'target_tokens': [6, 7], 'weights': [1.0, 1.0]})
-    _assert_4xx(http.post('/forward_backward', content=_fwdbwd(model_id, 1, [short]), headers=PROTO), 422,
+    assert_refused(http.post('/forward_backward', content=fwdbwd_body(model_id, 1, [short]), headers=PROTO), 422,
                 'has 2 values but the model input has 3 tokens')
-    _assert_4xx(http.post('/forward_backward', content=_fwdbwd(model_id, 2, [_datum()], 'made_up_loss'),
+    assert_refused(http.post('/forward_backward', content=fwdbwd_body(model_id, 2, [datum()], 'made_up_loss'),
                           headers=PROTO), 422, "unknown loss_fn 'made_up_loss'")
     image = types.Datum(model_input=types.ModelInput(chunks=[types.ImageChunk(data=b'\x89PNG', format='png')]),
                         loss_fn_inputs={'target_tokens': [1]})
-    _assert_4xx(http.post('/forward_backward', content=_fwdbwd(model_id, 3, [image]), headers=PROTO), 422,
+    assert_refused(http.post('/forward_backward', content=fwdbwd_body(model_id, 3, [image]), headers=PROTO), 422,
                 'encoded_text')
-    r = http.post('/forward_backward', content=_fwdbwd('sess-nope:train:0', 1, [_datum()]), headers=PROTO)
+    r = http.post('/forward_backward', content=fwdbwd_body('sess-nope:train:0', 1, [datum()]), headers=PROTO)
     assert r.status_code == 404
-    _assert_4xx(http.post('/optim_step', content=b'{not json'), 400, 'not valid JSON')
-    _assert_4xx(http.post('/optim_step', json={'model_id': model_id}), 400, 'optim_params: Field required')
-    _assert_4xx(http.post('/forward_backward', content=b'x' * (3 * 1024 * 1024), headers=PROTO), 413, 'exceeds')
+    assert_refused(http.post('/optim_step', content=b'{not json'), 400, 'not valid JSON')
+    assert_refused(http.post('/optim_step', json={'model_id': model_id}), 400, 'optim_params: Field required')
+    assert_refused(http.post('/forward_backward', content=b'x' * (3 * 1024 * 1024), headers=PROTO), 413, 'exceeds')
     # the rejected seq_ids 1-3 were skipped: seq 4 runs (it would wait forever otherwise)
-    r = http.post('/forward_backward', content=_fwdbwd(model_id, 4, [_datum()]), headers=PROTO)
+    r = http.post('/forward_backward', content=fwdbwd_body(model_id, 4, [datum()]), headers=PROTO)
     assert r.status_code == 200, r.text
     out = types.ForwardBackwardOutput  # decoded by the SDK's own codec
     from tinker.proto.response_conv import deserialize_forward_backward_output
-    result = deserialize_forward_backward_output(_result(http, r.json()['request_id']))
-    assert isinstance(result, out) and result.metrics['loss:sum'] > 0
+    output = deserialize_forward_backward_output(result(http, r.json()['request_id']))
+    assert isinstance(output, out) and output.metrics['loss:sum'] > 0
     assert http.get('/healthz').json() == {'status': 'ok'}
 
 
@@ -95,7 +59,7 @@ def test_work_runs_in_seq_id_order_even_when_posted_out_of_order(raw):
     """seq 3 (an optimizer step with a huge lr) is posted before seq 2 (a forward): the forward must still see
     the untouched weights, and seq 4 (another forward) the updated ones."""
     http, model_id = raw
-    before = _result(http, http.post('/forward_backward', content=_fwdbwd(model_id, 1, [_datum()]),
+    before = result(http, http.post('/forward_backward', content=fwdbwd_body(model_id, 1, [datum()]),
                                      headers=PROTO).json()['request_id'])  # seq 1: gradients for the step
     from tinker.proto.response_conv import deserialize_forward_backward_output as decode
     loss_before = decode(before).metrics['loss:sum']
@@ -104,19 +68,19 @@ def test_work_runs_in_seq_id_order_even_when_posted_out_of_order(raw):
                                           'adam_params': {'learning_rate': 0.5}}).json()['request_id']
     time.sleep(0.5)  # seq 3 is parked: seq 2 has not arrived
     assert _poll_once(http, step)['type'] == 'try_again'
-    fwd = http.post('/forward_backward', content=_fwdbwd(model_id, 2, [_datum()], forward_only=True),
+    fwd = http.post('/forward_backward', content=fwdbwd_body(model_id, 2, [datum()], forward_only=True),
                     headers=PROTO).json()['request_id']
-    assert decode(_result(http, fwd)).metrics['loss:sum'] == pytest.approx(loss_before, rel=1e-5)
-    assert 'metrics' in _result(http, step)
-    after = http.post('/forward_backward', content=_fwdbwd(model_id, 4, [_datum()], forward_only=True),
+    assert decode(result(http, fwd)).metrics['loss:sum'] == pytest.approx(loss_before, rel=1e-5)
+    assert 'metrics' in result(http, step)
+    after = http.post('/forward_backward', content=fwdbwd_body(model_id, 4, [datum()], forward_only=True),
                       headers=PROTO).json()['request_id']
-    assert decode(_result(http, after)).metrics['loss:sum'] != pytest.approx(loss_before, rel=1e-3)
+    assert decode(result(http, after)).metrics['loss:sum'] != pytest.approx(loss_before, rel=1e-3)
 
 
 def test_reposting_a_request_returns_the_same_future(raw):
     """A client retry after a lost response must not run the work twice."""
     http, model_id = raw
-    body = _fwdbwd(model_id, 1, [_datum()], forward_only=True)
+    body = fwdbwd_body(model_id, 1, [datum()], forward_only=True)
     first = http.post('/forward_backward', content=body, headers=PROTO).json()['request_id']
     again = http.post('/forward_backward', content=body, headers=PROTO).json()['request_id']
     assert first == again

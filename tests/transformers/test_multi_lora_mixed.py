@@ -1,4 +1,4 @@
-"""Mixed-tenant forward/backward equals training each tenant alone with plain peft (DESIGN §6)."""
+"""Mixed-tenant forward/backward equals training each tenant alone with plain peft (docs/architecture.md §4)."""
 from __future__ import annotations
 
 import copy

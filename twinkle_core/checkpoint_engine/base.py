@@ -1,4 +1,4 @@
-"""The CheckpointEngine interface: move weights from a training model to a sampler (DESIGN §8).
+"""The CheckpointEngine interface: move weights from a training model to a sampler (docs/architecture.md §5).
 
 An engine is a transport. One `send` on the model side matches one `receive` on each sampler side and carries a
 `WeightUpdate`: (name, tensor) pairs plus a small JSON-safe metadata dict (e.g. which adapter the LoRA tensors

@@ -10,12 +10,12 @@ Names on the wire:
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.utils.json import to_json
 
 PEFT_PREFIX = 'base_model.model.'
 LORA_PARTS = ('lora_A', 'lora_B', 'lora_embedding_A', 'lora_embedding_B', 'lora_magnitude_vector')
@@ -83,8 +83,7 @@ def _drop_adapter(name: str, adapter_name: str) -> str:
 
 
 def _json_safe(config: Any) -> dict[str, Any]:
-    raw = config.to_dict() if hasattr(config, 'to_dict') else dict(vars(config))
-    return json.loads(json.dumps(raw, default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else str(v)))
+    return to_json(config.to_dict() if hasattr(config, 'to_dict') else dict(vars(config)))
 
 
 def merged_tensors(module: torch.nn.Module, adapter_name: str) -> Iterator[tuple[str, torch.Tensor]]:

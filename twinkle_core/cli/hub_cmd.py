@@ -39,7 +39,7 @@ def publish_command(args: argparse.Namespace) -> int:
 
 def pull_command(args: argparse.Namespace) -> int:
     from twinkle_core.hub import download
-    from twinkle_core.hub.integrity import folder_sha256
+    from twinkle_core.hub.integrity import verified_sha256
     from twinkle_core.hub.loader import find_pin
     from twinkle_core.hub.manifest import read_manifest
     from twinkle_core.hub.ref import HubRef
@@ -48,7 +48,7 @@ def pull_command(args: argparse.Namespace) -> int:
     if pin is not None and ref.revision is None:
         ref = ref.with_revision(pin.revision)
     folder = download.snapshot(ref)
-    sha = folder_sha256(folder)
+    sha = verified_sha256(folder, ref.repo_url)  # refuses bytecode in the folder, as loading would
     print(f'{ref.repo_url}@{ref.effective_revision} -> {folder}\nsha256: {sha}')
     if pin is None:
         print('pinned: no (loading it needs trust_remote_code=True or TWINKLE_TRUST_REMOTE_CODE=1)')

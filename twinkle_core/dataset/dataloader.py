@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Iterator
 
-from twinkle_core.dataset.sharding import data_shard_of, take_shard
+from twinkle_core.dataset.sharding import data_shard_of
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.mesh import shard_bounds
 from twinkle_core.runtime.context import HostedComponentMeta, global_device_mesh
 
 STATE_VERSION = 1
@@ -102,7 +103,8 @@ class DataLoader(metaclass=HostedComponentMeta):
             raise InvalidInputError(f'DataLoader position {self._position} is past the end of epoch {self.epoch} '
                                     f'({len(batches)} batches): the data set changed since the state was saved.')
         while self._position < len(batches):
-            indices = take_shard(batches[self._position], self.data_rank, self.data_world_size)
+            batch = batches[self._position]
+            indices = batch[slice(*shard_bounds(len(batch), self.data_rank, self.data_world_size))]
             rows = self._fetch(indices)
             self._position += 1
             yield self.collate(rows) if self.collate is not None else rows

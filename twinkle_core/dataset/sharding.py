@@ -1,11 +1,10 @@
-"""Which slice of each global batch a data-parallel rank gets."""
+"""Which data shard a rank reads (the slicing rule itself is `twinkle_core.mesh.shard_bounds`)."""
 from __future__ import annotations
 
-import os
 import sys
-from typing import Any, Sequence
+from typing import Any
 
-from twinkle_core.errors import InvalidInputError
+from twinkle_core.runtime.distributed import env_rank
 
 
 def current_rank() -> int:
@@ -13,7 +12,7 @@ def current_rank() -> int:
     dist = sys.modules.get('torch.distributed')
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
-    return int(os.environ.get('RANK', 0))
+    return env_rank()
 
 
 def data_shard_of(device_mesh: Any, rank: int | None) -> tuple[int, int]:
@@ -23,18 +22,3 @@ def data_shard_of(device_mesh: Any, rank: int | None) -> tuple[int, int]:
     """
     rank = current_rank() if rank is None else rank
     return device_mesh.data_rank(rank), device_mesh.data_world_size
-
-
-def shard_bounds(batch_len: int, data_rank: int, data_world_size: int) -> tuple[int, int]:
-    """Contiguous ``[start, end)`` of a batch of `batch_len` rows for `data_rank`: sizes differ by at most one,
-    lower ranks take the extra rows, and the shards of all ranks cover the batch exactly once."""
-    if not 0 <= data_rank < data_world_size:
-        raise InvalidInputError(f'data_rank={data_rank} is outside 0..{data_world_size - 1}.')
-    base, extra = divmod(batch_len, data_world_size)
-    start = data_rank * base + min(data_rank, extra)
-    return start, start + base + (1 if data_rank < extra else 0)
-
-
-def take_shard(batch: Sequence[Any], data_rank: int, data_world_size: int) -> list[Any]:
-    start, end = shard_bounds(len(batch), data_rank, data_world_size)
-    return list(batch[start:end])

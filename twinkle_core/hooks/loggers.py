@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle_core.hooks.manager import hook
+from twinkle_core.utils.json import to_json
 
 METRICS_LOGGER = 'twinkle.metrics'
 
@@ -109,7 +110,7 @@ class JsonlMetricsLogger:
                 values[key] = str(value)
             else:  # JSON has no NaN/inf: write those as strings
                 values[key] = number if math.isfinite(number) else str(number)
-        record = {'step': step, 'time': time.time(), 'context': _jsonable(context), 'metrics': values}
+        record = {'step': step, 'time': time.time(), 'context': to_json(context or {}), 'metrics': values}
         line = json.dumps(record, sort_keys=True) + '\n'
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,14 +163,3 @@ class TensorBoardMetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-def _jsonable(context: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in (context or {}).items():
-        try:
-            json.dumps(value)
-            out[key] = value
-        except (TypeError, ValueError):
-            out[key] = str(value)
-    return out

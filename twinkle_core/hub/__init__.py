@@ -1,4 +1,5 @@
-"""Hub-loadable components (DESIGN §3): references, manifests, integrity pins, trusted loading, publishing.
+"""Hub-loadable components (docs/architecture.md §7): references, manifests, integrity pins, trusted loading,
+publishing.
 
 Only light modules are imported here; the hub clients (modelscope, huggingface_hub) load on first download.
 """

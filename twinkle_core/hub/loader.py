@@ -1,9 +1,13 @@
 """Load a component from a hub reference: parse -> trust check -> download -> verify -> import.
 
-Trust rule (DESIGN §3): hub code runs only when its repo revision is pinned in registry/ (revision + sha256)
-or the caller trusts it explicitly (``trust_remote_code=True``, or ``TWINKLE_TRUST_REMOTE_CODE=1`` when the
-argument is left as None). A pinned revision is always verified: files whose sha256 differs are refused, even
-when trusted. Without a revision in the reference, the revision pinned in registry/ is used when there is one.
+Trust rule (docs/architecture.md §7): hub code runs only when its repo revision is pinned in registry/
+(revision + sha256) or the caller trusts it explicitly (``trust_remote_code=True``, or
+``TWINKLE_TRUST_REMOTE_CODE=1`` when the argument is left as None). A pinned revision is always verified: files
+whose sha256 differs are refused, even when trusted. Without a revision in the reference, the revision pinned in
+registry/ is used when there is one.
+A folder holding Python bytecode (``__pycache__``, ``*.pyc``: not covered by the sha256, and Python could run it
+instead of the source) is refused, pinned or not; hub code is imported from its sources without writing any
+(`twinkle_core.hub.importer`), so loading never changes what the next verification sees.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 from twinkle_core.errors import HubError, IntegrityError, UntrustedRemoteCodeError
 from twinkle_core.hub import download
 from twinkle_core.hub.importer import import_entry, package_name
-from twinkle_core.hub.integrity import folder_sha256
+from twinkle_core.hub.integrity import verified_sha256
 from twinkle_core.hub.manifest import check_requirements, read_manifest
 from twinkle_core.hub.ref import HubRef
 
@@ -43,8 +47,8 @@ def find_pin(ref: HubRef) -> Any | None:
 def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool | None = None) -> Any:
     """Return the class or callable of kind `kind` that `ref` (``ms://org/repo[@rev][:Name]``) names.
 
-    Raises `UntrustedRemoteCodeError` (not pinned, not trusted), `IntegrityError` (sha256 differs from the pin)
-    or `HubError` (bad reference, download failure, bad manifest, missing requirement).
+    Raises `UntrustedRemoteCodeError` (not pinned, not trusted), `IntegrityError` (sha256 differs from the pin,
+    or the folder holds bytecode) or `HubError` (bad reference, download failure, bad manifest, missing requirement).
     """
     ref = ref if isinstance(ref, HubRef) else HubRef.parse(ref)
     pin = find_pin(ref)
@@ -57,7 +61,7 @@ def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool 
             f'(`twinkle hub pull {ref}`), then either pin it in registry/ (revision + sha256 from '
             f'`twinkle hub hash <folder>`) or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).')
     folder = download.snapshot(ref)
-    sha = folder_sha256(folder)
+    sha = verified_sha256(folder, str(ref))
     if pin is not None and sha != pin.sha256:
         raise IntegrityError(
             f'{ref}: files at {folder} have sha256 {sha}, but registry/ pins {pin.sha256} for revision '

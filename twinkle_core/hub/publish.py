@@ -3,10 +3,15 @@
 Uses the hubs' own upload APIs (``HfApi.upload_folder``, modelscope ``HubApi.upload_folder``; credentials come
 from their usual login/token settings). With ``TWINKLE_HUB_ROOT`` set the folder is copied into that local root
 instead (tests, mirrors). Returns what to pin in registry/.
+
+What is uploaded is exactly what the pin covers (`integrity.hashed_files`): the files are staged into a temporary
+folder first, so hidden files and Python bytecode (``__pycache__``, ``*.pyc``) of the author's working copy are
+neither uploaded nor hashed, and the sha256 printed here is the one the loader verifies.
 """
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +21,8 @@ from twinkle_core.hub.integrity import folder_sha256, hashed_files
 from twinkle_core.hub.manifest import read_manifest
 from twinkle_core.hub.ref import HubRef
 
-IGNORE = ['.*', '**/.*', '__pycache__', '**/__pycache__/**', '*.pyc', '**/*.pyc']
+# Also passed to the hub clients, though the staged folder never holds such files (defence in depth).
+IGNORE = ['.*', '**/.*', '__pycache__/*', '**/__pycache__/*', '*.pyc', '*.pyo']
 
 
 @dataclass(frozen=True)
@@ -50,16 +56,29 @@ def publish(folder: str | Path, repo: str, *, revision: str | None = None,
         dest = download.local_repo_dir(root, ref)
         if dest.exists():
             shutil.rmtree(dest)
-        for rel in hashed_files(folder):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(folder / rel, dest / rel)
+        _copy_hashed(folder, dest, sha)
         return Published(ref, str(dest), ref.effective_revision, sha)
     try:
-        if ref.scheme == 'hf':
-            return _publish_hf(folder, ref, message, sha)
-        return _publish_ms(folder, ref, message, sha)
+        with tempfile.TemporaryDirectory(prefix='twinkle-publish-') as tmp:
+            staged = Path(tmp) / 'component'
+            _copy_hashed(folder, staged, sha)
+            if ref.scheme == 'hf':
+                return _publish_hf(staged, ref, message, sha)
+            return _publish_ms(staged, ref, message, sha)
     except ImportError as exc:
         raise HubError(f'Publishing needs the hub client ({exc}). Run: pip install "twinkle-core[hub]"') from exc
+
+
+def _copy_hashed(folder: Path, dest: Path, sha: str) -> None:
+    """Copy exactly the files that `folder_sha256(folder)` covers into `dest` (symlinks followed); check that
+    the copy still hashes to `sha`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in hashed_files(folder):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(folder / rel, dest / rel)
+    if folder_sha256(dest) != sha:
+        raise HubError(f'{folder} changed while it was being published (its sha256 is no longer {sha}); '
+                       f'publish it again.')
 
 
 def _publish_hf(folder: Path, ref: HubRef, message: str, sha: str) -> Published:

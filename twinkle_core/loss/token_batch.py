@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
-
-IGNORE_INDEX = -100
+from twinkle_core.types import IGNORE_INDEX
 
 
 class TokenBatch:

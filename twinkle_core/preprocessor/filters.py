@@ -5,6 +5,7 @@ from typing import Any
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.preprocessor.base import Filter, row_excerpt
+from twinkle_core.types import IGNORE_INDEX
 
 
 class LengthFilter(Filter):
@@ -35,7 +36,7 @@ class LossTokensFilter(Filter):
         if labels is None:
             raise InvalidInputError('LossTokensFilter counts labelled tokens: apply it after Dataset.encode() '
                                     f"(row has no 'labels'). Row: {row_excerpt(row)}")
-        return sum(1 for t in labels if t != -100) >= self.min_tokens
+        return sum(1 for t in labels if t != IGNORE_INDEX) >= self.min_tokens
 
 
 class MessageLengthFilter(Filter):

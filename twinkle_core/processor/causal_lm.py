@@ -27,8 +27,8 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.processor.base import InputProcessor
+from twinkle_core.types import IGNORE_INDEX, as_list
 
-IGNORE_INDEX = -100
 INPUT_FIELDS = ('input_ids', 'labels', 'attention_mask', 'position_ids')
 
 
@@ -105,18 +105,18 @@ class _Columns:
 
     def add_row(self, b: int, row: dict[str, Any], n: int) -> None:
         c = self.cols
-        ids = _as_list(row['input_ids'])
-        labels = _as_list(row['labels']) if row.get('labels') is not None else [IGNORE_INDEX] * n
+        ids = as_list(row['input_ids'])
+        labels = as_list(row['labels']) if row.get('labels') is not None else [IGNORE_INDEX] * n
         next_labels = labels[1:]
         c['input_ids'] += ids
-        c['position_ids'] += _as_list(row['position_ids']) if row.get('position_ids') is not None else list(range(n))
+        c['position_ids'] += as_list(row['position_ids']) if row.get('position_ids') is not None else list(range(n))
         c['labels'] += next_labels + [IGNORE_INDEX]
         c['target_ids'] += [lab if lab != IGNORE_INDEX else tok for lab, tok in zip(next_labels, ids[1:])]
         c['target_ids'].append(IGNORE_INDEX)
         c['row_index'] += [b] * n
         for name in self.token_fields:
             values = row.get(name)
-            c[name] += (_as_list(values)[1:] + [0]) if values is not None else [0] * n
+            c[name] += (as_list(values)[1:] + [0]) if values is not None else [0] * n
         for name in self.index_fields:
             value = row.get(name)
             if value is not None:
@@ -146,11 +146,6 @@ class _Columns:
         return out
 
 
-def _as_list(values: Any) -> list[Any]:
-    tolist = getattr(values, 'tolist', None)
-    return tolist() if callable(tolist) else list(values)
-
-
 def _is_numeric_sequence(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.dim() == 1 and not value.is_complex()
@@ -167,7 +162,7 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
     row_fields: dict[str, None] = {}
     for i, (row, n) in enumerate(zip(rows, lengths)):
         mask = row.get('attention_mask')
-        if mask is not None and not all(int(m) == 1 for m in _as_list(mask)):
+        if mask is not None and not all(int(m) == 1 for m in as_list(mask)):
             raise InvalidInputError(f'Batch row {i} has padding inside (attention_mask contains 0); pass unpadded '
                                     f'rows: the processor pads or packs them.')
         for name, value in row.items():

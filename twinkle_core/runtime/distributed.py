@@ -78,10 +78,51 @@ def init_process_group(mesh: Any = None, *, backend: str | None = None,
     return True
 
 
-def destroy_process_group() -> None:
-    if is_initialized():
-        import torch.distributed as dist
-        dist.destroy_process_group()
+# Work handles of the barriers `destroy_process_group(synchronize=True)` ran: kept until the process exits, on purpose.
+_teardown_barriers: list[Any] = []
+
+
+def destroy_process_group(*, synchronize: bool = True) -> None:
+    """Tear down every process group of this process (the default group, device-mesh sub-groups, any other).
+
+    `synchronize=True` is the normal end of an SPMD run and is collective (every rank calls it, after its last
+    collective): the default group and the device-mesh groups (FSDP2/HSDP/TP dimensions) first run a barrier, so no
+    rank tears down while a peer is still inside a collective, and each barrier's work handle is kept until the
+    process exits. `synchronize=False` (error paths, exit hooks: peers may be stuck elsewhere) only destroys.
+
+    Why the handle is kept: torch cannot free a group that something still references, and FSDP2/DTensor device
+    meshes stay referenced from torch's own caches after the model is gone. So a gloo group's worker threads keep
+    running after ``destroy_process_group`` until the interpreter exits. A gloo worker drops its reference to a
+    collective it ran *after* the caller's ``wait()`` returned; if that is the last reference, the collective's
+    Python-visible tensors are freed on that thread, which must take the GIL. A thread that asks for the GIL after
+    interpreter finalization began is ended by Python (``pthread_exit``) inside a C++ ``noexcept`` destructor: the
+    process dies of SIGABRT, "terminate called without an active exception" (seen under load, when the worker is
+    not scheduled before the main thread reaches finalization). A gloo barrier holds every collective that was
+    queued or in flight when it was issued; while this module holds the barrier, no worker thread can drop the
+    last reference to any of them, and they are freed at exit by the main thread.
+    """
+    if not is_initialized():
+        return
+    import torch.distributed as dist
+    if synchronize:
+        for group in _synchronized_groups():
+            work = dist.barrier(group=group, async_op=True)
+            work.wait()
+            _teardown_barriers.append(work)
+    dist.destroy_process_group()
+
+
+def _synchronized_groups() -> list[Any]:
+    """The default group and the device-mesh dimension groups of this rank, in the same order on every rank.
+
+    Other groups (e.g. a weight-sync group shared with sampler processes) belong to whoever created them: a barrier
+    there could wait for processes that never join it, so they are destroyed without one.
+    """
+    import torch.distributed as dist
+    names = getattr(getattr(dist.distributed_c10d, '_world', None), 'pg_names', None) or {}
+    world = dist.group.WORLD
+    mesh_groups = [pg for pg in names if pg is not world and str(getattr(pg, 'group_desc', '')).startswith('mesh_')]
+    return [world, *sorted(mesh_groups, key=lambda pg: names[pg])]
 
 
 def _check_world(mesh_world: int | None, world: int) -> None:

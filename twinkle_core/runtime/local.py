@@ -3,9 +3,15 @@
 Under torchrun every rank runs the same script; ``initialize(mode='local', global_device_mesh=mesh)`` brings up
 the default process group from torchrun's environment (gloo on CPU, nccl on CUDA) and components built without
 an explicit `device_mesh` use the global one (`twinkle_core.runtime.context.global_device_mesh()`).
+
+Teardown: `shutdown` (``twinkle_core.shutdown()``, called by every rank at the end of the script) destroys the group
+this runtime created after a barrier (`distributed.destroy_process_group` explains why that barrier also keeps gloo
+from aborting the process at exit). A script that never gets there (an exception, a forgotten shutdown) has the group
+destroyed by an exit hook, without the barrier: the other ranks may be stuck in a collective and would never join it.
 """
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from twinkle_core.runtime import distributed
@@ -28,6 +34,8 @@ class LocalRuntime(Runtime):
                             "this process. Use initialize(mode='ray', groups=...) or drop `groups`.")
         existed = distributed.is_initialized()
         created = distributed.init_process_group(global_device_mesh, backend=backend) and not existed
+        if created and not self._owns_process_group:
+            atexit.register(self._destroy_at_exit)
         self._owns_process_group = self._owns_process_group or created
 
     def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
@@ -37,7 +45,14 @@ class LocalRuntime(Runtime):
         return cls(*args, **kwargs)
 
     def shutdown(self) -> None:
-        """Destroy the process group if `start` created it (a torchrun script may also leave it to exit)."""
+        """Destroy the process group if `start` created it. Collective: every rank calls it after its last
+        collective (a barrier runs first)."""
         if self._owns_process_group:
-            distributed.destroy_process_group()
             self._owns_process_group = False
+            atexit.unregister(self._destroy_at_exit)
+            distributed.destroy_process_group(synchronize=True)
+
+    def _destroy_at_exit(self) -> None:
+        if self._owns_process_group:
+            self._owns_process_group = False
+            distributed.destroy_process_group(synchronize=False)

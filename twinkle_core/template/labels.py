@@ -18,8 +18,7 @@ import re
 from typing import Any, Sequence
 
 from twinkle_core.errors import InvalidInputError
-
-IGNORE_INDEX = -100
+from twinkle_core.types import IGNORE_INDEX
 
 
 _GENERATION_TAG = re.compile(r'\{%-?\s*generation\s*-?%\}')

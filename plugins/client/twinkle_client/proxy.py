@@ -7,32 +7,20 @@ encoded client-side (InputFeature rows), so no torch is needed here.
 """
 from __future__ import annotations
 
-import enum
 from typing import Any, Callable
 
 from twinkle_core.dispatch import remote_methods
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.utils.json import to_json
 
 
 def plain(value: Any) -> Any:
-    """JSON-ready copy of call arguments."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [plain(v) for v in (sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)]
-    dump = getattr(value, 'model_dump', None)
-    if callable(dump):
-        return plain(dump(exclude_none=True))
-    to_dict = getattr(value, 'to_dict', None)  # e.g. peft.LoraConfig
-    if callable(to_dict):
-        return {k: v for k, v in plain(to_dict()).items() if v is not None}
-    if isinstance(value, enum.Enum):
-        return plain(value.value)
-    tolist = getattr(value, 'tolist', None)
-    if callable(tolist):
-        return tolist()
+    """JSON-ready copy of call arguments (`to_json`, None fields dropped); objects with no JSON form are
+    refused rather than sent as text: the server would not know what to make of them."""
+    return to_json(value, exclude_none=True, default=_refuse)
+
+
+def _refuse(value: Any) -> Any:
     raise InvalidInputError(f'cannot send a {type(value).__name__} to the server; pass names of registered '
                             f'components and plain data (lists, dicts, numbers, strings)')
 

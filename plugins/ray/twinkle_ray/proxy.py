@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterator
 
 import ray
 
-from twinkle_core.dispatch import RemoteSpec, collect_results, remote_methods, split_for_dp
+from twinkle_core.dispatch import RemoteSpec, collect_results, remote_methods
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.mesh import split_for_dp
 from twinkle_ray.group import WorkerGroup
 
 INPUTS = 'inputs'

@@ -9,10 +9,12 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine import Engine, load_engine
 from twinkle_server.errors import ApiError
+from twinkle_server.guard import RequestGuard
 from twinkle_server.service import Service
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
 
     app = FastAPI(title='twinkle server', lifespan=lifespan)
     _install_error_handlers(app)
-    _install_body_limit(app, config.max_body_bytes)
+    app.add_middleware(RequestGuard)
     from twinkle_server.native import routes as native
     from twinkle_server.tinker import (routes_checkpoints, routes_futures, routes_sampling, routes_service,
                                        routes_training)
@@ -56,30 +58,30 @@ async def _reap(service: Service) -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    no_retry = {'x-should-retry': 'false'}
+    """Every error, ours or the framework's (unknown route, wrong method), answers the same JSON shape."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        headers = no_retry if exc.status < 500 and exc.status not in (408, 409, 429) else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            err = ApiError(404, f'no route {request.method} {request.url.path}; the Tinker API is under /api/v1, '
+                                f'the native API under /twinkle/v1')
+        elif exc.status_code == 405:
+            err = ApiError(405, f'{request.method} is not allowed on {request.url.path}')
+        else:
+            err = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(err.body(), status_code=err.status, headers={**err.headers(), **(exc.headers or {})})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         msg = '; '.join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(ApiError(400, f'invalid request: {msg}').body(), status_code=400, headers=no_retry)
+        err = ApiError(400, f'invalid request: {msg}')
+        return JSONResponse(err.body(), status_code=400, headers=err.headers())
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception('unhandled error on %s', request.url.path)
         return JSONResponse(ApiError(500, f'internal error: {type(exc).__name__}: {exc}').body(), status_code=500)
-
-
-def _install_body_limit(app: FastAPI, limit: int) -> None:
-    @app.middleware('http')
-    async def body_limit(request: Request, call_next: Any) -> Any:
-        length = request.headers.get('content-length')
-        if length is not None and length.isdigit() and int(length) > limit:
-            err = ApiError(413, f'request body of {int(length)} bytes exceeds the server limit of {limit} bytes; '
-                                f'send smaller batches (the tinker SDK splits forward_backward into chunks)')
-            return JSONResponse(err.body(), status_code=413, headers={'x-should-retry': 'false'})
-        return await call_next(request)

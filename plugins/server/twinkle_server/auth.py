@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 
 from twinkle_server.errors import ApiError
@@ -58,3 +61,39 @@ def _digest(salt: bytes, secret: str) -> bytes:
 def _unauthorized() -> ApiError:
     return ApiError(401, 'Missing or invalid API key: send a key issued by `twinkle server keys create --tenant NAME` '
                          'in the X-API-Key header.')
+
+
+class LoginThrottle:
+    """Failed logins per client address in a sliding minute; past `max_per_minute` the address is answered 429
+    (with Retry-After) without checking its key, so keys cannot be guessed at request rate."""
+
+    def __init__(self, max_per_minute: int) -> None:
+        self.max_per_minute = max_per_minute
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, address: str) -> None:
+        with self._lock:
+            window = self._window(address, time.monotonic())
+            if len(window) >= self.max_per_minute:
+                wait = 60.0 - (time.monotonic() - window[0])
+                raise ApiError(429, f'too many failed logins from {address} ({len(window)} in the last minute); '
+                                    f'try again in {wait:.0f} s', retry_after_s=wait)
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._window(address, now).append(now)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._failures.clear()
+
+    def _window(self, address: str, now: float) -> deque[float]:
+        window = self._failures.setdefault(address, deque())
+        while window and now - window[0] > 60.0:
+            window.popleft()
+        if not window and len(self._failures) > 10_000:  # bound memory under address churn
+            self._failures = {a: w for a, w in self._failures.items() if w}
+            self._failures[address] = window
+        return window

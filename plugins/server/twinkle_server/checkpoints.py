@@ -52,10 +52,15 @@ def parse_path(path: str) -> CheckpointPath:
     return CheckpointPath(parts[0], parts[1], parts[2], scheme)
 
 
+MAX_NAME_CHARS = 128
+
+
 def validate_name(name: str) -> str:
-    if not name or '/' in name or name in ('.', '..') or name.startswith('.'):
-        raise bad_request(f'invalid checkpoint name {name!r}: use a non-empty name without "/" that does not '
-                          f'start with "."')
+    if not name or '/' in name or '\\' in name or '\x00' in name or name.startswith('.'):
+        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: use a non-empty name without "/", '
+                          f'"\\" or NUL that does not start with "."')
+    if len(name) > MAX_NAME_CHARS:
+        raise bad_request(f'checkpoint name of {len(name)} characters is too long (at most {MAX_NAME_CHARS})')
     return name
 
 
@@ -65,6 +70,15 @@ class CheckpointFiles:
     def __init__(self, data_dir: str | Path) -> None:
         self.root = Path(data_dir) / 'checkpoints'
         self.root.mkdir(parents=True, exist_ok=True)
+        self.remove_stale()
+
+    def remove_stale(self) -> int:
+        """Delete temporary directories an interrupted write left behind (a kill during a save). Returns how
+        many. Call only when no write is in progress (start-up)."""
+        stale = [p for pattern in ('.tmp-*', '.old-*') for p in self.root.rglob(pattern) if p.is_dir()]
+        for p in stale:
+            shutil.rmtree(p, ignore_errors=True)
+        return len(stale)
 
     def directory(self, tenant: str, path: CheckpointPath) -> Path:
         return self.root / tenant / path.run_id / path.segment / path.name

@@ -28,7 +28,14 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
     start.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: CUDA when available)')
     start.add_argument('--max-body-mb', type=float, default=64.0, help='largest accepted request body')
     start.add_argument('--max-queued-samples', type=int, default=256, help='per model; more answers 429')
-    start.add_argument('--limits', help='JSON file of tenant limits: {"default": {...}, "tenants": {name: {...}}}')
+    start.add_argument('--limits', help='JSON file of limits overriding the defaults key by key: '
+                                        '{"default": {...}, "tenants": {name: {...}}} (docs/server.md)')
+    start.add_argument('--seq-gap-timeout', type=float, default=120.0, metavar='SECONDS',
+                       help="how long a model's request may wait for a missing earlier seq_id before it is failed")
+    start.add_argument('--max-failed-logins', type=int, default=30, metavar='N',
+                       help='failed logins per minute from one address before it is answered 429')
+    start.add_argument('--allow-path', action='append', default=[], metavar='DIR',
+                       help='a directory native calls may name files in (besides each model\'s own); repeatable')
     start.set_defaults(func=_start)
 
     keys = sub.add_parser('keys', help='API keys (tml-...) of tenants')
@@ -54,7 +61,8 @@ def _start(args: argparse.Namespace) -> int:
     config = ServerConfig(models=models, data_dir=args.data_dir, host=args.host, port=args.port,
                           max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                           max_queued_samples=args.max_queued_samples, default_limits=default,
-                          tenant_limits=per_tenant)
+                          tenant_limits=per_tenant, seq_gap_timeout_s=args.seq_gap_timeout,
+                          max_failed_logins_per_minute=args.max_failed_logins, allowed_roots=tuple(args.allow_path))
     serve(config, device=args.device)
     return 0
 

@@ -8,7 +8,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from twinkle_server.auth import Tenant, authenticate
-from twinkle_server.errors import bad_request
+from twinkle_server.errors import ApiError, bad_request
 from twinkle_server.service import Service
 
 M = TypeVar('M', bound=BaseModel)
@@ -19,24 +19,40 @@ def service(request: Request) -> Service:
 
 
 def tenant(request: Request) -> Tenant:
-    """Authenticate `X-API-Key` (or `Authorization: Bearer`) and apply the tenant's request-rate limit."""
+    """Authenticate `X-API-Key` (or `Authorization: Bearer`), throttle failed logins per address and apply the
+    tenant's request-rate limit. The tenant is recorded on the request (`request.state.tenant`): the request
+    guard frees a rejected request's seq_id only for the model's own tenant."""
     key = request.headers.get('x-api-key')
     if key is None and request.headers.get('authorization', '').lower().startswith('bearer '):
         key = request.headers['authorization'][7:]
     svc = service(request)
-    who = authenticate(svc.store, key)
+    address = request.client.host if request.client else 'unknown'
+    svc.logins.check(address)
+    try:
+        who = authenticate(svc.store, key)
+    except ApiError:
+        svc.logins.failed(address)
+        raise
+    request.state.tenant = who.name
     svc.check_rate(who.name)
     return who
+
+
+def load_json(raw: bytes) -> Any:
+    """Parse a JSON body; a 400 for anything that is not JSON (including nesting too deep to parse)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f'request body is not valid JSON: {exc}') from None
+    except RecursionError:
+        raise bad_request('request body is nested too deeply to parse') from None
 
 
 async def json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw:
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f'request body is not valid JSON: {exc}') from None
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise bad_request(f'request body must be a JSON object, got {type(body).__name__}')
     return body
@@ -49,3 +65,5 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
     except ValidationError as exc:
         problems = '; '.join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
         raise bad_request(f'invalid {model.__name__}: {problems}') from None
+    except RecursionError:
+        raise bad_request(f'invalid {model.__name__}: nested too deeply') from None

@@ -1,26 +1,43 @@
 """Errors a route or a queued request answers with: a status, a message saying what to fix, a category.
 
 The Tinker SDK retries 408/409/429/5xx for minutes, so every deterministic failure must be a 4xx with a JSON
-body (`{"error": ..., "category": "user"}`); never 402, never an empty 400.
+body (`{"error": ..., "category": "user"}`) and `x-should-retry: false`; never 402, never an empty 400. Only
+caps a client can wait out (429 with `Retry-After`) are retryable.
 """
 from __future__ import annotations
 
+import errno
 from typing import Any, Literal
 
 Category = Literal['user', 'server', 'unknown']
+#: statuses the tinker SDK retries unless told otherwise
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 
 class ApiError(Exception):
     """A request that cannot be served. `status` 4xx = the caller's fault (not retried), 5xx = ours."""
 
-    def __init__(self, status: int, message: str, category: Category | None = None) -> None:
+    def __init__(self, status: int, message: str, category: Category | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.category: Category = category or ('user' if status < 500 else 'server')
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retryable(self) -> bool:
+        """Will (and should) a client send the same request again? 4xx other than 408/409/429: no."""
+        return self.status >= 500 or self.status in RETRYABLE_STATUSES
+
+    def headers(self) -> dict[str, str]:
+        headers = {} if self.retryable else {'x-should-retry': 'false'}
+        if self.retry_after_s is not None:
+            headers['retry-after'] = str(max(1, int(round(self.retry_after_s))))
+        return headers
 
     def body(self) -> dict[str, Any]:
-        return {'error': self.message, 'category': self.category, 'detail': self.message}
+        return {'error': self.message, 'category': self.category, 'detail': self.message, 'status': self.status}
 
 
 def bad_request(message: str) -> ApiError:
@@ -35,11 +52,34 @@ def unprocessable(message: str) -> ApiError:
     return ApiError(422, message)
 
 
-def failure_body(exc: BaseException) -> dict[str, Any]:
-    """The `retrieve_future` body of a request that failed while it ran."""
+def over_limit(name: str, value: int, asked: int | str, what: str, status: int = 413) -> ApiError:
+    """A per-request cap (never retried: the same request would fail again). 413 for sizes, 400 for settings."""
+    return ApiError(status, f'{what} ({asked}) exceeds the server limit {name}={value}')
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A write failed because the disk (or quota) is full: an OSError, or torch's serializer message for it."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return 'No space left on device' in text or 'unexpected pos' in text
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """The answer for an exception raised while a request ran (what its future reports)."""
     if isinstance(exc, ApiError):
-        return {'error': exc.message, 'category': exc.category}
+        return exc
+    if is_disk_full(exc):
+        return ApiError(507, 'the server ran out of disk space while writing; nothing was overwritten (the previous '
+                             'checkpoint of that name is intact). Retry later or delete old checkpoints.',
+                        category='server')
     from twinkle_core.errors import TwinkleError
     if isinstance(exc, (TwinkleError, ValueError, KeyError, TypeError)):  # the caller's input or settings
-        return {'error': f'{type(exc).__name__}: {exc}', 'category': 'user'}
-    return {'error': f'internal error: {type(exc).__name__}: {exc}', 'category': 'server'}
+        return ApiError(422, f'{type(exc).__name__}: {exc}')
+    return ApiError(500, f'internal error: {type(exc).__name__}: {exc}')
+
+
+def failure_body(exc: BaseException) -> dict[str, Any]:
+    """The `retrieve_future` body of a request that failed while it ran (`status`: what a route would answer)."""
+    err = as_api_error(exc)
+    return {'error': err.message, 'category': err.category, 'status': err.status}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ from typing import Any
 from twinkle_server.errors import failure_body
 from twinkle_server.store import FutureRow, Store
 
+logger = logging.getLogger(__name__)
 JSON = 'application/json'
+MAX_UNSAVED = 1024
 PROTOBUF = 'application/x-protobuf'
 
 
@@ -34,6 +37,7 @@ class FutureTable:
         self.store = store
         self.loop = loop
         self._pending: dict[str, _Pending] = {}
+        self._unsaved: dict[str, FutureRow] = {}  # results the store could not record (disk full), newest last
         self._lock = threading.Lock()
 
     def recover(self) -> int:
@@ -53,6 +57,11 @@ class FutureTable:
             self._pending[request_id] = _Pending(tenant, self.loop)
         return request_id
 
+    def pending(self, tenant: str) -> int:
+        """Requests of `tenant` queued or running now."""
+        with self._lock:
+            return sum(1 for p in self._pending.values() if p.tenant == tenant)
+
     # ---- completion (any thread) ---------------------------------------------------------------------------
     def resolve(self, request_id: str, result: Any) -> None:
         """`result`: a JSON-serialisable value or protobuf `bytes`."""
@@ -65,7 +74,16 @@ class FutureTable:
         self._finish(request_id, 'failed', JSON, json.dumps(failure_body(exc)).encode())
 
     def _finish(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
-        self.store.finish_future(request_id, state, content_type, body)
+        try:
+            self.store.finish_future(request_id, state, content_type, body)
+        except Exception:  # noqa: BLE001 - e.g. the disk is full: the client must still get its answer
+            logger.exception('could not record the result of %s; keeping it in memory', request_id)
+            with self._lock:
+                pending = self._pending.get(request_id)
+                if pending is not None:
+                    self._unsaved[request_id] = FutureRow(request_id, pending.tenant, state, content_type, body)
+                    while len(self._unsaved) > MAX_UNSAVED:
+                        self._unsaved.pop(next(iter(self._unsaved)))
         with self._lock:
             pending = self._pending.pop(request_id, None)
         if pending is not None:
@@ -81,4 +99,8 @@ class FutureTable:
                 await asyncio.wait_for(pending.event.wait(), timeout=timeout_s)
             except asyncio.TimeoutError:
                 pass
+        with self._lock:
+            unsaved = self._unsaved.get(request_id)
+        if unsaved is not None and unsaved.tenant == tenant:
+            return unsaved
         return self.store.future(request_id, tenant)

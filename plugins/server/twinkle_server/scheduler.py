@@ -3,6 +3,8 @@ and batching of compatible work (forward/backward passes of different adapters; 
 
 - A training model's requests carry `seq_id` 1, 2, 3...; they may arrive out of order (the SDK posts chunks
   concurrently). Work with seq_id `n` is parked until `n - 1` has finished, so each model runs strictly in order.
+  A seq_id refused before it was queued is skipped (`skip`); work that waits longer than `seq_gap_timeout_s` for a
+  seq_id that never arrives is failed with an error naming the missing id, and the sequence moves on past it.
 - Ready work waits in one queue per tenant; the worker serves tenants in rotation, so one tenant's long queue
   never starves another.
 - When the picked work is a forward/backward, the heads of the other tenants' queues that are also
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from twinkle_server.engine.base import Engine, SampleJob, TrainBatch
+from twinkle_core.hooks import emit_failure
 from twinkle_server.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -45,15 +49,19 @@ class _Sequence:
     next_seq: int = 1
     parked: dict[int, Work] = field(default_factory=dict)
     skipped: set[int] = field(default_factory=set)
+    running: bool = False  # the work of `next_seq` is queued or running
+    blocked_since: float | None = None  # when parked work started waiting for a seq_id that has not arrived
 
 
 class ModelWorker:
     """Executes one engine's work queue on a dedicated thread."""
 
-    def __init__(self, engine: Engine, *, max_queued_samples: int = 256, max_batch: int = 16) -> None:
+    def __init__(self, engine: Engine, *, max_queued_samples: int = 256, max_batch: int = 16,
+                 seq_gap_timeout_s: float = 120.0) -> None:
         self.engine = engine
         self.max_queued_samples = max_queued_samples
         self.max_batch = max_batch
+        self.seq_gap_timeout_s = seq_gap_timeout_s
         self._ready: OrderedDict[str, deque[Work]] = OrderedDict()
         self._sequences: dict[str, _Sequence] = {}
         self._queued_samples = 0
@@ -73,7 +81,7 @@ class ModelWorker:
         with self._cond:
             seq = self._sequences.pop(model_id, None)
         for work in (seq.parked.values() if seq else ()):
-            work.on_error(ApiError(404, f'model {model_id!r} was unloaded before this request ran'))
+            self._fail(work, ApiError(404, f'model {model_id!r} was unloaded before this request ran'))
 
     def submit(self, work: Work) -> None:
         """Queue `work`; raises ApiError 429 when the sample queue is full, 400 for a used seq_id."""
@@ -87,7 +95,7 @@ class ModelWorker:
                 seq = self._sequences.get(work.model_id)
                 if seq is None:
                     raise ApiError(404, f'model {work.model_id!r} is not loaded')
-                if work.seq_id < seq.next_seq or work.seq_id in seq.parked:
+                if self._used(seq, work.seq_id):
                     raise ApiError(400, f'seq_id {work.seq_id} of model {work.model_id!r} was already used '
                                         f'(next expected: {seq.next_seq})')
                 seq.parked[work.seq_id] = work
@@ -97,10 +105,11 @@ class ModelWorker:
             self._cond.notify()
 
     def skip(self, model_id: str, seq_id: int) -> None:
-        """A request with this seq_id was rejected before queueing: let later requests run."""
+        """A request with this seq_id was rejected before queueing: let later requests run. A seq_id whose work
+        is already queued, parked or done is left alone (the rejected request was a duplicate)."""
         with self._cond:
             seq = self._sequences.get(model_id)
-            if seq is None or seq_id < seq.next_seq:
+            if seq is None or self._used(seq, seq_id):
                 return
             seq.skipped.add(seq_id)
             self._release(seq)
@@ -120,15 +129,50 @@ class ModelWorker:
     def _enqueue(self, work: Work) -> None:
         self._ready.setdefault(work.tenant, deque()).append(work)
 
+    @staticmethod
+    def _used(seq: _Sequence, seq_id: int) -> bool:
+        return seq_id < seq.next_seq or seq_id in seq.parked or (seq.running and seq_id == seq.next_seq)
+
     def _release(self, seq: _Sequence) -> None:
         """Move the parked work whose turn has come to the ready queue (one at a time: the next is released
-        when it finishes)."""
+        when it finishes), and note when parked work starts waiting for a seq_id that has not arrived."""
+        if seq.running:
+            return
         while seq.next_seq in seq.skipped:
             seq.skipped.discard(seq.next_seq)
             seq.next_seq += 1
         work = seq.parked.pop(seq.next_seq, None)
         if work is not None:
+            seq.running, seq.blocked_since = True, None
             self._enqueue(work)
+        elif not seq.parked:
+            seq.blocked_since = None
+        elif seq.blocked_since is None:
+            seq.blocked_since = time.monotonic()
+
+    def _expire_gaps(self) -> list[tuple[Work, ApiError]]:
+        """Fail parked work that waited `seq_gap_timeout_s` for a missing seq_id; move the sequence past it."""
+        now, failed = time.monotonic(), []
+        for model_id, seq in self._sequences.items():
+            if seq.blocked_since is None or now - seq.blocked_since < self.seq_gap_timeout_s:
+                continue
+            waiting = sorted(seq.parked)
+            missing = [s for s in range(seq.next_seq, waiting[-1]) if s not in seq.parked]
+            err = ApiError(408, f'model {model_id!r}: seq_id {missing[0] if len(missing) == 1 else missing} never '
+                                f'arrived within {self.seq_gap_timeout_s:.0f} s (refused, lost or never sent), so '
+                                f'seq_id {waiting} did not run; send the next request with seq_id '
+                                f'{waiting[-1] + 1}', category='user')
+            failed += [(seq.parked[s], err) for s in waiting]
+            seq.parked.clear()
+            seq.next_seq = waiting[-1] + 1
+            seq.skipped = {s for s in seq.skipped if s >= seq.next_seq}
+            seq.blocked_since = None
+            self._release(seq)
+        return failed
+
+    def _next_gap_deadline(self) -> float | None:
+        times = [s.blocked_since for s in self._sequences.values() if s.blocked_since is not None]
+        return None if not times else max(0.0, min(times) + self.seq_gap_timeout_s - time.monotonic())
 
     def _finished(self, work: Work) -> None:
         with self._cond:
@@ -138,6 +182,7 @@ class ModelWorker:
                 seq = self._sequences.get(work.model_id)
                 if seq is not None and seq.next_seq == work.seq_id:
                     seq.next_seq += 1
+                    seq.running = False
                     self._release(seq)
             self._cond.notify()
 
@@ -169,12 +214,28 @@ class ModelWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not any(self._ready.values()):
-                    self._cond.wait()
-                if self._stop:
-                    return
-                batch = self._take()
-            self._run(batch)
+                while True:
+                    if self._stop:
+                        return
+                    expired = self._expire_gaps()
+                    if expired or any(self._ready.values()):
+                        break
+                    self._cond.wait(timeout=self._next_gap_deadline())
+                batch = self._take() if any(self._ready.values()) else []
+            for work, err in expired:
+                self._fail(work, err)
+            if batch:
+                self._run(batch)
+
+    def _fail(self, work: Work, exc: BaseException) -> None:
+        """Report a failed work item: the `twinkle_failure` hook, then its request's future."""
+        emit_failure(exc, {'where': 'server', 'base_model': self.engine.base_model, 'tenant': work.tenant,
+                           'model_id': work.model_id, 'seq_id': work.seq_id,
+                           'kind': 'train' if work.train else 'sample' if work.sample else 'call'})
+        try:
+            work.on_error(exc)
+        except BaseException:  # noqa: BLE001
+            logger.exception('failing a request failed')
 
     def _run(self, batch: list[Work]) -> None:
         try:
@@ -192,18 +253,14 @@ class ModelWorker:
         for work, result in zip(batch, results):
             try:
                 if isinstance(result, BaseException):
-                    work.on_error(result)
+                    self._fail(work, result)
                 else:
                     work.on_done(result)
             except BaseException as exc:  # noqa: BLE001 - a failing callback fails only its own request
                 logger.exception('completing a request failed')
-                try:
-                    work.on_error(exc)
-                except BaseException:  # noqa: BLE001
-                    logger.exception('failing a request failed')
+                self._fail(work, exc)
             finally:
                 self._finished(work)
-
 
     def _count(self, adapters: int) -> None:
         self.stats['train_passes'] += 1

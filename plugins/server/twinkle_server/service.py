@@ -13,10 +13,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
-from twinkle_server.errors import ApiError, not_found, unprocessable
+from twinkle_server.errors import ApiError, bad_request, not_found, over_limit, unprocessable
 from twinkle_server.futures import FutureTable
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
@@ -45,8 +46,10 @@ class Service:
         self.futures = FutureTable(self.store, loop)
         self.futures.recover()
         self.engines = engines
-        self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch)
+        self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch,
+                                          seq_gap_timeout_s=config.seq_gap_timeout_s)
                         for name, e in engines.items()}
+        self.logins = LoginThrottle(config.max_failed_logins_per_minute)
         self.models: dict[str, LiveModel] = {}
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
@@ -69,19 +72,56 @@ class Service:
             while window and now - window[0] > 60:
                 window.popleft()
             if len(window) >= limit:
-                raise ApiError(429, f'tenant {tenant!r} exceeded its limit of {limit} requests per minute')
+                raise ApiError(429, f'tenant {tenant!r} exceeded its limit of {limit} requests per minute '
+                                    f'(requests_per_minute)', retry_after_s=60 - (now - window[0]))
             window.append(now)
 
     def _check_new_adapter(self, tenant: str, rank: int) -> None:
         limits = self.config.limits(tenant)
         if limits.max_lora_rank is not None and rank > limits.max_lora_rank:
-            raise unprocessable(f'LoRA rank {rank} exceeds the limit {limits.max_lora_rank} for tenant {tenant!r}')
+            raise unprocessable(f'LoRA rank {rank} exceeds the limit max_lora_rank={limits.max_lora_rank} for '
+                                f'tenant {tenant!r}')
         if limits.max_adapters is not None:
             live = sum(1 for m in self.models.values() if m.tenant == tenant)
-            if live >= limits.max_adapters:
-                raise ApiError(429, f'tenant {tenant!r} already has {live} live training models (limit '
-                                    f'{limits.max_adapters}); finish a session or unload a model first',
-                               category='user')
+            if live >= limits.max_adapters:  # waiting does not help: a 403, never retried
+                raise ApiError(403, f'tenant {tenant!r} already has {live} live training models (limit '
+                                    f'max_adapters={limits.max_adapters}); unload a model or finish its session first')
+
+    def add_session(self, tenant: str, session_id: str, tags: list[str], user_metadata: Any) -> None:
+        """Record a new session, within the tenant's `max_sessions` (unfinished, heart-beating) cap."""
+        cap = self.config.limits(tenant).max_sessions
+        if cap is not None:
+            live = self.store.count_live_sessions(tenant, time.time() - self.config.session_ttl_s)
+            if live >= cap:
+                raise ApiError(403, f'tenant {tenant!r} already has {live} open sessions (limit max_sessions={cap}); '
+                                    f'finish a session (or let it expire) first')
+        self.store.add_session(session_id, tenant, tags, user_metadata)
+
+    def check_train_request(self, tenant: str, model_id: str, lengths: list[int]) -> None:
+        """Per-request caps of a forward_backward (`lengths`: tokens per datum), checked before decoding."""
+        limits = self.config.limits(tenant)
+        rows, tokens = len(lengths), sum(lengths)
+        if limits.max_rows_per_request is not None and rows > limits.max_rows_per_request:
+            raise over_limit('max_rows_per_request', limits.max_rows_per_request, rows, 'the number of datums')
+        if limits.max_tokens_per_request is not None and tokens > limits.max_tokens_per_request:
+            raise over_limit('max_tokens_per_request', limits.max_tokens_per_request, tokens,
+                             'the total number of tokens')
+        context = self.engine(self.model(tenant, model_id).base_model).max_context_length
+        longest = max(lengths, default=0)
+        if longest + 1 > context:  # the server appends the last target token
+            raise ApiError(413, f'datum {lengths.index(longest)} has {longest} tokens; the model\'s context length '
+                                f'is {context} (input + last target token must fit)')
+
+    def check_sample_request(self, tenant: str, num_samples: int, max_tokens: int) -> None:
+        limits = self.config.limits(tenant)
+        if num_samples < 1:
+            raise bad_request(f'num_samples must be >= 1, got {num_samples}')
+        if limits.max_num_samples is not None and num_samples > limits.max_num_samples:
+            raise over_limit('max_num_samples', limits.max_num_samples, num_samples, 'num_samples', status=400)
+        if max_tokens < 1:
+            raise bad_request(f'max_tokens must be >= 1, got {max_tokens}')
+        if limits.max_sample_tokens is not None and max_tokens > limits.max_sample_tokens:
+            raise over_limit('max_sample_tokens', limits.max_sample_tokens, max_tokens, 'max_tokens', status=400)
 
     # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
     def engine(self, base_model: str) -> Engine:
@@ -114,6 +154,11 @@ class Service:
                 seen = self._seen.get(model_id, {}).get(seq_id)
             if seen is not None:
                 return seen
+        cap = self.config.limits(tenant).max_pending_futures
+        if cap is not None and self.futures.pending(tenant) >= cap:
+            raise ApiError(429, f'tenant {tenant!r} has {cap} requests queued or running (limit '
+                                f'max_pending_futures={cap}); retrieve results before sending more',
+                           retry_after_s=2.0)
         request_id = self.futures.create(tenant)
         item = Work(tenant, on_done=lambda r: self.futures.resolve(request_id, post(r)),
                     on_error=lambda e: self.futures.reject(request_id, e), model_id=model_id, seq_id=seq_id, **work)
@@ -130,21 +175,26 @@ class Service:
                     recent.popitem(last=False)
         return request_id
 
-    def skip(self, model_id: str, seq_id: int) -> None:
+    def release_seq_id(self, tenant: str, model_id: str, seq_id: int) -> None:
+        """A request of `tenant` with this seq_id was refused before it was queued: later ones must not wait for
+        it. Ignored for another tenant's model, and for a seq_id whose work is already queued or done."""
         m = self.models.get(model_id)
-        if m is not None:
+        if m is not None and m.tenant == tenant:
             self.workers[m.base_model].skip(model_id, seq_id)
 
     # ---- training models -----------------------------------------------------------------------------------
     def create_model(self, tenant: str, session_id: str, model_seq_id: int, base_model: str,
-                     tinker_lora: dict[str, Any], user_metadata: Any = None) -> str:
+                     tinker_lora: dict[str, Any], user_metadata: Any = None, lora: LoraSpec | None = None) -> str:
+        """A new training model. `lora`: the exact adapter (native API); by default it is derived from the
+        Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha`."""
         self.require_session(tenant, session_id)
         self.engine(base_model)
-        rank = int(tinker_lora.get('rank') or 0)
-        if rank < 1:
-            raise unprocessable(f'lora_config.rank must be >= 1, got {rank}')
+        rank = lora.rank if lora is not None else tinker_lora.get('rank')
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
         self._check_new_adapter(tenant, rank)
-        lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
+        if lora is None:
+            lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
             return self._repost(tenant, model_id)
@@ -351,6 +401,7 @@ class Service:
         else:
             raise unprocessable('asample needs sampling_session_id, model_path or base_model')
         engine = self.engine(base)
+        self.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
         if len(job.prompt) + job.params.max_tokens > engine.max_context_length:
             raise unprocessable(f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
                                 f'the context length {engine.max_context_length} of {base!r}')

@@ -1,6 +1,7 @@
 """SQLite metadata store: API keys, sessions, training runs, checkpoints, sampling sessions, finished futures.
 
-One file (`<data_dir>/server.db`, WAL mode) shared by every request thread behind one lock: the metadata
+One file (`<data_dir>/server.db`, WAL mode, mode 0600 with its -wal/-shm files: it holds the API key digests)
+shared by every request thread behind one lock: the metadata
 traffic is tiny next to the tensor work. Every read that returns tenant-owned data takes the tenant and
 answers `None` for another tenant's id, so routes can turn it into a 404 without ever revealing that the id
 exists. Checkpoint *files* live beside it (see `checkpoints.py`); the rows here only describe them.
@@ -8,6 +9,7 @@ exists. Checkpoint *files* live beside it (see `checkpoints.py`); the rows here 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -92,12 +94,21 @@ class Store:
 
     def __init__(self, data_dir: str | Path) -> None:
         self.path = Path(data_dir) / 'server.db'
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))  # created private, never world-readable
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute('PRAGMA journal_mode=WAL')
         self._db.execute('PRAGMA synchronous=NORMAL')
         self._db.executescript(SCHEMA)
+        self._make_private()
+
+    def _make_private(self) -> None:
+        """sqlite creates -wal/-shm with the database's mode; enforce 0600 on all three (older files too)."""
+        for suffix in ('', '-wal', '-shm'):
+            f = Path(f'{self.path}{suffix}')
+            if f.exists():
+                os.chmod(f, 0o600)
 
     def close(self) -> None:
         with self._lock:
@@ -149,6 +160,12 @@ class Store:
         """Last heartbeat time of an active session; None when finished or unknown."""
         row = self._one('SELECT last_seen FROM sessions WHERE session_id = ? AND finished = 0', (session_id,))
         return float(row[0]) if row else None
+
+    def count_live_sessions(self, tenant: str, seen_since: float) -> int:
+        """Unfinished sessions of `tenant` that heart-beat after `seen_since`."""
+        row = self._one('SELECT COUNT(*) FROM sessions WHERE tenant = ? AND finished = 0 AND last_seen >= ?',
+                        (tenant, seen_since))
+        return int(row[0]) if row else 0
 
     def finish_session(self, session_id: str) -> None:
         self._exec('UPDATE sessions SET finished = 1 WHERE session_id = ?', (session_id,))

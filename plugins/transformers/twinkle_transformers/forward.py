@@ -24,8 +24,8 @@ from torch import Tensor
 
 from twinkle_core.errors import TwinkleError
 from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.types import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 # Tokens per chunk are chosen so that one chunk's fp32 logits take about this many bytes.
 CHUNK_BYTES = 1 << 28
 logger = logging.getLogger(__name__)

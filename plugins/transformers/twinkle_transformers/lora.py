@@ -1,10 +1,10 @@
 """LoRA configuration: a `peft.LoraConfig`, or a dict of its fields, as a causal-LM `LoraConfig`."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.utils.json import to_json
 
 DEFAULT_TARGET_MODULES = 'all-linear'
 
@@ -34,10 +34,4 @@ def lora_config(config: Any, **overrides: Any) -> Any:
 
 def lora_config_json(config: Any) -> dict[str, Any]:
     """`config.to_dict()` with plain JSON values: enums by value, sets as sorted lists, anything else as text."""
-    return json.loads(json.dumps(config.to_dict(), default=_plain))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, set):
-        return sorted(value)
-    return getattr(value, 'value', None) or str(value)
+    return to_json(config.to_dict())

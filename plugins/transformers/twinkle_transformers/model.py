@@ -42,7 +42,7 @@ from twinkle_transformers.loading import (default_device, load_causal_lm, load_t
                                           resolve_dtype, resolve_model_dir)
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.train_state import TrainState
-from twinkle_transformers.train_state_methods import TrainStateMethods
+from twinkle_transformers.train_state_methods import TrainStateMethods, reports_failure
 
 FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class TransformersModel(TrainStateMethods, Model):
 
     # ---- training step ---------------------------------------------------------------------------------------
     @remote_method('slice_dp', 'concat')
+    @reports_failure('forward')
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         state = self._state(adapter_name)
@@ -136,6 +137,7 @@ class TransformersModel(TrainStateMethods, Model):
         return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
 
     @remote_method('all', 'mean')
+    @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Loss of the last `forward` (kept for `backward`); returns its value."""
         pending = self._require_pending('calculate_loss')
@@ -143,6 +145,7 @@ class TransformersModel(TrainStateMethods, Model):
         return float(pending['loss']['loss'].detach())
 
     @remote_method('all', 'mean')
+    @reports_failure('backward')
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Backpropagate the loss of the last `forward` (scaled for gradient accumulation); gradients add up."""
         pending = self._require_pending('backward')
@@ -159,11 +162,13 @@ class TransformersModel(TrainStateMethods, Model):
         self._pending = None
         return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
 
+    @reports_failure('forward_backward')
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md)."""
         logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
         return {**self.backward(), 'logprobs': logprobs}
 
+    @reports_failure('forward_only')
     def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
                      **kwargs: Any) -> dict[str, Any]:
         """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels and
@@ -206,6 +211,7 @@ class TransformersModel(TrainStateMethods, Model):
         return state.processor(rows, device=self.device)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
+    @reports_failure('save')
     def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
              adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
              **kwargs: Any) -> str:
@@ -237,6 +243,7 @@ class TransformersModel(TrainStateMethods, Model):
         barrier()
         return str(target)
 
+    @reports_failure('load')
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
              dataloader: Any = None, **kwargs: Any) -> Any:
         """Load a checkpoint written by `save` (or a PEFT adapter / HF model directory).

@@ -21,6 +21,7 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.metric.base import Metric
 from twinkle_core.metric.training import LossMetric, Throughput, TokenAccuracy
 from twinkle_core.registry import resolve
+from twinkle_core.utils.json import is_json_plain
 
 DEFAULT_LOSS = 'CrossEntropyLoss'
 DEFAULT_PROCESSOR = 'CausalLMProcessor'
@@ -97,7 +98,7 @@ class TrainState:
     def set_template(self, template: Any, **kwargs: Any) -> None:
         self.template = resolve('template', template, **kwargs)
         self.specs['template'] = {'name': _spec_name(template),
-                                  'kwargs': {k: v for k, v in kwargs.items() if _jsonable(v)}}
+                                  'kwargs': {k: v for k, v in kwargs.items() if is_json_plain(v)}}
 
     def require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
@@ -201,7 +202,7 @@ class TrainState:
         return {'name': self.name, 'gradient_accumulation_steps': self.gradient_accumulation_steps,
                 'optimizer_steps': self.optimizer_steps,
                 'num_trainable_parameters': sum(p.numel() for p in self.parameters()),
-                **{kind: {'name': s['name'], 'kwargs': {k: v for k, v in s['kwargs'].items() if _jsonable(v)}}
+                **{kind: {'name': s['name'], 'kwargs': {k: v for k, v in s['kwargs'].items() if is_json_plain(v)}}
                    for kind, s in self.specs.items()}}
 
     def state_dict(self) -> dict[str, Any]:
@@ -242,9 +243,3 @@ class TrainState:
         self.micro_batches = state['micro_batches']
         self.last_grad_norm = state['last_grad_norm']
         self.gradient_accumulation_steps = state['gradient_accumulation_steps']
-
-
-def _jsonable(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool)) or (
-        isinstance(value, (list, tuple)) and all(_jsonable(v) for v in value)) or (
-        isinstance(value, dict) and all(isinstance(k, str) and _jsonable(v) for k, v in value.items()))

@@ -2,14 +2,84 @@
 
 Both keep a `TrainState` per trainable unit; every per-tenant configuration and optimizer call only finds that
 state and forwards to it, so it is written once here.
+
+Failures are reported here too: every training-step and checkpoint method of both models is wrapped in
+`reports_failure(stage)`. An exception escaping such a call fires the ``twinkle_failure`` hook once (for the
+outermost wrapped call of that model: a failing ``forward`` inside ``forward_backward`` is reported as
+``'forward_backward'``) and is then re-raised unchanged. The hook's context is `failure_context`:
+``{'where': 'transformers', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``. A notifier that
+raises (anything, even ``SystemExit``) is logged and skipped; it never replaces the training error. Errors a
+call *returns* (``return_errors=True`` of `MultiLoraTransformersModel`) are data for its caller and fire nothing.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+import threading
+from typing import Any, Callable, TypeVar
 
 from twinkle_core.errors import TwinkleError
-from twinkle_core.hooks.emit import emit_metrics
+from twinkle_core.hooks.emit import emit_failure, emit_metrics
 from twinkle_transformers.train_state import TrainState
+
+logger = logging.getLogger(__name__)
+_F = TypeVar('_F', bound=Callable[..., Any])
+_calls = threading.local()  # per thread: `models` (ids of models inside a wrapped call), `reported` (exceptions)
+
+
+def reports_failure(stage: str) -> Callable[[_F], _F]:
+    """Wrap a model method (``adapter_name`` passed as a keyword) so that an exception escaping it fires
+    ``twinkle_failure`` with `failure_context(stage, ...)`, once per exception and model, then propagates as is."""
+    def decorator(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            models = _calls.__dict__.setdefault('models', [])
+            reported = _calls.__dict__.setdefault('reported', [])
+            outermost = id(self) not in models
+            models.append(id(self))
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                if outermost and not any(e is exc for e in reported):
+                    reported.append(exc)
+                    report_failure(self, exc, stage, kwargs.get('adapter_name'))
+                raise
+            finally:
+                models.pop()
+                if not models:
+                    reported.clear()  # drop the references (and their tracebacks' tensors) after the call
+        return wrapper  # type: ignore[return-value]
+    return decorator
+
+
+def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseException) -> dict[str, Any]:
+    """``{'where': 'transformers', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``: who reports
+    (the server reports its work items with ``'where': 'server'``), the model, the adapter the failed call
+    addressed (None: full-parameter training, or a mixed multi-tenant call), the method that failed and the
+    adapter's optimizer steps taken so far (the ``step`` of its ``twinkle_metrics``; None when unknown)."""
+    name = adapter_name
+    if name is None and isinstance(getattr(exc, 'adapter_name', None), str):
+        name = exc.adapter_name  # e.g. the tenant of a TenantStepError
+    if name is None:
+        try:
+            name = model._name(None)  # the model's only adapter, or the one of `with model.adapter(...)`
+        except Exception:  # noqa: BLE001 - no single adapter
+            name = None
+    try:
+        step: int | None = int(model._state(name).optimizer_steps)
+    except Exception:  # noqa: BLE001 - unknown adapter
+        step = None
+    return {'where': 'transformers', 'model_id': getattr(model, 'model_id', None),
+            'model_class': type(model).__name__, 'adapter_name': name, 'stage': stage, 'step': step}
+
+
+def report_failure(model: Any, exc: BaseException, stage: str, adapter_name: str | None = None) -> None:
+    """Fire ``twinkle_failure`` for `exc`; never raises (a failing notifier is logged, not propagated)."""
+    try:
+        emit_failure(exc, failure_context(model, stage, adapter_name, exc))
+    except BaseException as hook_exc:  # noqa: BLE001 - must never mask the error being reported
+        logger.warning('twinkle_failure notification for %s.%s failed and is skipped: %s: %s',
+                       type(model).__name__, stage, type(hook_exc).__name__, hook_exc)
 
 
 class TrainStateMethods:
@@ -51,19 +121,24 @@ class TrainStateMethods:
         self._state(adapter_name).set_template(template, **kwargs)
 
     # ---- optimizer step and metrics --------------------------------------------------------------------------
+    @reports_failure('clip_grad_and_step')
     def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
                            **kwargs: Any) -> dict[str, Any]:
         return self._state(adapter_name).clip_grad_and_step(max_norm)
 
+    @reports_failure('clip_grad_norm')
     def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
         return self._state(adapter_name).clip_grad_norm(max_norm)
 
+    @reports_failure('step')
     def step(self, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).step()
 
+    @reports_failure('zero_grad')
     def zero_grad(self, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).zero_grad()
 
+    @reports_failure('lr_step')
     def lr_step(self, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).lr_step()
 

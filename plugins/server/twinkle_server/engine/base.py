@@ -10,27 +10,41 @@ gradients add up until `optim_step`.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle_core.types import SampleResponse, SamplingParams
+from twinkle_server.errors import ApiError
+
+
+ALL_LINEAR = 'all-linear'
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """What a client asked for. `targets` are module-name suffixes (attention and/or MLP, lm_head)."""
+    """What a client asked for. `targets` are module-name suffixes (attention and/or MLP, lm_head), or
+    `('all-linear',)`; `options` are further peft `LoraConfig` fields (native API), validated by the engine."""
     rank: int
     alpha: float
     targets: tuple[str, ...]
     seed: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'seed': self.seed}
+        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'seed': self.seed,
+                'options': dict(self.options)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> 'LoraSpec':
-        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'))
+        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'), d.get('options') or {})
+
+    def peft_config(self) -> dict[str, Any]:
+        """The adapter as `add_adapter_to_model` config (no dropout unless asked: Tinker trains without)."""
+        targets: str | list[str] = ALL_LINEAR if self.targets == (ALL_LINEAR,) else list(self.targets)
+        return {'lora_dropout': 0.0, **self.options, 'r': self.rank, 'lora_alpha': self.alpha,
+                'target_modules': targets}
 
 
 @dataclass
@@ -59,6 +73,17 @@ class AdamStep:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0  # 0 = no clipping
+
+    def validate(self) -> None:
+        """Raise a 400 naming the first bad field: a NaN/Inf/negative learning rate (or a beta outside [0, 1),
+        eps <= 0, ...) would permanently break the adapter's weights and optimizer state."""
+        checks = (('learning_rate', self.learning_rate >= 0, '>= 0'), ('beta1', 0 <= self.beta1 < 1, 'in [0, 1)'),
+                  ('beta2', 0 <= self.beta2 < 1, 'in [0, 1)'), ('eps', self.eps > 0, '> 0'),
+                  ('weight_decay', self.weight_decay >= 0, '>= 0'), ('grad_clip_norm', self.grad_clip_norm >= 0, '>= 0'))
+        for name, ok, rule in checks:
+            value = getattr(self, name)
+            if not math.isfinite(value) or not ok:
+                raise ApiError(400, f'adam_params.{name} must be a finite number {rule}, got {value!r}')
 
 
 @dataclass

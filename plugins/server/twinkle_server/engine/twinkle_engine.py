@@ -2,9 +2,8 @@
 
 The sampler holds its own copy of the base weights, so sampling never sees half-updated training weights; its
 adapters are loaded from saved checkpoint directories (what a client samples is exactly what was saved) into a
-bounded pool of slots, least recently used first out, so a long RL run does not grow memory without limit. Tinker loss names resolve through the registry (kind `loss`): `cross_entropy` is
-`CrossEntropyLoss(reduction='sum')` (weights may be any real number), the RL names are registered by
-twinkle-core under their Tinker names.
+bounded pool of slots, least recently used first out, so a long RL run does not grow memory without limit.
+Tinker loss names resolve through the registry (kind `loss`) as `twinkle_server.tinker.losses` says.
 """
 from __future__ import annotations
 
@@ -19,17 +18,9 @@ import torch
 from twinkle_core.types import SampleResponse
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, unprocessable
+from twinkle_server.tinker.losses import tinker_loss
 from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
 from twinkle_transformers.sampler import TorchSampler
-
-#: Tinker loss_fn -> (registered loss name, fixed constructor arguments); config values are added as arguments.
-LOSS_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
-    'cross_entropy': ('CrossEntropyLoss', {'reduction': 'sum'}),
-    'importance_sampling': ('importance_sampling', {}),
-    'ppo': ('ppo', {}),
-    'cispo': ('cispo', {}),
-    'dro': ('dro', {}),
-}
 
 
 class TwinkleEngine(Engine):
@@ -46,8 +37,7 @@ class TwinkleEngine(Engine):
     # ---- adapters ------------------------------------------------------------------------------------------
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
         gen = torch.Generator().manual_seed(lora.seed) if lora.seed is not None else None
-        config = {'r': lora.rank, 'lora_alpha': lora.alpha, 'target_modules': list(lora.targets), 'lora_dropout': 0.0}
-        self.model.add_adapter_to_model(adapter, config, generator=gen)
+        self.model.add_adapter_to_model(adapter, lora.peft_config(), generator=gen)
         self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
                                  adapter_name=adapter)
 
@@ -61,10 +51,8 @@ class TwinkleEngine(Engine):
 
     # ---- training ------------------------------------------------------------------------------------------
     def _set_loss(self, batch: TrainBatch) -> None:
-        if batch.loss_fn not in LOSS_SPECS:
-            raise unprocessable(f'unknown loss_fn {batch.loss_fn!r}; supported: {sorted(LOSS_SPECS)}')
-        name, fixed = LOSS_SPECS[batch.loss_fn]
-        kwargs = {**fixed, **batch.loss_config}
+        spec = tinker_loss(batch.loss_fn)
+        name, kwargs = spec.loss, {**spec.fixed, **batch.loss_config}
         key = (name, tuple(sorted(kwargs.items())))
         if self._losses.get(batch.adapter) != key:
             try:

@@ -9,14 +9,18 @@
 Callable methods are exactly `remote_methods(Model)` / `remote_methods(Sampler)` (twinkle_core.dispatch); the
 server supplies `adapter_name` (a tenant only ever touches its own adapter). `save` / `load` go through the
 service's checkpoint store (`twinkle://` paths, atomic, tenant-scoped). Component names in arguments must be
-registered names: hub references (`ms://`, `hf://`) named by a client are refused (DESIGN §3 trust rule).
+registered names: hub references (`ms://`, `hf://`) named by a client are refused (docs/hub.md: code from the
+hub runs only when the operator pinned or trusted it), and a file path in an argument (e.g. `set_template`'s
+`model_id`) must lie inside the hosted model's own directory or a root the operator allow-listed.
 Calls are synchronous: the route waits for the queued work (it still runs on the model's worker thread, in
 order, fairly scheduled with every other tenant).
 """
 from __future__ import annotations
 
 import json
+import math
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -25,11 +29,11 @@ from twinkle_core.dispatch import remote_methods
 from twinkle_core.model.base import Model
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.types import SamplingParams
+from twinkle_core.utils.json import to_json
 from twinkle_server.auth import Tenant
-from twinkle_server.deps import json_body, service, tenant
-from twinkle_server.engine.base import SampleJob
+from twinkle_server.deps import json_body, parse, service, tenant
+from twinkle_server.engine.base import ALL_LINEAR, LoraSpec, SampleJob
 from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
-from twinkle_server.native.codec import jsonable
 from twinkle_server.service import Service
 
 router = APIRouter(prefix='/twinkle/v1')
@@ -45,9 +49,10 @@ async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Ser
     config = body.get('config') or {}
     if not isinstance(config, dict):
         raise bad_request('config must be a JSON object of LoRA fields (r, lora_alpha, target_modules, ...)')
+    lora = _lora_spec(config, body.get('seed'))
     session_id = _native_session(svc, who.name)
-    tinker_lora = {'rank': int(config.get('r', config.get('rank', 8))), 'seed': body.get('seed')}
-    rid = svc.create_model(who.name, session_id, 0, str(body.get('base_model', '')), tinker_lora)
+    rid = svc.create_model(who.name, session_id, 0, str(body.get('base_model', '')),
+                           {'rank': lora.rank, 'seed': lora.seed}, lora=lora)
     result = await _wait(svc, who.name, rid)
     return {'model_id': result['model_id']}
 
@@ -82,7 +87,8 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
         await _wait(svc, who.name, rid)
         return {'result': None}
     _refuse_hub_refs(args, kwargs)
-    rid = svc.call(who.name, model_id, lambda e: {'result': jsonable(e.native_call(model_id, method, args, kwargs))})
+    _refuse_foreign_paths(svc, model_id, args, kwargs)
+    rid = svc.call(who.name, model_id, lambda e: {'result': to_json(e.native_call(model_id, method, args, kwargs))})
     return await _wait(svc, who.name, rid)
 
 
@@ -107,7 +113,7 @@ async def call_sampler(sampler_id: str, method: str, request: Request, who: Tena
                             f'path as adapter_name')
     args, kwargs = _call_args(await json_body(request))
     inputs = args[0] if args else kwargs.pop('inputs', None)
-    params = SamplingParams.model_validate(args[1] if len(args) > 1 else kwargs.pop('sampling_params', None) or {})
+    params = parse(SamplingParams, args[1] if len(args) > 1 else kwargs.pop('sampling_params', None) or {})
     adapter = kwargs.pop('adapter_name', None)
     prompts = inputs if isinstance(inputs, list) else [inputs]
     adapters = adapter if isinstance(adapter, list) else [adapter] * len(prompts)
@@ -126,8 +132,27 @@ async def call_sampler(sampler_id: str, method: str, request: Request, who: Tena
 # ---- helpers ---------------------------------------------------------------------------------------------------
 def _native_session(svc: Service, tenant_name: str) -> str:
     session_id = f'native-{uuid.uuid4().hex[:16]}'
-    svc.store.add_session(session_id, tenant_name, ['native'], None)
+    svc.add_session(tenant_name, session_id, ['native'], None)
     return session_id
+
+
+def _lora_spec(config: dict[str, Any], seed: Any) -> LoraSpec:
+    """The adapter exactly as the client asked for it (peft defaults for what it left out: lora_alpha=8,
+    target_modules='all-linear'); other LoraConfig fields travel along and are validated by the engine."""
+    options = dict(config)
+    rank = options.pop('r', options.pop('rank', 8))
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise bad_request(f'config.r must be an integer >= 1, got {rank!r}')
+    alpha = options.pop('lora_alpha', 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise bad_request(f'config.lora_alpha must be a positive number, got {alpha!r}')
+    targets = options.pop('target_modules', ALL_LINEAR)
+    targets = (targets,) if isinstance(targets, str) else targets
+    if not isinstance(targets, list | tuple) or not targets or not all(isinstance(t, str) and t for t in targets):
+        raise bad_request(f'config.target_modules must be "all-linear" or a list of module names, got {targets!r}')
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad_request(f'seed must be an integer, got {seed!r}')
+    return LoraSpec(rank, float(alpha), tuple(targets), seed, options)
 
 
 def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -148,6 +173,22 @@ def _refuse_hub_refs(*values: Any) -> None:
             _refuse_hub_refs(*v)
 
 
+def _refuse_foreign_paths(svc: Service, model_id: str, *values: Any) -> None:
+    """A string that looks like a file path must resolve inside the model's directory or an allowed root."""
+    roots = [Path(svc.engine(svc.models[model_id].base_model).model_dir).resolve(),
+             *(Path(r).resolve() for r in svc.config.allowed_roots)]
+    for v in values:
+        if isinstance(v, str) and (v.startswith(('/', '~', '.')) or '/' in v or '\\' in v):
+            where = Path(v).expanduser().resolve()
+            if not any(where == r or where.is_relative_to(r) for r in roots):
+                raise ApiError(403, f'{v!r}: native calls may only name files inside the hosted model\'s directory '
+                                    f'or a root the operator allowed (--allow-path); use a registered component name')
+        elif isinstance(v, dict):
+            _refuse_foreign_paths(svc, model_id, *v.values())
+        elif isinstance(v, (list, tuple)):
+            _refuse_foreign_paths(svc, model_id, *v)
+
+
 async def _wait(svc: Service, tenant_name: str, request_id: str) -> Any:
     while True:
         row = await svc.futures.wait(request_id, tenant_name, 300.0)
@@ -157,5 +198,6 @@ async def _wait(svc: Service, tenant_name: str, request_id: str) -> Any:
             continue
         body = json.loads(row.body or b'null')
         if row.state == 'failed':
-            raise ApiError(422 if body.get('category') == 'user' else 500, body.get('error', 'failed'))
+            status = body.get('status') or (422 if body.get('category') == 'user' else 500)
+            raise ApiError(int(status), body.get('error', 'failed'))
         return body

@@ -1,4 +1,4 @@
-"""Tinker `Datum` -> twinkle `InputFeature` rows, and the loss names the Tinker API accepts.
+"""Tinker `Datum` -> twinkle `InputFeature` rows (the accepted loss names are in `tinker.losses`).
 
 A Datum's input position i predicts `target_tokens[i]`; an InputFeature's `labels` are aligned with
 `input_ids` (docs/conventions.md), so: `input_ids = tokens + [target_tokens[-1]]`, `labels = [-100] + target_tokens`
@@ -10,38 +10,25 @@ from typing import Any
 
 import numpy as np
 
+from twinkle_core.types import IGNORE_INDEX
 from twinkle_server.errors import unprocessable
+from twinkle_server.tinker.losses import tinker_loss
 from twinkle_server.tinker.wire import WireDatum
 
-RL_INPUTS = ('target_tokens', 'logprobs', 'advantages')
-#: Tinker loss_fn -> required loss_fn_inputs. Unknown names are refused (never a silent cross-entropy).
-LOSS_INPUTS: dict[str, tuple[str, ...]] = {
-    'cross_entropy': ('target_tokens',),
-    'importance_sampling': RL_INPUTS,
-    'ppo': RL_INPUTS,
-    'cispo': RL_INPUTS,
-    'dro': RL_INPUTS,
-}
 #: Tinker loss_fn_inputs name -> InputFeature per-token field
 FIELD_NAMES = {'weights': 'weights', 'logprobs': 'old_logps', 'advantages': 'advantages'}
 
 
-def check_loss_fn(loss_fn: str) -> None:
-    if loss_fn not in LOSS_INPUTS:
-        raise unprocessable(f'unknown loss_fn {loss_fn!r}; this server supports {sorted(LOSS_INPUTS)} '
-                            f'(custom losses run client-side via forward_backward_custom)')
-
-
 def to_rows(data: list[WireDatum], loss_fn: str) -> list[dict[str, Any]]:
-    check_loss_fn(loss_fn)
+    required = tinker_loss(loss_fn).inputs
     rows = []
     for i, d in enumerate(data):
-        missing = [k for k in LOSS_INPUTS[loss_fn] if k not in d.inputs]
+        missing = [k for k in required if k not in d.inputs]
         if missing:
-            raise unprocessable(f'datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(LOSS_INPUTS[loss_fn])}, '
+            raise unprocessable(f'datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(required)}, '
                                 f'missing {missing}')
         targets = np.asarray(d.inputs['target_tokens']).astype(np.int64).reshape(-1).tolist()
-        row: dict[str, Any] = {'input_ids': d.tokens + [targets[-1]], 'labels': [-100] + targets}
+        row: dict[str, Any] = {'input_ids': d.tokens + [targets[-1]], 'labels': [IGNORE_INDEX] + targets}
         for name, field in FIELD_NAMES.items():
             if name in d.inputs:
                 row[field] = [0.0] + np.asarray(d.inputs[name], dtype=np.float64).reshape(-1).tolist()

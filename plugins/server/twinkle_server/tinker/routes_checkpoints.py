@@ -1,4 +1,7 @@
-"""Tinker checkpoint routes: save/load weights, sampler weights, weights_info, run and checkpoint listings."""
+"""Tinker checkpoint routes: save/load weights, sampler weights, weights_info, run and checkpoint listings.
+
+A refused request frees its seq_id through the request guard (`guard.py`); routes just raise.
+"""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -21,11 +24,9 @@ router = APIRouter(prefix='/api/v1')
 async def save_weights(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     req = parse(types.SaveWeightsRequest, await json_body(request))
     if not req.path:
-        svc.skip(req.model_id, req.seq_id or 0)
         raise bad_request('save_weights needs a checkpoint name in `path`')
-    rid = _or_skip(svc, req.model_id, req.seq_id, lambda: svc.save(
-        who.name, req.model_id, req.seq_id, req.path, sampler=False, optimizer=True, overwrite=True,
-        user_metadata=req.user_metadata))
+    rid = svc.save(who.name, req.model_id, req.seq_id, req.path, sampler=False, optimizer=True, overwrite=True,
+                   user_metadata=req.user_metadata)
     return {'request_id': rid, 'model_id': req.model_id}
 
 
@@ -34,16 +35,13 @@ async def save_weights_for_sampler(request: Request, who: Tenant = Depends(tenan
                                    svc: Service = Depends(service)) -> dict:
     req = parse(types.SaveWeightsForSamplerRequest, await json_body(request))
     if req.path:
-        rid = _or_skip(svc, req.model_id, req.seq_id, lambda: svc.save(
-            who.name, req.model_id, req.seq_id, req.path, sampler=True, optimizer=False,
-            user_metadata=req.user_metadata,
-            post=lambda uri: {'path': uri, 'type': 'save_weights_for_sampler'}))
+        rid = svc.save(who.name, req.model_id, req.seq_id, req.path, sampler=True, optimizer=False,
+                       user_metadata=req.user_metadata,
+                       post=lambda uri: {'path': uri, 'type': 'save_weights_for_sampler'})
     elif req.sampling_session_seq_id is not None:
         session_id = req.model_id.split(':train:')[0]
-        rid = _or_skip(svc, req.model_id, req.seq_id, lambda: svc.save_for_new_sampler(
-            who.name, req.model_id, req.seq_id, session_id, req.sampling_session_seq_id))
+        rid = svc.save_for_new_sampler(who.name, req.model_id, req.seq_id, session_id, req.sampling_session_seq_id)
     else:
-        svc.skip(req.model_id, req.seq_id or 0)
         raise bad_request('save_weights_for_sampler needs `path` (a name) or `sampling_session_seq_id`')
     return {'request_id': rid, 'model_id': req.model_id}
 
@@ -59,8 +57,7 @@ async def load_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
         return {'request_id': rid, 'model_id': f'{req.session_id}:train:{req.model_seq_id}'}
     if req.model_id is None:
         raise bad_request('load_weights needs either {session_id, model_seq_id} or {model_id, seq_id}')
-    rid = _or_skip(svc, req.model_id, req.seq_id,
-                   lambda: svc.load_into_model(who.name, req.model_id, req.seq_id, req.path, req.optimizer))
+    rid = svc.load_into_model(who.name, req.model_id, req.seq_id, req.path, req.optimizer)
     return {'request_id': rid, 'model_id': req.model_id}
 
 
@@ -116,15 +113,6 @@ async def delete_checkpoint(run_id: str, checkpoint_id: str, who: Tenant = Depen
         raise unprocessable(f'checkpoint_id {checkpoint_id!r} must look like weights/<name> or sampler_weights/<name>')
     svc.delete_checkpoint(who.name, run_id, checkpoint_id)
     return {}
-
-
-def _or_skip(svc: Service, model_id: str, seq_id: int | None, submit: Any) -> str:
-    try:
-        return submit()
-    except Exception:
-        if seq_id is not None:
-            svc.skip(model_id, seq_id)
-        raise
 
 
 def _time(t: float) -> str:

@@ -11,7 +11,7 @@ from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.engine.base import SampleJob
-from twinkle_server.errors import not_found, unprocessable
+from twinkle_server.errors import bad_request, not_found, unprocessable
 from twinkle_server.service import Service
 from twinkle_server.tinker import wire
 
@@ -66,8 +66,9 @@ def _params(p: Any) -> SamplingParams:
     stop = p.stop
     if stop is not None and not isinstance(stop, str):
         stop = list(stop)
+    given = {'max_tokens': p.max_tokens} if p.max_tokens is not None else {}  # unset: SamplingParams' default
     try:
-        return SamplingParams(max_tokens=p.max_tokens or 128, temperature=p.temperature, top_k=p.top_k,
-                              top_p=p.top_p, stop=stop, seed=p.seed)
+        return SamplingParams(**given, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, stop=stop,
+                              seed=p.seed)
     except ValidationError as exc:
-        raise unprocessable(f'invalid sampling_params: {exc.errors()[0]["loc"][0]}: {exc.errors()[0]["msg"]}') from None
+        raise bad_request(f'invalid sampling_params: {exc.errors()[0]["loc"][0]}: {exc.errors()[0]["msg"]}') from None

@@ -34,7 +34,7 @@ async def create_session(request: Request, who: Tenant = Depends(tenant),
                          svc: Service = Depends(service)) -> dict[str, Any]:
     req = parse(types.CreateSessionRequest, await json_body(request))
     session_id = f'sess-{uuid.uuid4().hex[:16]}'
-    svc.store.add_session(session_id, who.name, list(req.tags), req.user_metadata)
+    svc.add_session(who.name, session_id, list(req.tags), req.user_metadata)
     return {'session_id': session_id, 'type': 'create_session'}
 
 

@@ -1,4 +1,7 @@
-"""Tinker training routes: create_model, get_info, forward_backward (protobuf), optim_step, unload_model."""
+"""Tinker training routes: create_model, get_info, forward_backward (protobuf), optim_step, unload_model.
+
+A refused request frees its seq_id through the request guard (`guard.py`); routes just raise.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -50,12 +53,9 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
                             'application/x-protobuf), as sent by tinker >= 0.25')
     msg = wire.parse_forward_backward(await request.body())
     svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
-    try:
-        call = wire.decode_forward_backward(msg)
-        rows = datums.to_rows(call.data, call.loss_fn)
-    except ApiError:
-        svc.skip(msg.model_id, msg.seq_id)  # later requests of this model must not wait for this one
-        raise
+    svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
+    call = wire.decode_forward_backward(msg)
+    rows = datums.to_rows(call.data, call.loss_fn)
     batch = TrainBatch(call.model_id, rows, call.loss_fn, call.loss_config, call.forward_only)
 
     def output(result: TrainResult) -> bytes:
@@ -71,11 +71,11 @@ async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Servi
     req = parse(types.OptimStepRequest, await json_body(request))
     params = req.optim_params
     if not isinstance(params, types.AdamParams):
-        svc.skip(req.model_id, req.seq_id or 0)
         raise ApiError(422, f'optimizer params of type {getattr(params, "type", "?")!r} are not supported; '
                             f'send AdamParams')
     step = AdamStep(params.learning_rate, params.beta1, params.beta2, params.eps, params.weight_decay,
                     params.grad_clip_norm)
+    step.validate()
     rid = svc.optim_step(who.name, req.model_id, req.seq_id, step)
     return {'request_id': rid, 'model_id': req.model_id}
 

@@ -1,4 +1,4 @@
-"""Multi-tenant LoRA: many adapters on one frozen base model, mixed in one forward/backward (DESIGN §6).
+"""Multi-tenant LoRA: many adapters on one frozen base model, mixed in one forward/backward (docs/architecture.md §4).
 
 Inference / sampler API (no training state needed)::
 

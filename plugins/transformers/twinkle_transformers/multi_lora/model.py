@@ -1,4 +1,4 @@
-"""`MultiLoraTransformersModel`: the multi-tenant training engine (kind `model`, DESIGN §6).
+"""`MultiLoraTransformersModel`: the multi-tenant training engine (kind `model`, docs/architecture.md §4).
 
 One frozen Hugging Face base model; any number of LoRA adapters added and removed at run time, each with its
 own `LoraConfig`, optimizer, LR scheduler, loss, template, processor, gradient accumulation and metrics (a
@@ -42,7 +42,7 @@ from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, a
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.train_state import TrainState
-from twinkle_transformers.train_state_methods import TrainStateMethods
+from twinkle_transformers.train_state_methods import TrainStateMethods, reports_failure
 
 
 class MultiLoraTransformersModel(TrainStateMethods, Model):
@@ -131,6 +131,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
                            'with add_adapter_to_model (or load a checkpoint into it).') from None
 
     # ---- training step -------------------------------------------------------------------------------------
+    @reports_failure('forward_backward')
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
                          **kwargs: Any) -> dict[str, Any]:
         """Forward + loss + backward (gradients accumulate per adapter).
@@ -140,6 +141,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         """
         return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
 
+    @reports_failure('forward_only')
     def forward_only(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
                      compute_loss: bool = True, **kwargs: Any) -> dict[str, Any]:
         """Forward without gradients: per-row logprobs (aligned with input_ids) and, unless
@@ -192,6 +194,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
 
     # ---- the same step in three calls (as TransformersModel): forward -> calculate_loss -> backward ----------
     @remote_method('slice_dp', 'list', mutates=False)
+    @reports_failure('forward')
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients, kept for `calculate_loss` and `backward` (a new `forward` replaces a pending
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
@@ -208,6 +211,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         return _outcome(work, errors, mixed, return_errors=False)
 
     @remote_method('all', 'mean', mutates=False)
+    @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float | dict[str, float]:
         """Loss of the pending `forward` (kept for `backward`): a float, or {adapter_name: float} when mixed."""
         pending = self._require_pending('calculate_loss')
@@ -217,6 +221,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         return {name: r['loss'] for name, r in out.items()} if pending.mixed else out['loss']
 
     @remote_method('all', 'mean')
+    @reports_failure('backward')
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Backpropagate the pending pass's healthy losses once (gradients accumulate per adapter). Returns
         ``{'loss', 'logprobs', 'metrics'}`` (per tenant when mixed); rejected tenants raise as in
@@ -241,6 +246,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
                 'num_adapters': len(self.states), **self._state(name).describe()}
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
+    @reports_failure('save')
     def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
              adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
              **kwargs: Any) -> str:
@@ -258,6 +264,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
                 ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
         return str(target)
 
+    @reports_failure('load')
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
              gradient_accumulation_steps: int = 1, **kwargs: Any) -> None:
         """Load an adapter checkpoint written by `save` (or any PEFT LoRA directory) into `adapter_name`.

@@ -15,9 +15,8 @@ from typing import Any, Callable
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import as_input_features
+from twinkle_core.types import IGNORE_INDEX, as_input_features, as_list
 
-IGNORE_INDEX = -100
 # What the processor itself adds to every batch (everything else comes from the rows' own fields).
 COLLATED_FIELDS = frozenset({'input_ids', 'labels', 'target_ids', 'position_ids', 'attention_mask', 'row_index',
                              'row_lengths', 'num_tokens', 'packed', 'cu_seqlens', 'max_seqlen'})
@@ -53,8 +52,7 @@ def validate_rows(batch: Any, limits: RowLimits) -> list[dict[str, Any]]:
 
 
 def _ints(values: Any, row: int, field: str) -> list[int]:
-    tolist = getattr(values, 'tolist', None)
-    values = tolist() if callable(tolist) else list(values)
+    values = as_list(values)
     if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
         raise InvalidInputError(f'row {row}: {field} must be integers.')
     return values

@@ -1,0 +1,1 @@
+"""Small torch-free helpers shared by the core and the plugins (import the submodule you need)."""
