@@ -65,3 +65,34 @@ def populate_ms_cache(cache: Path, repo_id: str, revision: str, src: Path) -> Pa
         shutil.rmtree(snapshot)
     shutil.copytree(src, snapshot)
     return snapshot
+
+
+# ---- hub component folders the hub tests publish ----------------------------------------------------------
+PATCH_REPO = REPO_ROOT / 'hub' / 'qwen3-training-patches'
+PATCH_MS = 'ms://twinkle-community/qwen3-training-patches'
+PATCH_HF = 'hf://twinkle-community/qwen3-training-patches'
+
+LOSS_REPO = {
+    'twinkle.toml': '''
+        name = "EchoLoss"
+        kind = "loss"
+        entry = "loss:EchoLoss"
+        version = "0.1.0"
+    ''',
+    'loss.py': '''
+        from twinkle_core.loss import Loss
+        from .helpers import TAG
+
+        class EchoLoss(Loss):
+            tag = TAG
+            def __call__(self, inputs, outputs, **kwargs):
+                return {'loss': inputs}
+    ''',
+    'helpers.py': 'TAG = "{tag}"\n',
+}
+
+
+def loss_repo(folder: Path, tag: str) -> Path:
+    files = dict(LOSS_REPO)
+    files['helpers.py'] = files['helpers.py'].format(tag=tag)
+    return write_repo(folder, files)

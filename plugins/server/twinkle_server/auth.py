@@ -9,12 +9,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 
 from twinkle_server.errors import ApiError
+from twinkle_server.quotas import MinuteWindow
 from twinkle_server.store import Store
 
 PREFIX = 'tml-'
@@ -54,6 +52,13 @@ def authenticate(store: Store, api_key: str | None) -> Tenant:
     return Tenant(tenant, key_id)
 
 
+def key_from_headers(x_api_key: str | None, authorization: str | None) -> str | None:
+    """The API key a request carries: `X-API-Key`, else `Authorization: Bearer <key>`."""
+    if x_api_key is None and (authorization or '').lower().startswith('bearer '):
+        return authorization[7:]  # type: ignore[index]
+    return x_api_key
+
+
 def _digest(salt: bytes, secret: str) -> bytes:
     return hashlib.sha256(salt + secret.encode()).digest()
 
@@ -69,31 +74,13 @@ class LoginThrottle:
 
     def __init__(self, max_per_minute: int) -> None:
         self.max_per_minute = max_per_minute
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
+        self._failures = MinuteWindow()
 
     def check(self, address: str) -> None:
-        with self._lock:
-            window = self._window(address, time.monotonic())
-            if len(window) >= self.max_per_minute:
-                wait = 60.0 - (time.monotonic() - window[0])
-                raise ApiError(429, f'too many failed logins from {address} ({len(window)} in the last minute); '
-                                    f'try again in {wait:.0f} s', retry_after_s=wait)
+        self._failures.admit(address, self.max_per_minute, f'too many failed logins from {address}', record=False)
 
     def failed(self, address: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            self._window(address, now).append(now)
+        self._failures.record(address)
 
     def reset(self) -> None:
-        with self._lock:
-            self._failures.clear()
-
-    def _window(self, address: str, now: float) -> deque[float]:
-        window = self._failures.setdefault(address, deque())
-        while window and now - window[0] > 60.0:
-            window.popleft()
-        if not window and len(self._failures) > 10_000:  # bound memory under address churn
-            self._failures = {a: w for a, w in self._failures.items() if w}
-            self._failures[address] = window
-        return window
+        self._failures.reset()

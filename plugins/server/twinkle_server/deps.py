@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from twinkle_server.auth import Tenant, authenticate
+from twinkle_server.auth import Tenant, authenticate, key_from_headers
 from twinkle_server.errors import ApiError, bad_request
 from twinkle_server.service import Service
 
@@ -22,9 +22,7 @@ def tenant(request: Request) -> Tenant:
     """Authenticate `X-API-Key` (or `Authorization: Bearer`), throttle failed logins per address and apply the
     tenant's request-rate limit. The tenant is recorded on the request (`request.state.tenant`): the request
     guard frees a rejected request's seq_id only for the model's own tenant."""
-    key = request.headers.get('x-api-key')
-    if key is None and request.headers.get('authorization', '').lower().startswith('bearer '):
-        key = request.headers['authorization'][7:]
+    key = key_from_headers(request.headers.get('x-api-key'), request.headers.get('authorization'))
     svc = service(request)
     address = request.client.host if request.client else 'unknown'
     svc.logins.check(address)
@@ -34,7 +32,7 @@ def tenant(request: Request) -> Tenant:
         svc.logins.failed(address)
         raise
     request.state.tenant = who.name
-    svc.check_rate(who.name)
+    svc.quotas.check_rate(who.name)
     return who
 
 

@@ -18,7 +18,7 @@ import logging
 import re
 from typing import Any, Awaitable, Callable
 
-from twinkle_server.auth import authenticate
+from twinkle_server.auth import authenticate, key_from_headers
 from twinkle_server.errors import RETRYABLE_STATUSES, ApiError
 
 logger = logging.getLogger(__name__)
@@ -175,10 +175,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def _tenant_from_key(service: Any, scope: Scope) -> str | None:
-    key = _header(scope, b'x-api-key')
-    auth = _header(scope, b'authorization') or ''
-    if key is None and auth.lower().startswith('bearer '):
-        key = auth[7:]
+    key = key_from_headers(_header(scope, b'x-api-key'), _header(scope, b'authorization'))
     try:
         return authenticate(service.store, key).name
     except ApiError:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -17,8 +17,9 @@ from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
-from twinkle_server.errors import ApiError, bad_request, not_found, over_limit, unprocessable
+from twinkle_server.errors import ApiError, not_found, unprocessable
 from twinkle_server.futures import FutureTable
+from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
 
@@ -49,11 +50,11 @@ class Service:
         self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch,
                                           seq_gap_timeout_s=config.seq_gap_timeout_s)
                         for name, e in engines.items()}
+        self.quotas = Quotas(config, self.store)
         self.logins = LoginThrottle(config.max_failed_logins_per_minute)
         self.models: dict[str, LiveModel] = {}
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
-        self._rate: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -62,66 +63,18 @@ class Service:
         self.store.close()
 
     # ---- tenants -------------------------------------------------------------------------------------------
-    def check_rate(self, tenant: str) -> None:
-        limit = self.config.limits(tenant).requests_per_minute
-        if limit is None:
-            return
-        now = time.monotonic()
-        with self._lock:
-            window = self._rate.setdefault(tenant, deque())
-            while window and now - window[0] > 60:
-                window.popleft()
-            if len(window) >= limit:
-                raise ApiError(429, f'tenant {tenant!r} exceeded its limit of {limit} requests per minute '
-                                    f'(requests_per_minute)', retry_after_s=60 - (now - window[0]))
-            window.append(now)
-
-    def _check_new_adapter(self, tenant: str, rank: int) -> None:
-        limits = self.config.limits(tenant)
-        if limits.max_lora_rank is not None and rank > limits.max_lora_rank:
-            raise unprocessable(f'LoRA rank {rank} exceeds the limit max_lora_rank={limits.max_lora_rank} for '
-                                f'tenant {tenant!r}')
-        if limits.max_adapters is not None:
-            live = sum(1 for m in self.models.values() if m.tenant == tenant)
-            if live >= limits.max_adapters:  # waiting does not help: a 403, never retried
-                raise ApiError(403, f'tenant {tenant!r} already has {live} live training models (limit '
-                                    f'max_adapters={limits.max_adapters}); unload a model or finish its session first')
-
     def add_session(self, tenant: str, session_id: str, tags: list[str], user_metadata: Any) -> None:
         """Record a new session, within the tenant's `max_sessions` (unfinished, heart-beating) cap."""
-        cap = self.config.limits(tenant).max_sessions
-        if cap is not None:
-            live = self.store.count_live_sessions(tenant, time.time() - self.config.session_ttl_s)
-            if live >= cap:
-                raise ApiError(403, f'tenant {tenant!r} already has {live} open sessions (limit max_sessions={cap}); '
-                                    f'finish a session (or let it expire) first')
+        self.quotas.check_new_session(tenant)
         self.store.add_session(session_id, tenant, tags, user_metadata)
 
     def check_train_request(self, tenant: str, model_id: str, lengths: list[int]) -> None:
         """Per-request caps of a forward_backward (`lengths`: tokens per datum), checked before decoding."""
-        limits = self.config.limits(tenant)
-        rows, tokens = len(lengths), sum(lengths)
-        if limits.max_rows_per_request is not None and rows > limits.max_rows_per_request:
-            raise over_limit('max_rows_per_request', limits.max_rows_per_request, rows, 'the number of datums')
-        if limits.max_tokens_per_request is not None and tokens > limits.max_tokens_per_request:
-            raise over_limit('max_tokens_per_request', limits.max_tokens_per_request, tokens,
-                             'the total number of tokens')
         context = self.engine(self.model(tenant, model_id).base_model).max_context_length
-        longest = max(lengths, default=0)
-        if longest + 1 > context:  # the server appends the last target token
-            raise ApiError(413, f'datum {lengths.index(longest)} has {longest} tokens; the model\'s context length '
-                                f'is {context} (input + last target token must fit)')
+        self.quotas.check_train_request(tenant, lengths, context)
 
-    def check_sample_request(self, tenant: str, num_samples: int, max_tokens: int) -> None:
-        limits = self.config.limits(tenant)
-        if num_samples < 1:
-            raise bad_request(f'num_samples must be >= 1, got {num_samples}')
-        if limits.max_num_samples is not None and num_samples > limits.max_num_samples:
-            raise over_limit('max_num_samples', limits.max_num_samples, num_samples, 'num_samples', status=400)
-        if max_tokens < 1:
-            raise bad_request(f'max_tokens must be >= 1, got {max_tokens}')
-        if limits.max_sample_tokens is not None and max_tokens > limits.max_sample_tokens:
-            raise over_limit('max_sample_tokens', limits.max_sample_tokens, max_tokens, 'max_tokens', status=400)
+    def _check_new_adapter(self, tenant: str, rank: int) -> None:
+        self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))
 
     # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
     def engine(self, base_model: str) -> Engine:
@@ -154,11 +107,7 @@ class Service:
                 seen = self._seen.get(model_id, {}).get(seq_id)
             if seen is not None:
                 return seen
-        cap = self.config.limits(tenant).max_pending_futures
-        if cap is not None and self.futures.pending(tenant) >= cap:
-            raise ApiError(429, f'tenant {tenant!r} has {cap} requests queued or running (limit '
-                                f'max_pending_futures={cap}); retrieve results before sending more',
-                           retry_after_s=2.0)
+        self.quotas.check_pending(tenant, self.futures.pending(tenant))
         request_id = self.futures.create(tenant)
         item = Work(tenant, on_done=lambda r: self.futures.resolve(request_id, post(r)),
                     on_error=lambda e: self.futures.reject(request_id, e), model_id=model_id, seq_id=seq_id, **work)
@@ -401,7 +350,7 @@ class Service:
         else:
             raise unprocessable('asample needs sampling_session_id, model_path or base_model')
         engine = self.engine(base)
-        self.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
+        self.quotas.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
         if len(job.prompt) + job.params.max_tokens > engine.max_context_length:
             raise unprocessable(f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
                                 f'the context length {engine.max_context_length} of {base!r}')
