@@ -9,12 +9,20 @@ For N tenants (default 1, 4, 16), each with its own rank-r all-linear LoRA, Adam
     Budget (target): engine(N) <= base(N) + (N - 1) x adapter + 10%, where `adapter` is one adapter's
     training bytes (weights + grads + two AdamW moments, fp32) and base(N) already holds one adapter.
 (b) step throughput, measured in this process (tenant-steps/s, median of `--repeats` steps):
-    - mixed:       ONE forward_backward over all tenants' rows, then each tenant's clip_grad_and_step;
+    - mixed:       ONE forward_backward pass over all tenants' rows (pass_strategy='mixed', no token cap), then
+                   each tenant's clip_grad_and_step;
     - sequential:  the same engine, tenants one after another (adapter switching);
-    - peft:        N separate peft models, one after another (raw HF loop: model(labels=...).loss).
+    - peft:        N separate peft models, one after another (raw HF loop: model(labels=...).loss);
+    - chosen:      the engine's default (pass_strategy='auto'): the `PassPlanner` picks one mixed pass, groups
+                   of tenants or one by one from measured cost. Timed after it settled (warm-up steps until two
+                   steps in a row did not explore a new pass size; at most 12).
+    `--grid` runs (b) for every tenants x shape cell (`--shapes ROWSxTOKENS ...`) and prints which strategy the
+    planner chose and `chosen/best`, the chosen strategy's throughput over the better of sequential and peft.
 
 Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small] [--tenants 1 4 16] [--rows 2] [--tokens 32]
-     [--repeats 5] [--threads 1] [--skip-memory] [--skip-throughput]
+     [--ranks 8 [32 ...]] [--repeats 5] [--threads 1] [--skip-memory] [--skip-throughput]
+     .venv/bin/python bench/multi_tenant.py --grid [--model small] [--tenants 1 4 16 64]
+     [--shapes 1x16 4x64 8x256] [--ranks 8 32] [--max-step-tokens 16384]
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from typing import Callable
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 
-RANK, ALPHA, LR = 8, 16, 1e-4
+LR = 1e-4
 
 
 def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
@@ -45,16 +53,22 @@ def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
     return rows
 
 
-def _engine(model_dir: str, n: int):
+def _rank(i: int, ranks: list[int]) -> int:
+    """Tenant i's LoRA rank: the ranks are dealt round-robin (alpha = 2 x rank)."""
+    return ranks[i % len(ranks)]
+
+
+def _engine(model_dir: str, n: int, ranks: list[int], **engine_kwargs):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
-    engine = MultiLoraTransformersModel(model_dir, device='cpu')
+    engine = MultiLoraTransformersModel(model_dir, device='cpu', **engine_kwargs)
     for i in range(n):
-        engine.add_adapter_to_model(f't{i}', dict(r=RANK, lora_alpha=ALPHA, target_modules='all-linear'))
+        r = _rank(i, ranks)
+        engine.add_adapter_to_model(f't{i}', dict(r=r, lora_alpha=2 * r, target_modules='all-linear'))
         engine.set_optimizer('AdamW', lr=LR, adapter_name=f't{i}')
     return engine
 
 
-def _peft_models(model_dir: str, n: int):
+def _peft_models(model_dir: str, n: int, ranks: list[int]):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -62,7 +76,7 @@ def _peft_models(model_dir: str, n: int):
     models = []
     for i in range(n):
         m = get_peft_model(base if i == n - 1 else copy.deepcopy(base),
-                           LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules='all-linear'))
+                           LoraConfig(r=_rank(i, ranks), lora_alpha=2 * _rank(i, ranks), target_modules='all-linear'))
         models.append((m, torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=LR)))
     return models
 
@@ -99,18 +113,18 @@ def peft_step(models, batches) -> None:
 
 
 # ---- (a) memory, one configuration per fresh process ------------------------------------------------------
-def child(kind: str, model_dir: str, n: int, rows: int, tokens: int) -> None:
+def child(kind: str, model_dir: str, n: int, rows: int, tokens: int, ranks: list[int]) -> None:
     data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
-    if kind == 'engine':
-        engine = _engine(model_dir, n)
+    if kind == 'engine':  # one pass per step, like `one_adapter` (same activations)
+        engine = _engine(model_dir, n, ranks, pass_strategy='mixed', max_pass_tokens=None)
         for _ in range(3):
             mixed_step(engine, data)
     elif kind == 'one_adapter':  # same rows and activations, a single adapter for all of them
-        engine = _engine(model_dir, 1)
+        engine = _engine(model_dir, 1, ranks)
         for _ in range(3):
             mixed_step(engine, {'t0': [r for rs in data.values() for r in rs]})
     elif kind == 'peft':
-        models = _peft_models(model_dir, n)
+        models = _peft_models(model_dir, n, ranks)
         batches = [_padded(rs) for rs in data.values()]
         for _ in range(3):
             peft_step(models, batches)
@@ -121,13 +135,14 @@ def child(kind: str, model_dir: str, n: int, rows: int, tokens: int) -> None:
 
 def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float:
     out = subprocess.run([sys.executable, __file__, '--child', kind, '--n', str(n), '--model-dir', model_dir,
-                          '--rows', str(args.rows), '--tokens', str(args.tokens), '--threads', str(args.threads)],
+                          '--rows', str(args.rows), '--tokens', str(args.tokens), '--threads', str(args.threads),
+                          '--ranks', *map(str, args.ranks)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_rss_mb']
 
 
-def adapter_train_mb(model_dir: str) -> float:
-    engine = _engine(model_dir, 1)
+def adapter_train_mb(model_dir: str, ranks: list[int]) -> float:
+    engine = _engine(model_dir, 1, ranks)
     params = sum(p.numel() for p in engine.manager.parameters('t0'))
     return params * 4 * 4 / 2 ** 20  # fp32 weight + grad + exp_avg + exp_avg_sq
 
@@ -147,14 +162,62 @@ def _median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[st
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def throughput(model_dir: str, n: int, args: argparse.Namespace) -> dict[str, float]:
-    data = {f't{i}': _rows(args.rows, args.tokens, seed=i) for i in range(n)}
-    engine = _engine(model_dir, n)
-    models, batches = _peft_models(model_dir, n), [_padded(rs) for rs in data.values()]
-    seconds = _median_times({'mixed': lambda: mixed_step(engine, data),
-                             'sequential': lambda: sequential_step(engine, data),
-                             'peft': lambda: peft_step(models, batches)}, args.repeats)
-    return {name: n / t for name, t in seconds.items()}
+def settle(engine, data: dict[str, list[dict]], max_steps: int = 12) -> int:
+    """Train until the planner ran two steps in a row without exploring a new pass size; returns the steps."""
+    calm = 0
+    for step in range(1, max_steps + 1):
+        mixed_step(engine, data)
+        calm = 0 if engine.planner.last_plan.exploring else calm + 1
+        if calm == 2:
+            return step
+    return max_steps
+
+
+def describe(plan) -> str:
+    """The planner's choice in a few characters, e.g. ``groups:8x512`` (8 passes of at most 512 tokens)."""
+    if plan.strategy == 'groups':
+        return f'groups:{len(plan.groups)}x{plan.budget}'
+    return plan.strategy
+
+
+def throughput(model_dir: str, n: int, rows: int, tokens: int, args: argparse.Namespace) -> dict[str, float | str]:
+    data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
+    mixed_engine = _engine(model_dir, n, args.ranks, pass_strategy='mixed', max_pass_tokens=None)
+    chosen_engine = _engine(model_dir, n, args.ranks)  # the default: pass_strategy='auto'
+    settle(chosen_engine, data)
+    models, batches = _peft_models(model_dir, n, args.ranks), [_padded(rs) for rs in data.values()]
+    seconds = _median_times({'mixed': lambda: mixed_step(mixed_engine, data),
+                             'sequential': lambda: sequential_step(mixed_engine, data),
+                             'peft': lambda: peft_step(models, batches),
+                             'chosen': lambda: mixed_step(chosen_engine, data)}, args.repeats)
+    out: dict[str, float | str] = {name: n / t for name, t in seconds.items()}
+    out['strategy'] = describe(chosen_engine.planner.last_plan)
+    return out
+
+
+def print_throughput(args: argparse.Namespace, model_dir: str) -> None:
+    print('\n(b) throughput (tenant-steps/s, median), same process; best = max(sequential, peft)')
+    print(f'{"N":>3} {"rows x tokens":>13} {"mixed":>8} {"sequential":>10} {"peft xN":>8} {"chosen":>8} '
+          f'{"strategy":>16} {"chosen/best":>11} {"mixed/sequential":>16}')
+    for n in args.tenants:
+        for rows, tokens in args.shapes:
+            if n * rows * tokens > args.max_step_tokens:
+                print(f'{n:>3} {f"{rows} x {tokens}":>13}   skipped: {n * rows * tokens} tokens per step > '
+                      f'--max-step-tokens {args.max_step_tokens}', flush=True)
+                continue
+            r = throughput(model_dir, n, rows, tokens, args)
+            best = max(r['sequential'], r['peft'])
+            print(f'{n:>3} {f"{rows} x {tokens}":>13} {r["mixed"]:>8.2f} {r["sequential"]:>10.2f} '
+                  f'{r["peft"]:>8.2f} {r["chosen"]:>8.2f} {r["strategy"]:>16} {r["chosen"] / best:>11.2f} '
+                  f'{r["mixed"] / r["sequential"]:>16.2f}', flush=True)
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        rows, tokens = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'shape {text!r} is not ROWSxTOKENS, e.g. 4x64') from None
+    return rows, tokens
 
 
 def main() -> None:
@@ -163,6 +226,13 @@ def main() -> None:
     parser.add_argument('--tenants', type=int, nargs='+', default=[1, 4, 16])
     parser.add_argument('--rows', type=int, default=2, help='rows per tenant per step')
     parser.add_argument('--tokens', type=int, default=32, help='tokens per row')
+    parser.add_argument('--ranks', type=int, nargs='+', default=[8], help='LoRA ranks, dealt round-robin')
+    parser.add_argument('--grid', action='store_true', help='throughput over tenants x --shapes (implies '
+                        '--skip-memory)')
+    parser.add_argument('--shapes', type=_shape, nargs='+', default=None,
+                        help='ROWSxTOKENS per tenant for --grid (default 1x16 4x64 8x256)')
+    parser.add_argument('--max-step-tokens', type=int, default=16384, help='skip grid cells with more tokens per '
+                        'step (the mixed baseline holds them all in one pass)')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads (1: stable on shared CPUs)')
     parser.add_argument('--skip-memory', action='store_true')
@@ -174,13 +244,20 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     if args.child:
-        return child(args.child, args.model_dir, args.n, args.rows, args.tokens)
+        return child(args.child, args.model_dir, args.n, args.rows, args.tokens, args.ranks)
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     model_dir = str(ensure_tiny_model(args.model))
-    print(f'model={args.model} tenants={args.tenants} rows/tenant={args.rows} tokens/row={args.tokens} '
-          f'rank={RANK} all-linear, AdamW; torch {torch.__version__}, {torch.get_num_threads()} threads, CPU')
+    if args.grid:
+        args.skip_memory = True
+        args.shapes = args.shapes or [(1, 16), (4, 64), (8, 256)]
+    else:
+        args.shapes = [(args.rows, args.tokens)]
+        args.max_step_tokens = max(args.max_step_tokens, max(args.tenants) * args.rows * args.tokens)
+    print(f'model={args.model} tenants={args.tenants} shapes (rows x tokens per tenant)='
+          f'{[f"{r}x{t}" for r, t in args.shapes]} ranks={args.ranks} all-linear, AdamW; torch {torch.__version__}, '
+          f'{torch.get_num_threads()} threads, CPU')
     if not args.skip_memory:
-        adapter = adapter_train_mb(model_dir)
+        adapter = adapter_train_mb(model_dir, args.ranks)
         print(f'\n(a) peak RSS (MB), fresh process each; one adapter trains with {adapter:.1f} MB')
         print(f'{"N":>3} {"engine":>9} {"peft xN":>9} {"base(N)":>9} {"budget":>9} {"engine/budget":>14} '
               f'{"peft/engine":>12}')
@@ -192,12 +269,7 @@ def main() -> None:
                   f'{peft / ours:>12.2f}', flush=True)
     if args.skip_throughput:
         return
-    print('\n(b) throughput (tenant-steps/s, median), same process')
-    print(f'{"N":>3} {"mixed":>8} {"sequential":>11} {"peft xN":>8} {"mixed/sequential":>17} {"mixed/peft":>11}')
-    for n in args.tenants:
-        r = throughput(model_dir, n, args)
-        print(f'{n:>3} {r["mixed"]:>8.1f} {r["sequential"]:>11.1f} {r["peft"]:>8.1f} '
-              f'{r["mixed"] / r["sequential"]:>17.2f} {r["mixed"] / r["peft"]:>11.2f}', flush=True)
+    print_throughput(args, model_dir)
 
 
 if __name__ == '__main__':

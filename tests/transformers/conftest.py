@@ -13,3 +13,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope='session')
+def tokenizer(tiny_model_dir):
+    """The tiny fixture model's tokenizer."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -56,7 +56,7 @@ def _bad_case(case: str, tokenizer):
 
 
 def _engine(tiny_model_dir, with_bad: bool) -> MultiLoraTransformersModel:
-    engine = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+    engine = MultiLoraTransformersModel(tiny_model_dir, device='cpu', pass_strategy='mixed')
     for seed, (name, cfg) in enumerate(GOOD.items()):
         engine.add_adapter_to_model(name, cfg, generator=torch.Generator().manual_seed(seed))
         engine.set_optimizer('AdamW', lr=1e-2, adapter_name=name)
@@ -135,9 +135,3 @@ def test_return_errors_reports_inline_for_servers(tiny_model_dir, tokenizer):
                               return_errors=True)
     assert 'loss' in out['alice']
     assert out['nobody']['error']['stage'] == 'input' and 'no adapter named' in out['nobody']['error']['message']
-
-
-@pytest.fixture(scope='module')
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)

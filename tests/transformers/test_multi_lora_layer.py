@@ -54,6 +54,47 @@ def test_per_token_routing_matches_the_explicit_formula_and_gradients_stay_per_a
         torch.testing.assert_close(w.lora_A.weight.grad, grad_a, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize('index', [
+    [[0, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, 2]],      # tenants one after another: in-place adds on views
+    [[-1, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, -1]],    # base-only head and tail around the adapter tokens
+    [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],   # interleaved: gather + scatter-add
+], ids=['contiguous', 'contiguous_with_base_rows', 'interleaved'])
+@pytest.mark.parametrize('dropout', [0.0, 0.1], ids=['segmented_node', 'plain_autograd_with_dropout'])
+def test_each_adapters_output_and_gradients_are_bit_identical_to_its_solo_run(index, dropout):
+    """The mixed layer (one autograd node for every adapter, or plain autograd when a dropout is active) gives
+    every adapter exactly the output and A/B gradients of running that adapter alone on its tokens. (Only the
+    base layer's own output may differ from a solo run in the last bits: a matmul over more rows.)"""
+    layer, router = _layer_with_adapters({0: 1, 1: 2, 3: 5})  # slot 2 is not on this module: base output
+    for w in layer.adapters.values():
+        w.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
+    solos = {slot: copy.deepcopy(layer.get(slot)) for slot in (0, 1, 3)}
+    x = torch.randn(2, 7, 16, requires_grad=True)
+    index = torch.tensor(index)
+    router.set_index(index)
+    torch.manual_seed(5)  # dropout masks: drawn per adapter in slot order, like the solo runs below
+    out = layer(x)
+    upstream = torch.randn_like(out)
+    (out * upstream).sum().backward()
+    grad_x = x.grad.clone()
+    flat_index, flat_x, flat_up = index.reshape(-1), x.detach().reshape(-1, 16), upstream.reshape(-1, 12)
+    base = layer.base_layer(x).detach().reshape(-1, 12)  # the same base rows the layer computed
+    expected_grad_x = flat_up @ layer.base_layer.weight
+    torch.manual_seed(5)
+    for slot, solo in solos.items():
+        w = layer.get(slot)
+        rows = (flat_index == slot).nonzero().squeeze(1)
+        xs = flat_x[rows].clone().requires_grad_(True)
+        delta = solo(xs)
+        assert torch.equal(out.detach().reshape(-1, 12)[rows], base[rows] + delta.detach()), slot
+        (delta * flat_up[rows]).sum().backward()
+        assert torch.equal(w.lora_A.weight.grad, solo.lora_A.weight.grad), slot
+        assert torch.equal(w.lora_B.weight.grad, solo.lora_B.weight.grad), slot
+        expected_grad_x[rows] += xs.grad
+    untouched = (flat_index == -1) | (flat_index == 2)
+    assert torch.equal(out.detach().reshape(-1, 12)[untouched], base[untouched])
+    torch.testing.assert_close(grad_x.reshape(-1, 16), expected_grad_x, atol=1e-6, rtol=1e-6)
+
+
 def test_uniform_routing_and_base_only_tokens():
     layer, router = _layer_with_adapters({0: 2, 1: 3})
     x = torch.randn(3, 4, 16)

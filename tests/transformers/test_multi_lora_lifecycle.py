@@ -16,12 +16,6 @@ from twinkle_transformers.multi_lora import MultiLoraLinear, MultiLoraTransforme
 TEXTS = ['I am Alice, built by the twinkle team.', 'Alice answers questions about herself.', 'Who are you?']
 
 
-@pytest.fixture(scope='module')
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 @pytest.fixture()
 def engine(tiny_model_dir):
     return MultiLoraTransformersModel(tiny_model_dir, device='cpu')

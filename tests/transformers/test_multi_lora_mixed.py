@@ -26,15 +26,10 @@ def base(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
 
-@pytest.fixture(scope='module')
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
 
 def _engine_and_references(base, *, padding_free: bool = False):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
-    engine = MultiLoraTransformersModel(model=copy.deepcopy(base), device='cpu')
+    engine = MultiLoraTransformersModel(model=copy.deepcopy(base), device='cpu', pass_strategy='mixed')
     references = {}
     for seed, (name, cfg) in enumerate(TENANTS.items()):
         references[name] = random_peft_model(base, cfg, seed)

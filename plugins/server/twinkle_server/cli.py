@@ -34,6 +34,9 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
                        help="how long a model's request may wait for a missing earlier seq_id before it is failed")
     start.add_argument('--max-failed-logins', type=int, default=30, metavar='N',
                        help='failed logins per minute from one address before it is answered 429')
+    start.add_argument('--pass-strategy', default='auto', metavar='STRATEGY',
+                       help="how adapters' queued forward/backward work shares passes: auto (measured, default), "
+                            'mixed (one pass) or one_by_one')
     start.add_argument('--allow-path', action='append', default=[], metavar='DIR',
                        help='a directory native calls may name files in (besides each model\'s own); repeatable')
     start.set_defaults(func=_start)
@@ -62,7 +65,8 @@ def _start(args: argparse.Namespace) -> int:
                           max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                           max_queued_samples=args.max_queued_samples, default_limits=default,
                           tenant_limits=per_tenant, seq_gap_timeout_s=args.seq_gap_timeout,
-                          max_failed_logins_per_minute=args.max_failed_logins, allowed_roots=tuple(args.allow_path))
+                          max_failed_logins_per_minute=args.max_failed_logins, allowed_roots=tuple(args.allow_path),
+                          pass_strategy=args.pass_strategy)
     serve(config, device=args.device)
     return 0
 

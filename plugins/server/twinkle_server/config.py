@@ -71,6 +71,9 @@ class ServerConfig:
     default_limits: TenantLimits = field(default_factory=TenantLimits)
     tenant_limits: dict[str, TenantLimits] = field(default_factory=dict)
     lora_alpha: float = 32.0
+    #: how queued forward/backward work of several adapters splits into passes: 'auto' (measured), 'mixed' or
+    #: 'one_by_one' (see `twinkle_transformers.multi_lora.PassPlanner`)
+    pass_strategy: str = 'auto'
 
     def limits(self, tenant: str) -> TenantLimits:
         return self.tenant_limits.get(tenant, self.default_limits)

@@ -21,8 +21,9 @@ def resolve_model_dir(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def load_engine(base_model: str, path: str, *, device: str | None = None) -> Engine:
+def load_engine(base_model: str, path: str, *, device: str | None = None, pass_strategy: str = 'auto') -> Engine:
     """The engine hosting `path` under the public name `base_model`: `MultiLoraTransformersModel` for training
-    (mixed-tenant passes) and `TorchSampler` for generation, both from twinkle-transformers."""
+    (tenants share passes per `pass_strategy`: 'auto', 'mixed' or 'one_by_one') and `TorchSampler` for
+    generation, both from twinkle-transformers."""
     from twinkle_server.engine.twinkle_engine import TwinkleEngine
-    return TwinkleEngine(base_model, resolve_model_dir(path), device=device)
+    return TwinkleEngine(base_model, resolve_model_dir(path), device=device, pass_strategy=pass_strategy)

@@ -118,8 +118,14 @@ class Engine(ABC):
 
     @abstractmethod
     def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:
-        """Run every batch (one per adapter) in as few passes as the engine can; one batch's failure is
-        returned in its slot and never touches another adapter's gradients."""
+        """Run every batch (one per adapter) in the passes the engine finds fastest (one shared pass, groups or
+        one by one); one batch's failure is returned in its slot and never touches another adapter's
+        gradients."""
+
+    def pass_stats(self) -> dict[str, int]:
+        """How training work was split into passes so far (strategy counts); empty when the engine does not
+        plan passes."""
+        return {}
 
     @abstractmethod
     def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:

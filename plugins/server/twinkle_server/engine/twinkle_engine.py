@@ -1,4 +1,5 @@
-"""The production engine: `MultiLoraTransformersModel` (training, mixed-tenant passes) + `TorchSampler`.
+"""The production engine: `MultiLoraTransformersModel` (training; tenants' work queued together shares passes as
+its `PassPlanner` finds fastest) + `TorchSampler`.
 
 The sampler holds its own copy of the base weights, so sampling never sees half-updated training weights; its
 adapters are loaded from saved checkpoint directories (what a client samples is exactly what was saved) into a
@@ -25,9 +26,9 @@ from twinkle_transformers.sampler import TorchSampler
 
 class TwinkleEngine(Engine):
     def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
-                 max_sampler_adapters: int = 32) -> None:
+                 max_sampler_adapters: int = 32, pass_strategy: str = 'auto') -> None:
         self.base_model, self.model_dir = base_model, str(model_dir)
-        self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device)
+        self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device, pass_strategy=pass_strategy)
         self.sampler = TorchSampler(self.model_dir, device=device)
         self.max_sampler_adapters = max_sampler_adapters
         self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
@@ -81,6 +82,9 @@ class TwinkleEngine(Engine):
             for adapter, i in group.items():
                 results[i] = _result(out[adapter])
         return [results[i] for i in range(len(batches))]
+
+    def pass_stats(self) -> dict[str, int]:
+        return dict(self.model.planner.stats)
 
     def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
         state = self.model.states[adapter]

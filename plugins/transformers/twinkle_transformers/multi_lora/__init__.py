@@ -21,18 +21,20 @@ Every `nn.Linear` an adapter targets becomes a `MultiLoraLinear` (grouped per-ad
 segments); adapters may have different ranks, alphas, dropouts and targets. Slots are never reused.
 
 Training: `MultiLoraTransformersModel` (kind `model`) adds per-adapter optimizer, scheduler, loss, template,
-processor, gradient accumulation and metrics, and mixes tenants in one pass:
-``model.forward_backward(inputs={'alice': rows, 'bob': rows})``.
+processor, gradient accumulation and metrics, and mixes tenants in shared passes:
+``model.forward_backward(inputs={'alice': rows, 'bob': rows})``. `PassPlanner` decides, per step and from measured
+cost, whether they share one pass, run in groups or one by one (``pass_strategy='auto'|'mixed'|'one_by_one'``).
 """
 from twinkle_transformers.multi_lora.layer import LoraWeights, MultiLoraLinear
 from twinkle_transformers.multi_lora.manager import MultiLoraManager, adapter_indices, attached_manager, find_manager
 from twinkle_transformers.multi_lora.routing import BASE_ONLY, AdapterRouter
 
 __all__ = ['BASE_ONLY', 'AdapterRouter', 'LoraWeights', 'MixedStepError', 'MultiLoraLinear', 'MultiLoraManager',
-           'MultiLoraTransformersModel', 'TenantStepError', 'adapter_indices', 'attached_manager', 'find_manager']
+           'MultiLoraTransformersModel', 'PassPlanner', 'TenantStepError', 'adapter_indices', 'attached_manager', 'find_manager']
 
 _LAZY = {'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
          'MixedStepError': 'twinkle_transformers.multi_lora.errors',
+         'PassPlanner': 'twinkle_transformers.multi_lora.pass_planner',
          'TenantStepError': 'twinkle_transformers.multi_lora.errors'}
 
 

@@ -2,8 +2,9 @@
 
     y = base(x) + sum over adapters a of  scale_a * B_a(A_a(dropout_a(x[tokens of a])))
 
-Tokens are routed by the shared `AdapterRouter`: one gather of the adapter tokens (sorted by adapter), one small
-matmul pair per adapter on its contiguous segment, one scatter-add back. Each adapter has its own rank, alpha,
+Tokens are routed by the shared `AdapterRouter`: the adapter tokens sorted by adapter (a view when the batch is
+already laid out tenant after tenant, else one gather), then one small matmul pair per adapter on its contiguous
+segment, added into the base output in place -- one autograd node for all adapters (`segmented.py`). Each adapter has its own rank, alpha,
 dropout and scaling; an adapter that does not target this module simply has no entry here (its tokens get the
 base output). Gradients of an adapter's A/B come only from its own tokens.
 """
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from twinkle_transformers.multi_lora.routing import AdapterRouter
+from twinkle_transformers.multi_lora.segmented import segmented_lora_
 
 
 class LoraWeights(nn.Module):
@@ -49,6 +51,10 @@ class LoraWeights(nn.Module):
         else:
             raise ValueError(f"Unsupported init_lora_weights={init!r}; use True, False or 'gaussian'.")
         nn.init.zeros_(self.lora_B.weight)
+
+    @property
+    def dropout_active(self) -> bool:
+        return self.training and isinstance(self.dropout, nn.Dropout) and self.dropout.p > 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.lora_A.weight.dtype)
@@ -103,14 +109,20 @@ class MultiLoraLinear(nn.Module):
             return out
         x_flat = x.reshape(-1, self.in_features)
         if plan.offset is not None:  # tokens already sorted by adapter: a view, no copy kept for backward
-            x_sorted = x_flat[plan.offset:plan.offset + plan.order.numel()]
+            x_sorted, rows = x_flat.narrow(0, plan.offset, plan.order.numel()), plan.offset
         else:
-            x_sorted = x_flat.index_select(0, plan.order)
-        deltas = [w(x_sorted[start:end]).to(out.dtype) if w is not None
-                  else out.new_zeros(end - start, self.out_features) for w, start, end in present]
+            x_sorted, rows = x_flat.index_select(0, plan.order), plan.order
+        if not any(w is not None and w.dropout_active for w, _, _ in present):
+            live = [(w, start, end) for w, start, end in present if w is not None]
+            return segmented_lora_(out, x_sorted, rows, [(start, end, w.scaling) for w, start, end in live],
+                                   [t for w, _, _ in live for t in (w.lora_A.weight, w.lora_B.weight)])
+        # An adapter with active dropout (its mask is drawn by `LoraWeights`): plain autograd. One split, whose
+        # backward is one concatenation -- a slice per adapter would allocate and zero a full-size gradient each.
+        pieces = x_sorted.split([end - start for _, start, end in present])
+        deltas = [w(piece).to(out.dtype) if w is not None else out.new_zeros(piece.shape[0], self.out_features)
+                  for (w, _, _), piece in zip(present, pieces)]
         delta = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
-        out_flat = out.reshape(-1, self.out_features).index_add(0, plan.order, delta)
-        return out_flat.view(out.shape)
+        return out.reshape(-1, self.out_features).index_add(0, plan.order, delta).view(out.shape)
 
     def extra_repr(self) -> str:
         ranks = {k: w.r for k, w in self.adapters.items()}

@@ -2,8 +2,10 @@
 
 `run_tenants` is the whole multi-tenant step:
 
-1. tenants are grouped by input processor (one collated layout per pass; by default everybody shares one);
-2. each group's rows are collated tenant after tenant, every position carrying its tenant's adapter slot
+1. tenants are grouped by input processor (one collated layout per pass; by default everybody shares one), and
+   the `PassPlanner` splits each group into passes (one mixed pass, groups of tenants, or one by one) by measured
+   cost; each pass is timed and fed back to it;
+2. each pass's rows are collated tenant after tenant, every position carrying its tenant's adapter slot
    (``adapter_index``; padding gets -1), and run in ONE forward with per-token LoRA routing;
 3. each tenant's loss is computed on its own rows with its own loss; a loss that raises or is not finite rejects
    that tenant only; the healthy losses (each times its accumulation scale) are summed and backpropagated ONCE;
@@ -17,6 +19,7 @@ rows do not collate, then tenant by tenant, so the failure is pinned on the tena
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,7 @@ import torch
 from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.multi_lora.errors import TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
+from twinkle_transformers.multi_lora.pass_planner import PassPlanner, TenantSize, pass_cost_tokens
 from twinkle_transformers.multi_lora.tenant_batch import slice_outputs, slice_rows
 from twinkle_transformers.train_state import TrainState
 
@@ -61,25 +65,42 @@ class _LossNeeds:
 
 
 def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[TenantWork], *,
-                train: bool, device: torch.device | None = None) -> None:
+                train: bool, device: torch.device | None = None, planner: PassPlanner | None = None) -> None:
     """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
-    `.error`. Never raises for a tenant's fault."""
+    `.error`. Never raises for a tenant's fault. `planner` decides which tenants share a pass (None: all of a
+    processor group in one pass)."""
     for group in group_by_processor(work):
-        _run_isolating(model, manager, group, train=train, device=device)
+        for members, cost_tokens in planned_passes(planner, group, train=train):
+            start = time.perf_counter()
+            clean = _run_isolating(model, manager, members, train=train, device=device)
+            if clean and planner is not None:  # a pass retried after a failure would teach it a wrong cost
+                planner.record(cost_tokens, time.perf_counter() - start, tenants=len(members), train=train)
+
+
+def planned_passes(planner: PassPlanner | None, group: list[TenantWork], *, train: bool
+                   ) -> list[tuple[list[TenantWork], int]]:
+    """The passes `planner` chooses for one processor group, each with its cost tokens (no planner: one pass)."""
+    packed = bool(getattr(group[0].state.processor, 'padding_free', False))
+    sizes = [TenantSize.of([len(row['input_ids']) for row in w.rows]) for w in group]
+    if planner is None:
+        return [(group, pass_cost_tokens(sizes, packed=packed))]
+    plan = planner.plan(sizes, packed=packed, train=train)
+    return [([group[i] for i in members], pass_cost_tokens([sizes[i] for i in members], packed=packed))
+            for members in plan.groups]
 
 
 def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *, train: bool,
-                   device: torch.device | None) -> None:
+                   device: torch.device | None) -> bool:
     """Run `group` in one pass; if the shared pass itself fails, pin the failure on the tenants causing it:
     first tenants whose rows do not collate (the rest retry together), then, if the pass still fails, each
-    tenant alone."""
+    tenant alone. Returns whether the first pass went through (no retry)."""
     try:
         MixedPass(model, manager, group, train=train, device=device).run()
-        return
+        return True
     except Exception as exc:
         if len(group) == 1:
             group[0].result, group[0].error = None, as_tenant_error(group[0].name, exc)
-            return
+            return False
     collatable = []
     for w in group:
         try:
@@ -90,11 +111,12 @@ def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: lis
     if 1 < len(collatable) < len(group):
         try:
             MixedPass(model, manager, collatable, train=train, device=device).run()
-            return
+            return False
         except Exception:
             pass
     for w in collatable:
         _run_isolating(model, manager, [w], train=train, device=device)
+    return False
 
 
 def group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:

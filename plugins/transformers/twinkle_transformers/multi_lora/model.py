@@ -38,7 +38,8 @@ from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, as_tenant_error, group_by_processor,
-                                                      run_tenants)
+                                                      planned_passes, run_tenants)
+from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, PassPlanner
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.train_state import TrainState
@@ -52,12 +53,17 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
     `device` (default CUDA > MPS > CPU), `dtype` (default bfloat16 on GPUs, float32 on CPU),
     `attn_implementation`, `max_length` (default ``config.max_position_embeddings``), ``**from_pretrained_kwargs``.
     Or `model=`: an already loaded causal LM to host the adapters (it is frozen and moved to `device`).
+    `pass_strategy`: how a multi-tenant call splits into forward/backward passes -- 'auto' (default: one mixed
+    pass, groups of tenants or one by one, whichever measured fastest; see `PassPlanner`), 'mixed' or
+    'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap).
     """
 
     def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: torch.nn.Module | None = None,
                  device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                  attn_implementation: str | None = None, max_length: int | None = None,
+                 pass_strategy: str = 'auto', max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
                  **from_pretrained_kwargs: Any) -> None:
+        self.planner = PassPlanner(pass_strategy, max_pass_tokens=max_pass_tokens)  # checks its arguments first
         if (model_id is None) == (model is None):
             raise InvalidInputError('pass exactly one of model_id= (a path, hub reference or HF id) or model= '
                                     '(a loaded causal LM).')
@@ -155,7 +161,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra)
         for w in work:
             w.compute_loss = compute_loss
-        run_tenants(self.model, self.manager, work, train=train, device=self.device)
+        run_tenants(self.model, self.manager, work, train=train, device=self.device, planner=self.planner)
         return _outcome(work, errors, mixed, return_errors=return_errors)
 
     def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any]
@@ -200,7 +206,8 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs)
         passes = []
-        for group in group_by_processor(work):
+        for group in (g for by_processor in group_by_processor(work)
+                      for g, _ in planned_passes(self.planner, by_processor, train=True)):
             mixed_pass = MixedPass(self.model, self.manager, group, train=True, device=self.device)
             try:
                 mixed_pass.forward()
