@@ -37,6 +37,7 @@ def test_train_save_and_resume_in_a_new_client(server, alice, client, rows):
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('mine', {'r': 4, 'lora_alpha': 8, 'seed': 0})
     model.set_optimizer('AdamW', lr=1e-2, adapter_name='mine')
+    model.set_lr_scheduler(scheduler_cls='StepLR', step_size=100, adapter_name='mine')  # Twinkle's spelling
     losses = [_step(model, rows, 'mine') for _ in range(4)]
     assert losses[-1] < losses[0]
     path = model.save('native-ck', save_optimizer=True, adapter_name='mine')

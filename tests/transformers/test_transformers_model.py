@@ -241,3 +241,25 @@ def test_cuda_defaults_to_bf16_and_packing_matches(tiny_model_dir):
     model.set_optimizer('AdamW', lr=1e-3)
     assert math.isfinite(model.forward_backward(inputs=rows)['loss'])
     assert model.clip_grad_and_step(1.0)['stepped']
+
+
+def test_twinkle_keyword_spellings_of_optimizer_and_scheduler(lora_model, tiny_model_dir):
+    """The Twinkle documents call ``set_optimizer(optimizer_cls=...)`` / ``set_lr_scheduler(scheduler_cls=...)``."""
+    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+    lora_model.set_optimizer(optimizer_cls='AdamW', lr=2e-3, weight_decay=0.0)
+    lora_model.set_lr_scheduler(scheduler_cls='CosineWarmupScheduler', num_warmup_steps=2, num_training_steps=10)
+    state = lora_model._state(None)
+    assert isinstance(state.optimizer, torch.optim.AdamW) and state.optimizer.defaults['lr'] == 2e-3
+    assert type(state.lr_scheduler).__name__ == 'CosineWarmupScheduler'
+    assert lora_model.get_train_configs()['optimizer']['name'] == 'AdamW'
+    with pytest.raises(TypeError, match=r'set_optimizer\(\) takes the component either positionally or as '
+                                        r'optimizer_cls=, exactly once \(both given\)'):
+        lora_model.set_optimizer('AdamW', optimizer_cls='SGD', lr=1e-3)
+    with pytest.raises(TypeError, match=r'scheduler_cls=, exactly once \(neither given\)'):
+        lora_model.set_lr_scheduler(num_warmup_steps=2)
+    multi = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+    multi.add_adapter_to_model('a', dict(r=4))
+    multi.set_optimizer(optimizer_cls='SGD', lr=0.5, adapter_name='a')
+    multi.set_lr_scheduler(scheduler_cls='StepLR', step_size=3, adapter_name='a')
+    assert isinstance(multi.states['a'].optimizer, torch.optim.SGD)
+    assert isinstance(multi.states['a'].lr_scheduler, torch.optim.lr_scheduler.StepLR)

@@ -27,13 +27,17 @@ class Model(ABC, metaclass=HostedComponentMeta):
 
     @remote_method('all', 'first')
     @abstractmethod
-    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Optimizer by name (kind `optimizer`, e.g. 'AdamW') or class; kwargs go to its constructor."""
+    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
+                      **kwargs: Any) -> None:
+        """Optimizer by name (kind `optimizer`, e.g. 'AdamW') or class -- positionally or as ``optimizer_cls=``
+        (Twinkle's spelling; see `component_arg`); kwargs go to its constructor."""
 
     @remote_method('all', 'first')
     @abstractmethod
-    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """LR scheduler by name (kind `lr_scheduler`) or class; requires an optimizer."""
+    def set_lr_scheduler(self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None,
+                         **kwargs: Any) -> None:
+        """LR scheduler by name (kind `lr_scheduler`) or class -- positionally or as ``scheduler_cls=``; requires an
+        optimizer."""
 
     @remote_method('all', 'first')
     @abstractmethod
@@ -111,3 +115,15 @@ class Model(ABC, metaclass=HostedComponentMeta):
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
              **kwargs: Any) -> None:
         """Load a checkpoint written by `save` (weights, and optimizer/scheduler/RNG state when asked)."""
+
+
+def component_arg(method: str, value: Any, keyword: str, keyword_value: Any) -> Any:
+    """The component a ``set_*`` call names, given positionally (`value`) or by Twinkle's keyword (e.g.
+    ``set_optimizer(optimizer_cls='AdamW')``): exactly one of the two. Raises TypeError otherwise."""
+    if (value is None) == (keyword_value is None):
+        given = 'both' if value is not None else 'neither'
+        raise TypeError(f'{method}() takes the component either positionally or as {keyword}=, exactly once '
+                        f'({given} given); e.g. {method}(\'AdamW\', lr=1e-4) or {method}({keyword}=\'AdamW\', '
+                        f'lr=1e-4).')
+    return value if value is not None else keyword_value
+

@@ -102,9 +102,10 @@ class TransformersModel(TrainStateMethods, Model):
         self.state = TrainState(adapter_name, self.model.parameters,
                                 gradient_accumulation_steps=gradient_accumulation_steps)
 
-    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
+                      **kwargs: Any) -> None:
         self._apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
-        super().set_optimizer(optimizer, adapter_name=adapter_name, **kwargs)
+        super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
 
     def _apply_device_mesh(self) -> None:
         """Parallelise the model over `device_mesh` once its trainable parameters are final (no-op without one)."""

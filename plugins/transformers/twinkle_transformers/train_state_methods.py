@@ -20,6 +20,7 @@ from typing import Any, Callable, TypeVar
 
 from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks.emit import emit_failure, emit_metrics
+from twinkle_core.model.base import component_arg
 from twinkle_transformers.train_state import TrainState
 
 logger = logging.getLogger(__name__)
@@ -102,10 +103,14 @@ class TrainStateMethods:
         raise NotImplementedError
 
     # ---- configuration ---------------------------------------------------------------------------------------
-    def set_optimizer(self, optimizer: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
+                      **kwargs: Any) -> None:
+        optimizer = component_arg('set_optimizer', optimizer, 'optimizer_cls', optimizer_cls)
         self._state(adapter_name).set_optimizer(optimizer, **kwargs)
 
-    def set_lr_scheduler(self, scheduler: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_lr_scheduler(self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None,
+                         **kwargs: Any) -> None:
+        scheduler = component_arg('set_lr_scheduler', scheduler, 'scheduler_cls', scheduler_cls)
         self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
 
     def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
