@@ -18,10 +18,18 @@ _groups: list[DeviceGroup] = []
 
 
 def initialize(mode: str = 'local', *, groups: list[DeviceGroup] | None = None,
-               global_device_mesh: DeviceMesh | None = None, **kwargs: Any) -> Runtime:
-    """Pick and start the runtime plugin named `mode` (kind `runtime`). Calling it again replaces the runtime."""
+               global_device_mesh: DeviceMesh | None = None, notifier: Any = None, **kwargs: Any) -> Runtime:
+    """Pick and start the runtime plugin named `mode` (kind `runtime`). Calling it again replaces the runtime.
+
+    `notifier`: alert somebody when the job fails -- a webhook URL, a dict of `WebhookNotifier` arguments
+    (``{'url': ..., 'format': 'dingtalk', 'secret': ...}``) or an object implementing ``twinkle_failure``
+    (`twinkle_core.hooks.notifier`). None keeps the one installed before, if any.
+    """
     global _active, _mesh, _groups
     from twinkle_core.registry import resolve
+    if notifier is not None:
+        from twinkle_core.hooks.notifier import install_notifier
+        install_notifier(notifier)
     runtime = resolve('runtime', mode)
     if _active is not None and _active is not runtime:
         _active.shutdown()
