@@ -263,3 +263,23 @@ def test_twinkle_keyword_spellings_of_optimizer_and_scheduler(lora_model, tiny_m
     multi.set_lr_scheduler(scheduler_cls='StepLR', step_size=3, adapter_name='a')
     assert isinstance(multi.states['a'].optimizer, torch.optim.SGD)
     assert isinstance(multi.states['a'].lr_scheduler, torch.optim.lr_scheduler.StepLR)
+
+
+def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_model_dir):
+    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+    rows = labelled_rows(2)
+    lora_model.set_optimizer('AdamW', lr=1e-3)
+    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['advantages', "
+                                        r"'old_logps'\]; it accepts inputs, adapter_name"):
+        lora_model.forward_backward(inputs=rows, old_logps=[[0.0]], advantages=[1.0])
+    with pytest.raises(TypeError, match=r"forward_only\(\) got unexpected keyword arguments \['temperature'\]"):
+        lora_model.forward_only(inputs=rows, temperature=0.7)
+    assert all(p.grad is None for p in lora_model.model.parameters() if p.requires_grad)  # nothing ran
+    multi = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+    multi.add_adapter_to_model('a', dict(r=4))
+    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['micro_batch_size'\]"
+                                        r"; it accepts inputs, adapter_name, return_errors"):
+        multi.forward_backward(inputs=rows, adapter_name='a', micro_batch_size=2)
+    multi.forward(inputs=rows, adapter_name='a')
+    with pytest.raises(TypeError, match=r"backward\(\) got unexpected keyword arguments \['retain_graph'\]"):
+        multi.backward(retain_graph=True)

@@ -127,3 +127,12 @@ def component_arg(method: str, value: Any, keyword: str, keyword_value: Any) -> 
                         f'lr=1e-4).')
     return value if value is not None else keyword_value
 
+
+def reject_unknown_kwargs(method: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
+    """Raise TypeError when a model method got keywords nothing consumes (never ignore them silently)."""
+    if kwargs:
+        raise TypeError(f'{method}() got unexpected keyword arguments {sorted(kwargs)}; it accepts '
+                        f'{", ".join(accepted)}. Per-row and per-token training data (advantages, old_logps, '
+                        f'ref_logps, weights, ...) go in the rows themselves (docs/conventions.md); per-adapter '
+                        f'settings go through set_loss / set_processor / ...')
+

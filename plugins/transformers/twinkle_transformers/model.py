@@ -31,7 +31,7 @@ import torch
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
-from twinkle_core.model.base import Model
+from twinkle_core.model.base import Model, reject_unknown_kwargs
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import as_input_features
@@ -129,6 +129,7 @@ class TransformersModel(TrainStateMethods, Model):
     @reports_failure('forward')
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
+        reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
         state = self._state(adapter_name)
         self._apply_device_mesh()
         batch = self._collate(state, inputs)
@@ -141,6 +142,7 @@ class TransformersModel(TrainStateMethods, Model):
     @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
         """Loss of the last `forward` (kept for `backward`); returns its value."""
+        reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
         pending = self._require_pending('calculate_loss')
         pending['loss'] = run_loss(pending['state'].loss, pending['batch'], pending['outputs'])
         return float(pending['loss']['loss'].detach())
@@ -149,6 +151,7 @@ class TransformersModel(TrainStateMethods, Model):
     @reports_failure('backward')
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Backpropagate the loss of the last `forward` (scaled for gradient accumulation); gradients add up."""
+        reject_unknown_kwargs('backward', kwargs, ('adapter_name',))
         pending = self._require_pending('backward')
         if pending['loss'] is None:
             self.calculate_loss()
@@ -166,6 +169,7 @@ class TransformersModel(TrainStateMethods, Model):
     @reports_failure('forward_backward')
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md)."""
+        reject_unknown_kwargs('forward_backward', kwargs, ('inputs', 'adapter_name'))
         logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
         return {**self.backward(), 'logprobs': logprobs}
 
@@ -174,6 +178,7 @@ class TransformersModel(TrainStateMethods, Model):
                      **kwargs: Any) -> dict[str, Any]:
         """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels and
         `compute_loss` (pass False for behaviour/reference logprobs while an RL loss is set)."""
+        reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss'))
         state = self._state(adapter_name)
         self._apply_device_mesh()
         batch = self._collate(state, inputs)

@@ -9,7 +9,7 @@ own `LoraConfig`, optimizer, LR scheduler, loss, template, processor, gradient a
     model.add_adapter_to_model('alice', LoraConfig(r=8, target_modules='all-linear'))
     model.add_adapter_to_model('bob', LoraConfig(r=32, target_modules=['q_proj', 'v_proj']))
     model.set_optimizer('AdamW', lr=1e-4, adapter_name='alice') ...
-    out = model.forward_backward(inputs={'alice': rows_a, 'bob': rows_b})  # ONE forward + ONE backward
+    out = model.forward_backward(inputs={'alice': rows_a, 'bob': rows_b})  # shared passes (PassPlanner)
     model.clip_grad_and_step(adapter_name='alice'); model.clip_grad_and_step(adapter_name='bob')
 
 A mixed call returns ``{adapter_name: {'loss', 'logprobs', 'metrics'}}``. A tenant whose micro-batch is rejected
@@ -30,7 +30,7 @@ import torch
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
-from twinkle_core.model.base import Model
+from twinkle_core.model.base import Model, reject_unknown_kwargs
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
@@ -158,17 +158,19 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
 
     def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
              extra: dict[str, Any], compute_loss: bool = True) -> dict[str, Any]:
-        work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra)
+        work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra,
+                                            method='forward_backward' if train else 'forward_only')
         for w in work:
             w.compute_loss = compute_loss
         run_tenants(self.model, self.manager, work, train=train, device=self.device, planner=self.planner)
         return _outcome(work, errors, mixed, return_errors=return_errors)
 
-    def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any]
+    def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any], method: str
                  ) -> tuple[list[TenantWork], dict[str, TenantStepError], bool]:
         """Validated work per tenant, input errors per tenant, and whether the call is a mixed one."""
-        if extra:
-            raise TypeError(f'unexpected arguments {sorted(extra)}; per-adapter settings go through set_loss etc.')
+        accepted = ('inputs', 'adapter_name') + (('return_errors',) if method != 'forward' else ()) + \
+            (('compute_loss',) if method == 'forward_only' else ())
+        reject_unknown_kwargs(method, extra, accepted)
         batches, mixed = self._split_inputs(inputs, adapter_name)
         work, errors = [], {}
         for name, batch in batches.items():
@@ -204,7 +206,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients, kept for `calculate_loss` and `backward` (a new `forward` replaces a pending
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
-        work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs)
+        work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
         passes = []
         for group in (g for by_processor in group_by_processor(work)
                       for g, _ in planned_passes(self.planner, by_processor, train=True)):
@@ -221,6 +223,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
     @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float | dict[str, float]:
         """Loss of the pending `forward` (kept for `backward`): a float, or {adapter_name: float} when mixed."""
+        reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
         pending = self._require_pending('calculate_loss')
         for mixed_pass in pending.passes:
             mixed_pass.losses()
@@ -233,6 +236,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         """Backpropagate the pending pass's healthy losses once (gradients accumulate per adapter). Returns
         ``{'loss', 'logprobs', 'metrics'}`` (per tenant when mixed); rejected tenants raise as in
         `forward_backward`."""
+        reject_unknown_kwargs('backward', kwargs, ('adapter_name',))
         pending = self._require_pending('backward')
         self._pending = None
         for mixed_pass in pending.passes:
