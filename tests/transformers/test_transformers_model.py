@@ -283,3 +283,29 @@ def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_mod
     multi.forward(inputs=rows, adapter_name='a')
     with pytest.raises(TypeError, match=r"backward\(\) got unexpected keyword arguments \['retain_graph'\]"):
         multi.backward(retain_graph=True)
+
+
+def test_calculate_loss_after_forward_only_is_the_evaluation_loss(lora_model, tiny_model_dir):
+    """The Twinkle documents' evaluation loop: ``forward_only(inputs=batch); calculate_loss()``."""
+    from twinkle_core.errors import TwinkleError
+    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+    rows = labelled_rows(3)
+    with pytest.raises(TwinkleError, match='or, for calculate_loss, a forward_only with labels'):
+        lora_model.calculate_loss()
+    out = lora_model.forward_only(inputs=rows)
+    assert lora_model.calculate_loss() == out['loss']
+    assert lora_model.calculate_metric(is_training=False)['loss'] == pytest.approx(out['loss'])  # recorded once
+    lora_model.forward_only(inputs=rows, compute_loss=False)  # no loss computed: nothing to return
+    with pytest.raises(TwinkleError):
+        lora_model.calculate_loss()
+    lora_model.set_optimizer('AdamW', lr=1e-3)
+    lora_model.forward_only(inputs=rows)
+    lora_model.forward(inputs=rows)  # a pending training forward wins
+    assert lora_model.calculate_loss() == pytest.approx(out['loss'], rel=1e-5)
+    lora_model.backward()
+
+    multi = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+    for name in ('a', 'b'):
+        multi.add_adapter_to_model(name, dict(r=4))
+    got = multi.forward_only(inputs={'a': rows, 'b': rows[:1]})
+    assert multi.calculate_loss() == {'a': got['a']['loss'], 'b': got['b']['loss']}

@@ -130,6 +130,7 @@ class TransformersModel(TrainStateMethods, Model):
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
+        self._eval_loss = None
         state = self._state(adapter_name)
         self._apply_device_mesh()
         batch = self._collate(state, inputs)
@@ -141,8 +142,12 @@ class TransformersModel(TrainStateMethods, Model):
     @remote_method('all', 'mean')
     @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
-        """Loss of the last `forward` (kept for `backward`); returns its value."""
+        """Loss of the last `forward` (kept for `backward`); returns its value. Right after a `forward_only` (no
+        `forward` since), the loss that evaluation pass computed (already in the evaluation metrics)."""
         reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
+        eval_loss = self._loss_of_last_forward_only()
+        if eval_loss is not None:
+            return eval_loss
         pending = self._require_pending('calculate_loss')
         pending['loss'] = run_loss(pending['state'].loss, pending['batch'], pending['outputs'])
         return float(pending['loss']['loss'].detach())
@@ -179,6 +184,7 @@ class TransformersModel(TrainStateMethods, Model):
         """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels and
         `compute_loss` (pass False for behaviour/reference logprobs while an RL loss is set)."""
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss'))
+        self._eval_loss = None
         state = self._state(adapter_name)
         self._apply_device_mesh()
         batch = self._collate(state, inputs)
@@ -193,6 +199,7 @@ class TransformersModel(TrainStateMethods, Model):
                                                        num_rows=len(batch['row_lengths']))
                 state.record(summary, is_training=False)
                 result.update(loss=summary['loss'], metrics=dict(loss_out.get('metrics') or {}))
+        self._eval_loss = result.get('loss')
         return result
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:

@@ -158,5 +158,15 @@ class TrainStateMethods:
 
     def _require_pending(self, what: str) -> Any:
         if self._pending is None:
-            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet.')
+            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet'
+                               + (' (or, for calculate_loss, a forward_only with labels).' if what == 'calculate_loss'
+                                  else '.'))
         return self._pending
+
+    #: the loss of the last `forward_only` (float, or {adapter: float} when mixed); what `calculate_loss()` returns
+    #: right after it (the evaluation loop of the Twinkle documents). Cleared by `forward`.
+    _eval_loss: Any = None
+
+    def _loss_of_last_forward_only(self) -> Any:
+        """The last `forward_only`'s loss when no `forward` is pending since; None otherwise."""
+        return self._eval_loss if self._pending is None else None

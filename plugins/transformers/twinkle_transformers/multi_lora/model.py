@@ -153,8 +153,12 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         """Forward without gradients: per-row logprobs (aligned with input_ids) and, unless
         ``compute_loss=False``, each tenant's loss where rows have labels. Same input forms as
         `forward_backward`. Use ``compute_loss=False`` for reference/behaviour logprobs while an RL loss is set."""
-        return self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs,
-                         compute_loss=compute_loss)
+        self._eval_loss = None
+        out = self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs,
+                        compute_loss=compute_loss)
+        self._eval_loss = out.get('loss') if 'logprobs' in out else \
+            {name: r['loss'] for name, r in out.items() if 'loss' in r} or None
+        return out
 
     def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
              extra: dict[str, Any], compute_loss: bool = True) -> dict[str, Any]:
@@ -207,6 +211,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
         """Forward with gradients, kept for `calculate_loss` and `backward` (a new `forward` replaces a pending
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
+        self._eval_loss = None
         passes = []
         for group in (g for by_processor in group_by_processor(work)
                       for g, _ in planned_passes(self.planner, by_processor, train=True)):
@@ -222,8 +227,12 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
     @remote_method('all', 'mean', mutates=False)
     @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float | dict[str, float]:
-        """Loss of the pending `forward` (kept for `backward`): a float, or {adapter_name: float} when mixed."""
+        """Loss of the pending `forward` (kept for `backward`): a float, or {adapter_name: float} when mixed. Right
+        after a `forward_only` (no `forward` since), the losses that evaluation pass computed."""
         reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
+        eval_loss = self._loss_of_last_forward_only()
+        if eval_loss is not None:
+            return eval_loss
         pending = self._require_pending('calculate_loss')
         for mixed_pass in pending.passes:
             mixed_pass.losses()
