@@ -83,7 +83,8 @@ def test_dingtalk_alert_is_a_signed_markdown_message(receiver):
     expected = base64.b64encode(hmac.new(b'SECabc', f'{timestamp}\nSECabc'.encode(), hashlib.sha256).digest())
     assert query['sign'] == [expected.decode()]
     assert body['msgtype'] == 'markdown' and body['markdown']['title'] == 'sft job'
-    assert '**RuntimeError**: loss is NaN' in body['markdown']['text'] and 'adapter_name: alice' in body['markdown']['text']
+    text = body['markdown']['text']
+    assert '**RuntimeError**: loss is NaN' in text and 'adapter_name: alice' in text
 
 
 def test_uncaught_exception_ending_the_script_alerts_and_still_prints(receiver, tmp_path):

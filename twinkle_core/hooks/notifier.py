@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Callable
 
 from twinkle_core.hooks.emit import emit_failure
-from twinkle_core.hooks.manager import hook, register_hooks, unregister_hooks
+from twinkle_core.hooks.manager import get_plugin_manager, hook, register_hooks, unregister_hooks
 from twinkle_core.utils.json import to_json
 
 logger = logging.getLogger('twinkle.notifier')
@@ -120,7 +120,7 @@ def install_notifier(spec: Any) -> Any:
     """Register the notifier for `spec` (replacing one installed before; None removes it) and report exceptions
     that end the script uncaught to it as well. Returns the notifier (or None)."""
     global _previous_excepthook
-    if _is_registered():
+    if get_plugin_manager().get_plugin(_REGISTERED_NAME) is not None:
         unregister_hooks(name=_REGISTERED_NAME)
     if spec is None:
         if _previous_excepthook is not None:
@@ -139,11 +139,6 @@ def _report_uncaught(kind: type[BaseException], exc: BaseException, tb: Tracebac
         emit_failure(exc, {'where': 'uncaught', 'script': sys.argv[0] if sys.argv else '',
                            'at': f'{where.filename}:{where.lineno}' if where else ''})
     (_previous_excepthook or sys.__excepthook__)(kind, exc, tb)
-
-
-def _is_registered() -> bool:
-    from twinkle_core.hooks.manager import get_plugin_manager
-    return get_plugin_manager().get_plugin(_REGISTERED_NAME) is not None
 
 
 def _redacted(url: str) -> str:

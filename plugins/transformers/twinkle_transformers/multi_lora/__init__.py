@@ -30,7 +30,8 @@ from twinkle_transformers.multi_lora.manager import MultiLoraManager, adapter_in
 from twinkle_transformers.multi_lora.routing import BASE_ONLY, AdapterRouter
 
 __all__ = ['BASE_ONLY', 'AdapterRouter', 'LoraWeights', 'MixedStepError', 'MultiLoraLinear', 'MultiLoraManager',
-           'MultiLoraTransformersModel', 'PassPlanner', 'TenantStepError', 'adapter_indices', 'attached_manager', 'find_manager']
+           'MultiLoraTransformersModel', 'PassPlanner', 'TenantStepError', 'adapter_indices', 'attached_manager',
+           'find_manager']
 
 _LAZY = {'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
          'MixedStepError': 'twinkle_transformers.multi_lora.errors',

@@ -4,9 +4,9 @@
 
 Tokens are routed by the shared `AdapterRouter`: the adapter tokens sorted by adapter (a view when the batch is
 already laid out tenant after tenant, else one gather), then one small matmul pair per adapter on its contiguous
-segment, added into the base output in place -- one autograd node for all adapters (`segmented.py`). Each adapter has its own rank, alpha,
-dropout and scaling; an adapter that does not target this module simply has no entry here (its tokens get the
-base output). Gradients of an adapter's A/B come only from its own tokens.
+segment, added into the base output in place -- one autograd node for all adapters (`segmented.py`). Each adapter
+has its own rank, alpha, dropout and scaling; an adapter that does not target this module simply has no entry here
+(its tokens get the base output). Gradients of an adapter's A/B come only from its own tokens.
 """
 from __future__ import annotations
 

@@ -65,25 +65,23 @@ class _LossNeeds:
 
 
 def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[TenantWork], *,
-                train: bool, device: torch.device | None = None, planner: PassPlanner | None = None) -> None:
+                train: bool, planner: PassPlanner, device: torch.device | None = None) -> None:
     """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
-    `.error`. Never raises for a tenant's fault. `planner` decides which tenants share a pass (None: all of a
-    processor group in one pass)."""
+    `.error`. Never raises for a tenant's fault. `planner` decides which tenants share a pass and learns from the
+    timing of each."""
     for group in group_by_processor(work):
         for members, cost_tokens in planned_passes(planner, group, train=train):
             start = time.perf_counter()
             clean = _run_isolating(model, manager, members, train=train, device=device)
-            if clean and planner is not None:  # a pass retried after a failure would teach it a wrong cost
+            if clean:  # a pass retried after a failure would teach the planner a wrong cost
                 planner.record(cost_tokens, time.perf_counter() - start, tenants=len(members), train=train)
 
 
-def planned_passes(planner: PassPlanner | None, group: list[TenantWork], *, train: bool
+def planned_passes(planner: PassPlanner, group: list[TenantWork], *, train: bool
                    ) -> list[tuple[list[TenantWork], int]]:
-    """The passes `planner` chooses for one processor group, each with its cost tokens (no planner: one pass)."""
+    """The passes `planner` chooses for one processor group, each with its cost tokens."""
     packed = bool(getattr(group[0].state.processor, 'padding_free', False))
     sizes = [TenantSize.of([len(row['input_ids']) for row in w.rows]) for w in group]
-    if planner is None:
-        return [(group, pass_cost_tokens(sizes, packed=packed))]
     plan = planner.plan(sizes, packed=packed, train=train)
     return [([group[i] for i in members], pass_cost_tokens([sizes[i] for i in members], packed=packed))
             for members in plan.groups]

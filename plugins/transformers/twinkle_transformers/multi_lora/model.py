@@ -166,7 +166,7 @@ class MultiLoraTransformersModel(TrainStateMethods, Model):
                                             method='forward_backward' if train else 'forward_only')
         for w in work:
             w.compute_loss = compute_loss
-        run_tenants(self.model, self.manager, work, train=train, device=self.device, planner=self.planner)
+        run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
         return _outcome(work, errors, mixed, return_errors=return_errors)
 
     def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any], method: str

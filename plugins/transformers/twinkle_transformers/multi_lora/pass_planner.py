@@ -13,8 +13,9 @@ split into passes of at most B tokens, and B is chosen from measured cost:
 - a plan is *known* when all its passes' size classes have been measured `min_samples` times. The planner runs the
   cheapest known plan -- or a plan of smaller passes predicted within `tie` (3%) of it: smaller passes hold less
   memory, and a few percent is within the noise of timing on a shared machine. While the plan it picks is the
-  largest one measured so far (cost per token still falling as passes grow), it tries the next larger plan instead. It starts with one tenant per pass, so it never
-  explores below the one-by-one baseline and stops growing passes at the first size that does not pay;
+  largest one measured so far (cost per token still falling as passes grow), it tries the next larger plan instead.
+  It starts with one tenant per pass, so it never explores below the one-by-one baseline and stops growing passes
+  at the first size that does not pay;
 - the passes of the first step are not measured: the first step of a process is slow everywhere (the allocator
   grows, pages are touched the first time), and a baseline measured then would make every larger plan look better;
 - every `revisit_every`-th choice re-measures a neighbour of the best plan (next smaller or larger, in turn), so a
@@ -129,12 +130,12 @@ class PassPlanner:
             raise ValueError(f'max_pass_tokens must be a positive number of tokens or None, got {max_pass_tokens}.')
         if revisit_every < 0:
             raise ValueError(f'revisit_every must be >= 0 (0: never), got {revisit_every}.')
-        self.strategy, self.max_pass_tokens, self.revisit_every, self.tie = strategy, max_pass_tokens, revisit_every, tie
+        self.strategy, self.max_pass_tokens = strategy, max_pass_tokens
+        self.revisit_every, self.tie = revisit_every, tie
         self.costs = cost_model or PassCostModel()
         self.last_plan: PassPlan | None = None
         self._choices = 0  # plans chosen by cost (strategy 'auto'), for the periodic revisit
-        self._plans_made = 0
-        self._measuring = True  # False while the passes of the first (cold) plan run
+        self._plans_made = 0  # the passes of plan 1 (the cold first step) are not measured
         #: plans chosen per strategy, passes run, and plans that explored a new pass size
         self.stats = {'mixed': 0, 'groups': 0, 'one_by_one': 0, 'passes': 0, 'exploring': 0}
 
@@ -148,7 +149,6 @@ class PassPlanner:
             chosen = self._choose(self._candidates(sizes, packed=packed), sizes, packed=packed, train=train)
         self.last_plan = chosen
         self._plans_made += 1
-        self._measuring = self._plans_made > 1
         self.stats[chosen.strategy] += 1
         self.stats['passes'] += len(chosen.groups)
         self.stats['exploring'] += chosen.exploring
@@ -156,7 +156,7 @@ class PassPlanner:
 
     def record(self, tokens: int, seconds: float, *, tenants: int, train: bool) -> None:
         """Feed back one pass's measured time (see `PassCostModel.record`); ignored during the first plan."""
-        if self._measuring:
+        if self._plans_made != 1:
             self.costs.record(tokens, seconds, tenants=tenants, train=train)
 
     # ---- internals -----------------------------------------------------------------------------------------
