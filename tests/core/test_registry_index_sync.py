@@ -10,10 +10,10 @@ groups and checks, kind by kind and distribution by distribution:
 - ``twinkle.hooks`` is not a component kind (hooks are not resolved by name), so it has no index entries;
 - the index names distributions outside this repo only in `PLANNED`.
 
-`PLANNED`: twinkle-megatron and twinkle-vllm are first-party backends that are planned but not in this repo yet
-(README, docs/plugins.md). They stay in the index on purpose -- resolving `MegatronModel` or `vLLMSampler`
-names the pip line to run, as the index is meant to (tests/core/test_registry.py relies on it). Their entry
-points cannot be checked until they exist; when one is added under plugins/, remove it from `PLANNED` and this
+`PLANNED`: twinkle-megatron is a first-party backend that is planned but not in this repo yet
+(README, docs/plugins.md). It stays in the index on purpose -- resolving `MegatronModel` names the pip line to
+run, as the index is meant to (tests/core/test_registry.py relies on it). Its entry points cannot be checked until
+they exist; when one is added under plugins/, remove it from `PLANNED` and this
 test checks it like the others.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from core_helpers import REPO_ROOT
 from twinkle_core.registry import KINDS
 
 CORE = 'twinkle-core'
-PLANNED = {'twinkle-megatron', 'twinkle-vllm'}
+PLANNED = {'twinkle-megatron'}
 NOT_COMPONENTS = {'hooks'}  # `twinkle.hooks`: pluggy hook implementations, found by group, never by name
 
 Listing = dict[tuple[str, str], set[str]]  # (distribution, kind) -> names

@@ -265,3 +265,16 @@ def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
     with pytest.raises(OSError):
         files.write(run / 'new', failing_fill, {})
     assert [p.name for p in run.iterdir()] == ['ck']
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--sampler', 'NoSuchSampler'], 'NoSuchSampler'),
+    (['--sampler-args', '[1]'], '--sampler-args: expected a JSON object'),
+    (['--sampler-args', '{oops'], '--sampler-args: not valid JSON'),
+])
+def test_server_cli_refuses_a_bad_sampler_choice(tmp_path, tiny_model_dir, extra, message):
+    import sys
+    out = subprocess.run([sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model',
+                          f'm={tiny_model_dir}', '--data-dir', str(tmp_path / 'd'), *extra],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr

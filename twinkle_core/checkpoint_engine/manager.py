@@ -140,14 +140,19 @@ class CheckpointEngineManager:
                 else:
                     yield name, tensor
 
-        if update.lora_only:
-            for _ in base_only():
-                raise TwinkleError('A LoRA-only update carried base weights; sender and receiver disagree.')
-        else:
-            self.sampler.load_weights(base_only())
-        if lora:
-            if adapter is None:
-                raise TwinkleError('Received LoRA tensors without an adapter name in the update metadata.')
-            self.sampler.load_weights(lora, adapter_name=adapter, lora_config=update.metadata.get('lora_config'))
+        sampler = self.sampler
+        sampler.begin_weight_update()
+        try:
+            if update.lora_only:
+                for _ in base_only():
+                    raise TwinkleError('A LoRA-only update carried base weights; sender and receiver disagree.')
+            else:
+                sampler.load_weights(base_only())
+            if lora:
+                if adapter is None:
+                    raise TwinkleError('Received LoRA tensors without an adapter name in the update metadata.')
+                sampler.add_adapter(adapter, update.metadata.get('lora_config'), lora)
+        finally:
+            sampler.end_weight_update()  # resumes with the prefix cache reset, also after a failed update
         return SyncReport(moved=True, num_tensors=count, num_bytes=nbytes, lora_only=update.lora_only,
                           merged=bool(update.metadata.get('merged')), adapter_name=adapter)

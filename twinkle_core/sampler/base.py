@@ -1,14 +1,41 @@
-"""The Sampler interface: prompts -> sampled continuations with per-token logprobs."""
+"""The Sampler interface: prompts -> sampled continuations with per-token logprobs, plus the weight-import half of
+the backend seam (docs/architecture.md §5): base weights streamed in Hugging Face names, LoRA adapters added,
+replaced and removed by name in PEFT format, and declared capabilities.
+
+A weight update runs ``begin_weight_update()`` -> ``load_weights(bucket)`` per bucket and/or ``add_adapter(...)``
+-> ``end_weight_update()``; the end resets the prefix cache so no request is served from KV computed with the old
+weights.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.runtime.context import HostedComponentMeta
 
 
+@dataclass(frozen=True)
+class SamplerCapabilities:
+    """What a sampler can do, declared (callers plan with it instead of guessing).
+
+    `per_row_adapters`: one `sample` call may give each prompt its own adapter. `max_adapters`: adapters resident
+    at once (None: bounded by memory only). `max_adapters_per_call`: distinct adapters one `sample` call may use.
+    `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported. `adapter_from_tensors`: `add_adapter`
+    takes in-memory tensors directly (False: they are written to a PEFT directory first). `weights_in_process`:
+    the model runs in the caller's process (False: e.g. vLLM's engine core; weights go through RPC)."""
+    per_row_adapters: bool = True
+    max_adapters: int | None = None
+    max_adapters_per_call: int | None = None
+    prompt_logprobs: bool = True
+    adapter_from_tensors: bool = True
+    weights_in_process: bool = True
+
+
 class Sampler(ABC, metaclass=HostedComponentMeta):
+    capabilities: SamplerCapabilities = SamplerCapabilities()
+
     @remote_method('slice_dp', 'concat', mutates=False)
     @abstractmethod
     def sample(self, inputs: Any, sampling_params: Any = None, *, adapter_name: str | list[str] | None = None,
@@ -20,7 +47,41 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
     def set_template(self, template: Any, **kwargs: Any) -> None:
         """Template used to encode Trajectory prompts and decode completions."""
 
+    # ---- weight import -------------------------------------------------------------------------------------
     @remote_method('all', 'none')
     @abstractmethod
     def load_weights(self, named_tensors: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Replace base weights, or (adapter_name given) add/replace a LoRA adapter's weights."""
+        """Base weights: (Hugging Face name, tensor) pairs copied in place; may be called once per bucket of a
+        streamed update. `adapter_name` given: the same as ``add_adapter(adapter_name, kwargs.get('lora_config'),
+        tensors)`` (or ``path=`` when `named_tensors` is a PEFT directory)."""
+
+    @remote_method('all', 'none')
+    def add_adapter(self, name: str, config: Mapping[str, Any] | Any = None,
+                    tensors: Mapping[str, Any] | None = None, *, path: str | None = None) -> None:
+        """Add or replace LoRA adapter `name` from PEFT-format `tensors` plus its `config` (adapter_config.json
+        fields), or from a PEFT directory `path`. A replaced adapter never serves results computed with its old
+        weights. A failed replacement leaves the old adapter in place."""
+        raise NotImplementedError(f'{type(self).__name__} does not support LoRA adapters.')
+
+    @remote_method('all', 'none')
+    def remove_adapter(self, name: str) -> None:
+        """Free adapter `name`; unknown names raise InvalidInputError."""
+        raise NotImplementedError(f'{type(self).__name__} does not support LoRA adapters.')
+
+    @remote_method('first', 'first', mutates=False)
+    def list_adapters(self) -> list[str]:
+        """Names of the adapters this sampler can serve, sorted."""
+        return []
+
+    @remote_method('all', 'none')
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prompt KV (a sampler without a prefix cache does nothing)."""
+
+    @remote_method('all', 'none')
+    def begin_weight_update(self) -> None:
+        """Called before a weight update: stop serving from the weights about to change."""
+
+    @remote_method('all', 'none')
+    def end_weight_update(self) -> None:
+        """Called after a weight update: resume, with the prefix cache reset."""
+        self.reset_prefix_cache()

@@ -37,6 +37,12 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
     start.add_argument('--pass-strategy', default='auto', metavar='STRATEGY',
                        help="how adapters' queued forward/backward work shares passes: auto (measured, default), "
                             'mixed (one pass) or one_by_one')
+    start.add_argument('--sampler', default='TorchSampler', metavar='NAME',
+                       help='the sampler serving generation, by registry name: TorchSampler (default) or '
+                            'vLLMSampler (pip install twinkle-vllm)')
+    start.add_argument('--sampler-args', default='{}', metavar='JSON',
+                       help='JSON object of sampler constructor arguments, e.g. '
+                            '\'{"engine_args": {"max_model_len": 4096}}\'')
     start.add_argument('--allow-path', action='append', default=[], metavar='DIR',
                        help='a directory native calls may name files in (besides each model\'s own); repeatable')
     start.set_defaults(func=_start)
@@ -52,13 +58,17 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def _start(args: argparse.Namespace) -> int:
+    from twinkle_core.errors import TwinkleError
+    from twinkle_core.registry import resolve_class
     from twinkle_server.config import ServerConfig
     from twinkle_server.launch import serve
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     try:
         models = dict(ServerConfig.parse_model(m) for m in args.model)
         default, per_tenant = ServerConfig.load_limits(args.limits)
-    except (ValueError, OSError) as exc:
+        sampler_args = ServerConfig.parse_sampler_args(args.sampler_args)
+        resolve_class('sampler', args.sampler)  # an unknown or uninstalled sampler fails here, not after loading
+    except (ValueError, OSError, TwinkleError) as exc:
         print(f'twinkle server start: {exc}', file=sys.stderr)
         return 2
     config = ServerConfig(models=models, data_dir=args.data_dir, host=args.host, port=args.port,
@@ -66,7 +76,7 @@ def _start(args: argparse.Namespace) -> int:
                           max_queued_samples=args.max_queued_samples, default_limits=default,
                           tenant_limits=per_tenant, seq_gap_timeout_s=args.seq_gap_timeout,
                           max_failed_logins_per_minute=args.max_failed_logins, allowed_roots=tuple(args.allow_path),
-                          pass_strategy=args.pass_strategy)
+                          pass_strategy=args.pass_strategy, sampler=args.sampler, sampler_args=sampler_args)
     serve(config, device=args.device)
     return 0
 

@@ -74,6 +74,10 @@ class ServerConfig:
     #: how queued forward/backward work of several adapters splits into passes: 'auto' (measured), 'mixed' or
     #: 'one_by_one' (see `twinkle_transformers.multi_lora.PassPlanner`)
     pass_strategy: str = 'auto'
+    #: the sampler serving Tinker sampling, by registry name (kind `sampler`), and its constructor arguments
+    #: (e.g. ``{'engine_args': {'max_model_len': 4096}}`` for vLLMSampler)
+    sampler: str = 'TorchSampler'
+    sampler_args: dict[str, Any] = field(default_factory=dict)
 
     def limits(self, tenant: str) -> TenantLimits:
         return self.tenant_limits.get(tenant, self.default_limits)
@@ -87,6 +91,17 @@ class ServerConfig:
                 raise ValueError(f'--model {spec!r}: expected NAME=PATH')
             return name, path
         return spec.rstrip('/').split('/')[-1] if Path(spec).exists() else spec, spec
+
+    @staticmethod
+    def parse_sampler_args(text: str) -> dict[str, Any]:
+        """`--sampler-args`: a JSON object."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'--sampler-args: not valid JSON: {exc}') from None
+        if not isinstance(value, dict):
+            raise ValueError(f'--sampler-args: expected a JSON object, got {type(value).__name__}')
+        return value
 
     @staticmethod
     def load_limits(path: str | None) -> tuple[TenantLimits, dict[str, TenantLimits]]:

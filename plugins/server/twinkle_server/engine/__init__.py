@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 
@@ -21,9 +22,11 @@ def resolve_model_dir(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def load_engine(base_model: str, path: str, *, device: str | None = None, pass_strategy: str = 'auto') -> Engine:
+def load_engine(base_model: str, path: str, *, device: str | None = None, pass_strategy: str = 'auto',
+                sampler: str = 'TorchSampler', sampler_args: dict[str, Any] | None = None) -> Engine:
     """The engine hosting `path` under the public name `base_model`: `MultiLoraTransformersModel` for training
-    (tenants share passes per `pass_strategy`: 'auto', 'mixed' or 'one_by_one') and `TorchSampler` for
-    generation, both from twinkle-transformers."""
+    (tenants share passes per `pass_strategy`: 'auto', 'mixed' or 'one_by_one') and the sampler registered as
+    `sampler` (kind `sampler`, built with `sampler_args`) for generation."""
     from twinkle_server.engine.twinkle_engine import TwinkleEngine
-    return TwinkleEngine(base_model, resolve_model_dir(path), device=device, pass_strategy=pass_strategy)
+    return TwinkleEngine(base_model, resolve_model_dir(path), device=device, pass_strategy=pass_strategy,
+                         sampler=sampler, sampler_args=sampler_args)

@@ -1,5 +1,6 @@
 """The production engine: `MultiLoraTransformersModel` (training; tenants' work queued together shares passes as
-its `PassPlanner` finds fastest) + `TorchSampler`.
+its `PassPlanner` finds fastest) + a sampler chosen by registry name (`TorchSampler` by default, or e.g.
+`vLLMSampler`), driven only through the `Sampler` interface.
 
 The sampler holds its own copy of the base weights, so sampling never sees half-updated training weights; its
 adapters are loaded from saved checkpoint directories (what a client samples is exactly what was saved) into a
@@ -16,21 +17,28 @@ from typing import Any
 
 import torch
 
+from twinkle_core.sampler import Sampler
 from twinkle_core.types import SampleResponse
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, unprocessable
 from twinkle_server.tinker.losses import tinker_loss
 from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
-from twinkle_transformers.sampler import TorchSampler
 
 
 class TwinkleEngine(Engine):
+    """`sampler`: a registered sampler name built on `model_dir` with `sampler_args` (TorchSampler also gets
+    `device`), or a ready `Sampler` (e.g. one vLLM engine shared across tests). `max_sampler_adapters` bounds the
+    adapters the sampler holds at once (further capped by its declared `capabilities.max_adapters`)."""
+
     def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
-                 max_sampler_adapters: int = 32, pass_strategy: str = 'auto') -> None:
+                 max_sampler_adapters: int = 32, pass_strategy: str = 'auto', sampler: str | Sampler = 'TorchSampler',
+                 sampler_args: dict[str, Any] | None = None) -> None:
         self.base_model, self.model_dir = base_model, str(model_dir)
         self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device, pass_strategy=pass_strategy)
-        self.sampler = TorchSampler(self.model_dir, device=device)
-        self.max_sampler_adapters = max_sampler_adapters
+        self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, self.model_dir, device,
+                                                                                   sampler_args or {})
+        capacity = self.sampler.capabilities.max_adapters
+        self.max_sampler_adapters = min(max_sampler_adapters, capacity) if capacity else max_sampler_adapters
         self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
         self.max_context_length = int(self.model.max_length or 4096)
         self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
@@ -124,7 +132,7 @@ class TwinkleEngine(Engine):
             _, name = self._slots.popitem(last=False)
         self._slots[directory] = name  # recorded before loading: a failed load leaves the slot to be reloaded
         try:
-            self.sampler.load_weights(directory.rsplit('#', 1)[0], adapter_name=name)
+            self.sampler.add_adapter(name, path=directory.rsplit('#', 1)[0])
         except Exception:
             del self._slots[directory]
             raise
@@ -132,7 +140,7 @@ class TwinkleEngine(Engine):
 
     # ---- sampling ------------------------------------------------------------------------------------------
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
-        """Jobs with the same sampling settings share one `TorchSampler.sample` call (adapters mixed per row)."""
+        """Jobs with the same sampling settings share one `sample` call (adapters mixed per row)."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         groups: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
@@ -170,6 +178,13 @@ class TwinkleEngine(Engine):
         if method == 'set_loss' or method == 'set_optimizer':
             self._losses.pop(adapter, None)
         return getattr(self.model, method)(*args, adapter_name=adapter, **kwargs)
+
+
+def _build_sampler(name: str, model_dir: str, device: str | None, args: dict[str, Any]) -> Sampler:
+    from twinkle_core.registry import resolve
+    if name == 'TorchSampler':
+        args = {'device': device, **args}
+    return resolve('sampler', name, model_id=model_dir, **args)
 
 
 def _result(out: dict[str, Any]) -> TrainResult | BaseException:

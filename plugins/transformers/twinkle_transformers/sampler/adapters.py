@@ -31,6 +31,9 @@ class AdapterBackend(Protocol):
     def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
         """Add or replace adapter `name` (PEFT-format tensors or a PEFT directory)."""
 
+    def remove(self, name: str) -> None:
+        """Free adapter `name` (known to exist)."""
+
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         """(context, forward kwargs) that run row i with adapter `rows[i]` (None: base weights)."""
 
@@ -54,7 +57,7 @@ def check_adapters(backend: AdapterBackend, requested: Iterable[str | None]) -> 
     if unknown:
         raise InvalidInputError(
             f'Unknown adapter(s) {unknown}; this sampler has {sorted(known) or "no adapters"}. Load one first with '
-            f'`sampler.load_weights(tensors, adapter_name=..., lora_config=...)` or a PEFT directory.')
+            f'`sampler.add_adapter(name, lora_config, tensors)` or `add_adapter(name, path=peft_dir)`.')
 
 
 class MultiLoraAdapters:
@@ -92,6 +95,9 @@ class MultiLoraAdapters:
         except Exception:
             manager.add_adapter(name, old, state_dict=previous)  # the old adapter survives a bad replacement
             raise
+
+    def remove(self, name: str) -> None:
+        self.manager.remove_adapter(name)
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         if all(r is None for r in rows):
@@ -142,6 +148,9 @@ class PeftAdapters:
             raise
         peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
 
+    def remove(self, name: str) -> None:
+        self.model.delete_adapter(name)
+
     def _check_matches(self, name: str, weights: dict[str, torch.Tensor]) -> None:
         import peft
         expected = peft.get_peft_model_state_dict(self.model, adapter_name=name)
@@ -167,6 +176,9 @@ class _NoAdapters:
         raise InvalidInputError(
             'This sampler shares a model without LoRA layers with its owner; adding an adapter would inject LoRA '
             'layers into the owner\'s model. Build the sampler from `model_id=` (its own copy) instead.')
+
+    def remove(self, name: str) -> None:
+        raise InvalidInputError(f'Unknown adapter {name!r}; this sampler has no adapters.')
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         return contextlib.nullcontext(), {}

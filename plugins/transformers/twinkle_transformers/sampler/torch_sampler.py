@@ -18,7 +18,6 @@ Contract (see docs/sampling.md):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -27,12 +26,13 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.sampler.base import Sampler
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
+                                         sequence_seed)
 from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
-from twinkle_transformers.sampler.prompts import encode_prompt, prompt_rows, row_adapter
 from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
 from twinkle_transformers.sampler.stopping import StopCondition
 
@@ -75,12 +75,12 @@ class TorchSampler(Sampler):
     def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
                adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
-        params = _as_params(sampling_params, kwargs)
+        params = as_sampling_params(sampling_params, kwargs)
         model = self.model
         rows = prompt_rows(inputs)
         prompts = [encode_prompt(row, i, self._encode_chat if self._can_encode_chat else None)
                    for i, row in enumerate(rows)]
-        adapters = _adapters_per_prompt(adapter_name, rows)
+        adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         stop = StopCondition(max_tokens=params.max_tokens,
                              stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
@@ -101,20 +101,34 @@ class TorchSampler(Sampler):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
                      *, adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
-        """`adapter_name` given: add/replace that LoRA adapter from PEFT-format tensors (or a PEFT directory;
-        `lora_config` required for a new adapter given as tensors). Otherwise: copy base weights in place
-        (names as in the plain Hugging Face model's state dict; PEFT wrapper prefixes are accepted)."""
-        model = self.model
+        """Copy base weights in place (names as in the plain Hugging Face model's state dict; PEFT wrapper prefixes
+        are accepted). `adapter_name` given: `add_adapter` from PEFT-format tensors or a PEFT directory."""
         if adapter_name is not None:
-            weights = (Path(os.fspath(named_tensors)) if isinstance(named_tensors, (str, os.PathLike))
-                       else dict(named_tensors))
-            self._adapters.load(adapter_name, weights, lora_config)
+            if isinstance(named_tensors, (str, os.PathLike)):
+                self.add_adapter(adapter_name, lora_config, path=os.fspath(named_tensors))
+            else:
+                self.add_adapter(adapter_name, lora_config, dict(named_tensors))
             return
         if isinstance(named_tensors, (str, os.PathLike)):
             raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
                                     'pairs, or adapter_name=... for a PEFT adapter directory.')
         from twinkle_core.checkpoint_engine.weights import copy_base_weights
-        copy_base_weights(model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        copy_base_weights(self.model,
+                          named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+    def add_adapter(self, name: str, config: Any = None, tensors: Mapping[str, torch.Tensor] | None = None, *,
+                    path: str | None = None) -> None:
+        if (tensors is None) == (path is None):
+            raise InvalidInputError(f'add_adapter({name!r}): pass exactly one of tensors= or path=.')
+        self.model  # noqa: B018 - follow a shared owner's current module first
+        self._adapters.load(name, Path(path) if path is not None else dict(tensors), config)
+
+    def remove_adapter(self, name: str) -> None:
+        lora.check_adapters(self._adapters, [name])
+        self._adapters.remove(name)
+
+    def list_adapters(self) -> list[str]:
+        return self.adapter_names
 
     # ---- introspection -------------------------------------------------------------------------------------
     @property
@@ -220,31 +234,6 @@ class TorchSampler(Sampler):
                                                  logprobs=gen.logprobs if params.logprobs else None,
                                                  text=self._decode(gen.tokens)))
         return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
-
-
-def sequence_seed(base_seed: int, sample_index: int) -> int:
-    """Seed of sample `sample_index` of a request seeded `base_seed` (well mixed, 63 bits)."""
-    digest = hashlib.blake2b(f'{base_seed}:{sample_index}'.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, 'little') >> 1
-
-
-def _as_params(params: SamplingParams | Mapping[str, Any] | None, overrides: dict[str, Any]) -> SamplingParams:
-    base = params.model_dump() if isinstance(params, SamplingParams) else dict(params or {})
-    try:
-        return SamplingParams(**{**base, **overrides})
-    except Exception as exc:  # pydantic.ValidationError -> the user's mistake, said plainly
-        raise InvalidInputError(f'Invalid sampling parameters: {exc}') from exc
-
-
-def _adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[Any]) -> list[str | None]:
-    if isinstance(adapter_name, (list, tuple)):
-        if len(adapter_name) != len(rows):
-            raise InvalidInputError(f'adapter_name has {len(adapter_name)} entries for {len(rows)} prompts; '
-                                    'give one per prompt (None for the base model).')
-        return list(adapter_name)
-    if adapter_name is not None:
-        return [adapter_name] * len(rows)
-    return [row_adapter(row) for row in rows]
 
 
 def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int) -> Iterator[list[tuple[int, PromptJob]]]:

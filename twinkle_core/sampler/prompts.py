@@ -1,10 +1,12 @@
-"""Turn `sample()` inputs into prompt token ids (and per-prompt adapter names), validating every row."""
+"""Turn `sample()` inputs into prompt token ids, per-prompt adapter names and `SamplingParams`, validating every
+row. Shared by every sampler so they accept exactly the same inputs."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import hashlib
+from typing import Any, Callable, Mapping
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import InputFeature, Trajectory
+from twinkle_core.types import InputFeature, SamplingParams, Trajectory
 
 EncodeChat = Callable[[Trajectory], list[int]]
 
@@ -58,3 +60,32 @@ def row_adapter(row: Any) -> str | None:
     if isinstance(row, dict):
         return row.get('adapter_name')
     return getattr(row, 'adapter_name', None) if isinstance(row, (InputFeature, Trajectory)) else None
+
+
+def as_sampling_params(params: SamplingParams | Mapping[str, Any] | None, overrides: dict[str, Any]) -> SamplingParams:
+    """`params` (a SamplingParams, a dict of its fields or None) with `overrides` applied; invalid -> InvalidInputError."""
+    base = params.model_dump() if isinstance(params, SamplingParams) else dict(params or {})
+    try:
+        return SamplingParams(**{**base, **overrides})
+    except Exception as exc:  # pydantic.ValidationError -> the user's mistake, said plainly
+        raise InvalidInputError(f'Invalid sampling parameters: {exc}') from exc
+
+
+def adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[Any]) -> list[str | None]:
+    """One adapter name (None = base weights) per prompt: from `adapter_name` (one name, or one per prompt) or
+    else from each row's own `adapter_name` field."""
+    if isinstance(adapter_name, (list, tuple)):
+        if len(adapter_name) != len(rows):
+            raise InvalidInputError(f'adapter_name has {len(adapter_name)} entries for {len(rows)} prompts; '
+                                    'give one per prompt (None for the base model).')
+        return list(adapter_name)
+    if adapter_name is not None:
+        return [adapter_name] * len(rows)
+    return [row_adapter(row) for row in rows]
+
+
+def sequence_seed(base_seed: int, sample_index: int) -> int:
+    """Seed of sample `sample_index` of a request seeded `base_seed` (well mixed, 63 bits): each sample has its own
+    random stream, so a seeded sample is reproducible whatever else is batched with it."""
+    digest = hashlib.blake2b(f'{base_seed}:{sample_index}'.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, 'little') >> 1

@@ -1,0 +1,261 @@
+"""vLLMSampler: the `Sampler` contract on a vLLM engine (continuous batching, paged KV cache, multi-LoRA).
+
+    sampler = vLLMSampler('path/to/model', engine_args={'max_model_len': 2048, 'max_lora_rank': 32})
+    sampler.add_adapter('tenant-a', path='ckpt/tenant-a')           # a PEFT directory (or config + tensors)
+    responses = sampler.sample(prompts, SamplingParams(max_tokens=64, temperature=0.7, seed=1, num_samples=4),
+                               adapter_name=['tenant-a', None])
+
+Results have the same types and meaning as `TorchSampler`'s (docs/sampling.md): one `SampleResponse` per prompt;
+`logprobs` are the raw model log-softmax of each sampled token (vLLM ``logprobs_mode='raw_logprobs'``), i.e. what
+the training forward computes; the stopping token (EOS, a stop id, the token completing a stop string) is part of
+`tokens`; a seeded request gives sample `s` its own seed (`sequence_seed`), so it reproduces whatever else runs
+with it. Prompts are validated here (vocabulary, `max_model_len`, adapters) before vLLM sees them: an error inside
+vLLM's engine process kills the engine.
+
+vLLM's engine core runs in its own process unless ``multiprocess=False``; weights reach it through
+`collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.sampler.base import Sampler, SamplerCapabilities
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
+                                          sequence_seed)
+from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
+from twinkle_vllm.adapters import AdapterTable
+from twinkle_vllm.engine_args import engine_args as build_engine_args
+from twinkle_vllm.weights import CheckpointLayout, LayerStager, serialized_buckets
+
+
+class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
+    """`model_id`: a local model directory (or an ``ms://`` / ``hf://`` id resolved offline). `engine_args`:
+    keyword arguments of `vllm.LLM` over our defaults (`twinkle_vllm.engine_args.defaults`); unknown names raise.
+    `device_mesh`: its `tp` size becomes the engine's tensor parallelism (data parallelism is one sampler per
+    rank, e.g. a Ray group). `multiprocess`: run vLLM's engine core in its own process (vLLM's default; False
+    runs it in this process: faster start, but a crash in the engine takes the caller with it).
+    `bucket_bytes`: the largest weight bucket one RPC carries during `load_weights`."""
+
+    def __init__(self, model_id: str | os.PathLike[str], *, engine_args: Mapping[str, Any] | None = None,
+                 template: Any = None, device_mesh: Any = None, multiprocess: bool = True,
+                 bucket_bytes: int = 256 << 20) -> None:
+        import torch
+        from vllm import LLM
+
+        self.model_id = _local_dir(model_id)
+        on_cpu = not torch.cuda.is_available()
+        user = dict(engine_args or {})
+        if on_cpu:
+            user.setdefault('dtype', 'float32')  # bf16 matmuls are slow on CPU; fp32 matches the training forward
+        tp = device_mesh.size('tp') if device_mesh is not None else None
+        args = build_engine_args(self.model_id, user, on_cpu=on_cpu, tensor_parallel_size=tp)
+        with _engine_process(multiprocess):
+            self._llm = LLM(**args)
+        self._engine = self._llm.llm_engine
+        self.tokenizer = self._llm.get_tokenizer()
+        model_config = self._engine.model_config
+        self.max_model_len = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self._layout = CheckpointLayout.read(self.model_id)
+        self._stager = LayerStager(self._layout)
+        self._updating = False  # inside begin_weight_update() .. end_weight_update()
+        self.bucket_bytes = bucket_bytes
+        lora = self._engine.vllm_config.lora_config
+        self._adapters = AdapterTable(self._engine, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
+        self.capabilities = SamplerCapabilities(
+            per_row_adapters=True, max_adapters=lora.max_cpu_loras if lora is not None else 0,
+            prompt_logprobs=True, adapter_from_tensors=False, weights_in_process=not multiprocess)
+        self._template: Any = None
+        if template is not None:
+            self.set_template(template)
+
+    # ---- Sampler interface ---------------------------------------------------------------------------------
+    def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
+        """Template by name (kind ``template``), class or instance; names and classes get `model_id` (default:
+        this sampler's tokenizer)."""
+        from twinkle_core.registry import resolve
+        if isinstance(template, (str, type)):
+            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
+        self._template = resolve('template', template, **kwargs)
+
+    def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
+               adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
+        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
+        params = as_sampling_params(sampling_params, kwargs)
+        rows = prompt_rows(inputs)
+        prompts = [encode_prompt(row, i, self._encode_chat) for i, row in enumerate(rows)]
+        adapters = adapters_per_prompt(adapter_name, rows)
+        self._validate(prompts, adapters, params)
+        requests = [(i, seq_params) for i in range(len(prompts)) for seq_params in self._vllm_params(params)]
+        outputs = self._generate([prompts[i] for i, _ in requests], [p for _, p in requests],
+                                 [adapters[i] for i, _ in requests], one_per_call=params.prompt_logprobs)
+        per_prompt: dict[int, list[Any]] = {}
+        for (i, _), out in zip(requests, outputs):
+            per_prompt.setdefault(i, []).append(out)
+        return [self._response(prompts[i], per_prompt[i], params) for i in range(len(prompts))]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any] | str, *,
+                     adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
+        """Base weights (Hugging Face names; PEFT wrapper prefixes accepted), checked against the checkpoint's
+        names and shapes before anything is sent, then copied into the engine's workers in buckets of whole decoder
+        layers (see `twinkle_vllm.weights`). Between `begin_weight_update` and `end_weight_update` a layer may be
+        split across calls (a streamed update); outside, each call must carry whole layers. `adapter_name` given:
+        `add_adapter`."""
+        if adapter_name is not None:
+            if isinstance(named_tensors, (str, os.PathLike)):
+                self.add_adapter(adapter_name, lora_config, path=os.fspath(named_tensors))
+            else:
+                self.add_adapter(adapter_name, lora_config, dict(named_tensors))
+            return
+        if isinstance(named_tensors, (str, os.PathLike)):
+            raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
+                                    'pairs, or adapter_name=... for a PEFT adapter directory.')
+        pairs = self._layout.checked(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        ready = self._stager.add(pairs)
+        if not self._updating:
+            self._refuse_partial_layers()
+        for blob in serialized_buckets(ready, self.bucket_bytes):
+            self._llm.collective_rpc('twinkle_load_weights', args=(blob,))
+        if not self._updating:
+            self.reset_prefix_cache()
+
+    def begin_weight_update(self) -> None:
+        self._stager.clear()
+        self._updating = True
+
+    def end_weight_update(self) -> None:
+        self._updating = False
+        try:
+            self._refuse_partial_layers()
+        finally:
+            self.reset_prefix_cache()
+
+    def add_adapter(self, name: str, config: Any = None, tensors: Mapping[str, Any] | None = None, *,
+                    path: str | None = None) -> None:
+        self._adapters.add(name, config, tensors, path=path)
+
+    def remove_adapter(self, name: str) -> None:
+        self._adapters.remove(name)
+
+    def list_adapters(self) -> list[str]:
+        return self._adapters.names()
+
+    def reset_prefix_cache(self) -> None:
+        if not self._llm.reset_prefix_cache():
+            raise TwinkleError('vLLM refused to reset its prefix cache (requests still running).')
+
+    def _refuse_partial_layers(self) -> None:
+        missing = self._stager.incomplete()
+        self._stager.clear()
+        if missing:
+            layer, names = next(iter(missing.items()))
+            raise InvalidInputError(
+                f'load_weights got only part of {len(missing)} layer(s), e.g. {layer!r} without {names[:4]}; vLLM '
+                'reloads whole layers, so nothing of those layers was applied. Send all weights of a layer in one '
+                'update (one load_weights call, or several between begin_weight_update() and end_weight_update()).')
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine (and its processes) and delete adapter directories this sampler wrote. Idempotent."""
+        engine_core = getattr(self._engine, 'engine_core', None)
+        if engine_core is not None and hasattr(engine_core, 'shutdown'):
+            engine_core.shutdown()
+        self._adapters.close()
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _encode_chat(self, trajectory: Trajectory) -> list[int]:
+        if self._template is not None:
+            return list(self._template.encode(trajectory, add_generation_prompt=True)['input_ids'])
+        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
+        return list(self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        if self._template is not None:
+            return self._template.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _validate(self, prompts: list[list[int]], adapters: list[str | None], params: SamplingParams) -> None:
+        for i, ids in enumerate(prompts):
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise InvalidInputError(f'Prompt {i} has token ids outside the vocabulary [0, {self.vocab_size}).')
+            if len(ids) + params.max_tokens > self.max_model_len:
+                raise InvalidInputError(
+                    f'Prompt {i}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} exceeds the engine\'s '
+                    f'max_model_len={self.max_model_len}; lower max_tokens to at most '
+                    f'{max(self.max_model_len - len(ids), 0)}, shorten the prompt, or raise '
+                    "engine_args['max_model_len'].")
+        self._adapters.check_known(adapters)
+
+    @staticmethod
+    def _vllm_params(params: SamplingParams) -> list[Any]:
+        """vLLM sampling parameters for one prompt: one request with n samples, or (seeded and not greedy) one
+        request per sample with that sample's own seed."""
+        from vllm import SamplingParams as VllmParams
+        common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+                      top_k=params.top_k, stop=params.stop_strings() or None,
+                      stop_token_ids=params.stop_token_ids() or None, logprobs=0 if params.logprobs else None,
+                      prompt_logprobs=0 if params.prompt_logprobs else None)
+        if params.seed is None or params.temperature == 0:
+            return [VllmParams(n=params.num_samples, **common)]
+        return [VllmParams(n=1, seed=sequence_seed(params.seed, s), **common) for s in range(params.num_samples)]
+
+    def _generate(self, prompts: list[list[int]], params: list[Any], adapters: list[str | None], *,
+                  one_per_call: bool) -> list[Any]:
+        """`LLM.generate` over all requests (continuous batching). With prompt logprobs and LoRA enabled vLLM
+        0.32 crashes on batched prompt-logprob requests, so those go one per call."""
+        lora = [None if a is None else self._adapters.request(a) for a in adapters]
+        batch = [{'prompt_token_ids': ids} for ids in prompts]
+        if not (one_per_call and self._engine.vllm_config.lora_config is not None):
+            return list(self._llm.generate(batch, params, lora_request=lora, use_tqdm=False))
+        return [out for j in range(len(batch))
+                for out in self._llm.generate(batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1],
+                                              use_tqdm=False)]
+
+    def _response(self, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
+        sequences = []
+        for out in outputs:
+            for completion in out.outputs:
+                if completion.finish_reason not in ('stop', 'length'):
+                    raise TwinkleError(f'vLLM ended a sequence with finish_reason={completion.finish_reason!r}.')
+                tokens = list(completion.token_ids)
+                logprobs = ([float(step[t].logprob) for t, step in zip(tokens, completion.logprobs)]
+                            if params.logprobs else None)
+                sequences.append(SampledSequence(tokens=tokens, logprobs=logprobs,
+                                                 stop_reason=completion.finish_reason, text=self._decode(tokens)))
+        prompt_logprobs = None
+        if params.prompt_logprobs:
+            raw = outputs[0].prompt_logprobs
+            prompt_logprobs = [None] + [float(step[t].logprob) for t, step in zip(prompt[1:], raw[1:])]
+        return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+
+
+def _local_dir(model_id: str | os.PathLike[str]) -> str:
+    from twinkle_core.hub.ref import is_hub_ref
+    text = os.fspath(model_id)
+    if is_hub_ref(text):
+        from twinkle_core.hub.download import snapshot
+        from twinkle_core.hub.ref import HubRef
+        return str(snapshot(HubRef.parse(text)))
+    if not Path(text).is_dir():
+        raise InvalidInputError(f'vLLMSampler: model directory {text!r} does not exist (pass a local directory or '
+                                'an ms:// / hf:// id).')
+    return str(Path(text).resolve())
+
+
+@contextlib.contextmanager
+def _engine_process(multiprocess: bool) -> Iterator[None]:
+    """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING when the engine is built; set it for this construction only."""
+    key = 'VLLM_ENABLE_V1_MULTIPROCESSING'
+    previous = os.environ.get(key)
+    os.environ[key] = '1' if multiprocess else '0'
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous

@@ -1,0 +1,69 @@
+"""What is specific to vLLMSampler (the shared contract is in tests/contract): engine arguments are validated
+before vLLM starts, LoRA limits and partial layers are refused before they reach the engine (where an error would
+kill it), capabilities are declared, and the engine keeps serving after every refusal."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twinkle_core.errors import InvalidInputError
+
+pytest.importorskip('vllm')
+
+
+@pytest.mark.parametrize('engine_args, message', [
+    ({'max_modl_len': 64}, "Unknown vLLM engine argument 'max_modl_len'; did you mean max_model_len"),
+    ({'model': '/elsewhere'}, 'pass the model as model_id='),
+    ({'worker_extension_cls': 'x.Y'}, 'needs twinkle_vllm.worker_extension'),
+])
+def test_bad_engine_args_are_refused_before_vllm_starts(tiny_model_dir, engine_args, message):
+    from twinkle_vllm.sampler import vLLMSampler
+    with pytest.raises(InvalidInputError, match=message):
+        vLLMSampler(tiny_model_dir, engine_args=engine_args)
+
+
+def test_a_missing_model_directory_is_named(tmp_path):
+    from twinkle_vllm.sampler import vLLMSampler
+    with pytest.raises(InvalidInputError, match='does not exist'):
+        vLLMSampler(tmp_path / 'nope')
+
+
+def test_capabilities_are_declared(vllm_sampler):
+    caps = vllm_sampler.capabilities
+    assert caps.per_row_adapters and caps.prompt_logprobs and not caps.adapter_from_tensors
+    assert not caps.weights_in_process and caps.max_adapters == 64
+
+
+def test_a_rank_above_max_lora_rank_is_refused(vllm_sampler, tiny_model_dir):
+    from tests.contract.test_sampler_contract import peft_adapter
+    _, config, tensors = peft_adapter(tiny_model_dir, seed=5, rank=32)
+    with pytest.raises(InvalidInputError, match='rank 32, above this engine\'s max_lora_rank=16'):
+        vllm_sampler.add_adapter('big', config, tensors)
+    assert 'big' not in vllm_sampler.list_adapters()
+    assert vllm_sampler.sample([[5, 6]], max_tokens=2)[0].sequences
+
+
+def test_non_lora_tensors_are_refused_as_an_adapter(vllm_sampler):
+    with pytest.raises(InvalidInputError, match='are not LoRA tensors'):
+        vllm_sampler.add_adapter('x', {'r': 4, 'target_modules': ['q_proj']}, {'model.embed_tokens.weight':
+                                                                                   torch.zeros(2, 2)})
+
+
+def test_part_of_a_layer_outside_an_update_is_refused_and_changes_nothing(vllm_sampler, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    before = vllm_sampler.sample([[5, 6, 7]], max_tokens=4, temperature=0.0, prompt_logprobs=True)[0]
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    q = {'model.layers.0.self_attn.q_proj.weight': state['model.layers.0.self_attn.q_proj.weight'] * 0}
+    with pytest.raises(InvalidInputError, match="only part of 1 layer.*'model.layers.0'"):
+        vllm_sampler.load_weights(q)
+    after = vllm_sampler.sample([[5, 6, 7]], max_tokens=4, temperature=0.0, prompt_logprobs=True)[0]
+    assert after.sequences[0].logprobs == before.sequences[0].logprobs
+    assert after.prompt_logprobs == before.prompt_logprobs
+
+
+def test_import_twinkle_core_and_the_plugin_do_not_import_vllm():
+    import subprocess
+    import sys
+    code = ('import sys, twinkle_core, twinkle_vllm; from twinkle_core.registry import resolve; '
+            "assert 'vllm' not in sys.modules, 'vllm imported'")
+    subprocess.run([sys.executable, '-c', code], check=True)
