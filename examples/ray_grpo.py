@@ -4,8 +4,11 @@ between them through the CheckpointEngine (torch.distributed broadcast; gloo on 
     python examples/ray_grpo.py                          # local Ray on this machine: 2 model actors + 1 sampler
     python examples/ray_grpo.py --address auto           # an existing cluster
     python examples/ray_grpo.py --device-type cuda       # one GPU per rank
+    python examples/ray_grpo.py --sampler vLLMSampler    # vLLM engines in the sampler group (pip install twinkle-vllm)
+    python examples/ray_grpo.py --model-mesh fsdp        # the policy sharded with FSDP2 across the model ranks
 
-Each step: sync weights (model rank 0 -> every sampler rank; LoRA only after the first sync) -> sample
+Each step: sync weights (every model rank exports, gathering shards; rank 0 sends to every sampler rank; LoRA only
+after the first sync) -> sample
 ``group_size`` completions per prompt -> reward -> group-relative advantages -> one GRPO step, the rows split
 across the data-parallel model actors. The task is deliberately trivial (reward = share of even token ids in the
 completion) so that rewards vary from the first step on the random-weight fixture model; examples/grpo.py learns
@@ -24,10 +27,9 @@ from tqdm import tqdm
 import twinkle_core
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
-from twinkle_core.mesh import DeviceGroup
+from twinkle_core.mesh import DeviceGroup, DeviceMesh
 from twinkle_core.model import TransformersModel
-from twinkle_core.registry import resolve
-from twinkle_core.sampler import TorchSampler
+from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.types import SamplingParams
 from twinkle_ray.weight_sync import WeightSync
 
@@ -72,17 +74,19 @@ def rollout(sampler: Any, template: Any, prompts: list[dict[str, Any]], params: 
 
 def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_ranks: int = 2,
          sampler_ranks: int = 1, device_type: str = 'cpu', address: str | None = None, seed: int = 0,
-         lr: float = 1e-3) -> dict[str, Any]:
+         lr: float = 1e-3, sampler_name: str = 'TorchSampler', model_mesh: str = 'dp') -> dict[str, Any]:
     twinkle_core.initialize(mode='ray', address=address,
                             groups=[DeviceGroup(name='model', ranks=model_ranks, device_type=device_type),
                                     DeviceGroup(name='sampler', ranks=sampler_ranks, device_type=device_type)])
     rng = random.Random(seed)
     model_dir = str(ensure_tiny_model('tiny'))
-    model = TransformersModel(model_id=model_dir, remote_group='model')
+    mesh = DeviceMesh.from_sizes(**{f'{model_mesh}_size': model_ranks}, device_type=device_type)
+    model = TransformersModel(model_id=model_dir, remote_group='model', device_mesh=mesh)
     model.add_adapter_to_model(ADAPTER, {'r': 8, 'lora_alpha': 32, 'target_modules': 'all-linear'})
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28, loss_type='grpo')
-    sampler = TorchSampler(model_id=model_dir, remote_group='sampler')
+    sampler_args = {'engine_args': {'max_model_len': 256, 'max_lora_rank': 8}} if sampler_name == 'vLLMSampler' else {}
+    sampler = resolve_class('sampler', sampler_name)(model_id=model_dir, remote_group='sampler', **sampler_args)
     sync = WeightSync(model, sampler)
     template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     advantage_fn = GRPOAdvantage(scale='group')
@@ -128,6 +132,10 @@ if __name__ == '__main__':
     parser.add_argument('--sampler-ranks', type=int, default=1)
     parser.add_argument('--device-type', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--address', default=None, help="Ray cluster address ('auto', 'ray://host:10001')")
+    parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
+    parser.add_argument('--model-mesh', default='dp', choices=['dp', 'fsdp'],
+                        help='how the model ranks share the policy: DDP replicas or FSDP2 shards')
     args = parser.parse_args()
     main(steps=args.steps, group_size=args.group_size, model_ranks=args.model_ranks,
-         sampler_ranks=args.sampler_ranks, device_type=args.device_type, address=args.address)
+         sampler_ranks=args.sampler_ranks, device_type=args.device_type, address=args.address,
+         sampler_name=args.sampler, model_mesh=args.model_mesh)

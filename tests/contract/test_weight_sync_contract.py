@@ -8,6 +8,7 @@ import torch
 
 from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle_core.types import SamplingParams
+from twinkle_transformers.export import ModuleWeights
 
 from tests.contract.test_sampler_contract import forward_logprobs
 
@@ -60,7 +61,7 @@ def restore_base(sampler, model_dir):
 
 def test_lora_sync_sends_base_once_then_the_adapter_only(sampler, tiny_model_dir):
     model = lora_model(tiny_model_dir)
-    manager = CheckpointEngineManager(model=model, sampler=sampler, sampler_adapter_name='policy')
+    manager = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler, sampler_adapter_name='policy')
     try:
         first = manager.sync_weights()
         assert first.moved and not first.lora_only and first.adapter_name == 'policy'
@@ -76,7 +77,7 @@ def test_lora_sync_sends_base_once_then_the_adapter_only(sampler, tiny_model_dir
 def test_merge_and_sync_serves_the_merged_model_as_base(sampler, tiny_model_dir):
     model = lora_model(tiny_model_dir)
     try:
-        report = CheckpointEngineManager(model=model, sampler=sampler).sync_weights(merge_and_sync=True)
+        report = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler).sync_weights(merge_and_sync=True)
         assert report.merged and not report.lora_only
         assert_sampler_matches(sampler, model, None)
     finally:

@@ -8,6 +8,7 @@ import torch
 from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
+from twinkle_transformers.export import ModuleWeights
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
 TARGETS = ['q_proj', 'v_proj', 'up_proj']
@@ -53,7 +54,7 @@ def test_in_process_sync_sends_base_once_then_lora_only(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
-    manager = CheckpointEngineManager(model=model, sampler=sampler)
+    manager = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler)
     first = manager.sync_weights()
     assert first.moved and not first.lora_only and first.adapter_name == 'default'
     assert_sampler_matches(sampler, model, 'default')
@@ -68,8 +69,8 @@ def test_shared_model_moves_nothing_and_shared_base_moves_lora_only(tiny_model_d
     from twinkle_transformers.sampler import TorchSampler
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(model=model)
-    assert CheckpointEngineManager(model=model, sampler=sampler).sync_weights().moved is False
-    renamed = CheckpointEngineManager(model=model, sampler=sampler, sampler_adapter_name='policy_v1')
+    assert CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler).sync_weights().moved is False
+    renamed = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler, sampler_adapter_name='policy_v1')
     report = renamed.sync_weights()
     assert report.moved and report.lora_only and report.adapter_name == 'policy_v1'
     assert_sampler_matches(sampler, model, 'policy_v1')
@@ -83,7 +84,7 @@ def test_merge_and_sync_puts_merged_weights_in_the_base(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
-    manager = CheckpointEngineManager(model=model, sampler=sampler)
+    manager = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler)
     report = manager.sync_weights(merge_and_sync=True)
     assert report.merged and not report.lora_only and sampler.adapter_names == []
     assert_sampler_matches(sampler, model, adapter_name=None)  # base rows now carry the merged adapter
@@ -91,7 +92,7 @@ def test_merge_and_sync_puts_merged_weights_in_the_base(tiny_model_dir):
     plain = manager.sync_weights()
     assert not plain.lora_only
     assert_sampler_matches(sampler, model, 'default', seed=2)
-    shared = CheckpointEngineManager(model=model, sampler=TorchSampler(model=model))
+    shared = CheckpointEngineManager(model=ModuleWeights(model), sampler=TorchSampler(model=model))
     with pytest.raises(InvalidInputError, match='own copy'):
         shared.sync_weights(merge_and_sync=True)
 
@@ -104,7 +105,7 @@ def test_full_parameter_sync(tiny_model_dir):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
-    report = CheckpointEngineManager(model=model, sampler=sampler).sync_weights()
+    report = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler).sync_weights()
     assert report.moved and report.adapter_name is None
     assert_sampler_matches(sampler, model)
 

@@ -33,15 +33,17 @@ def sender(port: int, out: Path, model_dir: str) -> None:
     import peft
     from transformers import AutoModelForCausalLM
     from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
+    from twinkle_core.checkpoint_engine.base import BASE
     from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
+    from twinkle_transformers.export import ModuleWeights
 
     torch.manual_seed(0)
     model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                                 peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False))
     engine = BroadcastCheckpointEngine(init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=2,
                                        bucket_bytes=BUCKET_BYTES, timeout_s=120)
-    engine.send(odd_tensors().items(), metadata={'note': 'odd dtypes'})
-    manager = CheckpointEngineManager(model=model, engine=engine)
+    engine.send([(BASE, list(odd_tensors().items()))], metadata={'note': 'odd dtypes'})
+    manager = CheckpointEngineManager(model=ModuleWeights(model), engine=engine)
     reports = []
     for step in range(2):
         with torch.no_grad():

@@ -1,15 +1,16 @@
 """`BroadcastCheckpointEngine`: weights from one process to others over `torch.distributed` broadcast.
 
-gloo on CPU, NCCL on GPUs. One update = a metadata header (JSON: names, dtypes, shapes, bucket layout, plus the
-sender's metadata) followed by flat uint8 buckets of at most `bucket_bytes` each (one tensor larger than that gets
-a bucket of its own). Receivers allocate one bucket at a time and hand out views into it, so peak extra memory is
-one bucket, not a model copy.
+gloo on CPU, NCCL on GPUs. One update streams: a JSON preamble (the sender's metadata), then per bucket a JSON
+header (label, names, dtypes, shapes) and one flat uint8 payload, then an end marker. A bucket given to `send`
+is re-cut at `bucket_bytes` (one tensor larger than that travels alone). Neither side needs more than one bucket
+at a time: the sender may produce buckets lazily (e.g. gathering shards layer by layer), and receivers allocate
+one payload at a time and hand out views into it.
 
-    # sender (rank 0)                                  # every receiver (rank 1..n)
-    engine = BroadcastCheckpointEngine(                engine = BroadcastCheckpointEngine(
-        init_method='tcp://127.0.0.1:29555',               init_method='tcp://127.0.0.1:29555',
-        rank=0, world_size=2)                              rank=1, world_size=2)
-    engine.send(model.state_dict().items())            update = engine.receive(); sampler.load_weights(update)
+    # sender (rank 0)                                     # every receiver (rank 1..n)
+    engine = BroadcastCheckpointEngine(                   engine = BroadcastCheckpointEngine(
+        init_method='tcp://127.0.0.1:29555',                  init_method='tcp://127.0.0.1:29555',
+        rank=0, world_size=2)                                 rank=1, world_size=2)
+    engine.send([(BASE, list(model.state_dict().items()))])   for label, bucket in engine.receive().buckets: ...
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
+from twinkle_core.checkpoint_engine.base import CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.checkpoint_engine.weights import bucketed
 from twinkle_core.errors import TwinkleError
 
 ALIGN = 64  # byte alignment of each tensor inside a bucket (any dtype view is valid there)
@@ -54,29 +56,29 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     def rank(self) -> int:
         return dist.get_rank()
 
-    def send(self, named_tensors: Iterable[tuple[str, Any]], *, lora_only: bool = False,
-             metadata: dict[str, Any] | None = None) -> None:
+    def send(self, buckets: Iterable[LabelledBucket], *, metadata: dict[str, Any] | None = None) -> None:
         if self.rank != self.src:
             raise TwinkleError(f'send() runs on the source rank {self.src}; this is rank {self.rank}.')
-        tensors = [(name, t.detach()) for name, t in named_tensors]
-        entries = [[name, str(t.dtype).removeprefix('torch.'), list(t.shape)] for name, t in tensors]
-        buckets = _plan_buckets([_padded_nbytes(t) for _, t in tensors], self.bucket_bytes)
-        self._broadcast_header({'entries': entries, 'buckets': buckets, 'lora_only': lora_only,
-                                'metadata': metadata or {}})
-        for start, end, nbytes in buckets:
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            offset = 0
-            for _, t in tensors[start:end]:
-                raw = t.contiguous().view(-1).view(torch.uint8)
-                flat[offset:offset + raw.numel()].copy_(raw)
-                offset += _padded_nbytes(t)
-            dist.broadcast(flat, src=self.src, group=self.group)
+        self._broadcast_header({'metadata': metadata or {}})
+        for label, bucket in buckets:
+            for part in bucketed(((n, t.detach()) for n, t in bucket), self.bucket_bytes):
+                entries = [[name, str(t.dtype).removeprefix('torch.'), list(t.shape)] for name, t in part]
+                nbytes = sum(_padded_nbytes(t) for _, t in part)
+                self._broadcast_header({'label': label, 'entries': entries, 'nbytes': nbytes})
+                flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                offset = 0
+                for _, t in part:
+                    raw = t.contiguous().view(-1).view(torch.uint8)
+                    flat[offset:offset + raw.numel()].copy_(raw)
+                    offset += _padded_nbytes(t)
+                dist.broadcast(flat, src=self.src, group=self.group)
+        self._broadcast_header({'end': True})
 
     def receive(self) -> WeightUpdate:
         if self.rank == self.src:
             raise TwinkleError(f'receive() runs on receiving ranks; rank {self.src} is the sender.')
-        header = self._broadcast_header(None)
-        return WeightUpdate(self._stream(header), bool(header['lora_only']), header['metadata'])
+        preamble = self._broadcast_header(None)
+        return WeightUpdate(self._stream(), preamble['metadata'])
 
     def close(self) -> None:
         if self._owns_group and dist.is_initialized():
@@ -84,20 +86,23 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         self._owns_group = False
 
     # ---- internals -----------------------------------------------------------------------------------------
-    def _stream(self, header: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-        entries = header['entries']
-        for start, end, nbytes in header['buckets']:
-            flat = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+    def _stream(self) -> Iterator[LabelledBucket]:
+        while True:
+            header = self._broadcast_header(None)
+            if header.get('end'):
+                return
+            flat = torch.empty(header['nbytes'], dtype=torch.uint8, device=self.device)
             dist.broadcast(flat, src=self.src, group=self.group)
-            offset = 0
-            for name, dtype_name, shape in entries[start:end]:
+            bucket, offset = [], 0
+            for name, dtype_name, shape in header['entries']:
                 dtype = getattr(torch, dtype_name)
                 numel = 1
                 for d in shape:
                     numel *= d
                 size = numel * torch.empty((), dtype=dtype).element_size()
-                yield name, flat[offset:offset + size].view(dtype).view(shape)
+                bucket.append((name, flat[offset:offset + size].view(dtype).view(shape)))
                 offset += _round_up(size)
+            yield header['label'], bucket
 
     def _broadcast_header(self, header: dict[str, Any] | None) -> dict[str, Any]:
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -123,16 +128,3 @@ def _round_up(n: int) -> int:
 
 def _padded_nbytes(t: torch.Tensor) -> int:
     return _round_up(t.numel() * t.element_size())
-
-
-def _plan_buckets(sizes: list[int], limit: int) -> list[list[int]]:
-    """[start, end, nbytes] runs of consecutive tensors, each run at most `limit` bytes unless one tensor is bigger."""
-    buckets, start, total = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > limit:
-            buckets.append([start, i, total])
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        buckets.append([start, len(sizes), total])
-    return buckets

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
+from twinkle_core.checkpoint_engine.base import CheckpointEngine, LabelledBucket, WeightUpdate
 from twinkle_core.errors import TwinkleError
 
 
@@ -15,9 +15,8 @@ class InProcessCheckpointEngine(CheckpointEngine):
     def __init__(self) -> None:
         self._pending: deque[WeightUpdate] = deque()
 
-    def send(self, named_tensors: Iterable[tuple[str, Any]], *, lora_only: bool = False,
-             metadata: dict[str, Any] | None = None) -> None:
-        self._pending.append(WeightUpdate(list(named_tensors), lora_only, dict(metadata or {})))
+    def send(self, buckets: Iterable[LabelledBucket], *, metadata: dict[str, Any] | None = None) -> None:
+        self._pending.append(WeightUpdate([(label, list(b)) for label, b in buckets], dict(metadata or {})))
 
     def receive(self) -> WeightUpdate:
         if not self._pending:

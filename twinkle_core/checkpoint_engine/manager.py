@@ -3,13 +3,18 @@
     # one process (the sampler may share the model's base weights)
     CheckpointEngineManager(model=model, sampler=sampler).sync_weights()
 
-    # across processes: the same call on both sides, with a cross-process engine
-    CheckpointEngineManager(model=model, engine=BroadcastCheckpointEngine(...)).sync_weights()      # sender
+    # across processes: the same call on every side, with a cross-process engine
+    CheckpointEngineManager(model=model, engine=BroadcastCheckpointEngine(...)).sync_weights()      # every model rank
     CheckpointEngineManager(sampler=sampler, engine=BroadcastCheckpointEngine(...)).sync_weights()  # receiver(s)
 
+It plans only through the backend seam (docs/architecture.md §5): the model's `list_adapters`, `trains_base`,
+`is_export_rank`, `export_base` and `export_adapter`, and the sampler's `shares_weights_with`; it applies through
+the sampler's `begin_weight_update`, `load_weights` (one call per bucket), `add_adapter` and `end_weight_update`.
+Every rank of a sharded model runs the same sync (exports gather collectively); only the export rank sends.
+
 What moves (model side):
-- `merge_and_sync=True`: base weights with the LoRA adapter merged in (a copy; the model is unchanged), as full
-  weights. The sampler must own its base (merging into a shared base would change the training weights).
+- `merge_and_sync=True`: base weights with the LoRA adapter merged in (`merge_peft`; the model is unchanged), as
+  full weights. The sampler must own its base (merging into a shared base would change the training weights).
 - LoRA training: the adapter's tensors (+ its LoRA config). The frozen base is sent once, on the first sync of
   this manager -- unless the sampler shares the base in this process, in which case it never moves; and when
   the sampler even shares the adapter (same module), nothing moves at all.
@@ -17,17 +22,21 @@ What moves (model side):
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator
 
-from twinkle_core.checkpoint_engine.base import CheckpointEngine, WeightUpdate
-from twinkle_core.checkpoint_engine import weights as W
+from twinkle_core.checkpoint_engine.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.errors import InvalidInputError, TwinkleError
+
+EXPORT_METHODS = ('list_adapters', 'trains_base', 'is_export_rank', 'export_base', 'export_adapter')
 
 
 @dataclass(frozen=True)
 class SyncReport:
-    """What one `sync_weights` did. `moved`: False when the sampler already reads the very same tensors."""
+    """What one `sync_weights` did. `moved`: False when the sampler already reads the very same tensors.
+    `lora_only`: no base weights moved. On a model rank that is not the export rank the counts are 0."""
     moved: bool
     num_tensors: int = 0
     num_bytes: int = 0
@@ -37,14 +46,23 @@ class SyncReport:
 
 
 class CheckpointEngineManager:
-    """`adapter_name`: the model's adapter to sync (default: its only adapter, if it has exactly one);
-    `sampler_adapter_name`: the name it gets in the sampler (default: the same). `engine`: a `CheckpointEngine`,
-    a registered name (kind `checkpoint_engine`), or None for in-process when both sides are given."""
+    """`model`: anything with the export methods of `twinkle_core.model.Model` (a twinkle model, or a raw torch
+    module wrapped as `twinkle_transformers.export.ModuleWeights(module)`). `adapter_name`: the model's adapter
+    to sync (default: its only adapter, if it has exactly one); `sampler_adapter_name`: the name it gets in the
+    sampler (default: the same). `engine`: a `CheckpointEngine`, a registered name (kind `checkpoint_engine`), or
+    None for in-process when both sides are given. `bucket_bytes`: export bucket size."""
 
     def __init__(self, model: Any = None, sampler: Any = None, *, engine: CheckpointEngine | str | None = None,
-                 adapter_name: str | None = None, sampler_adapter_name: str | None = None) -> None:
+                 adapter_name: str | None = None, sampler_adapter_name: str | None = None,
+                 bucket_bytes: int = 256 << 20) -> None:
         if model is None and sampler is None:
             raise InvalidInputError('CheckpointEngineManager needs model=, sampler=, or both.')
+        if model is not None:
+            missing = [m for m in EXPORT_METHODS if not callable(getattr(model, m, None))]
+            if missing:
+                raise InvalidInputError(
+                    f'{type(model).__name__} cannot export weights (no {", ".join(missing)}); pass a twinkle model, '
+                    'or wrap a torch module: twinkle_transformers.export.ModuleWeights(module).')
         if engine is None:
             if model is None or sampler is None:
                 raise InvalidInputError('Syncing across processes needs engine= (e.g. BroadcastCheckpointEngine).')
@@ -55,6 +73,7 @@ class CheckpointEngineManager:
             engine = resolve('checkpoint_engine', engine)
         self.model, self.sampler, self.engine = model, sampler, engine
         self.adapter_name, self.sampler_adapter_name = adapter_name, sampler_adapter_name
+        self.bucket_bytes = bucket_bytes
         self._sampler_has_pristine_base = False  # True once our base weights reached the sampler unmerged
 
     def sync_weights(self, merge_and_sync: bool = False) -> SyncReport:
@@ -64,10 +83,15 @@ class CheckpointEngineManager:
         plan = self._plan(merge_and_sync)
         if plan is None:
             return SyncReport(moved=False, adapter_name=self._adapter())
-        tensors, lora_only, metadata = plan
-        self.engine.send(tensors, lora_only=lora_only, metadata=metadata)
-        report = SyncReport(moved=True, num_tensors=len(tensors), lora_only=lora_only, merged=merge_and_sync,
-                            num_bytes=sum(t.numel() * t.element_size() for _, t in tensors),
+        metadata, buckets = plan
+        if not self.model.is_export_rank():
+            for _ in buckets:  # drive the collective gathers; only the export rank keeps tensors
+                pass
+            return SyncReport(moved=True, merged=merge_and_sync, adapter_name=metadata.get('adapter_name'))
+        counter = _Counter(buckets)
+        self.engine.send(counter, metadata=metadata)
+        report = SyncReport(moved=True, num_tensors=counter.tensors, num_bytes=counter.bytes,
+                            lora_only=not counter.labels & {BASE}, merged=merge_and_sync,
                             adapter_name=metadata.get('adapter_name'))
         if self.sampler is not None:
             self._apply(self.engine.receive())
@@ -75,8 +99,7 @@ class CheckpointEngineManager:
 
     # ---- model side ----------------------------------------------------------------------------------------
     def _adapter(self) -> str | None:
-        module = W.module_of(self.model)
-        adapters = W.lora_adapters(module)
+        adapters = self.model.list_adapters()
         if self.adapter_name is not None:
             if self.adapter_name not in adapters:
                 raise InvalidInputError(f'The model has no adapter {self.adapter_name!r}; adapters: '
@@ -86,41 +109,43 @@ class CheckpointEngineManager:
             raise InvalidInputError(f'The model has several adapters {adapters}; pass adapter_name= to the manager.')
         return adapters[0] if adapters else None
 
-    def _plan(self, merge: bool) -> tuple[list[tuple[str, Any]], bool, dict[str, Any]] | None:
-        module = W.module_of(self.model)
-        sampler_module = self._sampler_module()
-        shared = sampler_module is not None and W.shares_base(module, sampler_module)
+    def _plan(self, merge: bool) -> tuple[dict[str, Any], Iterator[LabelledBucket]] | None:
+        sharing = self._sharing()
         adapter = self._adapter()
+        base = lambda: self.model.export_base(bucket_bytes=self.bucket_bytes)  # noqa: E731 - lazy: collective
         if merge:
-            if shared:
+            if sharing != 'none':
                 raise InvalidInputError('merge_and_sync=True needs a sampler with its own copy of the base weights; '
                                         'this sampler shares them with the model (build it from model_id=).')
             self._sampler_has_pristine_base = False
-            tensors = list(W.merged_tensors(module, adapter)) if adapter else list(W.base_tensors(module).items())
-            return tensors, False, {'merged': True}
+            buckets: Iterable[list[tuple[str, Any]]] = base()
+            if adapter is not None:
+                config, lora = self.model.export_adapter(adapter, bucket_bytes=self.bucket_bytes)
+                tensors = {n: t for bucket in lora for n, t in bucket}  # small; gathered on every rank first
+                if self.model.is_export_rank():
+                    buckets = merge_peft(buckets, config, tensors)
+            return {'merged': True}, _labelled(BASE, buckets)
         if adapter is None:  # full-parameter training
-            if shared:
+            if sharing != 'none':
                 return None
             self._sampler_has_pristine_base = True
-            return [(n, t.detach()) for n, t in W.base_tensors(module).items()], False, {}
+            return {}, _labelled(BASE, base())
         target = self.sampler_adapter_name or adapter
-        if shared and sampler_module is module and target == adapter:
+        if sharing == 'all' and target == adapter:
             return None  # the sampler runs this very adapter's tensors already
-        lora, config = W.adapter_export(module, adapter)
+        config, lora = self.model.export_adapter(adapter, bucket_bytes=self.bucket_bytes)
         metadata = {'adapter_name': target, 'lora_config': config}
-        if shared or self._sampler_has_pristine_base:
-            return list(lora.items()), True, metadata
+        if sharing != 'none' or self._sampler_has_pristine_base:
+            return metadata, _labelled(ADAPTER, lora)
         self._sampler_has_pristine_base = True
-        base = [(n, t.detach()) for n, t in W.base_tensors(module).items()]
-        return base + list(lora.items()), False, metadata
+        return metadata, itertools.chain(_labelled(BASE, base()), _labelled(ADAPTER, lora))
 
-    def _sampler_module(self) -> Any:
-        if self.sampler is None:
-            return None
-        try:
-            return W.module_of(self.sampler)
-        except InvalidInputError:
-            return None  # a remote sampler: weights always move
+    def _sharing(self) -> str:
+        """'all' (the sampler runs the model's very module), 'base' (it shares the base weights) or 'none'."""
+        from twinkle_core.sampler.base import Sampler
+        if isinstance(self.sampler, Sampler):
+            return self.sampler.shares_weights_with(self.model)
+        return 'none'  # no sampler here (cross-process), or a remote proxy: weights always move
 
     # ---- sampler side --------------------------------------------------------------------------------------
     def _apply(self, update: WeightUpdate) -> SyncReport:
@@ -128,31 +153,43 @@ class CheckpointEngineManager:
             raise TwinkleError('This manager has no sampler to apply received weights to.')
         adapter = update.metadata.get('adapter_name')
         lora: dict[str, Any] = {}
-        count = nbytes = 0
-
-        def base_only():  # streams base tensors into the sampler, setting LoRA tensors aside
-            nonlocal count, nbytes
-            for name, tensor in update:
-                count += 1
-                nbytes += tensor.numel() * tensor.element_size()
-                if W.is_lora_name(name):
-                    lora[name] = tensor
-                else:
-                    yield name, tensor
-
+        counter = _Counter(update.buckets)
         sampler = self.sampler
         sampler.begin_weight_update()
         try:
-            if update.lora_only:
-                for _ in base_only():
-                    raise TwinkleError('A LoRA-only update carried base weights; sender and receiver disagree.')
-            else:
-                sampler.load_weights(base_only())
+            for label, bucket in counter:
+                if label == BASE:
+                    sampler.load_weights(bucket)
+                elif label == ADAPTER:
+                    lora.update(bucket)
+                else:
+                    raise TwinkleError(f'Received a bucket labelled {label!r}; sender and receiver disagree.')
             if lora:
                 if adapter is None:
                     raise TwinkleError('Received LoRA tensors without an adapter name in the update metadata.')
                 sampler.add_adapter(adapter, update.metadata.get('lora_config'), lora)
         finally:
             sampler.end_weight_update()  # resumes with the prefix cache reset, also after a failed update
-        return SyncReport(moved=True, num_tensors=count, num_bytes=nbytes, lora_only=update.lora_only,
-                          merged=bool(update.metadata.get('merged')), adapter_name=adapter)
+        return SyncReport(moved=True, num_tensors=counter.tensors, num_bytes=counter.bytes,
+                          lora_only=not counter.labels & {BASE}, merged=bool(update.metadata.get('merged')),
+                          adapter_name=adapter)
+
+
+class _Counter:
+    """Passes labelled buckets through, counting tensors, bytes and labels seen."""
+
+    def __init__(self, buckets: Iterable[LabelledBucket]) -> None:
+        self._buckets = buckets
+        self.tensors = self.bytes = 0
+        self.labels: set[str] = set()
+
+    def __iter__(self) -> Iterator[LabelledBucket]:
+        for label, bucket in self._buckets:
+            self.labels.add(label)
+            self.tensors += len(bucket)
+            self.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            yield label, bucket
+
+
+def _labelled(label: str, buckets: Iterable[list[tuple[str, Any]]]) -> Iterator[LabelledBucket]:
+    return ((label, bucket) for bucket in buckets)

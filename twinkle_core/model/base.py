@@ -9,7 +9,7 @@ step only on every `gradient_accumulation_steps`-th call (per adapter) and alway
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Iterator
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.runtime.context import HostedComponentMeta
@@ -115,6 +115,35 @@ class Model(ABC, metaclass=HostedComponentMeta):
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
              **kwargs: Any) -> None:
         """Load a checkpoint written by `save` (weights, and optimizer/scheduler/RNG state when asked)."""
+
+    # ---- weight export (the model half of the backend seam; collective over the model's ranks) ------------
+    @remote_method('first', 'first', mutates=False)
+    def list_adapters(self) -> list[str]:
+        """Names of the LoRA adapters trained here, sorted ([] under full-parameter training)."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
+
+    def trains_base(self) -> bool:
+        """True when training changes the base weights (full-parameter training)."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
+
+    def is_export_rank(self) -> bool:
+        """True on the one rank whose exported buckets hold the tensors (the sender of a weight sync)."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
+
+    def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Hugging Face weight name -> (dtype name, full unsharded shape), without gathering anything."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
+
+    def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[list[tuple[str, Any]]]:
+        """Buckets of (Hugging Face name, full tensor) of every base weight: filled on the export rank, empty
+        elsewhere; every rank must iterate to the end (sharded weights are gathered collectively)."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
+
+    def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20
+                       ) -> tuple[dict[str, Any], Iterator[list[tuple[str, Any]]]]:
+        """(adapter_config.json fields, buckets keyed as in adapter_model.safetensors) of adapter `name`; same
+        collective rules as `export_base`."""
+        raise NotImplementedError(f'{type(self).__name__} does not export weights.')
 
 
 def component_arg(method: str, value: Any, keyword: str, keyword_value: Any) -> Any:

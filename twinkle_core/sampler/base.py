@@ -73,6 +73,11 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
         """Names of the adapters this sampler can serve, sorted."""
         return []
 
+    def shares_weights_with(self, model: Any) -> str:
+        """In this process: 'all' when this sampler runs `model`'s very module (its adapters included), 'base'
+        when it reads the same base weight storage, 'none' otherwise (weights must move)."""
+        return 'none'
+
     @remote_method('all', 'none')
     def reset_prefix_cache(self) -> None:
         """Drop cached prompt KV (a sampler without a prefix cache does nothing)."""

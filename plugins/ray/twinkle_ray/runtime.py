@@ -19,7 +19,7 @@ from twinkle_core.mesh import DeviceGroup, DeviceMesh
 from twinkle_core.runtime.base import Runtime
 
 # Environment passed to every actor (Hugging Face offline switches, tokenizer threads, ...).
-FORWARDED_ENV_PREFIXES = ('HF_', 'TRANSFORMERS_', 'TOKENIZERS_', 'TWINKLE_', 'OMP_NUM_THREADS')
+FORWARDED_ENV_PREFIXES = ('HF_', 'TRANSFORMERS_', 'TOKENIZERS_', 'TWINKLE_', 'OMP_NUM_THREADS', 'VLLM_')
 
 
 class RayRuntime(Runtime):

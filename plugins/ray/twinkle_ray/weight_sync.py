@@ -1,13 +1,15 @@
 """Weight sync from a model group to a sampler group (separate Ray actors) through the CheckpointEngine.
 
-    sync = WeightSync(model, sampler)     # proxies of a TransformersModel and a TorchSampler in two device groups
-    sync.sync_weights()                   # model rank 0 -> every sampler rank, torch.distributed broadcast
+    sync = WeightSync(model, sampler)     # proxies of a model and a sampler in two device groups
+    sync.sync_weights()                   # model (export rank) -> every sampler rank, torch.distributed broadcast
 
-Each group already has its own default process group (the one its DDP/FSDP runs on), so the sync runs on a
-second, side process group over {model rank 0} + {every sampler rank}: gloo on CPU, NCCL on GPUs. What moves (LoRA
-only after the first sync, base + LoRA the first time, merged weights on request) is decided by
-`twinkle_core.checkpoint_engine.CheckpointEngineManager`; the bytes move with its `BroadcastCheckpointEngine`.
-The model's parameters must be whole on rank 0 (no mesh, or DDP); sharded (FSDP/TP) models are refused.
+Each group already has its own default process group (the one its DDP/FSDP/TP runs on), so the bytes move on a
+second, side process group over {model rank 0} + {every sampler rank}: gloo on CPU, NCCL on GPUs. Every model rank
+runs the sync: a sharded model (FSDP/TP) gathers each weight collectively while exporting, and rank 0 -- the
+export rank -- streams the buckets. What moves (LoRA only after the first sync, base + LoRA the first time, merged
+weights on request) is decided by `twinkle_core.checkpoint_engine.CheckpointEngineManager`; the bytes move with its
+`BroadcastCheckpointEngine`. Each sampler rank receives in its actor and imports through the Sampler interface
+(vLLM's engine process gets them through its own RPC).
 """
 from __future__ import annotations
 
@@ -49,9 +51,9 @@ class WeightSync:
         if self._key is None:
             self._open()
         model_group, sampler_group = self.model._group, self.sampler._group
-        send = model_group.workers[0].run.remote(_sync_weights, self._key, merge_and_sync)
+        send = [w.run.remote(_sync_weights, self._key, merge_and_sync) for w in model_group.workers]
         receive = [w.run.remote(_sync_weights, self._key, merge_and_sync) for w in sampler_group.workers]
-        return wait_across([(model_group, [send], 'WeightSync.sync_weights (send)'),
+        return wait_across([(model_group, send, 'WeightSync.sync_weights (send)'),
                             (sampler_group, receive, 'WeightSync.sync_weights (receive)')])[0][0]
 
     def _open(self) -> None:
@@ -59,25 +61,24 @@ class WeightSync:
         model_group, sampler_group = self.model._group, self.sampler._group
         for group in (model_group, sampler_group):
             group.check_usable()
-        mesh = model_group.mesh
-        if mesh is not None and (mesh.size('fsdp') > 1 or mesh.size('tp') > 1):
-            raise TwinkleError(f'WeightSync sends from model rank 0, which holds only a shard under {mesh!r}; '
-                               'train the model group with dp (DDP) to sync into a separate sampler group.')
         key = f'twinkle-sync-{next(_names)}'
         addr, port = ray.get(model_group.workers[0].rendezvous_address.remote())
         world = 1 + sampler_group.world_size
         refs = [model_group.workers[0].run.remote(_open_endpoint, key, self.model._obj_id, 'model', addr, port, 0,
                                                   world, self.options, self.bucket_bytes)]
+        peers = [w.run.remote(_open_export_peer, key, self.model._obj_id, self.options, self.bucket_bytes)
+                 for w in model_group.workers[1:]]
         refs += [w.run.remote(_open_endpoint, key, self.sampler._obj_id, 'sampler', addr, port, 1 + r, world,
                               self.options, self.bucket_bytes) for r, w in enumerate(sampler_group.workers)]
-        wait_across([(model_group, refs[:1], 'WeightSync.open'), (sampler_group, refs[1:], 'WeightSync.open')])
+        wait_across([(model_group, refs[:1] + peers, 'WeightSync.open'),
+                     (sampler_group, refs[1:], 'WeightSync.open')])
         self._key = key
 
     def close(self) -> None:
         if self._key is None:
             return
         import ray
-        workers = [self.model._group.workers[0], *self.sampler._group.workers]
+        workers = [*self.model._group.workers, *self.sampler._group.workers]
         ray.get([w.run.remote(_close_endpoint, self._key) for w in workers])
         self._key = None
 
@@ -90,8 +91,17 @@ def _open_endpoint(worker: Any, key: str, obj_id: int, side: str, addr: str, por
     engine = _side_group_engine(pg, rank, bucket_bytes)
     component = worker.objects[obj_id]
     manager = CheckpointEngineManager(**({'model': component} if side == 'model' else {'sampler': component}),
-                                      engine=engine, **options)
+                                      engine=engine, bucket_bytes=bucket_bytes, **options)
     worker.objects[key] = manager
+
+
+def _open_export_peer(worker: Any, key: str, obj_id: int, options: dict[str, Any], bucket_bytes: int) -> None:
+    """A model rank other than the export rank: it takes part in the export's collective gathers and sends
+    nothing (its manager's engine is never used)."""
+    from twinkle_core.checkpoint_engine import CheckpointEngineManager
+    from twinkle_core.checkpoint_engine.in_process import InProcessCheckpointEngine
+    worker.objects[key] = CheckpointEngineManager(model=worker.objects[obj_id], engine=InProcessCheckpointEngine(),
+                                                  bucket_bytes=bucket_bytes, **options)
 
 
 def _sync_weights(worker: Any, key: str, merge_and_sync: bool) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel
+from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
@@ -48,7 +49,7 @@ FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)
 
 
-class TransformersModel(TrainStateMethods, Model):
+class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
     """A trainable Hugging Face causal LM (kind ``model``, name ``TransformersModel``).
 
     Args:
@@ -112,6 +113,9 @@ class TransformersModel(TrainStateMethods, Model):
         if not self._mesh_applied:
             self._mesh_applied = True
             parallel.apply_device_mesh(self.model, self.device_mesh)
+
+    def list_adapters(self) -> list[str]:
+        return [self.adapter_name] if self.adapter_name is not None else []
 
     def _name(self, adapter_name: str | None) -> str | None:
         """The adapter a call addresses: this model's one adapter (None under full-parameter training)."""

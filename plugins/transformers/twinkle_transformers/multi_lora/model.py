@@ -32,6 +32,7 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model, reject_unknown_kwargs
 from twinkle_transformers import checkpoint as ckpt
+from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
 from twinkle_transformers.lora import lora_config, lora_config_json
@@ -46,7 +47,7 @@ from twinkle_transformers.train_state import TrainState
 from twinkle_transformers.train_state_methods import TrainStateMethods, reports_failure
 
 
-class MultiLoraTransformersModel(TrainStateMethods, Model):
+class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     """Many LoRA tenants on one frozen Hugging Face causal LM; tenants may share one forward/backward.
 
     Args (as `TransformersModel`): `model_id` (local directory, ``ms://``/``hf://`` reference or HF id),

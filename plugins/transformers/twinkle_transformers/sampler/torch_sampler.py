@@ -112,7 +112,7 @@ class TorchSampler(Sampler):
         if isinstance(named_tensors, (str, os.PathLike)):
             raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
                                     'pairs, or adapter_name=... for a PEFT adapter directory.')
-        from twinkle_core.checkpoint_engine.weights import copy_base_weights
+        from twinkle_transformers.export import copy_base_weights
         copy_base_weights(self.model,
                           named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
@@ -129,6 +129,19 @@ class TorchSampler(Sampler):
 
     def list_adapters(self) -> list[str]:
         return self.adapter_names
+
+    def shares_weights_with(self, model: Any) -> str:
+        from twinkle_transformers.export import ModuleWeights
+        from twinkle_transformers.sampler.model_source import unwrap_module
+        try:
+            other = unwrap_module(model)  # a twinkle model, a ModuleWeights or a torch module
+        except InvalidInputError:  # not a torch-backed model of this process
+            return 'none'
+        mine = self.model
+        if mine is other:
+            return 'all'
+        ours, theirs = ModuleWeights(mine).base_storage(), ModuleWeights(other).base_storage()
+        return 'base' if ours.keys() == theirs.keys() and ours == theirs else 'none'
 
     # ---- introspection -------------------------------------------------------------------------------------
     @property
