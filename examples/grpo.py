@@ -3,7 +3,8 @@
 The loop is the whole algorithm, top to bottom:
 
 1. sample ``group_size`` completions per prompt -- `TorchSampler(model=model)` shares the training model's weights,
-   so the sampler always runs the current policy and no weight sync is needed;
+   so the weight sync before each step moves nothing; with ``--sampler vLLMSampler`` a vLLM engine holds its own
+   copy and the same `CheckpointEngineManager.sync_weights()` call copies the updated policy into it;
 2. score them (`MathAccuracyReward`: the completion's number equals the prompt's ``ground_truth``);
 3. group-relative advantages (`GRPOAdvantage`), one per completion (the per-row field ``advantage``);
 4. a `GRPOLoss` step on the (prompt + completion) rows, with the sampler's log-probs as ``old_logps``.
@@ -14,6 +15,7 @@ guesses which one (about 10% of sampled answers right); everything above that is
 
     python examples/grpo.py                  # 2-3 minutes on one CPU core
     python examples/grpo.py --updates-per-batch 2   # later updates are off-policy: the ratio clip is active
+    python examples/grpo.py --sampler vLLMSampler   # sample with vLLM (pip install twinkle-vllm)
 """
 from __future__ import annotations
 
@@ -25,12 +27,12 @@ from typing import Any
 from tqdm import tqdm
 
 from twinkle_core.advantage import GRPOAdvantage
+from twinkle_core.checkpoint_engine import CheckpointEngineManager
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.metric import CompletionRewardMetric
 from twinkle_core.model import TransformersModel
-from twinkle_core.registry import resolve
+from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.reward import MathAccuracyReward
-from twinkle_core.sampler import TorchSampler
 from twinkle_core.types import SamplingParams
 
 
@@ -47,7 +49,7 @@ def warmup_answer(prompt: dict[str, Any], rng: random.Random, hint: float) -> st
 
 def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 60,
          warmup_hint: float = 0.0, lr: float = 5e-4, updates_per_batch: int = 1, loss_type: str = 'grpo',
-         seed: int = 0) -> dict[str, Any]:
+         seed: int = 0, sampler_name: str = 'TorchSampler') -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -64,12 +66,18 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     # ---- 2. GRPO ------------------------------------------------------------------------------------------
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28, loss_type=loss_type)
-    sampler = TorchSampler(model=model)
+    if sampler_name == 'TorchSampler':
+        sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
+    else:
+        sampler = resolve_class('sampler', sampler_name)(model_id=model.model_dir,
+                                                         engine_args={'max_model_len': 256})
+    sync = CheckpointEngineManager(model=model, sampler=sampler)
     reward_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
     reward_metric = CompletionRewardMetric(group_size=group_size)
     mean_rewards: list[float] = []
     progress = tqdm(range(steps), desc='GRPO')
     for step in progress:
+        sync.sync_weights()  # the sampler runs the current policy (nothing moves when it shares the weights)
         prompts = repeat_prompts(rng, prompts_per_step)
         prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
         # max_tokens=2: room for one digit + end of turn; longer answers are cut off
@@ -101,6 +109,8 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     print(f'mean reward over the first {window} steps: {first:.3f}; over the last {window} steps: {last:.3f} '
           f'({last / max(first, 1e-9):.1f}x)')
     print('whole run:', {k: round(v, 3) for k, v in reward_metric.calculate().items()})
+    if hasattr(sampler, 'shutdown'):
+        sampler.shutdown()
     return {'first_reward': first, 'last_reward': last, 'mean_rewards': mean_rewards}
 
 
@@ -114,6 +124,8 @@ if __name__ == '__main__':
     parser.add_argument('--updates-per-batch', type=int, default=1)
     parser.add_argument('--loss-type', default='grpo', choices=['grpo', 'bnpo', 'dr_grpo'])
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
     args = parser.parse_args()
     main(steps=args.steps, group_size=args.group_size, warmup_hint=args.warmup_hint, lr=args.lr,
-         updates_per_batch=args.updates_per_batch, loss_type=args.loss_type, seed=args.seed)
+         updates_per_batch=args.updates_per_batch, loss_type=args.loss_type, seed=args.seed,
+         sampler_name=args.sampler)

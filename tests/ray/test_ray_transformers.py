@@ -66,18 +66,20 @@ def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_clu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('sampler_name, model_mesh', [
-    ('TorchSampler', 'dp'),
-    ('TorchSampler', 'fsdp'),  # every model rank exports (gathering FSDP2 shards); rank 0 sends
-    pytest.param('vLLMSampler', 'dp', marks=pytest.mark.skipif(importlib.util.find_spec('vllm') is None,
-                                                               reason='vllm is not installed')),
+@pytest.mark.parametrize('sampler_name, model_mesh, sampler_ranks', [
+    ('TorchSampler', 'dp', 1),
+    ('TorchSampler', 'fsdp', 1),  # every model rank exports (gathering FSDP2 shards); rank 0 sends
+    # two vLLM engines (one per sampler rank, prompts split between them), each fed by the broadcast
+    pytest.param('vLLMSampler', 'dp', 2, marks=pytest.mark.skipif(importlib.util.find_spec('vllm') is None,
+                                                                  reason='vllm is not installed')),
 ])
-def test_grpo_with_separate_model_and_sampler_groups_syncs_weights(ray_cluster, sampler_name, model_mesh) -> None:
+def test_grpo_with_separate_model_and_sampler_groups_syncs_weights(ray_cluster, sampler_name, model_mesh,
+                                                                   sampler_ranks) -> None:
     spec = importlib.util.spec_from_file_location('ray_grpo_example', EXAMPLES / 'ray_grpo.py')
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     result = example.main(steps=2, prompts_per_step=2, group_size=4, sampler_name=sampler_name,
-                          model_mesh=model_mesh)
+                          model_mesh=model_mesh, sampler_ranks=sampler_ranks)
     assert len(result['losses']) == 2 and len(result['syncs']) == 3
     first, later = result['syncs'][0], result['syncs'][-1]
     assert first['moved'] and not first['lora_only']  # base + adapter the first time

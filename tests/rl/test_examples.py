@@ -25,6 +25,14 @@ def test_grpo_mean_reward_at_least_doubles():
 
 
 @pytest.mark.slow
+def test_grpo_with_the_vllm_sampler_learns_too():
+    """The same loop sampling with vLLM (its own weights, synced before every step): the reward doubles as well."""
+    pytest.importorskip('vllm')
+    result = load_example('grpo').main(seed=0, sampler_name='vLLMSampler')
+    assert result['last_reward'] >= 2 * result['first_reward'], result['mean_rewards']
+
+
+@pytest.mark.slow
 def test_dpo_preference_margin_rises():
     result = load_example('dpo').main(steps=30)
     assert result['first_margin'] < 0.1 < result['last_margin'], result['margins']

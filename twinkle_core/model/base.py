@@ -68,6 +68,17 @@ class Model(ABC, metaclass=HostedComponentMeta):
         `compute_loss` is true (False: logprobs only, e.g. old/reference logprobs while an RL loss is set)."""
 
     @remote_method('all', 'first')
+    def update_optimizer(self, *, adapter_name: str | None = None, **fields: Any) -> None:
+        """Set optimizer hyper-parameters (e.g. ``lr=``, ``betas=``, ``weight_decay=``) on every param group of the
+        adapter's optimizer, keeping its state. Unknown fields raise InvalidInputError."""
+        raise NotImplementedError(f'{type(self).__name__} does not support update_optimizer.')
+
+    @remote_method('all', 'first')
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Delete adapter `adapter_name`: its parameters, optimizer, scheduler, metrics and settings."""
+        raise NotImplementedError(f'{type(self).__name__} cannot remove adapters.')
+
+    @remote_method('all', 'first')
     @abstractmethod
     def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
                            **kwargs: Any) -> dict[str, Any]:

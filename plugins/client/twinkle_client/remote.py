@@ -108,12 +108,16 @@ def _forward(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, An
     return self._call(method, args, kwargs)
 
 
-MultiLoraTransformersModel = type('MultiLoraTransformersModel', (_RemoteModel,), {
-    **build_methods(Model, _forward, skip=frozenset({'add_adapter_to_model', 'load'})),
-    '__doc__': 'Remote twin of twinkle_transformers MultiLoraTransformersModel (methods from the Model interface).',
+RemoteModel = type('RemoteModel', (_RemoteModel,), {
+    **build_methods(Model, _forward, skip=frozenset({'add_adapter_to_model', 'load', 'list_adapters', 'remove_adapter'})),
+    '__doc__': 'A model hosted by the server (whatever its backend), with the methods of the Model interface.',
     '__module__': __name__})
 
-TorchSampler = type('TorchSampler', (_RemoteSampler,), {
+RemoteSampler = type('RemoteSampler', (_RemoteSampler,), {
     **build_methods(Sampler, _forward),
-    '__doc__': 'Remote twin of twinkle_transformers TorchSampler (methods from the Sampler interface).',
+    '__doc__': 'The sampler hosted by the server (whatever it is), with the methods of the Sampler interface.',
     '__module__': __name__})
+
+# Twinkle's names for the same proxies (its documents build these classes under the http runtime).
+MultiLoraTransformersModel = RemoteModel
+TorchSampler = RemoteSampler

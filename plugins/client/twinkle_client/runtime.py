@@ -1,5 +1,6 @@
 """The `http` runtime: ``twinkle.initialize(mode='http', base_url=..., api_key=...)`` makes
-``MultiLoraTransformersModel(..., remote_group='x')`` (or any Model / Sampler class) a proxy to the server."""
+``MultiLoraTransformersModel(..., remote_group='x')`` (or any Model / Sampler class) a proxy to the server: a
+`RemoteModel` / `RemoteSampler` driving whatever backend and sampler the server hosts."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,9 +26,9 @@ class HttpRuntime(Runtime):
         from twinkle_core.sampler.base import Sampler
         from twinkle_client import remote
         if issubclass(cls, Model):
-            return remote.MultiLoraTransformersModel(*args, client=self.client, **kwargs)
+            return remote.RemoteModel(*args, client=self.client, **kwargs)
         if issubclass(cls, Sampler):
-            return remote.TorchSampler(*args, client=self.client, **kwargs)
+            return remote.RemoteSampler(*args, client=self.client, **kwargs)
         raise TypeError(f'the http runtime hosts models and samplers, not {cls.__name__}')
 
     def shutdown(self) -> None:

@@ -106,6 +106,16 @@ class TrainState:
                                f'(e.g. set_optimizer("AdamW", lr=1e-4)).')
         return self.optimizer
 
+    def update_optimizer(self, **fields: Any) -> None:
+        """Set hyper-parameters on every param group (state kept); a field the optimizer lacks raises."""
+        optimizer = self.require_optimizer()
+        unknown = sorted(set(fields) - set(optimizer.defaults))
+        if unknown:
+            raise InvalidInputError(f'update_optimizer: {type(optimizer).__name__} has no hyper-parameter(s) '
+                                    f'{unknown}; it has {sorted(optimizer.defaults)}.')
+        for group in optimizer.param_groups:
+            group.update(fields)
+
     # ---- gradient accumulation and the optimizer step ---------------------------------------------------
     def loss_scale(self) -> float:
         """Factor applied to each micro-batch loss before backward: 1/k, except for ``reduction='sum'`` losses."""

@@ -127,6 +127,9 @@ class TrainStateMethods:
 
     # ---- optimizer step and metrics --------------------------------------------------------------------------
     @reports_failure('clip_grad_and_step')
+    def update_optimizer(self, *, adapter_name: str | None = None, **fields: Any) -> None:
+        self._state(adapter_name).update_optimizer(**fields)
+
     def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
                            **kwargs: Any) -> dict[str, Any]:
         return self._state(adapter_name).clip_grad_and_step(max_norm)

@@ -22,7 +22,6 @@ from twinkle_core.types import SampleResponse
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, unprocessable
 from twinkle_server.tinker.losses import tinker_loss
-from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
 
 
 class TwinkleEngine(Engine):
@@ -34,7 +33,10 @@ class TwinkleEngine(Engine):
                  max_sampler_adapters: int = 32, pass_strategy: str = 'auto', sampler: str | Sampler = 'TorchSampler',
                  sampler_args: dict[str, Any] | None = None) -> None:
         self.base_model, self.model_dir = base_model, str(model_dir)
-        self.model = MultiLoraTransformersModel(model_id=self.model_dir, device=device, pass_strategy=pass_strategy)
+        from twinkle_core.registry import resolve
+        # the multi-tenant backend, by registry name (the only one today: MultiLoraTransformersModel)
+        self.model = resolve('model', 'MultiLoraTransformersModel', model_id=self.model_dir, device=device,
+                             pass_strategy=pass_strategy)
         self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, self.model_dir, device,
                                                                                    sampler_args or {})
         capacity = self.sampler.capabilities.max_adapters
@@ -51,12 +53,12 @@ class TwinkleEngine(Engine):
                                  adapter_name=adapter)
 
     def remove_adapter(self, adapter: str) -> None:
-        if adapter in self.model.states:
+        if self.has_adapter(adapter):
             self.model.remove_adapter(adapter)
         self._losses.pop(adapter, None)
 
     def has_adapter(self, adapter: str) -> bool:
-        return adapter in self.model.states
+        return adapter in self.model.list_adapters()
 
     # ---- training ------------------------------------------------------------------------------------------
     def _set_loss(self, batch: TrainBatch) -> None:
@@ -95,10 +97,8 @@ class TwinkleEngine(Engine):
         return dict(self.model.planner.stats)
 
     def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
-        state = self.model.states[adapter]
-        for group in state.require_optimizer().param_groups:
-            group.update(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
-                         weight_decay=step.weight_decay)
+        self.model.update_optimizer(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
+                                    weight_decay=step.weight_decay, adapter_name=adapter)
         out = self.model.clip_grad_and_step(step.grad_clip_norm if step.grad_clip_norm > 0 else None,
                                             adapter_name=adapter)
         if out.get('skipped'):

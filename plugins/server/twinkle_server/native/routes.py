@@ -38,7 +38,9 @@ from twinkle_server.service import Service
 
 router = APIRouter(prefix='/twinkle/v1')
 
-MODEL_METHODS = frozenset(remote_methods(Model)) - {'add_adapter_to_model'}
+# the server manages adapters: a tenant neither adds, removes nor lists them (list_adapters would show other
+# tenants')
+MODEL_METHODS = frozenset(remote_methods(Model)) - {'add_adapter_to_model', 'list_adapters', 'remove_adapter'}
 SAMPLER_METHODS = frozenset(remote_methods(Sampler))
 _CHECKPOINT_METHODS = {'save', 'load'}
 
