@@ -30,10 +30,11 @@ class AdapterEntry:
 
 
 class AdapterTable:
-    """`engine`: the vLLM `LLMEngine` (add_lora / remove_lora); `max_rank`: the engine's `max_lora_rank`."""
+    """`handle`: the sampler's `EngineHandle` (its engine's add_lora / remove_lora); `max_rank`: the engine's
+    `max_lora_rank`."""
 
-    def __init__(self, engine: Any, *, max_rank: int, enabled: bool) -> None:
-        self._engine, self._max_rank, self._enabled = engine, max_rank, enabled
+    def __init__(self, handle: Any, *, max_rank: int, enabled: bool) -> None:
+        self._handle, self._max_rank, self._enabled = handle, max_rank, enabled
         self._entries: dict[str, AdapterEntry] = {}
         self._next_id = 1
         self._tmp = Path(tempfile.mkdtemp(prefix='twinkle-vllm-lora-'))
@@ -80,7 +81,8 @@ class AdapterTable:
             _write_peft_dir(directory, config_dict, tensors)
         from vllm.lora.request import LoRARequest
         try:
-            self._engine.add_lora(LoRARequest(name, lora_id, str(directory)))
+            self._handle.call('add_adapter', lambda llm: llm.llm_engine.add_lora(
+                LoRARequest(name, lora_id, str(directory))))
         except Exception:
             if owned:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -97,8 +99,17 @@ class AdapterTable:
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def restore(self) -> None:
+        """Re-register every adapter (new ids) in a restarted engine."""
+        from vllm.lora.request import LoRARequest
+        for name, entry in list(self._entries.items()):
+            lora_id = self._next_id
+            self._next_id += 1
+            self._handle.engine.add_lora(LoRARequest(name, lora_id, str(entry.path)))
+            self._entries[name] = AdapterEntry(name, lora_id, entry.path, entry.owned_dir)
+
     def _drop(self, entry: AdapterEntry) -> None:
-        self._engine.remove_lora(entry.lora_id)
+        self._handle.call('remove_adapter', lambda llm: llm.llm_engine.remove_lora(entry.lora_id))
         if entry.owned_dir:
             shutil.rmtree(entry.path, ignore_errors=True)
 

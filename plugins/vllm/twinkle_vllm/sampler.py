@@ -13,14 +13,14 @@ with it. Prompts are validated here (vocabulary, `max_model_len`, adapters) befo
 vLLM's engine process kills the engine.
 
 vLLM's engine core runs in its own process unless ``multiprocess=False``; weights reach it through
-`collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes.
+`collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes. A dead engine
+is restarted (`twinkle_vllm.engine.EngineHandle`).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
@@ -28,6 +28,7 @@ from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_param
                                           sequence_seed)
 from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
 from twinkle_vllm.adapters import AdapterTable
+from twinkle_vllm.engine import EngineHandle
 from twinkle_vllm.engine_args import engine_args as build_engine_args
 from twinkle_vllm.weights import CheckpointLayout, LayerStager, serialized_buckets
 
@@ -44,7 +45,6 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                  template: Any = None, device_mesh: Any = None, multiprocess: bool = True,
                  bucket_bytes: int = 256 << 20) -> None:
         import torch
-        from vllm import LLM
 
         self.model_id = _local_dir(model_id)
         on_cpu = not torch.cuda.is_available()
@@ -53,19 +53,19 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             user.setdefault('dtype', 'float32')  # bf16 matmuls are slow on CPU; fp32 matches the training forward
         tp = device_mesh.size('tp') if device_mesh is not None else None
         args = build_engine_args(self.model_id, user, on_cpu=on_cpu, tensor_parallel_size=tp)
-        with _engine_process(multiprocess):
-            self._llm = LLM(**args)
-        self._engine = self._llm.llm_engine
-        self.tokenizer = self._llm.get_tokenizer()
-        model_config = self._engine.model_config
+        self._handle = EngineHandle(args, multiprocess=multiprocess)
+        self.tokenizer = self._handle.llm.get_tokenizer()
+        model_config = self._handle.engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
         self._layout = CheckpointLayout.read(self.model_id)
         self._stager = LayerStager(self._layout)
         self._updating = False  # inside begin_weight_update() .. end_weight_update()
+        self._loaded: set[str] = set()  # base weights applied by the current update
         self.bucket_bytes = bucket_bytes
-        lora = self._engine.vllm_config.lora_config
-        self._adapters = AdapterTable(self._engine, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
+        lora = self._handle.engine.vllm_config.lora_config
+        self._adapters = AdapterTable(self._handle, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
+        self._handle.on_restart.append(self._adapters.restore)
         self.capabilities = SamplerCapabilities(
             per_row_adapters=True, max_adapters=lora.max_cpu_loras if lora is not None else 0,
             prompt_logprobs=True, adapter_from_tensors=False, weights_in_process=not multiprocess)
@@ -90,6 +90,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         prompts = [encode_prompt(row, i, self._encode_chat) for i, row in enumerate(rows)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
+        if self._handle.weights_lost:
+            raise TwinkleError('The vLLM engine was restarted and lost the base weights loaded into it; load them '
+                               'again (begin_weight_update / load_weights / end_weight_update) before sampling.')
         requests = [(i, seq_params) for i in range(len(prompts)) for seq_params in self._vllm_params(params)]
         outputs = self._generate([prompts[i] for i, _ in requests], [p for _, p in requests],
                                  [adapters[i] for i, _ in requests], one_per_call=params.prompt_logprobs)
@@ -119,12 +122,15 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         if not self._updating:
             self._refuse_partial_layers()
         for blob in serialized_buckets(ready, self.bucket_bytes):
-            self._llm.collective_rpc('twinkle_load_weights', args=(blob,))
+            self._handle.call('load_weights', lambda llm: llm.collective_rpc('twinkle_load_weights', args=(blob,)))
+            self._handle.base_loaded = True
+        self._loaded.update(name for layer in ready for name, _ in layer)
         if not self._updating:
-            self.reset_prefix_cache()
+            self._finish_update()
 
     def begin_weight_update(self) -> None:
         self._stager.clear()
+        self._loaded.clear()
         self._updating = True
 
     def end_weight_update(self) -> None:
@@ -132,7 +138,13 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         try:
             self._refuse_partial_layers()
         finally:
-            self.reset_prefix_cache()
+            self._finish_update()
+
+    def _finish_update(self) -> None:
+        if self._handle.weights_lost and self._loaded >= self._layout.shapes.keys():
+            self._handle.weights_lost = False  # every base weight was loaded again after a restart
+        self._loaded.clear()
+        self.reset_prefix_cache()
 
     def add_adapter(self, name: str, config: Any = None, tensors: Mapping[str, Any] | None = None, *,
                     path: str | None = None) -> None:
@@ -145,7 +157,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         return self._adapters.names()
 
     def reset_prefix_cache(self) -> None:
-        if not self._llm.reset_prefix_cache():
+        if not self._handle.call('reset_prefix_cache', lambda llm: llm.reset_prefix_cache()):
             raise TwinkleError('vLLM refused to reset its prefix cache (requests still running).')
 
     def _refuse_partial_layers(self) -> None:
@@ -160,9 +172,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
 
     def shutdown(self) -> None:
         """Stop vLLM's engine (and its processes) and delete adapter directories this sampler wrote. Idempotent."""
-        engine_core = getattr(self._engine, 'engine_core', None)
-        if engine_core is not None and hasattr(engine_core, 'shutdown'):
-            engine_core.shutdown()
+        self._handle.shutdown()
         self._adapters.close()
 
     # ---- helpers -------------------------------------------------------------------------------------------
@@ -209,11 +219,12 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         0.32 crashes on batched prompt-logprob requests, so those go one per call."""
         lora = [None if a is None else self._adapters.request(a) for a in adapters]
         batch = [{'prompt_token_ids': ids} for ids in prompts]
-        if not (one_per_call and self._engine.vllm_config.lora_config is not None):
-            return list(self._llm.generate(batch, params, lora_request=lora, use_tqdm=False))
+        if not (one_per_call and self._handle.engine.vllm_config.lora_config is not None):
+            return list(self._handle.call('sample', lambda llm: llm.generate(batch, params, lora_request=lora,
+                                                                             use_tqdm=False)))
         return [out for j in range(len(batch))
-                for out in self._llm.generate(batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1],
-                                              use_tqdm=False)]
+                for out in self._handle.call('sample', lambda llm: llm.generate(
+                    batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1], use_tqdm=False))]
 
     def _response(self, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
         sequences = []
@@ -244,18 +255,3 @@ def _local_dir(model_id: str | os.PathLike[str]) -> str:
         raise InvalidInputError(f'vLLMSampler: model directory {text!r} does not exist (pass a local directory or '
                                 'an ms:// / hf:// id).')
     return str(Path(text).resolve())
-
-
-@contextlib.contextmanager
-def _engine_process(multiprocess: bool) -> Iterator[None]:
-    """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING when the engine is built; set it for this construction only."""
-    key = 'VLLM_ENABLE_V1_MULTIPROCESSING'
-    previous = os.environ.get(key)
-    os.environ[key] = '1' if multiprocess else '0'
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = previous
