@@ -6,6 +6,8 @@ tokens (HF's padding after EOS is not counted). TorchSampler also returns per-to
 run without scores (its cheapest configuration). Runs alternate (HF, sampler, HF, ...) so machine noise hits both;
 the ratio of the medians is printed. A greedy pass first checks that both produce identical tokens.
 
+vLLMSampler is compared with both in bench/sampler_vllm.py.
+
 Run: .venv/bin/python bench/sampler.py [--model tiny|small] [--batch 16] [--new-tokens 64] [--repeats 5]
                                       [--threads 1] [--shared]
 """

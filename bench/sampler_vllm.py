@@ -14,7 +14,7 @@ Threads: torch runs with `--threads` intra-op threads here; vLLM's engine proces
 (VLLM_CPU_OMP_THREADS_BIND), so every engine gets the same compute.
 
 Run: .venv/bin/python bench/sampler_vllm.py [--model tiny|small] [--batch 16] [--new-tokens 128] [--mixed 256]
-                                          [--repeats 3] [--threads 1]
+                                          [--repeats 3] [--threads 1] [--in-process] [--no-lora]
 """
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument('--stop-tokens', type=int, default=30)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--no-lora', action='store_true', help='build the vLLM engine with enable_lora=False')
+    parser.add_argument('--in-process', action='store_true',
+                        help="run vLLM's engine core in this process (no IPC) instead of its own")
     args = parser.parse_args()
     os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', '0' if args.threads == 1 else f'0-{args.threads - 1}')
 
@@ -82,7 +85,9 @@ def main() -> None:
                             max_batch_size=max(args.batch, 64))
     start = time.perf_counter()
     vllm_sampler = resolve('sampler', 'vLLMSampler', model_id=model_dir,
-                           engine_args={'max_model_len': 512, 'max_lora_rank': 16, 'max_num_seqs': 256})
+                           engine_args={'max_model_len': 512, 'max_num_seqs': 256,
+                                        **({'enable_lora': False} if args.no_lora else {'max_lora_rank': 16})},
+                           multiprocess=not args.in_process)
     print(f'vLLM engine start: {time.perf_counter() - start:.1f} s')
 
     rng = random.Random(0)
@@ -143,13 +148,15 @@ def main() -> None:
     for _ in range(args.repeats + 1):
         times['base'].append(timed(sync_base)[0])
         times['base memcpy'].append(timed(lambda: memcpy(state, targets))[0])
-        times['lora'].append(timed(lambda: vllm_sampler.add_adapter('bench', adapter_config, adapter))[0])
-        times['lora memcpy'].append(timed(lambda: memcpy(adapter, adapter_targets))[0])
-    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+        if not args.no_lora:
+            times['lora'].append(timed(lambda: vllm_sampler.add_adapter('bench', adapter_config, adapter))[0])
+            times['lora memcpy'].append(timed(lambda: memcpy(adapter, adapter_targets))[0])
+    med = {k: statistics.median(v[1:]) for k, v in times.items() if v}
     print(f'weight sync, base {nbytes / 2**20:.1f} MiB: vLLM {med["base"] * 1e3:.1f} ms vs memcpy '
           f'{med["base memcpy"] * 1e3:.2f} ms ({med["base"] / med["base memcpy"]:.0f}x)')
-    print(f'weight sync, LoRA r=16 all-linear {adapter_bytes / 2**20:.2f} MiB: vLLM {med["lora"] * 1e3:.1f} ms vs '
-          f'memcpy {med["lora memcpy"] * 1e3:.3f} ms ({med["lora"] / med["lora memcpy"]:.0f}x)')
+    if not args.no_lora:
+        print(f'weight sync, LoRA r=16 all-linear {adapter_bytes / 2**20:.2f} MiB: vLLM {med["lora"] * 1e3:.1f} ms vs '
+              f'memcpy {med["lora memcpy"] * 1e3:.3f} ms ({med["lora"] / med["lora memcpy"]:.0f}x)')
     vllm_sampler.shutdown()
 
 

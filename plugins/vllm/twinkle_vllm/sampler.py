@@ -208,7 +208,10 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
                       top_k=params.top_k, stop=params.stop_strings() or None,
                       stop_token_ids=params.stop_token_ids() or None, logprobs=0 if params.logprobs else None,
-                      prompt_logprobs=0 if params.prompt_logprobs else None)
+                      prompt_logprobs=0 if params.prompt_logprobs else None,
+                      # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
+                      # only needed to match stop strings
+                      detokenize=bool(params.stop_strings()))
         if params.seed is None or params.temperature == 0:
             return [VllmParams(n=params.num_samples, **common)]
         return [VllmParams(n=1, seed=sequence_seed(params.seed, s), **common) for s in range(params.num_samples)]
