@@ -12,7 +12,7 @@ from twinkle_core import hooks
 from twinkle_core.errors import TwinkleError
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
-from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
+from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

@@ -63,7 +63,8 @@ def row_adapter(row: Any) -> str | None:
 
 
 def as_sampling_params(params: SamplingParams | Mapping[str, Any] | None, overrides: dict[str, Any]) -> SamplingParams:
-    """`params` (a SamplingParams, a dict of its fields or None) with `overrides` applied; invalid -> InvalidInputError."""
+    """`params` (a SamplingParams, a dict of its fields or None) with `overrides` applied; invalid values raise
+    InvalidInputError."""
     base = params.model_dump() if isinstance(params, SamplingParams) else dict(params or {})
     try:
         return SamplingParams(**{**base, **overrides})

@@ -38,12 +38,13 @@ from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel
 from twinkle_transformers.export import WeightExportMethods
-from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
+from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
 from twinkle_transformers.lora import lora_config, lora_config_json
-from twinkle_transformers.train_state import TrainState
-from twinkle_transformers.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.model.train_state import TrainState
+from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 
 FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)

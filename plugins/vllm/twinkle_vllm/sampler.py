@@ -24,9 +24,10 @@ from typing import Any, Iterable, Mapping
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
+from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
                                           sequence_seed)
-from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
+from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine import EngineHandle
 from twinkle_vllm.engine_args import engine_args as build_engine_args
@@ -53,12 +54,12 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             user.setdefault('dtype', 'float32')  # bf16 matmuls are slow on CPU; fp32 matches the training forward
         tp = device_mesh.size('tp') if device_mesh is not None else None
         args = build_engine_args(self.model_id, user, on_cpu=on_cpu, tensor_parallel_size=tp)
+        self._layout = CheckpointLayout.read(self.model_id)  # before the engine: a bad directory fails fast
         self._handle = EngineHandle(args, multiprocess=multiprocess)
-        self.tokenizer = self._handle.llm.get_tokenizer()
+        self._codec = TextCodec(self._handle.llm.get_tokenizer(), self.model_id)
         model_config = self._handle.engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
-        self._layout = CheckpointLayout.read(self.model_id)
         self._stager = LayerStager(self._layout)
         self._updating = False  # inside begin_weight_update() .. end_weight_update()
         self._loaded: set[str] = set()  # base weights applied by the current update
@@ -69,25 +70,20 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self.capabilities = SamplerCapabilities(
             per_row_adapters=True, max_adapters=lora.max_cpu_loras if lora is not None else 0,
             prompt_logprobs=True, adapter_from_tensors=False, weights_in_process=not multiprocess)
-        self._template: Any = None
         if template is not None:
             self.set_template(template)
 
     # ---- Sampler interface ---------------------------------------------------------------------------------
     def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
-        """Template by name (kind ``template``), class or instance; names and classes get `model_id` (default:
-        this sampler's tokenizer)."""
-        from twinkle_core.registry import resolve
-        if isinstance(template, (str, type)):
-            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
-        self._template = resolve('template', template, **kwargs)
+        """Template by name (kind ``template``), class or instance (see `TextCodec.set_template`)."""
+        self._codec.set_template(template, model_id, **kwargs)
 
     def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
                adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
-        prompts = [encode_prompt(row, i, self._encode_chat) for i, row in enumerate(rows)]
+        prompts = [encode_prompt(row, i, self._codec.encode_chat) for i, row in enumerate(rows)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         if self._handle.weights_lost:
@@ -175,19 +171,11 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self._handle.shutdown()
         self._adapters.close()
 
+    @property
+    def tokenizer(self) -> Any:
+        return self._codec.tokenizer
+
     # ---- helpers -------------------------------------------------------------------------------------------
-    def _encode_chat(self, trajectory: Trajectory) -> list[int]:
-        if self._template is not None:
-            return list(self._template.encode(trajectory, add_generation_prompt=True)['input_ids'])
-        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
-        return list(self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
-
-    def _decode(self, token_ids: list[int]) -> str:
-        if self._template is not None:
-            return self._template.decode(token_ids, skip_special_tokens=True)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
     def _validate(self, prompts: list[list[int]], adapters: list[str | None], params: SamplingParams) -> None:
         for i, ids in enumerate(prompts):
             if min(ids) < 0 or max(ids) >= self.vocab_size:
@@ -239,7 +227,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 logprobs = ([float(step[t].logprob) for t, step in zip(tokens, completion.logprobs)]
                             if params.logprobs else None)
                 sequences.append(SampledSequence(tokens=tokens, logprobs=logprobs,
-                                                 stop_reason=completion.finish_reason, text=self._decode(tokens)))
+                                                 stop_reason=completion.finish_reason, text=self._codec.decode(tokens)))
         prompt_logprobs = None
         if params.prompt_logprobs:
             raw = outputs[0].prompt_logprobs

@@ -34,9 +34,9 @@ __all__ = ['BASE_ONLY', 'AdapterRouter', 'LoraWeights', 'MixedStepError', 'Multi
            'find_manager']
 
 _LAZY = {'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
-         'MixedStepError': 'twinkle_transformers.multi_lora.errors',
+         'MixedStepError': 'twinkle_core.model.step_errors',
          'PassPlanner': 'twinkle_transformers.multi_lora.pass_planner',
-         'TenantStepError': 'twinkle_transformers.multi_lora.errors'}
+         'TenantStepError': 'twinkle_core.model.step_errors'}
 
 
 def __getattr__(name: str):  # the training engine (and its registry imports) load only when asked for

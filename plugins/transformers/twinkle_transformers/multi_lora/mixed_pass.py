@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
-from twinkle_transformers.forward import forward_logps, rows_logprobs, run_loss, step_summary
-from twinkle_transformers.multi_lora.errors import TenantStepError
+from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_transformers.forward import forward_logps
+from twinkle_core.model.step_errors import TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.pass_planner import PassPlanner, TenantSize, pass_cost_tokens
 from twinkle_transformers.multi_lora.tenant_batch import slice_outputs, slice_rows
-from twinkle_transformers.train_state import TrainState
+from twinkle_core.model.train_state import TrainState
 
 INDEX_FIELD = 'adapter_index'
 

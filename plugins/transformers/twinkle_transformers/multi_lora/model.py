@@ -36,15 +36,15 @@ from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
 from twinkle_transformers.lora import lora_config, lora_config_json
-from twinkle_transformers.multi_lora.errors import MixedStepError, TenantStepError
+from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, as_tenant_error, group_by_processor,
                                                       planned_passes, run_tenants)
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, PassPlanner
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
-from twinkle_transformers.train_state import TrainState
-from twinkle_transformers.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.model.train_state import TrainState
+from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 
 
 class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):

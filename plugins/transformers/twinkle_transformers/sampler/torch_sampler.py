@@ -26,9 +26,10 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.sampler.base import Sampler
+from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
                                          sequence_seed)
-from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams, Trajectory
+from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
 from twinkle_transformers.sampler.fast_decode import FastDecoder
@@ -57,20 +58,15 @@ class TorchSampler(Sampler):
         self._fast_decode = fast_decode
         self._fast: tuple[torch.nn.Module, FastDecoder | None] | None = None
         self._adapters = lora.adapter_backend(self._model, owned=source.owned)
-        self.tokenizer = source.tokenizer
+        self._codec = TextCodec(source.tokenizer, self.model_id)
         self.max_batch_size = max_batch_size
-        self._template: Any = None
         if template is not None:
             self.set_template(template)
 
     # ---- Sampler interface ---------------------------------------------------------------------------------
     def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
-        """Template by name (kind ``template``), class or instance. Names and classes get `model_id` (a model dir
-        or tokenizer), by default this sampler's tokenizer; `kwargs` go to the template's constructor."""
-        from twinkle_core.registry import resolve
-        if isinstance(template, (str, type)):
-            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
-        self._template = resolve('template', template, **kwargs)
+        """Template by name (kind ``template``), class or instance (see `TextCodec.set_template`)."""
+        self._codec.set_template(template, model_id, **kwargs)
 
     def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
                adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
@@ -78,7 +74,7 @@ class TorchSampler(Sampler):
         params = as_sampling_params(sampling_params, kwargs)
         model = self.model
         rows = prompt_rows(inputs)
-        prompts = [encode_prompt(row, i, self._encode_chat if self._can_encode_chat else None)
+        prompts = [encode_prompt(row, i, self._codec.encode_chat if self._codec.can_encode_chat else None)
                    for i, row in enumerate(rows)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
@@ -156,6 +152,14 @@ class TorchSampler(Sampler):
         return self._model
 
     @property
+    def tokenizer(self) -> Any:
+        return self._codec.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._codec.tokenizer = value
+
+    @property
     def device(self) -> torch.device:
         return next(self._model.parameters()).device
 
@@ -164,27 +168,8 @@ class TorchSampler(Sampler):
         return sorted(self._adapters.names())
 
     # ---- helpers -------------------------------------------------------------------------------------------
-    @property
-    def _can_encode_chat(self) -> bool:
-        return self._template is not None or getattr(self.tokenizer, 'chat_template', None) is not None
-
-    def _encode_chat(self, trajectory: Trajectory) -> list[int]:
-        if self._template is not None:
-            return list(self._template.encode(trajectory, add_generation_prompt=True)['input_ids'])
-        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
-        ids = self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False)
-        return list(ids)
-
-    def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str | None:
-        if self._template is not None:
-            return self._template.decode(token_ids, skip_special_tokens=skip_special_tokens)
-        if self.tokenizer is not None:
-            return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
-        return None
-
     def _decode_raw(self, token_ids: list[int]) -> str:
-        return self._decode(token_ids, skip_special_tokens=False) or ''
+        return self._codec.decode(token_ids, skip_special_tokens=False) or ''
 
     def _fast_decoder(self, model: torch.nn.Module) -> FastDecoder | None:
         if not self._fast_decode:
@@ -223,7 +208,7 @@ class TorchSampler(Sampler):
                     f'context of {context} tokens; lower max_tokens to at most {max(context - len(ids), 0)} or '
                     f'shorten the prompt.')
         lora.check_adapters(self._adapters, adapters)
-        if params.stop_strings() and self._template is None and self.tokenizer is None:
+        if params.stop_strings() and self._codec.template is None and self.tokenizer is None:
             raise InvalidInputError('Stop strings need a tokenizer or template to decode tokens; call '
                                     'set_template(...) or pass stop token ids instead.')
 
@@ -245,7 +230,7 @@ class TorchSampler(Sampler):
             for gen in part.generations:
                 sequences.append(SampledSequence(tokens=gen.tokens, stop_reason=gen.stop_reason,
                                                  logprobs=gen.logprobs if params.logprobs else None,
-                                                 text=self._decode(gen.tokens)))
+                                                 text=self._codec.decode(gen.tokens)))
         return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
 
 

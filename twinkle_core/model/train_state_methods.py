@@ -1,14 +1,13 @@
-"""`TrainStateMethods`: the `Model` methods that `TransformersModel` and `MultiLoraTransformersModel` share.
-
-Both keep a `TrainState` per trainable unit; every per-tenant configuration and optimizer call only finds that
-state and forwards to it, so it is written once here.
+"""`TrainStateMethods`: the `Model` methods every backend that keeps a `TrainState` per trainable unit shares
+(TransformersModel, MultiLoraTransformersModel; a second backend mixes it in the same way). Every per-tenant
+configuration and optimizer call only finds that state and forwards to it, so it is written once here.
 
 Failures are reported here too: every training-step and checkpoint method of both models is wrapped in
 `reports_failure(stage)`. An exception escaping such a call fires the ``twinkle_failure`` hook once (for the
 outermost wrapped call of that model: a failing ``forward`` inside ``forward_backward`` is reported as
 ``'forward_backward'``) and is then re-raised unchanged. The hook's context is `failure_context`:
-``{'where': 'transformers', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``. A notifier that
-raises (anything, even ``SystemExit``) is logged and skipped; it never replaces the training error. Errors a
+``{'where', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``. A notifier that raises (anything,
+even ``SystemExit``) is logged and skipped; it never replaces the training error. Errors a
 call *returns* (``return_errors=True`` of `MultiLoraTransformersModel`) are data for its caller and fire nothing.
 """
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any, Callable, TypeVar
 from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks.emit import emit_failure, emit_metrics
 from twinkle_core.model.base import component_arg
-from twinkle_transformers.train_state import TrainState
+from twinkle_core.model.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 _F = TypeVar('_F', bound=Callable[..., Any])
@@ -54,10 +53,10 @@ def reports_failure(stage: str) -> Callable[[_F], _F]:
 
 
 def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseException) -> dict[str, Any]:
-    """``{'where': 'transformers', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``: who reports
-    (the server reports its work items with ``'where': 'server'``), the model, the adapter the failed call
-    addressed (None: full-parameter training, or a mixed multi-tenant call), the method that failed and the
-    adapter's optimizer steps taken so far (the ``step`` of its ``twinkle_metrics``; None when unknown)."""
+    """``{'where', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``: who reports (the model's
+    `backend` attribute, default ``'transformers'``; the server reports its work items with ``'where':
+    'server'``), the model, the adapter the failed call addressed (None: full-parameter training, or a mixed
+    multi-tenant call), the method that failed and the adapter's optimizer steps taken so far (the ``step`` of its ``twinkle_metrics``; None when unknown)."""
     name = adapter_name
     if name is None and isinstance(getattr(exc, 'adapter_name', None), str):
         name = exc.adapter_name  # e.g. the tenant of a TenantStepError
@@ -70,7 +69,7 @@ def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseE
         step: int | None = int(model._state(name).optimizer_steps)
     except Exception:  # noqa: BLE001 - unknown adapter
         step = None
-    return {'where': 'transformers', 'model_id': getattr(model, 'model_id', None),
+    return {'where': getattr(model, 'backend', 'transformers'), 'model_id': getattr(model, 'model_id', None),
             'model_class': type(model).__name__, 'adapter_name': name, 'stage': stage, 'step': step}
 
 
@@ -126,10 +125,10 @@ class TrainStateMethods:
         self._state(adapter_name).set_template(template, **kwargs)
 
     # ---- optimizer step and metrics --------------------------------------------------------------------------
-    @reports_failure('clip_grad_and_step')
     def update_optimizer(self, *, adapter_name: str | None = None, **fields: Any) -> None:
         self._state(adapter_name).update_optimizer(**fields)
 
+    @reports_failure('clip_grad_and_step')
     def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
                            **kwargs: Any) -> dict[str, Any]:
         return self._state(adapter_name).clip_grad_and_step(max_norm)

@@ -1,4 +1,4 @@
-"""Per-tenant failures of a mixed multi-tenant step.
+"""Per-tenant failures of a mixed multi-tenant step (any backend that trains several adapters in one pass).
 
 A tenant whose rows are invalid, whose loss raises or is not finite, or whose gradients are not finite has its
 micro-batch rejected: nothing of it reaches its adapter, and no other tenant is affected. The failure is reported

@@ -1,9 +1,10 @@
 """`TrainState`: everything one trainable unit needs to train -- the full model, or one LoRA adapter.
 
-A model owns one `TrainState` per trainable unit (TransformersModel: one; MultiLoraTransformersModel: one per
-tenant adapter) and delegates the per-tenant API to it: optimizer, LR scheduler, loss, input processor,
-template, gradient accumulation, the optimizer-step logic over *its* parameters, metrics and the resumable
-counters. It never runs the model itself (see `twinkle_transformers.forward`).
+Backend-neutral training machinery (torch only): a model of any backend owns one `TrainState` per trainable unit
+(TransformersModel: one; MultiLoraTransformersModel: one per tenant adapter) and delegates the per-tenant API to
+it: optimizer, LR scheduler, loss, input processor, template, gradient accumulation, the optimizer-step logic
+over *its* parameters (gradient norms correct for sharded DTensor gradients), metrics and the resumable counters.
+It never runs the model itself; the backend does.
 
 Gradient accumulation: `loss_scale()` is the factor a model multiplies each micro-batch loss by before backward
 (``1 / gradient_accumulation_steps``, or 1 for ``reduction == 'sum'`` losses); `clip_grad_and_step()` steps the
@@ -129,7 +130,7 @@ class TrainState:
         if not grads:
             return 0.0
         if any(hasattr(p.grad, 'device_mesh') for p in grads):  # FSDP2/TP shards: the norm spans all ranks
-            from twinkle_transformers.parallel import clip_grad_norm
+            from twinkle_core.model.grad_norm import clip_grad_norm
             self.last_grad_norm = clip_grad_norm(grads, max_norm)
             return self.last_grad_norm
         limit = math.inf if max_norm is None else float(max_norm)

@@ -1,0 +1,44 @@
+"""`TextCodec`: how a sampler turns chat prompts into token ids and completions into text -- through a template
+when one is set, else the tokenizer's own chat template. Shared by every sampler so they encode and decode alike."""
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle_core.types import Trajectory
+
+
+class TextCodec:
+    """`tokenizer`: a Hugging Face tokenizer (or None); `model_id`: what names and classes of templates are built
+    from when no tokenizer is given."""
+
+    def __init__(self, tokenizer: Any, model_id: Any = None) -> None:
+        self.tokenizer, self.model_id = tokenizer, model_id
+        self.template: Any = None
+
+    def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
+        """Template by name (kind ``template``), class or instance. Names and classes get `model_id` (a model dir
+        or tokenizer), by default the tokenizer; `kwargs` go to the template's constructor."""
+        from twinkle_core.registry import resolve
+        if isinstance(template, (str, type)):
+            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
+        self.template = resolve('template', template, **kwargs)
+
+    @property
+    def can_encode_chat(self) -> bool:
+        return self.template is not None or getattr(self.tokenizer, 'chat_template', None) is not None
+
+    def encode_chat(self, trajectory: Trajectory) -> list[int]:
+        """Prompt ids of a Trajectory, generation prompt added."""
+        if self.template is not None:
+            return list(self.template.encode(trajectory, add_generation_prompt=True)['input_ids'])
+        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
+        return list(self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str | None:
+        """Text of `token_ids` (None without a template or tokenizer)."""
+        if self.template is not None:
+            return self.template.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return None
