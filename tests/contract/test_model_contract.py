@@ -12,12 +12,14 @@ import torch
 from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.registry import resolve
 
+from tests.contract.implementations import installed
+
 ROWS = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},
         {'input_ids': [100, 200, 300, 400], 'labels': [-100, 200, 300, 400]}]
 ATOL = 1e-4
 
 
-@pytest.fixture(scope='module', params=['TransformersModel', 'MultiLoraTransformersModel'])
+@pytest.fixture(scope='module', params=installed('model'))
 def trained(request, tiny_model_dir):
     """A model of that backend with adapter 'policy' after two optimizer steps (so every LoRA tensor is non-zero)."""
     model = resolve('model', request.param, model_id=str(tiny_model_dir), device='cpu')
@@ -103,3 +105,42 @@ def test_update_optimizer_changes_hyper_parameters_and_refuses_unknown_ones(trai
     with pytest.raises(InvalidInputError, match=r"no hyper-parameter\(s\) \['learning_rate'\]"):
         trained.update_optimizer(learning_rate=1e-3, adapter_name='policy')
     trained.update_optimizer(lr=2e-2, adapter_name='policy')
+
+
+def test_gradients_equal_plain_peft_on_the_same_weights(trained, tiny_model_dir, tmp_path):
+    """One SGD step with lr=1 moves each LoRA tensor by exactly minus its gradient: the backend's gradient of the
+    default loss (token-mean cross-entropy over the batch's label tokens) equals plain PEFT's on the same weights."""
+    import peft
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    def adapter_tensors():
+        config, buckets = trained.export_adapter('policy')
+        return config, {n: t.detach().clone() for bucket in buckets for n, t in bucket}
+
+    config, before = adapter_tensors()
+    save_file(before, str(tmp_path / 'adapter_model.safetensors'))
+    (tmp_path / 'adapter_config.json').write_text(json.dumps(config))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = peft.PeftModel.from_pretrained(base, tmp_path, is_trainable=True).eval()
+    total, count = torch.zeros(()), 0
+    for row in ROWS:
+        logps = reference(input_ids=torch.tensor([row['input_ids']])).logits[0, :-1].float().log_softmax(-1)
+        labels = torch.tensor(row['labels'][1:])
+        mask = labels != -100
+        total = total - logps[mask].gather(-1, labels[mask][:, None]).sum()
+        count += int(mask.sum())
+    (total / count).backward()
+    expected = {n.replace('.default', ''): p.grad for n, p in reference.named_parameters() if p.requires_grad}
+
+    trained.set_optimizer('SGD', lr=1.0, adapter_name='policy')
+    try:
+        trained.forward_backward(inputs=ROWS, adapter_name='policy')
+        trained.clip_grad_and_step(max_norm=None, adapter_name='policy')
+        _, after = adapter_tensors()
+    finally:
+        trained.set_optimizer('AdamW', lr=2e-2, adapter_name='policy')
+    assert expected.keys() == before.keys()
+    assert any(g.abs().max() > 1e-4 for g in expected.values())  # a comparison of zeros would prove nothing
+    for name, grad in expected.items():
+        torch.testing.assert_close(before[name] - after[name], grad, atol=2e-6, rtol=1e-4, msg=name)

@@ -12,17 +12,16 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
 
+from tests.contract.implementations import build_sampler, installed
+
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [100, 200, 300, 400, 500, 600, 700]]
 TARGETS = ['q_proj', 'v_proj', 'down_proj']
 ATOL = 1e-4
 
 
-@pytest.fixture(scope='module', params=['TorchSampler', 'vLLMSampler'])
+@pytest.fixture(scope='module', params=installed('sampler'))
 def sampler(request, tiny_model_dir):
-    if request.param == 'vLLMSampler':
-        return request.getfixturevalue('vllm_sampler')
-    from twinkle_core.registry import resolve
-    return resolve('sampler', 'TorchSampler', model_id=tiny_model_dir, device='cpu')
+    return build_sampler(request, request.param, tiny_model_dir)
 
 
 @pytest.fixture(scope='module')

@@ -8,20 +8,19 @@ import torch
 
 from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle_core.types import SamplingParams
+
 from twinkle_transformers.export import ModuleWeights
 
+from tests.contract.implementations import build_sampler, installed
 from tests.contract.test_sampler_contract import forward_logprobs
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
 TARGETS = ['q_proj', 'v_proj', 'up_proj']
 
 
-@pytest.fixture(params=['TorchSampler', 'vLLMSampler'])
+@pytest.fixture(params=installed('sampler'))
 def sampler(request, tiny_model_dir):
-    if request.param == 'vLLMSampler':
-        return request.getfixturevalue('vllm_sampler')
-    from twinkle_core.registry import resolve
-    return resolve('sampler', 'TorchSampler', model_id=tiny_model_dir, device='cpu')
+    return build_sampler(request, request.param, tiny_model_dir)
 
 
 def lora_model(model_dir):
@@ -82,3 +81,38 @@ def test_merge_and_sync_serves_the_merged_model_as_base(sampler, tiny_model_dir)
         assert_sampler_matches(sampler, model, None)
     finally:
         restore_base(sampler, tiny_model_dir)
+
+
+@pytest.mark.parametrize('backend', installed('model'))
+def test_every_installed_backend_syncs_into_the_sampler(sampler, tiny_model_dir, backend):
+    """A real training model of each installed backend (two AdamW steps, then a third after the first sync):
+    the sampler's logprobs equal the model's own `forward_only` after each sync (1e-4)."""
+    from twinkle_core.registry import resolve
+    rows = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]}]
+    model = resolve('model', backend, model_id=str(tiny_model_dir), device='cpu')
+    model.add_adapter_to_model('policy', {'r': 4, 'lora_alpha': 8, 'target_modules': TARGETS})
+    model.set_optimizer('AdamW', lr=2e-2, adapter_name='policy')
+
+    def train_step():
+        model.forward_backward(inputs=rows, adapter_name='policy')
+        model.clip_grad_and_step(adapter_name='policy')
+
+    def assert_sampler_matches_model(seed):
+        responses = sampler.sample(PROMPTS, SamplingParams(max_tokens=6, seed=seed), adapter_name='synced')
+        full = [{'input_ids': p + r.sequences[0].tokens} for p, r in zip(PROMPTS, responses)]
+        reference = model.forward_only(inputs=full, compute_loss=False, adapter_name='policy')['logprobs']
+        for prompt, response, ref in zip(PROMPTS, responses, reference):
+            torch.testing.assert_close(torch.tensor(response.sequences[0].logprobs),
+                                       torch.tensor(ref[len(prompt):]), atol=1e-4, rtol=0)
+
+    manager = CheckpointEngineManager(model=model, sampler=sampler, adapter_name='policy',
+                                      sampler_adapter_name='synced')
+    try:
+        train_step(), train_step()
+        manager.sync_weights()
+        assert_sampler_matches_model(seed=0)
+        train_step()
+        assert manager.sync_weights().lora_only
+        assert_sampler_matches_model(seed=1)
+    finally:
+        sampler.remove_adapter('synced')

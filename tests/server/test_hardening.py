@@ -271,8 +271,11 @@ def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
     (['--sampler', 'NoSuchSampler'], 'NoSuchSampler'),
     (['--sampler-args', '[1]'], '--sampler-args: expected a JSON object'),
     (['--sampler-args', '{oops'], '--sampler-args: not valid JSON'),
+    (['--backend', 'NoSuchBackend'], 'NoSuchBackend'),
+    (['--backend', 'MegatronModel'], 'pip install'),
+    (['--backend-args', '"x"'], '--backend-args: expected a JSON object'),
 ])
-def test_server_cli_refuses_a_bad_sampler_choice(tmp_path, tiny_model_dir, extra, message):
+def test_server_cli_refuses_a_bad_backend_or_sampler_choice(tmp_path, tiny_model_dir, extra, message):
     import sys
     out = subprocess.run([sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model',
                           f'm={tiny_model_dir}', '--data-dir', str(tmp_path / 'd'), *extra],

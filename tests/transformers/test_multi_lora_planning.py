@@ -20,11 +20,11 @@ TEXTS = {'alice': ['I am Alice, built by the twinkle team.', 'Alice answers ques
          'carol': ['Carol has one longer row of text to train on, longer than the others by far.']}
 
 
-def _engine(tiny_model_dir, **kwargs) -> MultiLoraTransformersModel:
+def _engine(tiny_model_dir, optimizer: str = 'AdamW', **kwargs) -> MultiLoraTransformersModel:
     engine = MultiLoraTransformersModel(tiny_model_dir, device='cpu', **kwargs)
     for seed, (name, cfg) in enumerate(TENANTS.items()):
         engine.add_adapter_to_model(name, cfg, generator=torch.Generator().manual_seed(seed))
-        engine.set_optimizer('AdamW', lr=1e-2, adapter_name=name)
+        engine.set_optimizer(optimizer, lr=1e-2, adapter_name=name)
     return engine
 
 
@@ -54,17 +54,23 @@ def test_one_by_one_is_bit_identical_to_calling_each_tenant_alone(tiny_model_dir
 @pytest.mark.parametrize('kwargs', [dict(), dict(pass_strategy='mixed', max_pass_tokens=64)],
                          ids=['auto', 'mixed_capped'])
 def test_planned_passes_agree_with_one_mixed_pass(tiny_model_dir, rows, kwargs):
-    planned = _engine(tiny_model_dir, **kwargs)
-    mixed = _engine(tiny_model_dir, pass_strategy='mixed', max_pass_tokens=None)
+    """SGD, not Adam, between the compared steps: Adam's update of a near-zero gradient is about lr * sign(g), so
+    last-bit differences of the base matmuls (measured: on AVX-512 CPUs) grow into 1e-4 logprob differences
+    after three steps; SGD keeps each step's difference at lr times the gradient's. Gradients are compared
+    relative to their tensor's norm (1e-4): a near-zero element's relative error says nothing."""
+    planned = _engine(tiny_model_dir, optimizer='SGD', **kwargs)
+    mixed = _engine(tiny_model_dir, optimizer='SGD', pass_strategy='mixed', max_pass_tokens=None)
     for step in range(4):  # 'auto' explores: one by one, then larger passes
         out, ref = planned.forward_backward(inputs=rows), mixed.forward_backward(inputs=rows)
         for name in rows:
             assert out[name]['loss'] == pytest.approx(ref[name]['loss'], rel=1e-5, abs=1e-6), (step, name)
             for got, want in zip(out[name]['logprobs'], ref[name]['logprobs']):
-                torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5,
+                                           rtol=1e-5, msg=lambda m: f'{step} {name}: {m}')
             got, want = _grads(planned, name), _grads(mixed, name)
             for key in want:
-                torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=1e-4, msg=f'{step} {name} {key}')
+                diff, scale = (got[key] - want[key]).norm(), want[key].norm()  # relative to the tensor's norm
+                assert diff <= 1e-4 * scale + 1e-8, f'{step} {name} {key}: |diff| {diff:.3g} vs |grad| {scale:.3g}'
             planned.clip_grad_and_step(adapter_name=name)
             mixed.clip_grad_and_step(adapter_name=name)
     stats = planned.planner.stats

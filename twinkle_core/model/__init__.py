@@ -1,7 +1,7 @@
 """Kind `model`: the interface, plus lazy access to every registered model by name."""
 from twinkle_core._lazy import kind_getattr
-from twinkle_core.model.base import Model
+from twinkle_core.model.base import Model, ModelCapabilities
 
-__all__ = ['Model']
+__all__ = ['Model', 'ModelCapabilities']
 
 __getattr__ = kind_getattr('model', __name__)

@@ -9,14 +9,28 @@ step only on every `gradient_accumulation_steps`-th call (per adapter) and alway
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.runtime.context import HostedComponentMeta
 
 
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a model backend can do, declared (engines plan with it instead of guessing).
+
+    `mixed_adapters`: `forward_backward` / `forward_only` take ``inputs={adapter: rows}`` and
+    ``return_errors=True``: one call trains several adapters and returns ``{adapter: result}``, a rejected
+    adapter's result being ``{'error': {...}}`` (others are unaffected). Without it an engine calls once per
+    adapter. `max_adapters`: trainable adapters at once (None: bounded by memory only)."""
+    mixed_adapters: bool = False
+    max_adapters: int | None = 1
+
+
 class Model(ABC, metaclass=HostedComponentMeta):
     """A trainable model. Inputs are lists of `InputFeature` rows (dicts or models)."""
+    capabilities: ModelCapabilities = ModelCapabilities()
 
     # ---- configuration -------------------------------------------------------------------------------------
     @remote_method('all', 'first')
@@ -113,6 +127,12 @@ class Model(ABC, metaclass=HostedComponentMeta):
     @abstractmethod
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         """A JSON-serialisable description of the training setup (model, adapter, optimizer, loss, ...)."""
+
+    @remote_method('first', 'first', mutates=False)
+    def model_info(self) -> dict[str, Any]:
+        """What an engine hosting this model needs to know, JSON-serialisable: ``model_id``, ``max_length``
+        (longest accepted row; None: unbounded) and backend-specific extras (e.g. how passes were planned)."""
+        raise NotImplementedError(f'{type(self).__name__} does not describe itself (model_info).')
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     @remote_method('all', 'first')  # every rank: gathering sharded (FSDP/TP) weights is collective; rank 0 writes

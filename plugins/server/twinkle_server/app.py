@@ -26,8 +26,8 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = engines if engines is not None else {
-            name: load_engine(name, path, device=device, pass_strategy=config.pass_strategy, sampler=config.sampler,
-                              sampler_args=config.sampler_args)
+            name: load_engine(name, path, device=device, backend=config.backend, backend_args=config.backend_args,
+                              sampler=config.sampler, sampler_args=config.sampler_args)
             for name, path in config.models.items()}
         app.state.service = Service(config, loaded, asyncio.get_running_loop())
         reaper = asyncio.create_task(_reap(app.state.service))

@@ -34,9 +34,14 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
                        help="how long a model's request may wait for a missing earlier seq_id before it is failed")
     start.add_argument('--max-failed-logins', type=int, default=30, metavar='N',
                        help='failed logins per minute from one address before it is answered 429')
-    start.add_argument('--pass-strategy', default='auto', metavar='STRATEGY',
-                       help="how adapters' queued forward/backward work shares passes: auto (measured, default), "
-                            'mixed (one pass) or one_by_one')
+    start.add_argument('--backend', default='MultiLoraTransformersModel', metavar='NAME',
+                       help='the training backend, by registry name (kind model): MultiLoraTransformersModel '
+                            '(default: many adapters, mixed passes) or any installed model backend')
+    start.add_argument('--backend-args', default='{}', metavar='JSON',
+                       help='JSON object of backend constructor arguments, e.g. \'{"max_length": 4096}\'')
+    start.add_argument('--pass-strategy', default=None, metavar='STRATEGY',
+                       help="multi-LoRA backends: how adapters' queued forward/backward work shares passes: auto "
+                            '(measured, the default), mixed (one pass) or one_by_one')
     start.add_argument('--sampler', default='TorchSampler', metavar='NAME',
                        help='the sampler serving generation, by registry name: TorchSampler (default) or '
                             'vLLMSampler (pip install twinkle-vllm)')
@@ -66,8 +71,13 @@ def _start(args: argparse.Namespace) -> int:
     try:
         models = dict(ServerConfig.parse_model(m) for m in args.model)
         default, per_tenant = ServerConfig.load_limits(args.limits)
-        sampler_args = ServerConfig.parse_sampler_args(args.sampler_args)
-        resolve_class('sampler', args.sampler)  # an unknown or uninstalled sampler fails here, not after loading
+        sampler_args = ServerConfig.parse_json_object(args.sampler_args, '--sampler-args')
+        backend_args = ServerConfig.parse_json_object(args.backend_args, '--backend-args')
+        if args.pass_strategy is not None:
+            backend_args['pass_strategy'] = args.pass_strategy
+        # an unknown or uninstalled backend or sampler fails here, not after loading
+        resolve_class('model', args.backend)
+        resolve_class('sampler', args.sampler)
     except (ValueError, OSError, TwinkleError) as exc:
         print(f'twinkle server start: {exc}', file=sys.stderr)
         return 2
@@ -76,7 +86,8 @@ def _start(args: argparse.Namespace) -> int:
                           max_queued_samples=args.max_queued_samples, default_limits=default,
                           tenant_limits=per_tenant, seq_gap_timeout_s=args.seq_gap_timeout,
                           max_failed_logins_per_minute=args.max_failed_logins, allowed_roots=tuple(args.allow_path),
-                          pass_strategy=args.pass_strategy, sampler=args.sampler, sampler_args=sampler_args)
+                          backend=args.backend, backend_args=backend_args, sampler=args.sampler,
+                          sampler_args=sampler_args)
     serve(config, device=args.device)
     return 0
 

@@ -71,9 +71,11 @@ class ServerConfig:
     default_limits: TenantLimits = field(default_factory=TenantLimits)
     tenant_limits: dict[str, TenantLimits] = field(default_factory=dict)
     lora_alpha: float = 32.0
-    #: how queued forward/backward work of several adapters splits into passes: 'auto' (measured), 'mixed' or
-    #: 'one_by_one' (see `twinkle_transformers.multi_lora.PassPlanner`)
-    pass_strategy: str = 'auto'
+    #: the training backend of every hosted model, by registry name (kind `model`), and its constructor
+    #: arguments (e.g. ``{'pass_strategy': 'mixed'}`` for MultiLoraTransformersModel: how queued work of several
+    #: adapters splits into passes)
+    backend: str = 'MultiLoraTransformersModel'
+    backend_args: dict[str, Any] = field(default_factory=dict)
     #: the sampler serving Tinker sampling, by registry name (kind `sampler`), and its constructor arguments
     #: (e.g. ``{'engine_args': {'max_model_len': 4096}}`` for vLLMSampler)
     sampler: str = 'TorchSampler'
@@ -93,14 +95,14 @@ class ServerConfig:
         return spec.rstrip('/').split('/')[-1] if Path(spec).exists() else spec, spec
 
     @staticmethod
-    def parse_sampler_args(text: str) -> dict[str, Any]:
-        """`--sampler-args`: a JSON object."""
+    def parse_json_object(text: str, option: str = '--sampler-args') -> dict[str, Any]:
+        """`--sampler-args` / `--backend-args`: a JSON object."""
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f'--sampler-args: not valid JSON: {exc}') from None
+            raise ValueError(f'{option}: not valid JSON: {exc}') from None
         if not isinstance(value, dict):
-            raise ValueError(f'--sampler-args: expected a JSON object, got {type(value).__name__}')
+            raise ValueError(f'{option}: expected a JSON object, got {type(value).__name__}')
         return value
 
     @staticmethod

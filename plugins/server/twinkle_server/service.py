@@ -73,8 +73,15 @@ class Service:
         context = self.engine(self.model(tenant, model_id).base_model).max_context_length
         self.quotas.check_train_request(tenant, lengths, context)
 
-    def _check_new_adapter(self, tenant: str, rank: int) -> None:
+    def _check_new_adapter(self, tenant: str, rank: int, base_model: str) -> None:
         self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))
+        engine = self.engine(base_model)
+        hosted = sum(1 for m in self.models.values() if m.base_model == base_model)
+        if engine.max_adapters is not None and hosted >= engine.max_adapters:
+            raise ApiError(403, f'base model {base_model!r} is served by {engine.backend_name}, which '
+                                f'trains at most {engine.max_adapters} adapter(s) at once; this server hosts '
+                                f'{hosted} already (free one, or serve the model with a multi-adapter backend, '
+                                f'e.g. MultiLoraTransformersModel)')
 
     # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
     def engine(self, base_model: str) -> Engine:
@@ -141,7 +148,7 @@ class Service:
         rank = lora.rank if lora is not None else tinker_lora.get('rank')
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
-        self._check_new_adapter(tenant, rank)
+        self._check_new_adapter(tenant, rank, base_model)
         if lora is None:
             lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
         model_id = f'{session_id}:train:{model_seq_id}'
@@ -184,7 +191,7 @@ class Service:
             raise unprocessable(f'{path} is a sampler checkpoint without optimizer state; load a weights/ checkpoint')
         self.engine(base)
         lora = LoraSpec.from_dict(meta['lora'])
-        self._check_new_adapter(tenant, lora.rank)
+        self._check_new_adapter(tenant, lora.rank, base)
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
             return self._repost(tenant, model_id)

@@ -207,6 +207,9 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self._eval_loss = result.get('loss')
         return result
 
+    def model_info(self) -> dict[str, Any]:
+        return {'model_id': self.model_id, 'max_length': self.max_length}
+
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         state = self._state(adapter_name)
         adapter = None

@@ -22,11 +22,17 @@ def resolve_model_dir(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def load_engine(base_model: str, path: str, *, device: str | None = None, pass_strategy: str = 'auto',
-                sampler: str = 'TorchSampler', sampler_args: dict[str, Any] | None = None) -> Engine:
-    """The engine hosting `path` under the public name `base_model`: `MultiLoraTransformersModel` for training
-    (tenants share passes per `pass_strategy`: 'auto', 'mixed' or 'one_by_one') and the sampler registered as
-    `sampler` (kind `sampler`, built with `sampler_args`) for generation."""
+def load_engine(base_model: str, path: str, *, device: str | None = None,
+                backend: str = 'MultiLoraTransformersModel', backend_args: dict[str, Any] | None = None,
+                pass_strategy: str | None = None, sampler: str = 'TorchSampler',
+                sampler_args: dict[str, Any] | None = None) -> Engine:
+    """The engine hosting `path` under the public name `base_model`: the model registered as `backend` (kind
+    `model`, built with `backend_args`) for training and the sampler registered as `sampler` (kind `sampler`,
+    built with `sampler_args`) for generation. `pass_strategy` (multi-LoRA backends: 'auto', 'mixed' or
+    'one_by_one') is a shortcut for ``backend_args['pass_strategy']``."""
     from twinkle_server.engine.twinkle_engine import TwinkleEngine
-    return TwinkleEngine(base_model, resolve_model_dir(path), device=device, pass_strategy=pass_strategy,
-                         sampler=sampler, sampler_args=sampler_args)
+    backend_args = dict(backend_args or {})
+    if pass_strategy is not None:
+        backend_args['pass_strategy'] = pass_strategy
+    return TwinkleEngine(base_model, resolve_model_dir(path), device=device, backend=backend,
+                         backend_args=backend_args, sampler=sampler, sampler_args=sampler_args)

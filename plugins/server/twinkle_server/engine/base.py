@@ -104,6 +104,10 @@ class Engine(ABC):
     base_model: str
     model_dir: str
     max_context_length: int
+    #: the training backend's registry name, and the trainable adapters it holds at once (None: bounded by
+    #: memory only); the service refuses more
+    backend_name: str = ''
+    max_adapters: int | None = None
 
     @abstractmethod
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:

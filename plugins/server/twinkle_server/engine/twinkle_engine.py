@@ -1,11 +1,14 @@
-"""The production engine: `MultiLoraTransformersModel` (training; tenants' work queued together shares passes as
-its `PassPlanner` finds fastest) + a sampler chosen by registry name (`TorchSampler` by default, or e.g.
-`vLLMSampler`), driven only through the `Sampler` interface.
+"""The production engine: a training backend chosen by registry name (kind `model`; default
+`MultiLoraTransformersModel`, whose `PassPlanner` splits tenants' queued work into passes) + a sampler chosen by
+registry name (`TorchSampler` by default, or e.g. `vLLMSampler`), driven only through the `Model` and `Sampler`
+interfaces and their declared capabilities.
 
-The sampler holds its own copy of the base weights, so sampling never sees half-updated training weights; its
-adapters are loaded from saved checkpoint directories (what a client samples is exactly what was saved) into a
-bounded pool of slots, least recently used first out, so a long RL run does not grow memory without limit.
-Tinker loss names resolve through the registry (kind `loss`) as `twinkle_server.tinker.losses` says.
+A backend that declares `ModelCapabilities.mixed_adapters` gets every queued adapter's rows in one call; any other
+is called once per adapter (its `max_adapters` bounds the training models a server hosts on it). The sampler holds
+its own copy of the base weights, so sampling never sees half-updated training weights; its adapters are loaded
+from saved checkpoint directories (what a client samples is exactly what was saved) into a bounded pool of slots,
+least recently used first out, so a long RL run does not grow memory without limit. Tinker loss names resolve
+through the registry (kind `loss`) as `twinkle_server.tinker.losses` says.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from twinkle_core.model import Model
 from twinkle_core.sampler import Sampler
 from twinkle_core.types import SampleResponse
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
@@ -25,30 +29,34 @@ from twinkle_server.tinker.losses import tinker_loss
 
 
 class TwinkleEngine(Engine):
-    """`sampler`: a registered sampler name built on `model_dir` with `sampler_args` (TorchSampler also gets
+    """`backend`: a registered model name built on `model_dir` with `backend_args` (plus `device`), or a ready
+    `Model`. `sampler`: a registered sampler name built on `model_dir` with `sampler_args` (TorchSampler also gets
     `device`), or a ready `Sampler` (e.g. one vLLM engine shared across tests). `max_sampler_adapters` bounds the
     adapters the sampler holds at once (further capped by its declared `capabilities.max_adapters`)."""
 
     def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
-                 max_sampler_adapters: int = 32, pass_strategy: str = 'auto', sampler: str | Sampler = 'TorchSampler',
+                 max_sampler_adapters: int = 32, backend: str | Model = 'MultiLoraTransformersModel',
+                 backend_args: dict[str, Any] | None = None, sampler: str | Sampler = 'TorchSampler',
                  sampler_args: dict[str, Any] | None = None) -> None:
-        self.base_model, self.model_dir = base_model, str(model_dir)
         from twinkle_core.registry import resolve
-        # the multi-tenant backend, by registry name (the only one today: MultiLoraTransformersModel)
-        self.model = resolve('model', 'MultiLoraTransformersModel', model_id=self.model_dir, device=device,
-                             pass_strategy=pass_strategy)
+        self.base_model, self.model_dir = base_model, str(model_dir)
+        self.model: Model = backend if isinstance(backend, Model) else resolve(
+            'model', backend, model_id=self.model_dir, device=device, **(backend_args or {}))
         self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, self.model_dir, device,
                                                                                    sampler_args or {})
         capacity = self.sampler.capabilities.max_adapters
         self.max_sampler_adapters = min(max_sampler_adapters, capacity) if capacity else max_sampler_adapters
         self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
-        self.max_context_length = int(self.model.max_length or 4096)
+        self.max_context_length = int(self.model.model_info().get('max_length') or 4096)
+        self.backend_name, self.max_adapters = type(self.model).__name__, self.model.capabilities.max_adapters
         self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
 
     # ---- adapters ------------------------------------------------------------------------------------------
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
-        gen = torch.Generator().manual_seed(lora.seed) if lora.seed is not None else None
-        self.model.add_adapter_to_model(adapter, lora.peft_config(), generator=gen)
+        with torch.random.fork_rng(devices=[]):  # lora.seed: the same initial weights on every backend
+            if lora.seed is not None:
+                torch.manual_seed(lora.seed)
+            self.model.add_adapter_to_model(adapter, lora.peft_config())
         self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
                                  adapter_name=adapter)
 
@@ -88,13 +96,25 @@ class TwinkleEngine(Engine):
             if not group:
                 continue
             run = self.model.forward_only if forward_only else self.model.forward_backward
-            out = run(inputs={a: batches[i].rows for a, i in group.items()}, return_errors=True)
-            for adapter, i in group.items():
-                results[i] = _result(out[adapter])
+            for adapter, out in self._run(run, {a: batches[i].rows for a, i in group.items()}).items():
+                results[group[adapter]] = out
         return [results[i] for i in range(len(batches))]
 
+    def _run(self, run: Any, rows: dict[str, list]) -> dict[str, TrainResult | BaseException]:
+        """`run` over every adapter's rows: one call when the backend mixes adapters, else one call each."""
+        if self.model.capabilities.mixed_adapters:
+            out = run(inputs=rows, return_errors=True)
+            return {adapter: _result(out[adapter]) for adapter in rows}
+        results: dict[str, TrainResult | BaseException] = {}
+        for adapter, adapter_rows in rows.items():
+            try:
+                results[adapter] = _result(run(inputs=adapter_rows, adapter_name=adapter))
+            except Exception as exc:  # noqa: BLE001 - only this tenant fails
+                results[adapter] = ApiError(422, f'step failed: {exc}')
+        return results
+
     def pass_stats(self) -> dict[str, int]:
-        return dict(self.model.planner.stats)
+        return dict(self.model.model_info().get('pass_stats') or {})
 
     def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
         self.model.update_optimizer(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,

@@ -30,7 +30,7 @@ import torch
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
-from twinkle_core.model.base import Model, reject_unknown_kwargs
+from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
@@ -58,6 +58,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     pass, groups of tenants or one by one, whichever measured fastest; see `PassPlanner`), 'mixed' or
     'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap).
     """
+
+    capabilities = ModelCapabilities(mixed_adapters=True, max_adapters=None)
 
     def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: torch.nn.Module | None = None,
                  device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
@@ -255,6 +257,10 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             except Exception as exc:
                 pending.errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
         return _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+
+    def model_info(self) -> dict[str, Any]:
+        """``model_id``, ``max_length`` and ``pass_stats`` (how many passes of each plan the planner ran)."""
+        return {'model_id': self.model_id, 'max_length': self.max_length, 'pass_stats': dict(self.planner.stats)}
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         name = self._name(adapter_name)
