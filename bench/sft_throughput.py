@@ -86,9 +86,12 @@ def raw_step_fn(model_dir: str) -> Callable[[list[dict]], None]:
     return step
 
 
-def twinkle_step_fn(model_dir: str, padding_free: bool) -> Callable[[list[dict]], None]:
+def twinkle_step_fn(model_dir: str, padding_free: bool,
+                    kernels: tuple[str, ...] = ()) -> Callable[[list[dict]], None]:
     from twinkle_transformers.model import TransformersModel
-    model = TransformersModel(model_dir, dtype='float32')
+    model = TransformersModel(model_dir, dtype='float32', kernels=kernels)
+    if kernels:
+        print(f'  kernels {" + ".join(kernels)}: replaced {model.kernels}')
     model.add_adapter_to_model('default', LORA)
     model.set_processor('CausalLMProcessor', padding_free=padding_free)
     model.set_optimizer('AdamW', lr=LR)
@@ -117,15 +120,22 @@ def main() -> None:
         'TransformersModel (padded)': twinkle_step_fn(model_dir, padding_free=False),
         'TransformersModel (padding-free)': twinkle_step_fn(model_dir, padding_free=True),
     }
+    rates = time_interleaved(variants, batches, args.warmup, args.steps, args.rounds)
+    report(rates, next(iter(variants)))
+
+
+def time_interleaved(variants: dict[str, Callable[[list[dict]], None]], batches: list[list[dict]], warmup: int,
+                     steps: int, rounds: int) -> dict[str, list[float]]:
+    """Real tokens/s of each variant per round: `warmup` untimed batches each, then `rounds` rounds of `steps`
+    batches, every variant on the same batches, the order rotated each round."""
     names = list(variants)
     for name in names:  # warmup: allocator, kernels, first-call caches
-        for b in batches[:args.warmup]:
+        for b in batches[:warmup]:
             variants[name](b)
-
     rates: dict[str, list[float]] = {name: [] for name in names}
-    progress = tqdm(total=args.rounds * len(names), desc='rounds x variants')
-    for r in range(args.rounds):
-        timed = batches[args.warmup + r * args.steps: args.warmup + (r + 1) * args.steps]
+    progress = tqdm(total=rounds * len(names), desc='rounds x variants')
+    for r in range(rounds):
+        timed = batches[warmup + r * steps: warmup + (r + 1) * steps]
         tokens = sum(sum(len(row['input_ids']) for row in b) for b in timed)
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order every round
             start = time.perf_counter()
@@ -134,8 +144,7 @@ def main() -> None:
             rates[name].append(tokens / (time.perf_counter() - start))
             progress.update(1)
     progress.close()
-
-    report(rates, names[0])
+    return rates
 
 
 def report(rates: dict[str, list[float]], baseline: str) -> None:

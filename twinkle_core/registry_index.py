@@ -5,7 +5,8 @@ distribution providing it via entry points) or ``hub`` + ``revision`` + ``sha256
 The index directory is ``$TWINKLE_REGISTRY_DIR`` if set, else the copy shipped inside an installed wheel
 (``twinkle_core/_registry/``, written at build time by setup.py from the repo's ``registry/``), else the
 ``registry/`` folder of a source checkout (editable installs). ``registry/`` at the repo root is the source of
-truth; never edit the packaged copy.
+truth; never edit the packaged copy. A project adds its own pins (e.g. of hub kernels) in lock files named by
+``$TWINKLE_LOCK_FILE`` (`lock_files`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from typing import Any
 
 from twinkle_core.errors import DistributionNotInstalledError, TwinkleError
 
+LOCK_ENV = 'TWINKLE_LOCK_FILE'
+
 
 @dataclass(frozen=True)
 class IndexEntry:
@@ -28,7 +31,14 @@ class IndexEntry:
     hub: str | None = None
     revision: str | None = None
     sha256: str | None = None
+    #: a pin's file-hash map {relative path: sha256} (instead of, or besides, the folder `sha256`)
+    files: dict[str, str] | None = None
     description: str = ''
+
+    @property
+    def is_pin(self) -> bool:
+        """A hub entry that pins a revision and its content (folder sha256 and/or per-file hashes)."""
+        return bool(self.hub and self.revision and (self.sha256 or self.files))
 
     @property
     def provider(self) -> str:
@@ -72,32 +82,47 @@ def index_dir() -> Path | None:
 def _load(directory: str | None) -> tuple[IndexEntry, ...]:
     if directory is None:
         return ()
+    return tuple(e for path in sorted(Path(directory).glob('*.toml')) for e in _load_file(str(path)))
+
+
+@lru_cache(maxsize=32)
+def _load_file(file: str) -> tuple[IndexEntry, ...]:
+    path = Path(file)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TwinkleError(f'registry index file {path} does not exist (named by {LOCK_ENV}?).') from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TwinkleError(f'registry index file {path} is not valid TOML: {exc}') from exc
     out = []
-    for path in sorted(Path(directory).glob('*.toml')):
+    for i, item in enumerate(data.get('component', [])):
         try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise TwinkleError(f'registry index file {path} is not valid TOML: {exc}') from exc
-        for i, item in enumerate(data.get('component', [])):
-            try:
-                entry = IndexEntry(**item)
-            except TypeError as exc:
-                raise TwinkleError(f'{path}: component #{i} is malformed: {exc}') from exc
-            if not entry.name or not entry.kind or bool(entry.distribution) == bool(entry.hub):
-                raise TwinkleError(f'{path}: component #{i} ({entry.name!r}) needs a name, a kind and exactly one '
-                                   f'of "distribution" or "hub".')
-            out.append(entry)
+            entry = IndexEntry(**item)
+        except TypeError as exc:
+            raise TwinkleError(f'{path}: component #{i} is malformed: {exc}') from exc
+        if not entry.name or not entry.kind or bool(entry.distribution) == bool(entry.hub):
+            raise TwinkleError(f'{path}: component #{i} ({entry.name!r}) needs a name, a kind and exactly one '
+                               f'of "distribution" or "hub".')
+        out.append(entry)
     return tuple(out)
+
+
+def lock_files() -> list[str]:
+    """The user's lock files (``$TWINKLE_LOCK_FILE``, several separated by ``os.pathsep``): more pins, in the
+    index's ``[[component]]`` format (what ``twinkle hub hash FOLDER --repo REF`` prints), read after registry/."""
+    return [f for f in os.environ.get(LOCK_ENV, '').split(os.pathsep) if f]
 
 
 def refresh() -> None:
     """Forget the parsed index (e.g. after editing registry/ or changing $TWINKLE_REGISTRY_DIR's content)."""
     _load.cache_clear()
+    _load_file.cache_clear()
 
 
 def entries(kind: str | None = None) -> list[IndexEntry]:
     d = index_dir()
-    return [e for e in _load(str(d) if d else None) if kind is None or e.kind == kind]
+    found = [*_load(str(d) if d else None), *(e for f in lock_files() for e in _load_file(f))]
+    return [e for e in found if kind is None or e.kind == kind]
 
 
 def lookup(kind: str, name: str) -> IndexEntry | None:

@@ -8,7 +8,7 @@ from typing import Callable
 
 import pytest
 
-from core_helpers import populate_hf_cache, populate_ms_cache
+from twinkle_core.fixtures.hub_cache import populate_hf_cache, populate_ms_cache
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ tests run the same from any working directory.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,36 +33,6 @@ def write_repo(folder: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return folder
-
-
-def populate_hf_cache(cache: Path, repo_id: str, revision: str, src: Path) -> Path:
-    """Lay `src` out as huggingface_hub's cache does: models--org--repo/{refs/<rev>, snapshots/<commit>/<file>
-    -> ../../blobs/<hash>}. Returns the snapshot folder."""
-    repo_dir = cache / ('models--' + repo_id.replace('/', '--'))
-    commit = hashlib.sha1(f'{repo_id}@{revision}:{sorted(p.name for p in src.rglob("*"))}'.encode()).hexdigest()
-    snapshot = repo_dir / 'snapshots' / commit
-    for path in sorted(p for p in src.rglob('*') if p.is_file()):
-        data = path.read_bytes()
-        blob = repo_dir / 'blobs' / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = snapshot / path.relative_to(src)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.exists() or link.is_symlink():
-            link.unlink()
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo_dir / 'refs').mkdir(parents=True, exist_ok=True)
-    (repo_dir / 'refs' / revision).write_text(commit)
-    return snapshot
-
-
-def populate_ms_cache(cache: Path, repo_id: str, revision: str, src: Path) -> Path:
-    """Lay `src` out as modelscope's cache does: models/<org>--<repo>/snapshots/<revision>/<file>."""
-    snapshot = cache / 'models' / repo_id.replace('/', '--') / 'snapshots' / revision
-    if snapshot.exists():
-        shutil.rmtree(snapshot)
-    shutil.copytree(src, snapshot)
-    return snapshot
 
 
 # ---- hub component folders the hub tests publish ----------------------------------------------------------

@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from twinkle_core.fixtures.hub_cache import populate_hf_cache
+
 ALIAS = 'Qwen/Qwen3-0.6B'
-
-
-def populate_hf_cache(cache: Path, repo_id: str, src: Path) -> None:
-    """Lay out `src`'s files as the hub cache entry of `repo_id` (what `HF_HUB_OFFLINE=1` reads)."""
-    commit = '0' * 40
-    repo = cache / f'models--{repo_id.replace("/", "--")}'
-    snap = repo / 'snapshots' / commit
-    snap.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copy(f, snap / f.name)
-    (repo / 'refs').mkdir(exist_ok=True)
-    (repo / 'refs' / 'main').write_text(commit)
 
 
 @pytest.fixture()
@@ -39,7 +27,7 @@ def cookbook_env(tmp_path, tiny_model_dir):
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
     cache = tmp_path / 'hf-cache'
-    populate_hf_cache(cache, ALIAS, Path(tiny_model_dir))
+    populate_hf_cache(cache, ALIAS, 'main', Path(tiny_model_dir))
     running = start_in_thread(ServerConfig(models={ALIAS: str(tiny_model_dir)}, data_dir=str(tmp_path / 'srv'),
                                            port=free_port()))
     key = create_api_key(running.service.store, 'cookbook')

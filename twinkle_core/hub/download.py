@@ -38,8 +38,10 @@ def is_offline(scheme: str) -> bool:
     return any(os.environ.get(f, '').strip().lower() in ('1', 'true', 'yes', 'on') for f in flags)
 
 
-def snapshot(ref: HubRef) -> Path:
+def snapshot(ref: HubRef, repo_type: str = 'model') -> Path:
     """Download (or find in cache) the files of `ref`'s repo at its revision; return the local folder.
+    `repo_type` 'kernel': a Hugging Face kernel repo (cache folder ``kernels--org--repo``); ModelScope keeps
+    kernels in model repos.
 
     Raises `HubError` with the client's reason and what to try next.
     """
@@ -52,7 +54,7 @@ def snapshot(ref: HubRef) -> Path:
         return folder
     offline = is_offline(ref.scheme)
     try:
-        path = _download_ms(ref, offline) if ref.scheme == 'ms' else _download_hf(ref, offline)
+        path = _download_ms(ref, offline) if ref.scheme == 'ms' else _download_hf(ref, offline, repo_type)
     except ImportError as exc:
         raise HubError(f'{SCHEMES[ref.scheme]} downloads need an extra package ({exc}). '
                        f'Run: pip install "twinkle-core[hub]"') from exc
@@ -66,12 +68,12 @@ def snapshot(ref: HubRef) -> Path:
     return Path(path)
 
 
-def _download_hf(ref: HubRef, offline: bool) -> str:
+def _download_hf(ref: HubRef, offline: bool, repo_type: str) -> str:
     from huggingface_hub import snapshot_download
     cache_dir = os.environ.get('HF_HUB_CACHE') or (
         os.path.join(os.environ['HF_HOME'], 'hub') if os.environ.get('HF_HOME') else None)
     return snapshot_download(ref.repo_id, revision=ref.effective_revision, cache_dir=cache_dir,
-                             local_files_only=offline)
+                             local_files_only=offline, repo_type=None if repo_type == 'model' else repo_type)
 
 
 def _download_ms(ref: HubRef, offline: bool) -> str:

@@ -73,6 +73,27 @@ def check_no_bytecode(folder: str | Path, where: str | None = None) -> None:
             f'(or the whole folder {folder}, to download it again).')
 
 
+def file_hashes(folder: str | Path) -> dict[str, str]:
+    """{relative POSIX path: sha256 hex} of every file `folder_sha256` covers: a pin's file-hash map."""
+    root = Path(folder)
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in hashed_files(root)}
+
+
+def check_file_hashes(folder: str | Path, pinned: dict[str, str], where: str) -> None:
+    """Raise `IntegrityError` unless `folder` holds exactly the files of `pinned` with those sha256s, naming
+    every changed, extra and missing file (bytecode is refused first, as by `verified_sha256`)."""
+    check_no_bytecode(folder, where)
+    found = file_hashes(folder)
+    changed = sorted(rel for rel in found.keys() & pinned.keys() if found[rel] != pinned[rel])
+    extra, missing = sorted(found.keys() - pinned.keys()), sorted(pinned.keys() - found.keys())
+    problems = [f'{label}: {", ".join(names)}' for label, names in
+                (('changed', changed), ('not in the pin (extra)', extra), ('missing', missing)) if names]
+    if problems:
+        raise IntegrityError(f'{where}: the files at {folder} do not match their pin ({"; ".join(problems)}). '
+                             f'Nothing was imported. Delete that folder to download it again, or review the '
+                             f'code and re-pin it (`twinkle hub hash <folder> --files`).')
+
+
 def verified_sha256(folder: str | Path, where: str | None = None) -> str:
     """`folder_sha256(folder)` after `check_no_bytecode`: what a folder must pass before its code is imported."""
     root = Path(folder)

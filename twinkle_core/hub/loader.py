@@ -18,7 +18,7 @@ from typing import Any
 from twinkle_core.errors import HubError, IntegrityError, UntrustedRemoteCodeError
 from twinkle_core.hub import download
 from twinkle_core.hub.importer import import_entry, package_name
-from twinkle_core.hub.integrity import verified_sha256
+from twinkle_core.hub.integrity import check_file_hashes, verified_sha256
 from twinkle_core.hub.manifest import check_requirements, read_manifest
 from twinkle_core.hub.ref import HubRef
 
@@ -33,12 +33,12 @@ def find_pin(ref: HubRef) -> Any | None:
     """The registry/ entry pinning `ref`'s repo at `ref`'s revision (or its only pinned revision when `ref` has
     none), or None. Entries without both revision and sha256 are not pins."""
     from twinkle_core import registry_index
-    pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.revision and e.sha256]
+    pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.is_pin]
     if ref.revision is not None:
         pins = [e for e in pins if e.revision == ref.revision]
-    revisions = {(e.revision, e.sha256) for e in pins}
+    revisions = {(e.revision, e.sha256, tuple(sorted((e.files or {}).items()))) for e in pins}
     if len(revisions) > 1:
-        listed = ', '.join(sorted(r for r, _ in revisions))
+        listed = ', '.join(sorted(r for r, *_ in revisions))
         raise HubError(f'registry/ pins {ref.repo_url} at several revisions ({listed}); say which one with '
                        f'"@revision" in the reference.')
     return pins[0] if pins else None
@@ -57,17 +57,31 @@ def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool 
     trusted = trust_remote_code if trust_remote_code is not None else trust_from_env()
     if pin is None and not trusted:
         raise UntrustedRemoteCodeError(
-            f'Refusing to run hub code from {ref}: it is not pinned in registry/ and not trusted. Review the code '
-            f'(`twinkle hub pull {ref}`), then either pin it in registry/ (revision + sha256 from '
-            f'`twinkle hub hash <folder>`) or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).')
-    folder = download.snapshot(ref)
-    sha = verified_sha256(folder, str(ref))
-    if pin is not None and sha != pin.sha256:
+            f'Refusing to run hub code from {ref}: it is not pinned in registry/ or a lock file and not trusted. '
+            f'Review the code (`twinkle hub pull {ref.repo_url}@{ref.effective_revision}'
+            f'{" --kernel" if kind == "kernel" else ""}`), then either pin it -- `twinkle hub hash <folder> --repo '
+            f'{ref.repo_url} --revision {ref.effective_revision}` prints the entry for registry/ or for a lock file '
+            f'named by $TWINKLE_LOCK_FILE -- or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).')
+    folder = download.snapshot(ref, repo_type='kernel' if kind == 'kernel' else 'model')
+    sha = verify_pin(folder, pin, str(ref)) if pin is not None else verified_sha256(folder, str(ref))
+    if kind == 'kernel':  # a kernel repo in the `kernels` library's layout, imported by that library
+        from twinkle_core.kernel.hub import load_layer_kernel
+        return load_layer_kernel(ref, folder, sha)
+    return _import_component(kind, ref, folder, sha)
+
+
+def verify_pin(folder: Path, pin: Any, where: str) -> str:
+    """Check `folder` against `pin` (its file-hash map, then its folder sha256); return the folder's sha256.
+    Raises `IntegrityError` naming what differs; nothing of `folder` is imported before this passes."""
+    if pin.files:
+        check_file_hashes(folder, pin.files, where)
+    sha = verified_sha256(folder, where)
+    if pin.sha256 and sha != pin.sha256:
         raise IntegrityError(
-            f'{ref}: files at {folder} have sha256 {sha}, but registry/ pins {pin.sha256} for revision '
+            f'{where}: files at {folder} have sha256 {sha}, but registry/ pins {pin.sha256} for revision '
             f'{pin.revision}. The download was altered or the pin is stale; re-download (delete that folder) '
             f'or update the pin after reviewing the code.')
-    return _import_component(kind, ref, folder, sha)
+    return sha
 
 
 def _import_component(kind: str, ref: HubRef, folder: Path, sha: str) -> Any:

@@ -9,6 +9,11 @@ Two equivalent forms. One component::
     requires = ["transformers>=4.51"]
 
 or several, each a ``[[component]]`` table with the same keys (top-level ``version``/``requires`` are defaults).
+
+A kernel (kind ``kernel``) lives in the ``kernels`` library's layout (``build/<variant>/<package>/layers.py``); its
+``entry`` is ``layers:<LayerClass>``, ``replaces`` names the layer it stands in for (a class's
+``kernel_layer_name``, e.g. ``RMSNorm``; default: the component's name) and ``decorates`` lists model classes
+to tag with that layer name when their library did not (e.g. ``["Qwen3MLP"]``).
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from twinkle_core.errors import HubError
 
 MANIFEST = 'twinkle.toml'
 _ENTRY = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$')
-_KEYS = {'name', 'kind', 'entry', 'version', 'requires', 'description'}
+_KEYS = {'name', 'kind', 'entry', 'version', 'requires', 'description', 'replaces', 'decorates'}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,12 @@ class ComponentSpec:
     version: str = '0.0.0'
     requires: tuple[str, ...] = ()
     description: str = ''
+    replaces: str = ''  # kernels: the layer name replaced (default: `name`)
+    decorates: tuple[str, ...] = ()  # kernels: model classes tagged with that layer name
+
+    @property
+    def layer_name(self) -> str:
+        return self.replaces or self.name
 
     @property
     def module(self) -> str:
@@ -108,8 +119,17 @@ def _component(table: dict[str, Any], path: Path, index: int) -> ComponentSpec:
     requires = table.get('requires', [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
         raise HubError(f'{where}: requires must be a list of requirement strings like "transformers>=4.51".')
+    replaces, decorates = table.get('replaces', ''), table.get('decorates', [])
+    if ('replaces' in table or 'decorates' in table) and table['kind'] != 'kernel':
+        raise HubError(f'{where}: "replaces" and "decorates" are for kind "kernel" only.')
+    if table['kind'] == 'kernel' and not table['entry'].startswith('layers:'):
+        raise HubError(f'{where}: a kernel\'s entry is "layers:<LayerClass>" (the class in the kernel package\'s '
+                       f'layers module), got {table["entry"]!r}.')
+    if not isinstance(replaces, str) or not isinstance(decorates, list) or \
+            not all(isinstance(d, str) and d for d in decorates):
+        raise HubError(f'{where}: replaces must be a layer name and decorates a list of class names.')
     return ComponentSpec(table['name'], table['kind'], table['entry'], str(table.get('version', '0.0.0')),
-                         tuple(requires), str(table.get('description', '')))
+                         tuple(requires), str(table.get('description', '')), replaces, tuple(decorates))
 
 
 def check_requirements(spec: ComponentSpec, where: str) -> None:

@@ -33,10 +33,13 @@ class Published:
     revision: str
     sha256: str
 
-    def registry_toml(self, names: list[tuple[str, str]]) -> str:
-        """``[[component]]`` tables for registry/ pinning this publication (`names`: (name, kind) pairs)."""
+    def registry_toml(self, names: list[tuple[str, str]], files: dict[str, str] | None = None) -> str:
+        """``[[component]]`` tables for registry/ pinning this publication (`names`: (name, kind) pairs), with
+        the file-hash map `files` (kernels are pinned file by file) when given."""
+        listed = ''.join(f'"{rel}" = "{digest}"\n' for rel, digest in sorted((files or {}).items()))
         return '\n'.join(f'[[component]]\nname = "{n}"\nkind = "{k}"\nhub = "{self.ref.repo_url}"\n'
-                         f'revision = "{self.revision}"\nsha256 = "{self.sha256}"\n' for n, k in names)
+                         f'revision = "{self.revision}"\nsha256 = "{self.sha256}"\n'
+                         + (f'[component.files]\n{listed}' if files else '') for n, k in names)
 
 
 def publish(folder: str | Path, repo: str, *, revision: str | None = None,
@@ -63,7 +66,8 @@ def publish(folder: str | Path, repo: str, *, revision: str | None = None,
             staged = Path(tmp) / 'component'
             _copy_hashed(folder, staged, sha)
             if ref.scheme == 'hf':
-                return _publish_hf(staged, ref, message, sha)
+                kernels_only = all(c.kind == 'kernel' for c in manifest.components)
+                return _publish_hf(staged, ref, message, sha, repo_type='kernel' if kernels_only else None)
             return _publish_ms(staged, ref, message, sha)
     except ImportError as exc:
         raise HubError(f'Publishing needs the hub client ({exc}). Run: pip install "twinkle-core[hub]"') from exc
@@ -81,14 +85,15 @@ def _copy_hashed(folder: Path, dest: Path, sha: str) -> None:
                        f'publish it again.')
 
 
-def _publish_hf(folder: Path, ref: HubRef, message: str, sha: str) -> Published:
+def _publish_hf(folder: Path, ref: HubRef, message: str, sha: str, repo_type: str | None = None) -> Published:
+    """`repo_type` 'kernel': a Hugging Face kernel repo (what the `kernels` library downloads from)."""
     from huggingface_hub import HfApi
     api = HfApi()
-    api.create_repo(ref.repo_id, exist_ok=True)
+    api.create_repo(ref.repo_id, exist_ok=True, repo_type=repo_type)
     if ref.revision:
-        api.create_branch(ref.repo_id, branch=ref.revision, exist_ok=True)
+        api.create_branch(ref.repo_id, branch=ref.revision, exist_ok=True, repo_type=repo_type)
     info = api.upload_folder(repo_id=ref.repo_id, folder_path=str(folder), revision=ref.revision,
-                             commit_message=message, ignore_patterns=IGNORE)
+                             commit_message=message, ignore_patterns=IGNORE, repo_type=repo_type)
     # Pin the immutable commit, not the branch name.
     return Published(ref, str(getattr(info, 'commit_url', info)), getattr(info, 'oid', None) or ref.effective_revision,
                      sha)

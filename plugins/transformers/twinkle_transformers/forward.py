@@ -198,7 +198,9 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss |
     Returns ``target_logps`` [B, T] (log p of ``target_ids``: the next input token, or the label where one is
     set; 0 at row ends and padding), ``logps`` (the same, 0 where ``labels == -100``), ``mask`` (labels != -100),
     ``correct`` (argmax == label, bool, no grad) and ``logits`` when ``loss.needs_logits``. Runs under the
-    caller's grad mode. A loss may set ``chunk_tokens`` (tokens per log-prob chunk).
+    caller's grad mode. A loss may set ``chunk_tokens`` (tokens per log-prob chunk), and one that sets
+    ``logps_from_hidden_states`` may compute them itself: ``logps_from_hidden(hidden, weight, targets) -> (logps,
+    argmax)`` (same contract as `compute_logps_from_hidden`).
     """
     chunk_tokens = getattr(loss, 'chunk_tokens', None)
     needs_logits = bool(getattr(loss, 'needs_logits', False))
@@ -214,7 +216,9 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss |
     if head is not None:
         decoder, weight = head
         hidden = decoder(**model_call_kwargs(batch)).last_hidden_state
-        target_logps, argmax = compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
+        custom = getattr(loss, 'logps_from_hidden', None)  # e.g. a fused (Liger) linear cross-entropy
+        target_logps, argmax = custom(hidden, weight, targets) if custom is not None else \
+            compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
     else:
         logits = model(**model_call_kwargs(batch)).logits
         target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)

@@ -24,13 +24,14 @@ import logging
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
+from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, reject_unknown_kwargs
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
@@ -61,12 +62,16 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         max_length: longest accepted row (default ``config.max_position_embeddings``).
         device_mesh: how ranks train together (DDP / FSDP2 / TP, see `twinkle_transformers.parallel`); default
             the one given to ``twinkle_core.initialize``. Applied once, at `set_optimizer` or the first forward.
+        kernels: layer kernels installed at load for training, by name (``'RMSNorm'``), hub reference
+            (``'hf://org/repo@rev:Layer'``) or `Kernel` (`twinkle_core.kernel.apply_kernels`); `self.kernels`
+            says how many modules each replaced.
         **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes.
     """
 
     def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, attn_implementation: str | None = None,
-                 max_length: int | None = None, device_mesh: Any = None, **from_pretrained_kwargs: Any) -> None:
+                 max_length: int | None = None, device_mesh: Any = None, kernels: Sequence[Any] = (),
+                 **from_pretrained_kwargs: Any) -> None:
         self.model_id = str(model_id)
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
         self._mesh_applied = False
@@ -77,6 +82,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.model: torch.nn.Module = load_causal_lm(self.model_dir, device=self.device, dtype=self.dtype,
                                                      attn_implementation=attn_implementation,
                                                      **from_pretrained_kwargs)
+        self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
         self.adapter_name: str | None = None
@@ -216,7 +222,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         if self.adapter_name is not None:
             adapter = lora_config_json(self.model.peft_config[self.adapter_name])
         return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
-                'dtype': str(self.dtype).removeprefix('torch.'), 'max_length': self.max_length,
+                'dtype': str(self.dtype).removeprefix('torch.'), 'max_length': self.max_length, 'kernels': self.kernels,
                 'attn_implementation': self.model.config._attn_implementation, 'adapter': adapter,
                 **state.describe()}
 

@@ -23,13 +23,14 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
+from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
@@ -56,7 +57,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     Or `model=`: an already loaded causal LM to host the adapters (it is frozen and moved to `device`).
     `pass_strategy`: how a multi-tenant call splits into forward/backward passes -- 'auto' (default: one mixed
     pass, groups of tenants or one by one, whichever measured fastest; see `PassPlanner`), 'mixed' or
-    'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap).
+    'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap). `kernels`: layer
+    kernels installed for training at load (as `TransformersModel`'s; `self.kernels` counts the replacements).
     """
 
     capabilities = ModelCapabilities(mixed_adapters=True, max_adapters=None)
@@ -65,7 +67,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                  device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                  attn_implementation: str | None = None, max_length: int | None = None,
                  pass_strategy: str = 'auto', max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
-                 **from_pretrained_kwargs: Any) -> None:
+                 kernels: Sequence[Any] = (), **from_pretrained_kwargs: Any) -> None:
         self.planner = PassPlanner(pass_strategy, max_pass_tokens=max_pass_tokens)  # checks its arguments first
         if (model_id is None) == (model is None):
             raise InvalidInputError('pass exactly one of model_id= (a path, hub reference or HF id) or model= '
@@ -82,6 +84,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             self.tokenizer = None
             model = model.to(self.device)
         self.model = model
+        self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         self.manager = MultiLoraManager.attach(self.model)
         self.max_length, _ = max_model_length(self.model.config, max_length)
         self.limits = RowLimits(vocab_size=self.model.config.vocab_size, max_length=self.max_length)

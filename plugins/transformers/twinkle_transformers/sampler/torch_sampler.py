@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.sampler.codec import TextCodec
+from twinkle_core.kernel import apply_kernels
 from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
                                          sequence_seed)
 from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
@@ -43,14 +44,21 @@ class TorchSampler(Sampler):
     `transformers` model, PEFT model, or a twinkle `TransformersModel` whose weights are shared (no copy).
     `max_batch_size` bounds the number of sequences decoded together (prompts x samples). `fast_decode`: use the
     lean Llama-family decode step where supported (`fast_decode.py`; fuses q/k/v and gate/up weights in place
-    for a model the sampler loaded itself); False always uses the model's HF forward."""
+    for a model the sampler loaded itself); False always uses the model's HF forward. `kernels`: layer kernels
+    installed for inference into a model the sampler loaded itself (`twinkle_core.kernel.apply_kernels`; they run
+    in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements)."""
 
     def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: Any = None, tokenizer: Any = None,
                  template: Any = None, device: str | torch.device | None = None, dtype: Any = None,
-                 max_batch_size: int = 64, fast_decode: bool = True) -> None:
+                 max_batch_size: int = 64, fast_decode: bool = True, kernels: Sequence[Any] = ()) -> None:
         if max_batch_size < 1:
             raise InvalidInputError(f'max_batch_size must be >= 1, got {max_batch_size}.')
         source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+        if kernels and not source.owned:
+            raise InvalidInputError('kernels= needs a model the sampler loads itself (model_id=); this one shares '
+                                    "its module with a training model: install the kernels there instead.")
+        device_type = next(source.module.parameters()).device.type
+        self.kernels = apply_kernels(source.module, kernels, mode='inference', device=device_type)
         self.model_id = source.model_id
         self._model = source.module
         self._owner = source.owner
