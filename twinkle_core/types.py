@@ -108,6 +108,8 @@ class SamplingParams(BaseModel):
     seed: int | None = None
     num_samples: int = Field(default=1, ge=1)
     logprobs: bool = True
+    #: per generated token, also the k most likely tokens with their log-probs (0: none)
+    top_logprobs: int = Field(default=0, ge=0)
     prompt_logprobs: bool = False
 
     @field_validator('top_k')
@@ -131,11 +133,16 @@ class SamplingParams(BaseModel):
 
 
 class SampledSequence(BaseModel):
-    """One generated continuation."""
+    """One generated continuation. `logprobs[t]`: log p of `tokens[t]` (the raw model's, temperature 1).
+    `top_logprobs[t]`: the `SamplingParams.top_logprobs` most likely (token, log p) at step t, most likely first.
+    `new_input_feature`: prompt + completion as a trainable row -- ``input_ids`` and ``labels`` (-100 on the
+    prompt), what `forward_backward` takes (e.g. for GRPO)."""
     tokens: list[int]
     logprobs: list[float] | None = None
     stop_reason: Literal['stop', 'length']
     text: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    new_input_feature: dict[str, list[int]] | None = None
 
 
 class SampleResponse(BaseModel):

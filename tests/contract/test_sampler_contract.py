@@ -74,6 +74,28 @@ def test_logprobs_equal_the_training_forward(sampler, hf_model):
     assert_matches_forward(hf_model, PROMPTS, responses)
 
 
+def test_top_logprobs_and_the_trainable_row_of_each_sample(sampler, hf_model):
+    """`top_logprobs=k`: per generated token the k most likely (token, log p) of the raw model, most likely
+    first; `new_input_feature`: prompt + completion with the prompt masked, what `forward_backward` takes."""
+    responses = sampler.sample(PROMPTS[:2], max_tokens=5, temperature=1.0, seed=3, num_samples=2, top_logprobs=3)
+    for prompt, response in zip(PROMPTS, responses):
+        for seq in response.sequences:
+            full = prompt + seq.tokens
+            with torch.no_grad():
+                logps = hf_model(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+            reference = logps.topk(3, dim=-1)
+            assert len(seq.top_logprobs) == len(seq.tokens)
+            for step, (values, indices) in enumerate(zip(reference.values, reference.indices)):
+                tokens = [t for t, _ in seq.top_logprobs[step]]
+                got = torch.tensor([lp for _, lp in seq.top_logprobs[step]])
+                torch.testing.assert_close(got, values, atol=ATOL, rtol=0)
+                assert tokens == indices.tolist() or torch.allclose(values[:-1], values[1:], atol=ATOL)  # ties
+            assert seq.new_input_feature == {'input_ids': full,
+                                             'labels': [-100] * len(prompt) + seq.tokens}
+    plain = sampler.sample(PROMPTS[:1], max_tokens=2)[0].sequences[0]
+    assert plain.top_logprobs is None and plain.logprobs is not None
+
+
 def test_greedy_tokens_are_the_models_argmax(sampler, hf_model):
     for prompt, response in zip(PROMPTS, sampler.sample(PROMPTS, max_tokens=8, temperature=0.0)):
         expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,

@@ -1,12 +1,12 @@
 """Turn `sample()` inputs into prompt token ids, per-prompt adapter names and `SamplingParams`, validating every
-row. Shared by every sampler so they accept exactly the same inputs."""
+row, and completions into trainable rows. Shared by every sampler so they accept and return exactly the same."""
 from __future__ import annotations
 
 import hashlib
 from typing import Any, Callable, Mapping
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import InputFeature, SamplingParams, Trajectory
+from twinkle_core.types import IGNORE_INDEX, InputFeature, SamplingParams, Trajectory
 
 EncodeChat = Callable[[Trajectory], list[int]]
 
@@ -90,3 +90,9 @@ def sequence_seed(base_seed: int, sample_index: int) -> int:
     random stream, so a seeded sample is reproducible whatever else is batched with it."""
     digest = hashlib.blake2b(f'{base_seed}:{sample_index}'.encode(), digest_size=8).digest()
     return int.from_bytes(digest, 'little') >> 1
+
+
+def completion_feature(prompt: list[int], tokens: list[int]) -> dict[str, list[int]]:
+    """The trainable row of a sampled completion: ``input_ids`` = prompt + completion, ``labels`` the same with
+    the prompt masked (``IGNORE_INDEX``)."""
+    return {'input_ids': list(prompt) + list(tokens), 'labels': [IGNORE_INDEX] * len(prompt) + list(tokens)}

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Mapping
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
-                                          sequence_seed)
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, completion_feature,
+                                          encode_prompt, prompt_rows, sequence_seed)
 from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine import EngineHandle
@@ -186,6 +186,10 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                     f'max_model_len={self.max_model_len}; lower max_tokens to at most '
                     f'{max(self.max_model_len - len(ids), 0)}, shorten the prompt, or raise '
                     "engine_args['max_model_len'].")
+        max_logprobs = self._handle.engine.vllm_config.model_config.max_logprobs
+        if max_logprobs >= 0 and params.top_logprobs > max_logprobs:
+            raise InvalidInputError(f'top_logprobs={params.top_logprobs} is above the engine\'s max_logprobs='
+                                    f'{max_logprobs}; ask for fewer or raise engine_args[\'max_logprobs\'].')
         self._adapters.check_known(adapters)
 
     @staticmethod
@@ -195,7 +199,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         from vllm import SamplingParams as VllmParams
         common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
                       top_k=params.top_k, stop=params.stop_strings() or None,
-                      stop_token_ids=params.stop_token_ids() or None, logprobs=0 if params.logprobs else None,
+                      stop_token_ids=params.stop_token_ids() or None,
+                      logprobs=params.top_logprobs if params.logprobs or params.top_logprobs else None,
                       prompt_logprobs=0 if params.prompt_logprobs else None,
                       # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
                       # only needed to match stop strings
@@ -226,13 +231,23 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 tokens = list(completion.token_ids)
                 logprobs = ([float(step[t].logprob) for t, step in zip(tokens, completion.logprobs)]
                             if params.logprobs else None)
-                sequences.append(SampledSequence(tokens=tokens, logprobs=logprobs,
-                                                 stop_reason=completion.finish_reason, text=self._codec.decode(tokens)))
+                top = ([_ranked(step, params.top_logprobs) for step in completion.logprobs]
+                       if params.top_logprobs else None)
+                sequences.append(SampledSequence(tokens=tokens, logprobs=logprobs, top_logprobs=top,
+                                                 stop_reason=completion.finish_reason, text=self._codec.decode(tokens),
+                                                 new_input_feature=completion_feature(prompt, tokens)))
         prompt_logprobs = None
         if params.prompt_logprobs:
             raw = outputs[0].prompt_logprobs
             prompt_logprobs = [None] + [float(step[t].logprob) for t, step in zip(prompt[1:], raw[1:])]
         return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+
+
+def _ranked(step: dict[int, Any], k: int) -> list[tuple[int, float]]:
+    """vLLM's logprobs of one step (the sampled token and the top k, each with its rank) -> the k most likely
+    (token, log p), most likely first."""
+    ranked = sorted((lp.rank, token, float(lp.logprob)) for token, lp in step.items() if lp.rank <= k)
+    return [(token, logprob) for _, token, logprob in ranked[:k]]
 
 
 def _local_dir(model_id: str | os.PathLike[str]) -> str:

@@ -38,6 +38,7 @@ class PromptJob:
 class Generation:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     stop_reason: StopReason = 'length'
 
 
@@ -64,7 +65,7 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def decode(self, jobs: list[PromptJob], chooser: TokenChooser, stop: StopCondition, *,
-               prompt_logprobs: bool = False) -> list[PromptResult]:
+               prompt_logprobs: bool = False, top_logprobs: int = 0) -> list[PromptResult]:
         device = next(self.model.parameters()).device
         input_ids, mask, positions = _left_pad([j.token_ids for j in jobs], self.pad_token_id, device)
         prompt_len = input_ids.shape[1]
@@ -93,12 +94,15 @@ class BatchDecoder:
             tokens = chooser.choose(logits, rows.generators)
             token_list = tokens.tolist()
             logprob_list = chosen_logprobs(logits, tokens).tolist()
+            top = _top_logprobs(logits, top_logprobs) if top_logprobs else None
             keep: list[int] = []
             for row, seq in enumerate(rows.live):
                 p, s = owner[seq]
                 gen = results[p].generations[s]
                 gen.tokens.append(token_list[row])
                 gen.logprobs.append(logprob_list[row])
+                if top is not None:
+                    gen.top_logprobs.append(top[row])
                 reason = stop.check(gen.tokens)
                 if reason is None:
                     keep.append(row)
@@ -113,6 +117,12 @@ class BatchDecoder:
                 stepper.select(index)
             logits = stepper(tokens, rows.next_pos, rows.adapters)
             rows.next_pos = rows.next_pos + 1
+
+
+def _top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    """Per row, the `k` most likely (token, log p) pairs (raw model, float32), most likely first."""
+    values, indices = logits.float().log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+    return [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
 
 
 @dataclass
