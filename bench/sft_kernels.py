@@ -11,13 +11,12 @@ backward in one forward, per variant.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
 
 import torch
-from sft_throughput import build_batches, report, time_interleaved, twinkle_step_fn
+from sft_throughput import build_batches, parse_args, report, time_interleaved, twinkle_step_fn
 from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
 
 VARIANTS = {'no kernels': (), 'RMSNorm': ('RMSNorm',), 'RMSNorm + SwiGLUMLP': ('RMSNorm', 'SwiGLUMLP')}
@@ -25,20 +24,8 @@ VARIANTS = {'no kernels': (), 'RMSNorm': ('RMSNorm',), 'RMSNorm + SwiGLUMLP': ('
 LIGER = {'Liger RMSNorm + SwiGLUMLP': ('LigerRMSNorm', 'LigerSwiGLUMLP')}
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--model', default='small', help=f'fixture size ({", ".join(SPECS)}) or a model dir')
-    parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--max-turns', type=int, default=8, help='rows have 1..max-turns QA turns')
-    parser.add_argument('--steps', type=int, default=5, help='timed steps per variant per round')
-    parser.add_argument('--warmup', type=int, default=2, help='untimed steps per variant before the first round')
-    parser.add_argument('--rounds', type=int, default=3)
-    parser.add_argument('--seed', type=int, default=0)
-    return parser.parse_args()
-
-
 def main() -> None:
-    args = parse_args()
+    args = parse_args(__doc__.split('\n')[0])
     cache = tempfile.mkdtemp(prefix='twinkle-kernel-cache-')
     os.environ.update(HF_HUB_CACHE=cache, HF_HUB_OFFLINE='1')
     from twinkle_core.fixtures.hub_cache import install_first_party_kernels

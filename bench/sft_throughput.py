@@ -27,8 +27,9 @@ LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}
 LR = 1e-4
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def parse_args(description: str | None = None) -> argparse.Namespace:
+    """The options shared by the SFT benchmarks (`description`: the calling script's)."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split('\n')[0])
     parser.add_argument('--model', default='small', help=f'fixture size ({", ".join(SPECS)}) or a model dir')
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--max-turns', type=int, default=8, help='rows have 1..max-turns QA turns')

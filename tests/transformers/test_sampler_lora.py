@@ -8,29 +8,14 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
 
+from tests.contract.test_sampler_contract import forward_logprobs, peft_adapter
+
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [100, 200, 300, 400, 500, 600, 700]]
-TARGETS = ['q_proj', 'v_proj', 'down_proj']
 
 
 def make_peft(model_dir, seed: int, rank: int = 4):
     """A PEFT model with a random (non-zero) adapter 'default' so it changes the outputs."""
-    import peft
-    from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
-    torch.manual_seed(seed)
-    model = peft.get_peft_model(base, config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if 'lora_B' in name:
-                p.mul_(20.0)  # strong enough to change greedy choices
-    return model
-
-
-def forward_logprobs(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return peft_adapter(model_dir, seed, rank)[0]
 
 
 @pytest.fixture(scope='module')
