@@ -14,8 +14,9 @@ class PluginLoadError(TwinkleError, ImportError):
     """An installed plugin's entry point failed to import."""
 
 
-class DistributionNotInstalledError(ComponentNotFoundError):
-    """A name the curated registry knows, whose providing distribution is not installed."""
+class DistributionNotInstalledError(ComponentNotFoundError, ImportError):
+    """A name the curated registry knows, whose providing distribution is not installed (also an ImportError,
+    so ``from twinkle_core.model import MegatronModel`` fails with the ``pip install`` line)."""
 
 
 class HubError(TwinkleError):

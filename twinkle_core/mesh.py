@@ -17,6 +17,18 @@ from typing import Any, Sequence
 from twinkle_core.errors import MeshError
 
 DIMS: tuple[str, ...] = ('pp', 'dp', 'fsdp', 'cp', 'tp')
+_ALIASES = {'gpu': 'cuda'}  # the Twinkle documents write DeviceGroup(device_type='GPU')
+
+
+def device_type_of(value: str | None) -> str:
+    """A torch device type: `value` lower-cased ('GPU'/'gpu' -> 'cuda'), or when None what this machine has
+    (CUDA when available, else CPU)."""
+    if value is None:
+        import torch
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    if not isinstance(value, str) or not value:
+        raise MeshError(f'device_type must be a device type such as "cpu" or "cuda", got {value!r}.')
+    return _ALIASES.get(value.lower(), value.lower())
 
 
 @dataclass(frozen=True)
@@ -24,13 +36,17 @@ class DeviceMesh:
     """A mesh of `world_size` ranks. Build it with `DeviceMesh.from_sizes(...)`."""
     sizes: dict[str, int]
     ep_size: int = 1
-    device_type: str = 'cpu'
+    device_type: str | None = None  # default: CUDA when available, else CPU (`device_type_of`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, 'device_type', device_type_of(self.device_type))
 
     @classmethod
     def from_sizes(cls, *, dp_size: int | None = None, fsdp_size: int = 1, tp_size: int = 1, pp_size: int = 1,
                    cp_size: int = 1, ep_size: int = 1, world_size: int | None = None,
-                   device_type: str = 'cpu') -> 'DeviceMesh':
-        """Sizes default to 1; `dp_size=None` with `world_size` given takes whatever ranks are left over."""
+                   device_type: str | None = None) -> 'DeviceMesh':
+        """Sizes default to 1; `dp_size=None` with `world_size` given takes whatever ranks are left over.
+        `device_type`: default CUDA when available, else CPU; 'GPU' means 'cuda'."""
         fixed = {'pp': pp_size, 'fsdp': fsdp_size, 'cp': cp_size, 'tp': tp_size}
         for name, size in {**fixed, 'ep': ep_size}.items():
             if not isinstance(size, int) or size < 1:
@@ -146,12 +162,13 @@ class DeviceGroup:
     """A named group of ranks (e.g. 'model' on ranks 0-1, 'sampler' on rank 2) of one device type."""
     name: str
     ranks: list[int] | int
-    device_type: str = 'cpu'
+    device_type: str | None = None  # default: CUDA when available, else CPU; 'GPU' means 'cuda'
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise MeshError('a DeviceGroup needs a name.')
+        object.__setattr__(self, 'device_type', device_type_of(self.device_type))
         ranks = list(range(self.ranks)) if isinstance(self.ranks, int) else list(self.ranks)
         if not ranks or len(set(ranks)) != len(ranks) or min(ranks) < 0:
             raise MeshError(f'DeviceGroup {self.name!r}: ranks must be distinct non-negative ints, got {self.ranks!r}.')

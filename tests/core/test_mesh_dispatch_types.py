@@ -116,3 +116,14 @@ def test_types_validation_errors() -> None:
     assert SamplingParams(stop='</s>').stop_strings() == ['</s>']
     assert SamplingParams(stop=[7, 8]).stop_token_ids() == [7, 8]
     assert SamplingParams(stop=['a', 'b']).stop_token_ids() == []
+
+
+def test_device_type_defaults_to_the_machine_and_gpu_means_cuda():
+    import torch
+    machine = 'cuda' if torch.cuda.is_available() else 'cpu'
+    assert DeviceMesh.from_sizes(dp_size=2).device_type == machine
+    assert DeviceGroup('model', 2).device_type == machine
+    assert DeviceGroup('sampler', [2], device_type='GPU').device_type == 'cuda'  # the Twinkle documents' spelling
+    assert DeviceMesh.from_sizes(device_type='CPU').device_type == 'cpu'
+    with pytest.raises(MeshError, match='device_type must be'):
+        DeviceGroup('model', 1, device_type='')

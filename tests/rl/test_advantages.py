@@ -63,3 +63,22 @@ def test_resolve_by_name_and_unknown_names():
         GRPOAdvantage(scale='std')
     with pytest.raises(ComponentNotFoundError):
         resolve('advantage', 'GRPOAdvantag')
+
+
+def test_the_twinkle_documents_call_form():
+    """``advantage_fn(rewards, num_generations=G, scale=...).tolist()``: the scale given per call applies."""
+    from twinkle_core.advantage import GRPOAdvantage, RLOOAdvantage
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    plain = GRPOAdvantage()(rewards, num_generations=3, scale='none')
+    assert plain.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -2 / 3, 1 / 3, 1 / 3])
+    assert GRPOAdvantage(scale='none')(rewards, num_generations=3, scale='group').tolist() == \
+        pytest.approx(GRPOAdvantage()(rewards, group_size=3))
+    assert RLOOAdvantage()(rewards, num_generations=3).tolist() == RLOOAdvantage()(rewards, group_size=3)
+    with pytest.raises(TypeError, match=r'exactly once \(both given\)'):
+        GRPOAdvantage()(rewards, group_size=3, num_generations=3)
+    with pytest.raises(TypeError, match=r'exactly once \(neither given\)'):
+        RLOOAdvantage()(rewards)
+    with pytest.raises(TypeError, match='unexpected keyword'):
+        GRPOAdvantage()(rewards, group_size=3, scale_rewards=True)
+    with pytest.raises(InvalidInputError, match='scale must be'):
+        GRPOAdvantage()(rewards, group_size=3, scale='std')

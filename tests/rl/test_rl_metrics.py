@@ -53,3 +53,19 @@ def test_policy_update_metric_reports_only_what_the_batch_allows():
     metric = PolicyUpdateMetric()
     metric.accumulate({'labels': torch.tensor([[1, 2]])}, {'logps': torch.tensor([[-1.0, -2.0]])})
     assert metric.calculate() == {}
+
+
+def test_completion_reward_metric_takes_named_rewards_as_keywords():
+    """The Twinkle documents' form: ``accumulate(completion_lengths=..., rewards={name: [...]})``."""
+    metric = resolve('metric', 'CompletionRewardMetric')
+    metric.accumulate(completion_lengths=[3, 5, 4, 6], group_size=2,
+                      rewards={'total': [1.0, 1.0, 0.0, 2.0], 'format': [1.0, 1.0, 0.0, 1.0]})
+    out = metric.calculate()
+    assert out['reward/total/mean'] == 1.0 and out['reward/format/max'] == 1.0
+    assert out['completion_length/mean'] == 4.5 and out['reward/zero_std_group_frac'] == 0.5  # from 'total'
+    with pytest.raises(InvalidInputError, match='different lengths'):
+        metric.accumulate(rewards={'total': [1.0], 'format': [1.0, 0.0]})
+    with pytest.raises(InvalidInputError, match="rewards 'format' must be finite"):
+        metric.accumulate(rewards={'total': [1.0], 'format': [float('nan')]})
+    metric.reset()
+    assert metric.calculate() == {}

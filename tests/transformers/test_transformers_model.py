@@ -269,9 +269,9 @@ def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_mod
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
     rows = labelled_rows(2)
     lora_model.set_optimizer('AdamW', lr=1e-3)
-    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['advantages', "
-                                        r"'old_logps'\]; it accepts inputs, adapter_name"):
-        lora_model.forward_backward(inputs=rows, old_logps=[[0.0]], advantages=[1.0])
+    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['ref_logps'\]; "
+                                        r"it accepts inputs, adapter_name, old_logps, advantages, micro_batch_size"):
+        lora_model.forward_backward(inputs=rows, ref_logps=[[0.0]], advantages=[1.0])
     with pytest.raises(TypeError, match=r"forward_only\(\) got unexpected keyword arguments \['temperature'\]"):
         lora_model.forward_only(inputs=rows, temperature=0.7)
     assert all(p.grad is None for p in lora_model.model.parameters() if p.requires_grad)  # nothing ran
@@ -309,3 +309,37 @@ def test_calculate_loss_after_forward_only_is_the_evaluation_loss(lora_model, ti
         multi.add_adapter_to_model(name, dict(r=4))
     got = multi.forward_only(inputs={'a': rows, 'b': rows[:1]})
     assert multi.calculate_loss() == {'a': got['a']['loss'], 'b': got['b']['loss']}
+
+
+def test_the_twinkle_documents_grpo_keywords(tiny_model_dir):
+    """``forward_backward(inputs=rows, old_logps=..., advantages=..., micro_batch_size=...)``: the keywords mean the
+    same as the row fields (identical gradients), and micro-batches give the gradients and loss of one pass."""
+    from twinkle_core.errors import InvalidInputError
+    rows = [{'input_ids': r['input_ids'], 'labels': [-100] * 3 + r['input_ids'][3:]} for r in labelled_rows(4)]
+    completion = [len(r['input_ids']) - 3 for r in rows]
+    old_logps = [[-1.0 - 0.1 * t for t in range(n)] for n in completion]
+    advantages = [1.0, -0.5, 0.25, -1.0]
+
+    def run(inputs, **kwargs):
+        torch.manual_seed(0)
+        model = TransformersModel(tiny_model_dir)
+        model.add_adapter_to_model('tenant', LORA)
+        model.set_loss('GRPOLoss')
+        out = model.forward_backward(inputs=inputs, **kwargs)
+        return out, lora_grads(model.model)
+
+    in_rows = [{**r, 'old_logps': [0.0] * 3 + lp, 'advantage': a} for r, lp, a in zip(rows, old_logps, advantages)]
+    want, want_grads = run(in_rows)
+    got, got_grads = run(rows, old_logps=old_logps, advantages=advantages)
+    assert got['loss'] == want['loss'] and all(torch.equal(got_grads[k], want_grads[k]) for k in want_grads)
+    micro, micro_grads = run(rows, old_logps=old_logps, advantages=advantages, micro_batch_size=3)
+    assert micro['loss'] == pytest.approx(want['loss'], rel=1e-5) and len(micro['logprobs']) == 4
+    for key, grad in want_grads.items():
+        torch.testing.assert_close(micro_grads[key], grad, atol=1e-6, rtol=1e-4, msg=key)
+    assert any(g.abs().max() > 0 for g in want_grads.values())
+    with pytest.raises(InvalidInputError, match='old_logps= has 1 entries for 4 rows'):
+        run(rows, old_logps=old_logps[:1])
+    with pytest.raises(InvalidInputError, match="row 0 already has 'advantage'"):
+        run(in_rows, advantages=advantages)
+    with pytest.raises(InvalidInputError, match='micro_batch_size must be an int >= 1'):
+        run(rows, micro_batch_size=0)

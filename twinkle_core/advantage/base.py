@@ -5,10 +5,26 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 
+class Advantages(list):
+    """One advantage per completion (a list); ``tolist()`` returns a plain copy, as a tensor or array would."""
+
+    def tolist(self) -> list[float]:
+        return list(self)
+
+
+def group_size_of(group_size: int | None, num_generations: int | None, who: str) -> int:
+    """The group size, given as ``group_size=`` or (the Twinkle documents' spelling) ``num_generations=``."""
+    if (group_size is None) == (num_generations is None):
+        raise TypeError(f'{who}() takes the number of completions per prompt as group_size= (or num_generations=), '
+                        f'exactly once ({"both" if group_size is not None else "neither"} given).')
+    return group_size if group_size is not None else num_generations  # type: ignore[return-value]
+
+
 class Advantage(ABC):
     @abstractmethod
-    def __call__(self, rewards: Sequence[float], *, group_size: int, **kwargs: Any) -> list[float]:
-        """`rewards` are ordered group by group (`group_size` completions per prompt); returns len(rewards)."""
+    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None, **kwargs: Any) -> list[float]:
+        """`rewards` are ordered group by group (`group_size` completions per prompt, also spelled
+        ``num_generations=``); returns len(rewards) advantages."""
 
     @classmethod
     def from_callable(cls, fn: Callable[..., list[float]], **init_args: Any) -> 'Advantage':

@@ -10,7 +10,7 @@ import math
 from statistics import fmean, stdev
 from typing import Any, Literal, Sequence
 
-from twinkle_core.advantage.base import Advantage
+from twinkle_core.advantage.base import Advantage, Advantages, group_size_of
 from twinkle_core.errors import InvalidInputError
 
 GRPOScale = Literal['group', 'batch', 'none']
@@ -42,33 +42,42 @@ class GRPOAdvantage(Advantage):
     """
 
     def __init__(self, scale: GRPOScale = 'group', epsilon: float = 1e-6) -> None:
-        if scale not in ('group', 'batch', 'none'):
-            raise InvalidInputError(f"GRPOAdvantage: scale must be 'group', 'batch' or 'none', got {scale!r}.")
+        self.scale, self.epsilon = _check_scale(scale), float(epsilon)
         if epsilon < 0:
             raise InvalidInputError(f'GRPOAdvantage: epsilon must be >= 0, got {epsilon}.')
-        self.scale, self.epsilon = scale, float(epsilon)
 
-    def __call__(self, rewards: Sequence[float], *, group_size: int, **kwargs: Any) -> list[float]:
-        groups = split_groups(rewards, group_size, 'GRPOAdvantage')
-        batch_std = stdev([r for g in groups for r in g]) if self.scale == 'batch' else 0.0
-        out: list[float] = []
+    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None, num_generations: int | None = None,
+                 scale: GRPOScale | None = None) -> Advantages:
+        """`scale` overrides the constructor's for this call (the Twinkle documents pass it here)."""
+        scale = _check_scale(scale) if scale is not None else self.scale
+        groups = split_groups(rewards, group_size_of(group_size, num_generations, 'GRPOAdvantage'), 'GRPOAdvantage')
+        batch_std = stdev([r for g in groups for r in g]) if scale == 'batch' else 0.0
+        out = Advantages()
         for group in groups:
             mean = fmean(group)
-            if self.scale == 'none':
+            if scale == 'none':
                 denominator = 1.0
             else:
                 # std == 0 means every reward in scope is equal, so the numerator is 0 too
-                denominator = (stdev(group) if self.scale == 'group' else batch_std) + self.epsilon or 1.0
+                denominator = (stdev(group) if scale == 'group' else batch_std) + self.epsilon or 1.0
             out.extend((r - mean) / denominator for r in group)
         return out
+
+
+def _check_scale(scale: Any) -> GRPOScale:
+    if scale not in ('group', 'batch', 'none'):
+        raise InvalidInputError(f"GRPOAdvantage: scale must be 'group', 'batch' or 'none', got {scale!r}.")
+    return scale
 
 
 class RLOOAdvantage(Advantage):
     """REINFORCE leave-one-out: ``A_i = r_i - mean(r_j for j != i in the group) = G/(G-1) * (r_i - mean(group))``."""
 
-    def __call__(self, rewards: Sequence[float], *, group_size: int, **kwargs: Any) -> list[float]:
-        out: list[float] = []
-        for group in split_groups(rewards, group_size, 'RLOOAdvantage'):
+    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None,
+                 num_generations: int | None = None) -> Advantages:
+        size = group_size_of(group_size, num_generations, 'RLOOAdvantage')
+        out = Advantages()
+        for group in split_groups(rewards, size, 'RLOOAdvantage'):
             total = sum(group)
-            out.extend(r - (total - r) / (group_size - 1) for r in group)
+            out.extend(r - (total - r) / (size - 1) for r in group)
         return out

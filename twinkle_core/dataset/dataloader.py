@@ -30,6 +30,7 @@ class DataLoader(metaclass=HostedComponentMeta):
     - Epochs: a loop yields the rest of the current epoch; when it runs to the end the loader moves on to the
       next epoch (new shuffle). Breaking out of a loop keeps the position: the next loop continues there (and
       yields nothing if the epoch's last batch had been taken). `set_epoch(e)` jumps to the start of epoch `e`.
+    - `dataset` may be a function that builds the dataset (called once here: on a remote group, inside it).
     - `state_dict()` records epoch and position; `load_state_dict()` on a loader over the same data resumes with
       exactly the batches that had not been yielded yet, in the same order.
     """
@@ -42,6 +43,8 @@ class DataLoader(metaclass=HostedComponentMeta):
         if min_batch_size is not None and not 1 <= min_batch_size <= batch_size:
             raise InvalidInputError(f'min_batch_size must be between 1 and batch_size={batch_size}, '
                                     f'got {min_batch_size!r}.')
+        if callable(dataset) and not hasattr(dataset, '__len__'):
+            dataset = dataset()  # a factory (the Twinkle documents' form): built here, inside the remote group
         self.dataset, self.batch_size = dataset, batch_size
         self.shuffle, self.seed, self.drop_last, self.collate = shuffle, seed, drop_last, collate
         self._min_batch_size = min_batch_size

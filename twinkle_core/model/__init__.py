@@ -2,6 +2,8 @@
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.model.base import Model, ModelCapabilities
 
-__all__ = ['Model', 'ModelCapabilities']
+TwinkleModel = Model  # the Twinkle documents' name of the interface
+
+__all__ = ['Model', 'ModelCapabilities', 'TwinkleModel']
 
 __getattr__ = kind_getattr('model', __name__)

@@ -93,6 +93,9 @@ class TrainState:
         self.specs['loss'] = {'name': _spec_name(loss), 'kwargs': kwargs}
 
     def set_processor(self, processor: Any, **kwargs: Any) -> None:
+        from twinkle_core.processor import InputProcessor
+        if processor is InputProcessor:  # the interface itself (the Twinkle documents pass it): the default one
+            processor = 'InputProcessor'
         self.processor = resolve('processor', processor, **kwargs)
         self.specs['processor'] = {'name': _spec_name(processor), 'kwargs': kwargs}
 

@@ -118,10 +118,12 @@ class TrainStateMethods:
     def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._state(adapter_name).set_processor(processor, **kwargs)
 
-    def set_template(self, template: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Template by name (kind ``template``); named templates get the model's tokenizer by default."""
+    def set_template(self, template: Any, *, adapter_name: str | None = None, model_id: Any = None,
+                     **kwargs: Any) -> None:
+        """Template by name (kind ``template``); named templates get `model_id` (a model dir or tokenizer), by
+        default the model's tokenizer."""
         if isinstance(template, (str, type)):
-            kwargs.setdefault('model_id_or_tokenizer', self.tokenizer or self.model_dir)
+            kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_dir)
         self._state(adapter_name).set_template(template, **kwargs)
 
     # ---- optimizer step and metrics --------------------------------------------------------------------------

@@ -41,7 +41,11 @@ class CausalLMProcessor(InputProcessor):
     """
 
     def __init__(self, padding_free: bool = False, pad_token_id: int = 0, pad_to_multiple_of: int | None = None,
-                 per_row_index_fields: Sequence[str] = ('adapter_index',)) -> None:
+                 per_row_index_fields: Sequence[str] = ('adapter_index',), padding_side: str = 'right') -> None:
+        if padding_side != 'right':
+            raise InvalidInputError(f"padding_side={padding_side!r}: training batches are padded on the right (each "
+                                    f"row's positions start at its first token); use padding_side='right' or "
+                                    f'padding_free=True.')
         self.padding_free = padding_free
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of

@@ -64,12 +64,14 @@ def shutdown() -> None:
 class HostedComponentMeta(ABCMeta):
     """Metaclass of components a runtime may host elsewhere (models, samplers, data loaders)."""
 
-    def __call__(cls, *args: Any, remote_group: str | None = None, lazy_collect: bool = False, **kwargs: Any) -> Any:
+    def __call__(cls, *args: Any, remote_group: str | None = None, lazy_collect: bool | None = None,
+                 **kwargs: Any) -> Any:
         """`remote_group` names the device group to host the component in (ignored by the local runtime);
-        `lazy_collect=True` makes a remote proxy return fetch-on-use results (local calls return values)."""
+        `lazy_collect=True` makes a remote proxy return fetch-on-use results (local calls return values); None: the
+        runtime's default (``initialize(..., lazy_collect=...)``)."""
         runtime = _active
         if remote_group is not None and runtime is not None and runtime.name != 'local':
             device_mesh = kwargs.pop('device_mesh', None)
-            options = {'lazy_collect': True} if lazy_collect else {}
+            options = {'lazy_collect': lazy_collect} if lazy_collect is not None else {}
             return runtime.build(cls, args, kwargs, remote_group=remote_group, device_mesh=device_mesh, **options)
         return super().__call__(*args, **kwargs)

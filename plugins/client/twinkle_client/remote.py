@@ -121,3 +121,4 @@ RemoteSampler = type('RemoteSampler', (_RemoteSampler,), {
 # Twinkle's names for the same proxies (its documents build these classes under the http runtime).
 MultiLoraTransformersModel = RemoteModel
 TorchSampler = RemoteSampler
+vLLMSampler = RemoteSampler  # the server's sampler, whichever it runs (the Twinkle documents' name)

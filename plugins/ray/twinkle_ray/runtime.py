@@ -29,15 +29,19 @@ class RayRuntime(Runtime):
         self.groups: dict[str, Any] = {}  # name -> WorkerGroup
         self._default_mesh: DeviceMesh | None = None
         self._owns_ray = False
+        self._lazy_collect = False
 
     def start(self, *, groups: list[DeviceGroup] | None = None, global_device_mesh: DeviceMesh | None = None,
               address: str | None = None, num_cpus: int | None = None, nproc_per_node: int | None = None,
-              runtime_env: dict[str, Any] | None = None, **ray_init_kwargs: Any) -> None:
+              runtime_env: dict[str, Any] | None = None, lazy_collect: bool = False,
+              **ray_init_kwargs: Any) -> None:
         """Connect to (or start) Ray and register `groups` (their actors start when a component first uses them).
 
         `nproc_per_node` sets each worker's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (torchrun's meaning).
-        `global_device_mesh`, when given, is the default mesh of a group of the same size.
+        `global_device_mesh`, when given, is the default mesh of a group of the same size. `lazy_collect`: the
+        default for components built without their own ``lazy_collect=`` (True: calls return `LazyResult`s).
         """
+        self._lazy_collect = lazy_collect
         import ray
 
         from twinkle_ray.group import WorkerGroup
@@ -59,7 +63,7 @@ class RayRuntime(Runtime):
         self.groups = {g.name: WorkerGroup(g, nproc_per_node=nproc_per_node, env=env) for g in groups}
 
     def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
-              device_mesh: DeviceMesh | None = None, lazy_collect: bool = False) -> Any:
+              device_mesh: DeviceMesh | None = None, lazy_collect: bool | None = None) -> Any:
         """Construct `cls` on every rank of `remote_group` and return its driver-side proxy."""
         if remote_group not in self.groups:
             raise MeshError(f'unknown device group {remote_group!r}; groups are {sorted(self.groups)}. Declare it in '
@@ -70,7 +74,8 @@ class RayRuntime(Runtime):
             device_mesh = self._default_mesh
         group.ensure_started(device_mesh)
         obj_id = group.construct(cls, args, kwargs)
-        return _proxy_class(cls)(group, obj_id, lazy_collect=lazy_collect)
+        lazy = self._lazy_collect if lazy_collect is None else lazy_collect
+        return _proxy_class(cls)(group, obj_id, lazy_collect=lazy)
 
     def group(self, name: str) -> Any:
         """The `WorkerGroup` named `name` (its actors, mesh and placement group)."""

@@ -33,9 +33,10 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, reject_unknown_kwargs
+from twinkle_core.model.row_keywords import micro_batches, with_row_keywords
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
-from twinkle_core.types import as_input_features
+from twinkle_core.types import IGNORE_INDEX, as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel
 from twinkle_transformers.export import WeightExportMethods
@@ -141,13 +142,17 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
     def forward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
-        self._eval_loss = None
         state = self._state(adapter_name)
         self._apply_device_mesh()
-        batch = self._collate(state, inputs)
+        return self._forward_batch(state, self._collate(state, inputs))
+
+    def _forward_batch(self, state: TrainState, batch: dict[str, Any], share: float = 1.0) -> dict[str, Any]:
+        """Forward a collated batch with gradients, pending its loss; `share`: this micro-batch's part of the
+        call's loss (its gradient is scaled by it)."""
+        self._eval_loss = None
         self.model.train()
         outputs = forward_logps(self.model, batch, loss=state.loss)
-        self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None}
+        self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None, 'share': share}
         return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
 
     @remote_method('all', 'mean')
@@ -176,18 +181,44 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         reduction, rows = getattr(state.loss, 'reduction', None), len(pending['batch']['row_lengths'])
         dp_scale = parallel.backward_scale(self.model, reduction, num_loss_tokens=summary['num_loss_tokens'],
                                            num_rows=rows)  # equal to one process over the global batch
-        (result['loss'] * (state.loss_scale() * dp_scale)).backward()
+        (result['loss'] * (state.loss_scale() * dp_scale * pending['share'])).backward()
         summary = parallel.reduce_step_summary(self.model, summary, reduction, num_rows=rows)
         state.record(summary, is_training=True)
         self._pending = None
         return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
 
     @reports_failure('forward_backward')
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md)."""
-        reject_unknown_kwargs('forward_backward', kwargs, ('inputs', 'adapter_name'))
-        logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
-        return {**self.backward(), 'logprobs': logprobs}
+    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, old_logps: Any = None,
+                         advantages: Any = None, micro_batch_size: int | None = None,
+                         **kwargs: Any) -> dict[str, Any]:
+        """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md).
+        `old_logps` / `advantages`: per-row values folded into the rows; `micro_batch_size`: rows per pass, the
+        gradients and loss equal one pass over all rows (`twinkle_core.model.row_keywords`)."""
+        reject_unknown_kwargs('forward_backward', kwargs,
+                              ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
+        if micro_batch_size is None:
+            logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
+            return {**self.backward(), 'logprobs': logprobs}
+        state = self._state(adapter_name)
+        self._apply_device_mesh()
+        chunks = micro_batches(as_input_features(inputs), micro_batch_size)
+        batches = [self._collate(state, chunk) for chunk in chunks]
+        reduction = getattr(state.loss, 'reduction', None)
+        weights = [parallel.loss_weight(reduction, num_loss_tokens=int((b['labels'] != IGNORE_INDEX).sum()),
+                                        num_rows=len(b['row_lengths'])) for b in batches]
+        # a micro-batch's share of the call's loss: 1 each for 'sum', else its part of the tokens (rows)
+        shares = [1.0] * len(batches) if reduction == 'sum' else [w / (sum(weights) or 1.0) for w in weights]
+        logprobs: list[list[float]] = []
+        loss, metrics = 0.0, {}
+        for batch, share in zip(batches, shares):
+            logprobs += self._forward_batch(state, batch, share)['logprobs']
+            out = self.backward()
+            loss += share * out['loss']
+            for name, value in out['metrics'].items():  # averaged over the micro-batches by their share
+                if isinstance(value, (int, float)):
+                    metrics[name] = metrics.get(name, 0.0) + value * share / sum(shares)
+        return {'loss': loss, 'metrics': metrics, 'logprobs': logprobs}
 
     @reports_failure('forward_only')
     def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,

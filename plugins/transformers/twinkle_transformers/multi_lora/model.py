@@ -32,6 +32,7 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.row_keywords import with_row_keywords
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
@@ -145,12 +146,15 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     # ---- training step -------------------------------------------------------------------------------------
     @reports_failure('forward_backward')
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
-                         **kwargs: Any) -> dict[str, Any]:
+                         old_logps: Any = None, advantages: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Forward + loss + backward (gradients accumulate per adapter).
 
         `inputs`: rows of one adapter (with `adapter_name`), rows that each carry an ``adapter_name`` field, or
         ``{adapter_name: rows, ...}`` -- the latter two run all tenants in one pass and return per-tenant results.
+        `old_logps` / `advantages`: per-row values folded into the rows (`twinkle_core.model.row_keywords`).
+        Passes are sized by the planner (`max_pass_tokens`), so there is no `micro_batch_size` here.
         """
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
         return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
 
     @reports_failure('forward_only')
