@@ -107,10 +107,30 @@ class SamplingParams(BaseModel):
     stop: str | list[str] | list[int] | None = None
     seed: int | None = None
     num_samples: int = Field(default=1, ge=1)
-    logprobs: bool = True
+    #: True: `SampledSequence.logprobs` is the log-prob of each sampled token (a float each); an int k (vLLM's
+    #: and the Twinkle documents' form, e.g. ``logprobs=1``): per token a list of (token, log-prob) pairs, the
+    #: sampled token first, then the others among the k most likely; False: none
+    logprobs: bool | int = True
     #: per generated token, also the k most likely tokens with their log-probs (0: none)
     top_logprobs: int = Field(default=0, ge=0)
     prompt_logprobs: bool = False
+
+    @field_validator('logprobs')
+    @classmethod
+    def _logprobs(cls, v: bool | int) -> bool | int:
+        if not isinstance(v, bool) and v < 0:
+            raise ValueError('logprobs must be True/False or a number of log-probs per token >= 0')
+        return v
+
+    @property
+    def logprob_pairs(self) -> int | None:
+        """k when `logprobs` asks for (token, log-prob) pairs (an int, not a bool), else None."""
+        return None if isinstance(self.logprobs, bool) else self.logprobs
+
+    @property
+    def alternatives(self) -> int:
+        """How many most-likely tokens per step a sampler must compute (for `top_logprobs` and pair logprobs)."""
+        return max(self.top_logprobs, self.logprob_pairs or 0)
 
     @field_validator('top_k')
     @classmethod
@@ -133,16 +153,19 @@ class SamplingParams(BaseModel):
 
 
 class SampledSequence(BaseModel):
-    """One generated continuation. `logprobs[t]`: log p of `tokens[t]` (the raw model's, temperature 1).
+    """One generated continuation. `logprobs[t]`: log p of `tokens[t]` (the raw model's, temperature 1) -- or,
+    with ``SamplingParams(logprobs=k)``, the pairs ``[(tokens[t], log p), ...]`` (`SamplingParams.logprobs`).
     `top_logprobs[t]`: the `SamplingParams.top_logprobs` most likely (token, log p) at step t, most likely first.
-    `new_input_feature`: prompt + completion as a trainable row -- ``input_ids`` and ``labels`` (-100 on the
-    prompt), what `forward_backward` takes (e.g. for GRPO)."""
+    `new_input_feature`: the prompt row extended by the completion, trainable: ``input_ids`` = prompt +
+    completion, ``labels`` (-100 on the prompt), the prompt row's other fields (e.g. ``ground_truth``) and, when
+    it had ``messages``, the completion appended as the assistant's message -- what `forward_backward` and the
+    rewards take (GRPO)."""
     tokens: list[int]
-    logprobs: list[float] | None = None
+    logprobs: list[float] | list[list[tuple[int, float]]] | None = None
     stop_reason: Literal['stop', 'length']
     text: str | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    new_input_feature: dict[str, list[int]] | None = None
+    new_input_feature: dict[str, Any] | None = None
 
 
 class SampleResponse(BaseModel):

@@ -96,6 +96,35 @@ def test_top_logprobs_and_the_trainable_row_of_each_sample(sampler, hf_model):
     assert plain.top_logprobs is None and plain.logprobs is not None
 
 
+def test_logprobs_k_gives_the_twinkle_documents_pairs(sampler):
+    """``SamplingParams(logprobs=k)`` (vLLM's and the Twinkle documents' form): per token ``[(sampled, lp), ...]``
+    then the others among the k most likely; ``[lp[0][1] for lp in seq.logprobs]`` is the float form."""
+    floats, pairs = (sampler.sample(PROMPTS[:1], SamplingParams(max_tokens=6, seed=9, temperature=1.0,
+                                                              logprobs=form, top_logprobs=2))[0].sequences[0]
+                     for form in (True, 2))
+    assert pairs.tokens == floats.tokens
+    assert [lp[0][0] for lp in pairs.logprobs] == pairs.tokens
+    assert [lp[0][1] for lp in pairs.logprobs] == pytest.approx(floats.logprobs, abs=ATOL)
+    for step, top in zip(pairs.logprobs, floats.top_logprobs):
+        others = [t for t, _ in top if t != step[0][0]]
+        assert [t for t, _ in step[1:]] == others and 2 <= len(step) <= 3
+    with pytest.raises(ValueError, match='logprobs must be'):
+        SamplingParams(logprobs=-1)
+
+
+def test_the_trainable_row_carries_the_prompt_rows_fields(sampler, tiny_model_dir):
+    """A Trajectory prompt's sample: its ``ground_truth`` and messages + the completion as the assistant turn,
+    what the rewards read (the Twinkle documents pass ``new_input_feature`` to GSM8K rewards)."""
+    sampler.set_template('Template', model_id=str(tiny_model_dir))  # encodes the Trajectory prompt
+    row = {'messages': [{'role': 'user', 'content': 'What is 2+3?'}], 'ground_truth': '5'}
+    seq = sampler.sample([row], max_tokens=4, temperature=0.0)[0].sequences[0]
+    feature = seq.new_input_feature
+    assert feature['ground_truth'] == '5' and feature['messages'][:1] == row['messages']
+    assert feature['messages'][-1] == {'role': 'assistant', 'content': seq.text}
+    assert feature['input_ids'][-len(seq.tokens):] == seq.tokens
+    assert feature['labels'] == [-100] * (len(feature['input_ids']) - len(seq.tokens)) + seq.tokens
+
+
 def test_greedy_tokens_are_the_models_argmax(sampler, hf_model):
     for prompt, response in zip(PROMPTS, sampler.sample(PROMPTS, max_tokens=8, temperature=0.0)):
         expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,

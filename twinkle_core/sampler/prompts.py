@@ -6,7 +6,7 @@ import hashlib
 from typing import Any, Callable, Mapping
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import IGNORE_INDEX, InputFeature, SamplingParams, Trajectory
+from twinkle_core.types import IGNORE_INDEX, InputFeature, SampledSequence, SamplingParams, Trajectory
 
 EncodeChat = Callable[[Trajectory], list[int]]
 
@@ -92,7 +92,35 @@ def sequence_seed(base_seed: int, sample_index: int) -> int:
     return int.from_bytes(digest, 'little') >> 1
 
 
-def completion_feature(prompt: list[int], tokens: list[int]) -> dict[str, list[int]]:
-    """The trainable row of a sampled completion: ``input_ids`` = prompt + completion, ``labels`` the same with
-    the prompt masked (``IGNORE_INDEX``)."""
-    return {'input_ids': list(prompt) + list(tokens), 'labels': [IGNORE_INDEX] * len(prompt) + list(tokens)}
+#: per-token fields of a prompt row, which do not carry over to its completion's trainable row
+TOKEN_FIELDS = frozenset({'input_ids', 'labels', 'attention_mask', 'position_ids', 'weights', 'old_logps',
+                          'ref_logps', 'advantages', 'advantage'})
+
+
+def completion_feature(row: Any, prompt: list[int], tokens: list[int], text: str | None) -> dict[str, Any]:
+    """The trainable row of a sampled completion: the prompt row's other fields (e.g. ``ground_truth``),
+    ``input_ids`` = prompt + completion, ``labels`` the same with the prompt masked (``IGNORE_INDEX``) and, when
+    the row has ``messages``, the completion `text` appended as the assistant's message."""
+    if isinstance(row, (InputFeature, Trajectory)):
+        row = row.model_dump(exclude_none=True)
+    fields = {k: v for k, v in row.items() if k not in TOKEN_FIELDS} if isinstance(row, dict) else {}
+    if isinstance(fields.get('messages'), list):
+        fields['messages'] = [*fields['messages'], {'role': 'assistant', 'content': text or ''}]
+    return {**fields, 'input_ids': list(prompt) + list(tokens), 'labels': [IGNORE_INDEX] * len(prompt) + list(tokens)}
+
+
+def sampled_sequence(params: SamplingParams, row: Any, prompt: list[int], tokens: list[int], logprobs: list[float],
+                     top: list[list[tuple[int, float]]] | None, stop_reason: str,
+                     text: str | None) -> SampledSequence:
+    """One sample as every sampler returns it. `logprobs`: the sampled tokens' log-probs; `top`: per step the
+    `params.alternatives` most likely (token, log-prob), most likely first (None when none were asked for)."""
+    if params.logprob_pairs is not None:
+        k = params.logprob_pairs
+        shaped: Any = [[(t, lp)] + [pair for pair in (step or [])[:k] if pair[0] != t]
+                       for t, lp, step in zip(tokens, logprobs, top or [[]] * len(tokens))]
+    else:
+        shaped = logprobs if params.logprobs else None
+    return SampledSequence(tokens=tokens, logprobs=shaped, stop_reason=stop_reason, text=text,
+                           top_logprobs=[step[:params.top_logprobs] for step in top] if params.top_logprobs and top
+                           else None,
+                           new_input_feature=completion_feature(row, prompt, tokens, text))

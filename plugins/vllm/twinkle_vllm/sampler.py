@@ -25,9 +25,9 @@ from typing import Any, Iterable, Mapping
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, completion_feature,
-                                          encode_prompt, prompt_rows, sequence_seed)
-from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
+                                          sampled_sequence, sequence_seed)
+from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine import EngineHandle
 from twinkle_vllm.engine_args import engine_args as build_engine_args
@@ -95,7 +95,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         per_prompt: dict[int, list[Any]] = {}
         for (i, _), out in zip(requests, outputs):
             per_prompt.setdefault(i, []).append(out)
-        return [self._response(prompts[i], per_prompt[i], params) for i in range(len(prompts))]
+        return [self._response(rows[i], prompts[i], per_prompt[i], params) for i in range(len(prompts))]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any] | str, *,
                      adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
@@ -187,8 +187,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                     f'{max(self.max_model_len - len(ids), 0)}, shorten the prompt, or raise '
                     "engine_args['max_model_len'].")
         max_logprobs = self._handle.engine.vllm_config.model_config.max_logprobs
-        if max_logprobs >= 0 and params.top_logprobs > max_logprobs:
-            raise InvalidInputError(f'top_logprobs={params.top_logprobs} is above the engine\'s max_logprobs='
+        if max_logprobs >= 0 and params.alternatives > max_logprobs:
+            asked = 'top_logprobs' if params.top_logprobs >= (params.logprob_pairs or 0) else 'logprobs'
+            raise InvalidInputError(f'{asked}={params.alternatives} is above the engine\'s max_logprobs='
                                     f'{max_logprobs}; ask for fewer or raise engine_args[\'max_logprobs\'].')
         self._adapters.check_known(adapters)
 
@@ -200,7 +201,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
                       top_k=params.top_k, stop=params.stop_strings() or None,
                       stop_token_ids=params.stop_token_ids() or None,
-                      logprobs=params.top_logprobs if params.logprobs or params.top_logprobs else None,
+                      logprobs=params.alternatives if params.logprobs is not False or params.top_logprobs else None,
                       prompt_logprobs=0 if params.prompt_logprobs else None,
                       # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
                       # only needed to match stop strings
@@ -222,20 +223,18 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 for out in self._handle.call('sample', lambda llm: llm.generate(
                     batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1], use_tqdm=False))]
 
-    def _response(self, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
+    def _response(self, row: Any, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
         sequences = []
         for out in outputs:
             for completion in out.outputs:
                 if completion.finish_reason not in ('stop', 'length'):
                     raise TwinkleError(f'vLLM ended a sequence with finish_reason={completion.finish_reason!r}.')
                 tokens = list(completion.token_ids)
-                logprobs = ([float(step[t].logprob) for t, step in zip(tokens, completion.logprobs)]
-                            if params.logprobs else None)
-                top = ([_ranked(step, params.top_logprobs) for step in completion.logprobs]
-                       if params.top_logprobs else None)
-                sequences.append(SampledSequence(tokens=tokens, logprobs=logprobs, top_logprobs=top,
-                                                 stop_reason=completion.finish_reason, text=self._codec.decode(tokens),
-                                                 new_input_feature=completion_feature(prompt, tokens)))
+                steps = completion.logprobs or []
+                logprobs = [float(step[t].logprob) for t, step in zip(tokens, steps)]
+                top = [_ranked(step, params.alternatives) for step in steps] if params.alternatives else None
+                sequences.append(sampled_sequence(params, row, prompt, tokens, logprobs, top,
+                                                  completion.finish_reason, self._codec.decode(tokens)))
         prompt_logprobs = None
         if params.prompt_logprobs:
             raw = outputs[0].prompt_logprobs

@@ -28,9 +28,9 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.kernel import apply_kernels
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, completion_feature,
-                                         encode_prompt, prompt_rows, sequence_seed)
-from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
+                                         sampled_sequence, sequence_seed)
+from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
 from twinkle_transformers.sampler.fast_decode import FastDecoder
@@ -98,10 +98,10 @@ class TorchSampler(Sampler):
         with _eval_mode(model):
             for batch in _batches(jobs, self.max_batch_size):
                 outputs = decoder.decode([job for _, job in batch], chooser, stop,
-                                         prompt_logprobs=params.prompt_logprobs, top_logprobs=params.top_logprobs)
+                                         prompt_logprobs=params.prompt_logprobs, top_logprobs=params.alternatives)
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
-        return [self._response(prompts[i], results[i], params) for i in range(len(prompts))]
+        return [self._response(rows[i], prompts[i], results[i], params) for i in range(len(prompts))]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
                      *, adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
@@ -232,15 +232,11 @@ class TorchSampler(Sampler):
             jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter)))
         return jobs
 
-    def _response(self, prompt: list[int], parts: list[PromptResult], params: SamplingParams) -> SampleResponse:
-        sequences = []
-        for part in parts:
-            for gen in part.generations:
-                sequences.append(SampledSequence(tokens=gen.tokens, stop_reason=gen.stop_reason,
-                                                 logprobs=gen.logprobs if params.logprobs else None,
-                                                 top_logprobs=gen.top_logprobs if params.top_logprobs else None,
-                                                 text=self._codec.decode(gen.tokens),
-                                                 new_input_feature=completion_feature(prompt, gen.tokens)))
+    def _response(self, row: Any, prompt: list[int], parts: list[PromptResult],
+                  params: SamplingParams) -> SampleResponse:
+        sequences = [sampled_sequence(params, row, prompt, gen.tokens, gen.logprobs, gen.top_logprobs or None,
+                                      gen.stop_reason, self._codec.decode(gen.tokens))
+                     for part in parts for gen in part.generations]
         return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
 
 
