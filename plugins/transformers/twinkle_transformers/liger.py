@@ -75,8 +75,9 @@ class LigerFusedLinearCrossEntropyLoss(CrossEntropyLoss):
         """(log p of `targets` [...] float32, argmax [...]) from the final hidden states and the output weight;
         0 where `targets` is -100."""
         if not hidden.is_cuda:
-            raise InvalidInputError(f'{type(self).__name__} runs on CUDA models only (Liger is Triton); this model is '
-                                    f'on {hidden.device}. Use ChunkedCrossEntropyLoss for the same memory saving on CPU.')
+            raise InvalidInputError(f'{type(self).__name__} runs on CUDA models only (Liger is Triton); this model '
+                                    f'is on {hidden.device}. Use ChunkedCrossEntropyLoss for the same memory saving '
+                                    f'on CPU.')
         flce = _liger('fused_linear_cross_entropy')
         flat = targets.reshape(-1)
         token_loss, _, _, predicted = flce.LigerFusedLinearCrossEntropyFunction.apply(
