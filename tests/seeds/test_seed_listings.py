@@ -81,3 +81,65 @@ def test_readme_tinker_sft_against_the_service(tmp_path, tiny_model_dir):
         assert loss('twinkle-lora-2') < loss('twinkle-lora-0')
     finally:
         running.stop()
+
+
+@pytest.mark.slow
+def test_twinkle_client_sft_with_a_server_side_dataset(tmp_path, tiny_model_dir):
+    """Best-practices guide 3.1: the native client lists runs and checkpoints, builds the dataset on the server
+    (data from an allowed root, the hosted model's template), trains with gradient accumulation 2 and the split
+    clip/step/zero_grad/lr_step calls, and saves a resumable checkpoint per epoch; the loss falls."""
+    from twinkle_core.fixtures import data_path
+    from twinkle_server import ServerConfig, start_in_thread
+    from twinkle_server.auth import create_api_key
+    from twinkle_server.launch import free_port
+    data = data_path('self_cognition.jsonl')
+    running = start_in_thread(ServerConfig(models={'twinkle/tiny-qwen3': str(tiny_model_dir)},
+                                           data_dir=str(tmp_path / 'srv'), port=free_port(),
+                                           allowed_roots=(str(data.parent),)))
+    try:
+        key = create_api_key(running.service.store, 'seed')
+        env = {'TWINKLE_SEED_BASE_MODEL': 'ms://twinkle/tiny-qwen3', 'TWINKLE_SEED_DATA': str(data),
+               'TWINKLE_SEED_BASE_URL': running.base_url, 'TWINKLE_SEED_API_KEY': key}
+        output = run([sys.executable, str(SEEDS / 'client_sft.py')], tmp_path, env=env)
+        assert "'gradient_accumulation_steps': 2" in output
+        losses = [float(m) for m in re.findall(r"Current is step \d+, loss: [^\n]*?'loss': ([0-9.]+)", output)]
+        assert len(losses) > 10 and sum(losses[-3:]) < sum(losses[:3]), losses
+        saved = re.findall(r'Saved checkpoint: (twinkle://\S+)', output)
+        assert len(saved) == 3
+        # a second run lists what the first saved (the listing's resume hook reads checkpoint.twinkle_path)
+        from twinkle_client import init_twinkle_client
+        client = init_twinkle_client(running.base_url, key)
+        listed = {c.twinkle_path for run_ in client.list_training_runs() for c in client.list_checkpoints(
+            run_.training_run_id)}
+        assert set(saved) <= listed
+    finally:
+        running.stop()
+
+
+def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path, tiny_model_dir):
+    from twinkle_core.dataset import DatasetMeta
+    from twinkle_core.errors import TwinkleError
+    from twinkle_server import ServerConfig, start_in_thread
+    from twinkle_server.auth import create_api_key
+    from twinkle_server.launch import free_port
+    from twinkle_client import init_twinkle_client
+    from twinkle_client.dataset import Dataset
+    secret, allowed = tmp_path / 'secret.jsonl', tmp_path / 'allowed' / 'data.jsonl'
+    allowed.parent.mkdir()
+    for path in (secret, allowed):
+        path.write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
+    running = start_in_thread(ServerConfig(models={'m': str(tiny_model_dir)}, data_dir=str(tmp_path / 'srv'),
+                                           port=free_port(), allowed_roots=(str(allowed.parent),)))
+    try:
+        client = init_twinkle_client(running.base_url, create_api_key(running.service.store, 't'))
+        with pytest.raises(TwinkleError, match='not from another path on the server'):
+            len(Dataset(DatasetMeta(str(secret)), client=client))
+        with pytest.raises(TwinkleError, match='registered component name'):
+            len(Dataset(DatasetMeta(str(allowed)), client=client).map('hf://x/y:Evil'))
+        with pytest.raises(TwinkleError, match="model_id 'nope' is not a base model served here"):
+            len(Dataset(DatasetMeta(str(allowed)), client=client).set_template('Template', model_id='nope'))
+        assert len(Dataset(DatasetMeta(str(allowed)), client=client).set_template('Template').encode()) == 1
+        with pytest.raises(TwinkleError, match='objects cannot travel'):
+            Dataset(DatasetMeta(str(secret)), client=client).map(object())
+    finally:
+        running.stop()

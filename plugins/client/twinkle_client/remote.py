@@ -34,13 +34,16 @@ class _RemoteModel:
         self._adapters: dict[str, str] = {}  # adapter name -> server model id
         self._current: list[str] = []
 
-    def add_adapter_to_model(self, adapter_name: str, config: Any, **kwargs: Any) -> None:
-        """Create adapter `adapter_name` on the server (`config`: a peft `LoraConfig` or dict of its fields)."""
+    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
+                             **kwargs: Any) -> None:
+        """Create adapter `adapter_name` on the server (`config`: a peft `LoraConfig` or dict of its fields;
+        `kwargs` override its fields)."""
         if adapter_name in self._adapters:
             raise InvalidInputError(f'adapter {adapter_name!r} already exists')
         fields = {**(plain(config) or {}), **plain(kwargs)}
         out = self.client.conn.post('/twinkle/v1/models', {'base_model': self.model_id, 'config': fields,
-                                                           'seed': fields.pop('seed', None)})
+                                                           'seed': fields.pop('seed', None),
+                                                           'gradient_accumulation_steps': gradient_accumulation_steps})
         self._adapters[adapter_name] = out['model_id']
 
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,

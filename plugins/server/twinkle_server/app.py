@@ -41,10 +41,12 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
     app = FastAPI(title='twinkle server', lifespan=lifespan)
     _install_error_handlers(app)
     app.add_middleware(RequestGuard)
+    from twinkle_server.native import datasets as native_datasets
     from twinkle_server.native import routes as native
     from twinkle_server.tinker import (routes_checkpoints, routes_futures, routes_sampling, routes_service,
                                        routes_training)
-    for module in (routes_service, routes_training, routes_checkpoints, routes_sampling, routes_futures, native):
+    for module in (routes_service, routes_training, routes_checkpoints, routes_sampling, routes_futures, native,
+                   native_datasets):
         app.include_router(module.router)
     return app
 

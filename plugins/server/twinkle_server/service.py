@@ -84,6 +84,13 @@ class Service:
                                 f'e.g. MultiLoraTransformersModel)')
 
     # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
+    def hosted_name(self, base_model: str) -> str:
+        """The served name `base_model` means: itself, or without an ``ms://`` / ``hf://`` prefix (clients
+        written for the hubs name the hub id of the model this server hosts under that name)."""
+        if base_model not in self.engines and base_model.startswith(('ms://', 'hf://')):
+            return base_model.split('://', 1)[1]
+        return base_model
+
     def engine(self, base_model: str) -> Engine:
         if base_model not in self.engines:
             raise ApiError(404, f'base model {base_model!r} is not served here; available: {sorted(self.engines)}')

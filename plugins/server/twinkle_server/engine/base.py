@@ -31,14 +31,16 @@ class LoraSpec:
     targets: tuple[str, ...]
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    gradient_accumulation_steps: int = 1  # optimizer steps happen on every n-th clip_grad_and_step / step
 
     def as_dict(self) -> dict[str, Any]:
         return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'seed': self.seed,
-                'options': dict(self.options)}
+                'options': dict(self.options), 'gradient_accumulation_steps': self.gradient_accumulation_steps}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> 'LoraSpec':
-        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'), d.get('options') or {})
+        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'), d.get('options') or {},
+                   int(d.get('gradient_accumulation_steps', 1)))
 
     def peft_config(self) -> dict[str, Any]:
         """The adapter as `add_adapter_to_model` config (no dropout unless asked: Tinker trains without)."""

@@ -56,7 +56,8 @@ class TwinkleEngine(Engine):
         with torch.random.fork_rng(devices=[]):  # lora.seed: the same initial weights on every backend
             if lora.seed is not None:
                 torch.manual_seed(lora.seed)
-            self.model.add_adapter_to_model(adapter, lora.peft_config())
+            self.model.add_adapter_to_model(adapter, lora.peft_config(),
+                                            gradient_accumulation_steps=lora.gradient_accumulation_steps)
         self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
                                  adapter_name=adapter)
 

@@ -1,6 +1,7 @@
 """Native API: remote `Model` / `Sampler` method calls, whitelisted from the interface declarations.
 
-    POST /twinkle/v1/models                          {base_model, config, seed?}        -> {model_id}
+    POST /twinkle/v1/models                          {base_model, config, seed?, gradient_accumulation_steps?}
+                                                                                        -> {model_id}
     POST /twinkle/v1/models/load                     {path, load_optimizer}             -> {model_id, base_model}
     POST /twinkle/v1/models/{model_id}/call/{method} {args: [...], kwargs: {...}}       -> {result}
     POST /twinkle/v1/samplers                        {base_model}                       -> {sampler_id}
@@ -51,9 +52,9 @@ async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Ser
     config = body.get('config') or {}
     if not isinstance(config, dict):
         raise bad_request('config must be a JSON object of LoRA fields (r, lora_alpha, target_modules, ...)')
-    lora = _lora_spec(config, body.get('seed'))
+    lora = _lora_spec(config, body.get('seed'), body.get('gradient_accumulation_steps', 1))
     session_id = _native_session(svc, who.name)
-    rid = svc.create_model(who.name, session_id, 0, str(body.get('base_model', '')),
+    rid = svc.create_model(who.name, session_id, 0, svc.hosted_name(str(body.get('base_model', ''))),
                            {'rank': lora.rank, 'seed': lora.seed}, lora=lora)
     result = await _wait(svc, who.name, rid)
     return {'model_id': result['model_id']}
@@ -98,7 +99,9 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
 async def create_sampler(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     body = await json_body(request)
     session_id = _native_session(svc, who.name)
-    sid = svc.create_sampling_session(who.name, session_id, 0, body.get('model_path'), body.get('base_model'))
+    base = body.get('base_model')
+    sid = svc.create_sampling_session(who.name, session_id, 0, body.get('model_path'),
+                                      svc.hosted_name(base) if isinstance(base, str) else base)
     return {'sampler_id': sid}
 
 
@@ -138,7 +141,7 @@ def _native_session(svc: Service, tenant_name: str) -> str:
     return session_id
 
 
-def _lora_spec(config: dict[str, Any], seed: Any) -> LoraSpec:
+def _lora_spec(config: dict[str, Any], seed: Any, accumulation: Any = 1) -> LoraSpec:
     """The adapter exactly as the client asked for it (peft defaults for what it left out: lora_alpha=8,
     target_modules='all-linear'); other LoraConfig fields travel along and are validated by the engine."""
     options = dict(config)
@@ -154,7 +157,9 @@ def _lora_spec(config: dict[str, Any], seed: Any) -> LoraSpec:
         raise bad_request(f'config.target_modules must be "all-linear" or a list of module names, got {targets!r}')
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad_request(f'seed must be an integer, got {seed!r}')
-    return LoraSpec(rank, float(alpha), tuple(targets), seed, options)
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise bad_request(f'gradient_accumulation_steps must be an integer >= 1, got {accumulation!r}')
+    return LoraSpec(rank, float(alpha), tuple(targets), seed, options, accumulation)
 
 
 def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
