@@ -31,7 +31,7 @@ def trust_from_env() -> bool:
 
 def find_pin(ref: HubRef) -> Any | None:
     """The registry/ entry pinning `ref`'s repo at `ref`'s revision (or its only pinned revision when `ref` has
-    none), or None. Entries without both revision and sha256 are not pins."""
+    none), or None. An entry is a pin when it has a revision and a sha256 and/or a file-hash map."""
     from twinkle_core import registry_index
     pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.is_pin]
     if ref.revision is not None:
