@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from dataclasses import asdict
 from statistics import fmean
 from typing import Any
 
@@ -26,12 +27,12 @@ from tqdm import tqdm
 
 import twinkle_core
 from twinkle_core.advantage import GRPOAdvantage
+from twinkle_core.checkpoint_engine import CheckpointEngineManager
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.mesh import DeviceGroup, DeviceMesh
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.types import SamplingParams
-from twinkle_ray.weight_sync import WeightSync
 
 ADAPTER = 'default'
 
@@ -87,7 +88,7 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28, loss_type='grpo')
     sampler_args = {'engine_args': {'max_model_len': 256, 'max_lora_rank': 8}} if sampler_name == 'vLLMSampler' else {}
     sampler = resolve_class('sampler', sampler_name)(model_id=model_dir, remote_group='sampler', **sampler_args)
-    sync = WeightSync(model, sampler)
+    sync = CheckpointEngineManager(model=model, sampler=sampler)  # model and sampler in two Ray groups
     template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     advantage_fn = GRPOAdvantage(scale='group')
     probes = [{'input_ids': template.encode(p, add_generation_prompt=True)['input_ids'] + [10 + i, 20 + i, 30 + i]}
@@ -95,7 +96,7 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
 
     losses, rewards_per_step, syncs = [], [], []
     for step in tqdm(range(steps), desc='GRPO on Ray'):
-        syncs.append(sync.sync_weights())
+        syncs.append(asdict(sync.sync_weights()))
         if step == 0:
             probe_scores_before = sampler_scores(sampler, probes)
         params = SamplingParams(max_tokens=4, temperature=1.0, num_samples=group_size, seed=seed * 1000 + step)
@@ -108,7 +109,7 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
         rewards_per_step.append(fmean(rewards))
 
     # After a sync the sampler runs exactly the trained policy: its log-probs equal the model's.
-    syncs.append(sync.sync_weights())
+    syncs.append(asdict(sync.sync_weights()))
     after = sampler_scores(sampler, probes)
     model_scores = model.forward_only(inputs=probes, compute_loss=False)['logprobs']
     max_diff = max(abs(m - s) for mr, sr in zip(model_scores, after) for m, s in zip(mr[1:], sr[1:]))

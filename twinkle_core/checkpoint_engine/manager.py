@@ -3,6 +3,10 @@
     # one process (the sampler may share the model's base weights)
     CheckpointEngineManager(model=model, sampler=sampler).sync_weights()
 
+    # model and sampler in two device groups of the ray runtime: the same one-line form (the runtime's weight
+    # sync broadcasts from every model rank to every sampler rank; `Runtime.weight_sync`)
+    CheckpointEngineManager(model=model_proxy, sampler=sampler_proxy).sync_weights()
+
     # across processes: the same call on every side, with a cross-process engine
     CheckpointEngineManager(model=model, engine=BroadcastCheckpointEngine(...)).sync_weights()      # every model rank
     CheckpointEngineManager(sampler=sampler, engine=BroadcastCheckpointEngine(...)).sync_weights()  # receiver(s)
@@ -57,7 +61,14 @@ class CheckpointEngineManager:
                  bucket_bytes: int = 256 << 20) -> None:
         if model is None and sampler is None:
             raise InvalidInputError('CheckpointEngineManager needs model=, sampler=, or both.')
-        if model is not None:
+        self._hosted: Any = None  # the runtime's sync, when model and sampler live in two of its device groups
+        if engine is None and model is not None and sampler is not None:
+            from twinkle_core.runtime.context import current_runtime
+            runtime = current_runtime()
+            self._hosted = runtime.weight_sync(model, sampler, adapter_name=adapter_name,
+                                               sampler_adapter_name=sampler_adapter_name,
+                                               bucket_bytes=bucket_bytes) if runtime is not None else None
+        if model is not None and self._hosted is None:
             missing = [m for m in EXPORT_METHODS if not callable(getattr(model, m, None))]
             if missing:
                 raise InvalidInputError(
@@ -78,6 +89,8 @@ class CheckpointEngineManager:
 
     def sync_weights(self, merge_and_sync: bool = False) -> SyncReport:
         """Move the model's current weights into the sampler (see the module docstring for what moves)."""
+        if self._hosted is not None:
+            return SyncReport(**self._hosted.sync_weights(merge_and_sync=merge_and_sync))
         if self.model is None:  # receiving side of a cross-process sync
             return self._apply(self.engine.receive())
         plan = self._plan(merge_and_sync)
@@ -96,6 +109,12 @@ class CheckpointEngineManager:
         if self.sampler is not None:
             self._apply(self.engine.receive())
         return report
+
+    def close(self) -> None:
+        """Release what the manager set up itself (the runtime's side process group between two device groups);
+        an engine passed in stays the caller's to close."""
+        if self._hosted is not None:
+            self._hosted.close()
 
     # ---- model side ----------------------------------------------------------------------------------------
     def _adapter(self) -> str | None:

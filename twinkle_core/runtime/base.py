@@ -17,5 +17,11 @@ class Runtime(ABC):
               device_mesh: Any = None) -> Any:
         """Construct a component of class `cls` (locally, or as a proxy to remote workers)."""
 
+    def weight_sync(self, model: Any, sampler: Any, **options: Any) -> Any | None:
+        """A weight sync between a model and a sampler this runtime hosts apart (an object whose
+        ``sync_weights(merge_and_sync=)`` returns `SyncReport` fields), or None when it does not host them so:
+        `CheckpointEngineManager(model=, sampler=)` then syncs in this process."""
+        return None
+
     def shutdown(self) -> None:
         """Release workers and connections."""

@@ -77,6 +77,15 @@ class RayRuntime(Runtime):
         lazy = self._lazy_collect if lazy_collect is None else lazy_collect
         return _proxy_class(cls)(group, obj_id, lazy_collect=lazy)
 
+    def weight_sync(self, model: Any, sampler: Any, **options: Any) -> Any | None:
+        """`WeightSync` between a model and a sampler hosted in two device groups (broadcast over a side process
+        group; `twinkle_ray.weight_sync`), or None when they are not both Ray proxies."""
+        from twinkle_ray.proxy import ComponentProxy
+        if not (isinstance(model, ComponentProxy) and isinstance(sampler, ComponentProxy)):
+            return None
+        from twinkle_ray.weight_sync import WeightSync
+        return WeightSync(model, sampler, **options)
+
     def group(self, name: str) -> Any:
         """The `WorkerGroup` named `name` (its actors, mesh and placement group)."""
         return self.groups[name]
