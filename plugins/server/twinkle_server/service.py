@@ -22,6 +22,7 @@ from twinkle_server.futures import FutureTable
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
+from twinkle_server.tinker.lora import lora_targets
 
 logger = logging.getLogger(__name__)
 SEEN_PER_MODEL = 4096  # re-posts are retries of recent requests
@@ -157,7 +158,7 @@ class Service:
             raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
         self._check_new_adapter(tenant, rank, base_model)
         if lora is None:
-            lora = LoraSpec(rank, self.config.lora_alpha, _targets(tinker_lora), tinker_lora.get('seed'))
+            lora = LoraSpec(rank, self.config.lora_alpha, lora_targets(tinker_lora), tinker_lora.get('seed'))
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
             return self._repost(tenant, model_id)
@@ -381,23 +382,6 @@ class Service:
             if seen is None or seen < cutoff:
                 logger.info('unloading %s: its session ended or stopped heart-beating', m.model_id)
                 self.unload(m.model_id)
-
-
-_ATTN = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
-_MLP = ('gate_proj', 'up_proj', 'down_proj')
-
-
-def _targets(tinker_lora: dict[str, Any]) -> tuple[str, ...]:
-    targets: tuple[str, ...] = ()
-    if tinker_lora.get('train_attn', True):
-        targets += _ATTN
-    if tinker_lora.get('train_mlp', True):
-        targets += _MLP
-    if tinker_lora.get('train_unembed', True):
-        targets += ('lm_head',)
-    if not targets:
-        raise unprocessable('lora_config must train at least one of attention, MLP or unembedding')
-    return targets
 
 
 def _run_config(m: LiveModel) -> dict[str, Any]:
