@@ -42,3 +42,17 @@ def vllm_sampler(tiny_model_dir):
                       engine_args={'max_model_len': 256, 'max_lora_rank': 16})
     yield sampler
     sampler.shutdown()
+
+
+@pytest.fixture(scope='session')
+def tiny_vl_model_dir() -> Path:
+    """The tiny random-init Qwen3-VL fixture (tokenizer with vision tokens, image processor, weights)."""
+    from twinkle_core.fixtures.tiny_vl_model import ensure_tiny_vl_model
+    return ensure_tiny_vl_model('qwen3_vl')
+
+
+@pytest.fixture(scope='session')
+def tiny_qwen3_5_model_dir() -> Path:
+    """The tiny random-init Qwen3.5 fixture (linear + full attention layers, vision tower)."""
+    from twinkle_core.fixtures.tiny_vl_model import ensure_tiny_vl_model
+    return ensure_tiny_vl_model('qwen3_5')

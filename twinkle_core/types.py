@@ -14,13 +14,22 @@ from twinkle_core.errors import InvalidInputError
 Role = Literal['system', 'user', 'assistant', 'tool']
 #: The label of a position without loss (HF convention; docs/conventions.md). Import it from here.
 IGNORE_INDEX = -100
+#: Row fields of image inputs (a vision template writes them; processors concatenate them over a batch's rows in
+#: order: ``pixel_values`` [patches, dim] and ``image_grid_thw`` [images, 3]).
+IMAGE_ROW_FIELDS = ('pixel_values', 'image_grid_thw')
+#: Per-token integer fields that stay aligned with ``input_ids`` (not shifted like labels): 1 marks image tokens.
+TOKEN_TYPE_FIELD = 'mm_token_type_ids'
 
 
 class Message(BaseModel):
-    """One chat message. `loss` overrides whether an assistant turn is trained on (default: assistant turns are)."""
-    model_config = ConfigDict(extra='allow')
+    """One chat message. `loss` overrides whether an assistant turn is trained on (default: assistant turns are).
+
+    `content` is text, or a list of parts (``{'type': 'text', 'text': ...}``, ``{'type': 'image', 'image': ...}``)
+    for multimodal turns; see `twinkle_core.template.images` for the image layouts a vision template reads.
+    """
+    model_config = ConfigDict(extra='allow', arbitrary_types_allowed=True)
     role: Role
-    content: str
+    content: str | list[dict[str, Any]]
     loss: bool | None = None
 
 
@@ -88,8 +97,10 @@ def as_input_features(batch: Any) -> list[dict[str, Any]]:
 
 
 def _listify(row: dict[str, Any]) -> dict[str, Any]:
-    """Tensors/arrays -> lists for validation only (rows themselves are passed on unchanged)."""
-    return {k: as_list(v) if callable(getattr(v, 'tolist', None)) else v for k, v in row.items()}
+    """The declared fields' tensors/arrays -> lists for validation only (rows themselves are passed on unchanged;
+    extra fields such as ``pixel_values`` are not validated, so they are not converted)."""
+    return {k: as_list(v) if k in InputFeature.model_fields and callable(getattr(v, 'tolist', None)) else v
+            for k, v in row.items()}
 
 
 def as_list(values: Any) -> list[Any]:

@@ -16,7 +16,11 @@ Output batch (every tensor [B, T]; packed batches have B = 1 and hold all rows b
   in both modes;
 - per-row fields: numeric scalars as a [num_rows] tensor, anything else as a list (e.g. ``adapter_name``);
 - ``row_lengths`` (list[int]), ``num_tokens`` (real tokens), ``packed`` (bool); packed batches also carry
-  ``cu_seqlens`` (int32 [num_rows + 1]) and ``max_seqlen``.
+  ``cu_seqlens`` (int32 [num_rows + 1]) and ``max_seqlen``;
+- image rows (from a vision template): ``pixel_values`` and ``image_grid_thw`` concatenated over the rows in
+  order (so the k-th image's patches meet the k-th run of image tokens), ``image_counts`` (images per row) and
+  ``mm_token_type_ids`` [B, T] (long, **not** shifted: 1 on image tokens, 0 on text and padding). Batches
+  without images carry none of these.
 """
 from __future__ import annotations
 
@@ -27,9 +31,10 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.processor.base import InputProcessor
-from twinkle_core.types import IGNORE_INDEX, as_list
+from twinkle_core.types import IGNORE_INDEX, IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD, as_list
 
 INPUT_FIELDS = ('input_ids', 'labels', 'attention_mask', 'position_ids')
+_IMAGE_FIELDS = (*IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD)
 
 
 class CausalLMProcessor(InputProcessor):
@@ -61,6 +66,7 @@ class CausalLMProcessor(InputProcessor):
         else:
             batch = self._pad(rows, lengths, token_fields)
         batch.update(_row_fields(rows, row_fields))
+        batch.update(_image_fields(rows))
         batch.update(row_lengths=lengths, num_tokens=sum(lengths), packed=self.padding_free)
         if device is not None:
             batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -105,7 +111,9 @@ class _Columns:
         self.index_fields = index_fields
         self.present_index_fields: set[str] = set()
         self.cols: dict[str, list[Any]] = {k: [] for k in ('input_ids', 'position_ids', 'labels', 'target_ids',
-                                                            'row_index', *token_fields, *index_fields)}
+                                                            'row_index', TOKEN_TYPE_FIELD, *token_fields,
+                                                            *index_fields)}
+        self.has_token_types = False
 
     def add_row(self, b: int, row: dict[str, Any], n: int) -> None:
         c = self.cols
@@ -118,6 +126,9 @@ class _Columns:
         c['target_ids'] += [lab if lab != IGNORE_INDEX else tok for lab, tok in zip(next_labels, ids[1:])]
         c['target_ids'].append(IGNORE_INDEX)
         c['row_index'] += [b] * n
+        types = row.get(TOKEN_TYPE_FIELD)
+        self.has_token_types |= types is not None
+        c[TOKEN_TYPE_FIELD] += as_list(types) if types is not None else [0] * n
         for name in self.token_fields:
             values = row.get(name)
             c[name] += (as_list(values)[1:] + [0]) if values is not None else [0] * n
@@ -137,13 +148,15 @@ class _Columns:
             c[name] += [IGNORE_INDEX] * n
         for name in ('row_index', *self.index_fields):
             c[name] += [-1] * n
-        for name in self.token_fields:
+        for name in (TOKEN_TYPE_FIELD, *self.token_fields):
             c[name] += [0] * n
 
     def tensors(self, shape: tuple[int, int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, values in self.cols.items():
             if name in self.index_fields and name not in self.present_index_fields:
+                continue
+            if name == TOKEN_TYPE_FIELD and not self.has_token_types:
                 continue
             dtype = torch.float32 if name in self.token_fields else torch.long
             out[name] = torch.tensor(values, dtype=dtype).view(shape)
@@ -170,7 +183,7 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
             raise InvalidInputError(f'Batch row {i} has padding inside (attention_mask contains 0); pass unpadded '
                                     f'rows: the processor pads or packs them.')
         for name, value in row.items():
-            if name in INPUT_FIELDS or name in index_fields or value is None:
+            if name in INPUT_FIELDS or name in index_fields or name in _IMAGE_FIELDS or value is None:
                 continue
             per_token = _is_numeric_sequence(value) and len(value) == n
             if name in token_fields and not per_token:
@@ -185,6 +198,25 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
             else:
                 row_fields.setdefault(name)
     return list(token_fields), list(row_fields)
+
+
+def _image_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``pixel_values`` / ``image_grid_thw`` of every image row, concatenated in row order, and ``image_counts``."""
+    grids = [torch.as_tensor(r['image_grid_thw'], dtype=torch.long).view(-1, 3)
+             if r.get('image_grid_thw') is not None else torch.zeros(0, 3, dtype=torch.long) for r in rows]
+    if not any(len(g) for g in grids):
+        return {}
+    pixels = []
+    for i, (row, grid) in enumerate(zip(rows, grids)):
+        if not len(grid):
+            continue
+        values = torch.as_tensor(row.get('pixel_values'), dtype=torch.float32)
+        if values.dim() != 2 or values.shape[0] != int(grid.prod(-1).sum()):
+            raise InvalidInputError(f'Batch row {i}: pixel_values has shape {tuple(values.shape)} but its '
+                                    f'image_grid_thw {grid.tolist()} needs {int(grid.prod(-1).sum())} patch rows.')
+        pixels.append(values)
+    return {'pixel_values': torch.cat(pixels), 'image_grid_thw': torch.cat(grids),
+            'image_counts': [len(g) for g in grids]}
 
 
 def _row_fields(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:

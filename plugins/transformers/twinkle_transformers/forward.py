@@ -22,8 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.base import Loss
 from twinkle_core.types import IGNORE_INDEX
+from twinkle_transformers import vision
 
 # Tokens per chunk are chosen so that one chunk's fp32 logits take about this many bytes.
 CHUNK_BYTES = 1 << 28
@@ -149,8 +151,8 @@ def compute_logps_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, *
 
 
 # ---- the forward pass -------------------------------------------------------------------------------------
-def model_call_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for a HF causal LM from a collated batch.
+def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """Keyword arguments for a HF causal LM (or, given `model`, a vision-language model) from a collated batch.
 
     Packed batches carry no attention mask: transformers then derives the block-diagonal causal mask from the
     restarting ``position_ids`` (``use_cache=False`` is required for that detection, and right for training).
@@ -165,6 +167,12 @@ def model_call_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
         cu = batch['cu_seqlens'].to(device=batch['input_ids'].device, dtype=torch.int32)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch['max_seqlen'],
                       max_length_k=batch['max_seqlen'])
+    config = getattr(unwrap_causal_lm(model), 'config', None) if model is not None else None
+    if config is not None and vision.is_vision_language(config):
+        return vision.add_vision_inputs(model, config, batch, kwargs)
+    if batch.get('pixel_values') is not None:
+        raise InvalidInputError(f'The batch holds images but {type(unwrap_causal_lm(model)).__name__} is a text-only '
+                                'model; train images on a vision-language model (e.g. Qwen3-VL).')
     return kwargs
 
 
@@ -188,6 +196,8 @@ def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] 
     if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None or post_processed:
         return None
     if type(head.weight.data).__name__ == 'DTensor':  # FSDP/TP: only the root module's forward gathers it
+        return None
+    if vision.is_vision_language(config):  # the decoder alone would not see the images
         return None
     return get_decoder(), head.weight
 
@@ -215,12 +225,12 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss |
     outputs: dict[str, Tensor] = {}
     if head is not None:
         decoder, weight = head
-        hidden = decoder(**model_call_kwargs(batch)).last_hidden_state
+        hidden = decoder(**model_call_kwargs(batch, model)).last_hidden_state
         custom = getattr(loss, 'logps_from_hidden', None)  # e.g. a fused (Liger) linear cross-entropy
         target_logps, argmax = custom(hidden, weight, targets) if custom is not None else \
             compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
     else:
-        logits = model(**model_call_kwargs(batch)).logits
+        logits = model(**model_call_kwargs(batch, model)).logits
         target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)
         with torch.no_grad():
             argmax = logits.argmax(dim=-1)

@@ -15,6 +15,7 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hub.ref import HubRef, is_hub_ref
 from twinkle_transformers import attention
+from twinkle_transformers.vision import is_vision_language, language_config
 
 _DTYPES = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16, 'fp16': torch.float16, 'float16': torch.float16,
            'half': torch.float16, 'fp32': torch.float32, 'float32': torch.float32, 'float': torch.float32}
@@ -51,14 +52,22 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load_causal_lm(model_dir: str, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None,
                    **from_pretrained_kwargs: Any) -> torch.nn.Module:
-    """`AutoModelForCausalLM.from_pretrained` on `device` in `dtype` (KV cache off: this model trains).
+    """`AutoModelForCausalLM.from_pretrained` on `device` in `dtype` (KV cache off: this model trains);
+    vision-language checkpoints load through ``AutoModelForImageTextToText``.
 
     `attn_implementation` None: ``twinkle_sdpa`` (SDPA that attends per sequence in padding-free batches, see
     `twinkle_transformers.attention`) for models that support SDPA, else transformers' default.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     kwargs = dict(from_pretrained_kwargs)
-    if attn_implementation is None and _supports_sdpa(AutoConfig.from_pretrained(model_dir, **_config_kwargs(kwargs))):
+    config = AutoConfig.from_pretrained(model_dir, **_config_kwargs(kwargs))
+    if is_vision_language(config):  # Qwen3-VL, Qwen3.5: image + text in, text out; transformers' attention
+        model = AutoModelForImageTextToText.from_pretrained(
+            model_dir, dtype=dtype, **({'attn_implementation': attn_implementation} if attn_implementation else {}),
+            **kwargs)
+        model.config.use_cache = False
+        return model.to(device)
+    if attn_implementation is None and _supports_sdpa(config):
         attn_implementation = attention.register()
     elif attn_implementation == attention.ATTN_IMPLEMENTATION:
         attention.register()
@@ -96,5 +105,5 @@ def max_model_length(config: Any, override: int | None) -> tuple[int | None, str
     """The longest row the model accepts and where that limit comes from."""
     if override is not None:
         return int(override), 'max_length set on the model'
-    limit = getattr(config, 'max_position_embeddings', None)
+    limit = getattr(language_config(config), 'max_position_embeddings', None)
     return (int(limit), 'config.max_position_embeddings') if limit else (None, 'no limit')

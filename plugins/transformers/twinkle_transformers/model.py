@@ -106,7 +106,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
                                f'one adapter. Use MultiLoraTransformersModel to train several at once.')
         if self.state.optimizer is not None:
             logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
-        self.model = get_peft_model(self.model, lora_config(config, **kwargs), adapter_name=adapter_name)
+        self.model = get_peft_model(self.model, lora_config(config, model=self.model, **kwargs),
+                                    adapter_name=adapter_name)
         self.adapter_name = adapter_name
         self.state = TrainState(adapter_name, self.model.parameters,
                                 gradient_accumulation_steps=gradient_accumulation_steps)

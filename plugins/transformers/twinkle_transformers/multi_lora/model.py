@@ -35,6 +35,7 @@ from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwa
 from twinkle_core.model.row_keywords import with_row_keywords
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
+from twinkle_transformers.vision import language_config
 from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
                                           resolve_dtype, resolve_model_dir)
 from twinkle_transformers.lora import lora_config, lora_config_json
@@ -88,7 +89,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         self.manager = MultiLoraManager.attach(self.model)
         self.max_length, _ = max_model_length(self.model.config, max_length)
-        self.limits = RowLimits(vocab_size=self.model.config.vocab_size, max_length=self.max_length)
+        self.limits = RowLimits(vocab_size=language_config(self.model.config).vocab_size, max_length=self.max_length)
         self.states: dict[str, TrainState] = {}
         self._current: list[str] = []
         self._pending: _Pending | None = None
@@ -99,7 +100,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                              generator: torch.Generator | None = None, **kwargs: Any) -> None:
         """Add LoRA adapter `adapter_name` (a peft `LoraConfig` or dict of its fields; ``target_modules``
         defaults to ``'all-linear'``; kwargs override fields). Weights start like peft's (`generator`: seed them)."""
-        self._add(adapter_name, lora_config(config, **kwargs), gradient_accumulation_steps, generator=generator)
+        self._add(adapter_name, lora_config(config, model=self.model, **kwargs), gradient_accumulation_steps,
+                  generator=generator)
 
     def _add(self, name: str, config: Any, gradient_accumulation_steps: int, **weights: Any) -> None:
         state = TrainState(name, lambda: self.manager.parameters(name),
