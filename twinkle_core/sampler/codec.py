@@ -1,9 +1,11 @@
 """`TextCodec`: how a sampler turns chat prompts into token ids and completions into text -- through a template
-when one is set, else the tokenizer's own chat template. Shared by every sampler so they encode and decode alike."""
+when one is set, else the tokenizer's own chat template. Shared by every sampler so they encode and decode alike.
+Image prompts need a template that encodes images (a `VisionTemplate`); a text-only one refuses them."""
 from __future__ import annotations
 
 from typing import Any
 
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import Trajectory
 
 
@@ -29,11 +31,24 @@ class TextCodec:
 
     def encode_chat(self, trajectory: Trajectory) -> list[int]:
         """Prompt ids of a Trajectory, generation prompt added."""
+        return self.encode_chat_row(trajectory)['input_ids']
+
+    def encode_chat_row(self, trajectory: Trajectory) -> dict[str, Any]:
+        """The encoded prompt of a Trajectory, generation prompt added: ``input_ids`` plus, from a vision template,
+        the image fields (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``). A trajectory with images
+        and a template that drops them raises `InvalidInputError`."""
         if self.template is not None:
-            return list(self.template.encode(trajectory, add_generation_prompt=True)['input_ids'])
-        messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
-        return list(self.tokenizer.apply_chat_template(messages, tools=trajectory.tools, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
+            row = dict(self.template.encode(trajectory, add_generation_prompt=True))
+            row['input_ids'] = list(row['input_ids'])
+        else:
+            messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
+            row = {'input_ids': list(self.tokenizer.apply_chat_template(
+                messages, tools=trajectory.tools, add_generation_prompt=True, tokenize=True, return_dict=False))}
+        if row.get('pixel_values') is None and _has_images(trajectory):
+            used = type(self.template).__name__ if self.template is not None else "the tokenizer's chat template"
+            raise InvalidInputError(f'The prompt has images but {used} encodes text only; set a vision template '
+                                    "(sampler.set_template('VisionTemplate')) on a vision-language model.")
+        return row
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str | None:
         """Text of `token_ids` (None without a template or tokenizer)."""
@@ -42,3 +57,11 @@ class TextCodec:
         if self.tokenizer is not None:
             return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
         return None
+
+
+def _has_images(trajectory: Trajectory) -> bool:
+    """Whether `trajectory` holds images (an ``images`` list, or image parts in a message's content)."""
+    if getattr(trajectory, 'images', None):
+        return True
+    return any(isinstance(m.content, list) and any(isinstance(part, dict) and part.get('type') in ('image', 'image_url')
+                                                   for part in m.content) for m in trajectory.messages)

@@ -1,14 +1,24 @@
-"""Turn `sample()` inputs into prompt token ids, per-prompt adapter names and `SamplingParams`, validating every
-row, and completions into trainable rows. Shared by every sampler so they accept and return exactly the same."""
+"""Turn `sample()` inputs into prompt token ids (plus image inputs), per-prompt adapter names and `SamplingParams`,
+validating every row, and completions into trainable rows. Shared by every sampler so they accept and return
+exactly the same.
+
+Image prompts: a Trajectory with images (encoded by a vision template) or an encoded row carrying
+``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (`IMAGE_FIELDS`). `encode_prompt_row` keeps those
+fields next to the ids; `completion_feature` carries them into the trainable row of each completion.
+"""
 from __future__ import annotations
 
 import hashlib
 from typing import Any, Callable, Mapping
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import IGNORE_INDEX, InputFeature, SampledSequence, SamplingParams, Trajectory
+from twinkle_core.types import (IGNORE_INDEX, IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD, InputFeature, SampledSequence,
+                                SamplingParams, Trajectory, as_list)
 
-EncodeChat = Callable[[Trajectory], list[int]]
+#: What a chat encoder returns for a Trajectory: its prompt ids, or an encoded row (``input_ids`` + image fields).
+EncodeChat = Callable[[Trajectory], 'list[int] | Mapping[str, Any]']
+#: Fields of an encoded image prompt that belong with its ids: the images' patches, grids and token types.
+IMAGE_FIELDS = (*IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD)
 
 
 def prompt_rows(inputs: Any) -> list[Any]:
@@ -27,7 +37,14 @@ def prompt_rows(inputs: Any) -> list[Any]:
 
 
 def encode_prompt(row: Any, index: int, encode_chat: EncodeChat | None) -> list[int]:
-    """Token ids of prompt `index`. Trajectories are encoded with the chat template (generation prompt added)."""
+    """Token ids of prompt `index` (see `encode_prompt_row`)."""
+    return encode_prompt_row(row, index, encode_chat)['input_ids']
+
+
+def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> dict[str, Any]:
+    """Prompt `index` as ``{'input_ids': [...]}`` plus, for an image prompt, its `IMAGE_FIELDS` (validated: all
+    three present, ``mm_token_type_ids`` one per token). Trajectories are encoded with `encode_chat` (the
+    template; generation prompt added)."""
     if isinstance(row, InputFeature):
         row = row.model_dump(exclude_none=True)
     if isinstance(row, dict) and 'messages' in row and 'input_ids' not in row:
@@ -39,8 +56,9 @@ def encode_prompt(row: Any, index: int, encode_chat: EncodeChat | None) -> list[
         if encode_chat is None:
             raise InvalidInputError(f'Prompt {index} is a Trajectory but the sampler has no template or tokenizer; '
                                     'call `sampler.set_template(...)` or pass input_ids.')
-        ids = encode_chat(row)
-    elif isinstance(row, dict):
+        encoded = encode_chat(row)
+        row = dict(encoded) if isinstance(encoded, Mapping) else {'input_ids': encoded}
+    if isinstance(row, dict):
         ids = row.get('input_ids')
         ids = ids.tolist() if hasattr(ids, 'tolist') else ids
     elif isinstance(row, (list, tuple)):
@@ -52,7 +70,22 @@ def encode_prompt(row: Any, index: int, encode_chat: EncodeChat | None) -> list[
         raise InvalidInputError(f'Prompt {index} is empty; every prompt needs at least one token.')
     if not all(isinstance(t, int) for t in ids):
         raise InvalidInputError(f'Prompt {index}: input_ids must be integers.')
-    return list(ids)
+    return {'input_ids': list(ids), **(_image_fields(row, len(ids), index) if isinstance(row, dict) else {})}
+
+
+def _image_fields(row: dict[str, Any], num_tokens: int, index: int) -> dict[str, Any]:
+    present = [name for name in IMAGE_FIELDS if row.get(name) is not None]
+    if not present:
+        return {}
+    missing = [name for name in IMAGE_FIELDS if name not in present]
+    if missing:
+        raise InvalidInputError(f'Prompt {index} has {present} but not {missing}: an image prompt needs '
+                                f'{list(IMAGE_FIELDS)} together (encode it with a VisionTemplate).')
+    types = [int(t) for t in as_list(row[TOKEN_TYPE_FIELD])]
+    if len(types) != num_tokens:
+        raise InvalidInputError(f'Prompt {index}: {TOKEN_TYPE_FIELD} has {len(types)} values for {num_tokens} '
+                                'tokens; it needs one per token (1 on image tokens).')
+    return {'pixel_values': row['pixel_values'], 'image_grid_thw': row['image_grid_thw'], TOKEN_TYPE_FIELD: types}
 
 
 def row_adapter(row: Any) -> str | None:
@@ -94,26 +127,32 @@ def sequence_seed(base_seed: int, sample_index: int) -> int:
 
 #: per-token fields of a prompt row, which do not carry over to its completion's trainable row
 TOKEN_FIELDS = frozenset({'input_ids', 'labels', 'attention_mask', 'position_ids', 'weights', 'old_logps',
-                          'ref_logps', 'advantages', 'advantage'})
+                          'ref_logps', 'advantages', 'advantage', TOKEN_TYPE_FIELD})
 
 
-def completion_feature(row: Any, prompt: list[int], tokens: list[int], text: str | None) -> dict[str, Any]:
+def completion_feature(row: Any, prompt: list[int], tokens: list[int], text: str | None,
+                       images: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trainable row of a sampled completion: the prompt row's other fields (e.g. ``ground_truth``),
     ``input_ids`` = prompt + completion, ``labels`` the same with the prompt masked (``IGNORE_INDEX``) and, when
-    the row has ``messages``, the completion `text` appended as the assistant's message."""
+    the row has ``messages``, the completion `text` appended as the assistant's message. `images`: the prompt's
+    `IMAGE_FIELDS` (from `encode_prompt_row`), carried over with ``mm_token_type_ids`` extended by zeros."""
     if isinstance(row, (InputFeature, Trajectory)):
         row = row.model_dump(exclude_none=True)
     fields = {k: v for k, v in row.items() if k not in TOKEN_FIELDS} if isinstance(row, dict) else {}
     if isinstance(fields.get('messages'), list):
         fields['messages'] = [*fields['messages'], {'role': 'assistant', 'content': text or ''}]
+    if images:
+        fields.update(pixel_values=images['pixel_values'], image_grid_thw=images['image_grid_thw'])
+        fields[TOKEN_TYPE_FIELD] = list(images[TOKEN_TYPE_FIELD]) + [0] * len(tokens)
     return {**fields, 'input_ids': list(prompt) + list(tokens), 'labels': [IGNORE_INDEX] * len(prompt) + list(tokens)}
 
 
 def sampled_sequence(params: SamplingParams, row: Any, prompt: list[int], tokens: list[int], logprobs: list[float],
                      top: list[list[tuple[int, float]]] | None, stop_reason: str,
-                     text: str | None) -> SampledSequence:
+                     text: str | None, images: Mapping[str, Any] | None = None) -> SampledSequence:
     """One sample as every sampler returns it. `logprobs`: the sampled tokens' log-probs; `top`: per step the
-    `params.alternatives` most likely (token, log-prob), most likely first (None when none were asked for)."""
+    `params.alternatives` most likely (token, log-prob), most likely first (None when none were asked for);
+    `images`: the prompt's image fields (see `completion_feature`)."""
     if params.logprob_pairs is not None:
         k = params.logprob_pairs
         shaped: Any = [[(t, lp)] + [pair for pair in (step or [])[:k] if pair[0] != t]
@@ -123,4 +162,4 @@ def sampled_sequence(params: SamplingParams, row: Any, prompt: list[int], tokens
     return SampledSequence(tokens=tokens, logprobs=shaped, stop_reason=stop_reason, text=text,
                            top_logprobs=[step[:params.top_logprobs] for step in top] if params.top_logprobs and top
                            else None,
-                           new_input_feature=completion_feature(row, prompt, tokens, text))
+                           new_input_feature=completion_feature(row, prompt, tokens, text, images))

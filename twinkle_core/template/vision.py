@@ -29,8 +29,9 @@ class VisionTemplate(ChatTemplate):
     """Chat template with images (see the module docstring for the row layout).
 
     Args:
-        model_id_or_processor: a model directory / ``ms://`` / ``hf://`` reference / HF id holding a tokenizer and
-            an image processor, or a processor object with ``.tokenizer`` and ``.image_processor``.
+        model_id_or_tokenizer: a model directory / ``ms://`` / ``hf://`` reference / HF id holding a tokenizer and
+            an image processor; a processor object with ``.tokenizer`` and ``.image_processor``; or a tokenizer
+            loaded from such a directory (the image processor is read from its ``name_or_path``).
         max_length, truncation_strategy, chat_template_kwargs: as `ChatTemplate`. Truncation never cuts into an
             image: a row whose limit falls inside or before an image raises `InvalidInputError`.
         min_pixels, max_pixels: bounds on each image's area after resizing (default: the image processor's);
@@ -38,13 +39,15 @@ class VisionTemplate(ChatTemplate):
         image_token: the placeholder token that the chat template writes for an image.
     """
 
-    def __init__(self, model_id_or_processor: Any, max_length: int | None = None,
+    def __init__(self, model_id_or_tokenizer: Any, max_length: int | None = None,
                  truncation_strategy: TruncationStrategy = 'right', min_pixels: int | None = None,
                  max_pixels: int | None = None, image_token: str = IMAGE_TOKEN,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        processor = model_id_or_processor
+        processor = model_id_or_tokenizer
         if hasattr(processor, 'image_processor') and hasattr(processor, 'tokenizer'):
             tokenizer, image_processor = processor.tokenizer, processor.image_processor
+        elif hasattr(processor, 'apply_chat_template'):
+            tokenizer, image_processor = processor, load_image_processor(processor.name_or_path)
         else:
             source = resolve_source(processor)
             tokenizer, image_processor = source, load_image_processor(source)

@@ -350,20 +350,24 @@ class Service:
         self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, base, model_path, time.time()))
         return sid
 
-    def sample(self, tenant: str, sampling_session_id: str | None, model_path: str | None, base_model: str | None,
-               job: SampleJob, post: Callable[[Any], Any]) -> str:
+    def sampling_target(self, tenant: str, sampling_session_id: str | None, model_path: str | None,
+                        base_model: str | None) -> tuple[str, str | None]:
+        """(base model, checkpoint path or None) a sample request addresses; 404 for ids it cannot see."""
         if sampling_session_id:
             row = self.store.sampling_session(sampling_session_id, tenant)
             if row is None:
                 raise not_found('sampling session', sampling_session_id)
-            model_path, base = row.model_path, row.base_model
-        elif model_path:
+            return row.base_model, row.model_path
+        if model_path:
             _, ck = self.checkpoint(tenant, model_path)
-            base = self.files.read_meta(ck.directory)['base_model']
-        elif base_model:
-            base = base_model
-        else:
-            raise unprocessable('asample needs sampling_session_id, model_path or base_model')
+            return self.files.read_meta(ck.directory)['base_model'], model_path
+        if base_model:
+            return base_model, None
+        raise unprocessable('asample needs sampling_session_id, model_path or base_model')
+
+    def sample(self, tenant: str, sampling_session_id: str | None, model_path: str | None, base_model: str | None,
+               job: SampleJob, post: Callable[[Any], Any]) -> str:
+        base, model_path = self.sampling_target(tenant, sampling_session_id, model_path, base_model)
         engine = self.engine(base)
         self.quotas.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
         if len(job.prompt) + job.params.max_tokens > engine.max_context_length:

@@ -18,6 +18,7 @@ this module adds the Hugging Face / PEFT weight files.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +66,21 @@ def load_lora_weights(model: Any, adapter_name: str, directory: str | os.PathLik
 
 
 # ---- full weights ------------------------------------------------------------------------------------------
-def save_full(model: Any, tokenizer: Any, directory: Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+#: Files of a model directory that describe its input processing (image processors, processor configs): a full
+#: checkpoint carries them over so that it loads like the original model.
+PROCESSOR_FILES = ('preprocessor_config.json', 'processor_config.json', 'video_preprocessor_config.json')
+
+
+def save_full(model: Any, tokenizer: Any, directory: Path, *, state_dict: dict[str, torch.Tensor] | None = None,
+              source_dir: str | os.PathLike[str] | None = None) -> None:
+    """HF-format weights + config, the tokenizer, and `source_dir`'s processor files (`PROCESSOR_FILES`)."""
     model.save_pretrained(str(directory), safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
+    if source_dir is not None and Path(source_dir).is_dir():
+        for name in PROCESSOR_FILES:
+            if (Path(source_dir) / name).is_file() and not (directory / name).exists():
+                shutil.copyfile(Path(source_dir) / name, directory / name)
 
 
 def load_full_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:

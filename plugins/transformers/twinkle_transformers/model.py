@@ -38,7 +38,7 @@ from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import IGNORE_INDEX, as_input_features
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel
+from twinkle_transformers import parallel, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_transformers.forward import forward_logps
@@ -66,13 +66,16 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         kernels: layer kernels installed at load for training, by name (``'RMSNorm'``), hub reference
             (``'hf://org/repo@rev:Layer'``) or `Kernel` (`twinkle_core.kernel.apply_kernels`); `self.kernels`
             says how many modules each replaced.
-        **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes.
+        freeze_vision_tower: vision-language models only: full fine-tuning leaves the vision encoder as loaded
+            (LoRA never adapts it unless ``target_modules`` asks for ``'vision'`` or ``'all'``).
+        **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes (vision-language
+            checkpoints, e.g. Qwen3-VL or Qwen3.5, load through ``AutoModelForImageTextToText``).
     """
 
     def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, attn_implementation: str | None = None,
                  max_length: int | None = None, device_mesh: Any = None, kernels: Sequence[Any] = (),
-                 **from_pretrained_kwargs: Any) -> None:
+                 freeze_vision_tower: bool = False, **from_pretrained_kwargs: Any) -> None:
         self.model_id = str(model_id)
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
         self._mesh_applied = False
@@ -84,6 +87,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
                                                      attn_implementation=attn_implementation,
                                                      **from_pretrained_kwargs)
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
+        if freeze_vision_tower:
+            vision.freeze_vision_tower(self.model)
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
         self.adapter_name: str | None = None
@@ -292,7 +297,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             if self.adapter_name is not None:
                 ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id, state_dict=gathered)
             else:
-                ckpt.save_full(self.model, self.tokenizer, tmp, state_dict=gathered)
+                ckpt.save_full(self.model, self.tokenizer, tmp, state_dict=gathered, source_dir=self.model_dir)
             ckpt.write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
                                 model_id=self.model_id, step=state.optimizer_steps,
                                 has_training_state=save_optimizer)

@@ -30,31 +30,44 @@ LORA_TARGET_GROUPS = ('language', 'vision', 'all')
 
 
 def lora_target_fields(fields: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
-    """LoRA config `fields` with a target group resolved for `model`.
+    """LoRA config `fields` with target groups resolved for `model`.
 
     On a VL model, ``'all-linear'`` / ``'language'`` adapt the language model's linear layers only (the vision
-    tower excluded), ``'vision'`` the vision tower's only, ``'all'`` both. Explicit module lists and regexes
-    pass unchanged. On a text model every group is ``'all-linear'`` except ``'vision'``, which is an error.
+    tower excluded), ``'vision'`` the vision tower's only, ``'all'`` both. A list may mix groups and module
+    names (``['language', 'lm_head']``); groups in a list become explicit module names. Other module lists and
+    regexes pass unchanged. On a text model every group is ``'all-linear'`` except ``'vision'``, an error.
     """
     target = fields.get('target_modules')
+    if isinstance(target, (list, tuple, set)) and any(str(t).lower() in LORA_TARGET_GROUPS for t in target):
+        names: list[str] = []
+        for item in target:
+            names += _group_modules(model, item.lower()) if str(item).lower() in LORA_TARGET_GROUPS else [item]
+        return {**fields, 'target_modules': list(dict.fromkeys(names))}
     if not isinstance(target, str) or target.lower() not in (*LORA_TARGET_GROUPS, 'all-linear'):
         return fields
     group = target.lower()
-    config = getattr(model, 'config', None)
-    if not is_vision_language(config):
-        if group == 'vision':
-            raise InvalidInputError(f"target_modules='vision' needs a vision-language model; "
-                                    f'{type(model).__name__} has no vision tower.')
-        return {**fields, 'target_modules': 'all-linear'}
-    if group == 'all':
-        return {**fields, 'target_modules': 'all-linear'}
     if group == 'vision':
-        names = [name for name, module in model.named_modules()
-                 if isinstance(module, torch.nn.Linear) and '.visual.' in f'.{name}.']
-        return {**fields, 'target_modules': names}
-    if fields.get('exclude_modules') is not None:
+        return {**fields, 'target_modules': _group_modules(model, group)}
+    if group == 'all' or not is_vision_language(getattr(model, 'config', None)) \
+            or fields.get('exclude_modules') is not None:
         return {**fields, 'target_modules': 'all-linear'}
     return {**fields, 'target_modules': 'all-linear', 'exclude_modules': VISION_TOWER_PATTERN}
+
+
+def _group_modules(model: torch.nn.Module, group: str) -> list[str]:
+    """Names of the linear layers of a target group (the output head is never in one)."""
+    if group == 'vision' and not is_vision_language(getattr(model, 'config', None)):
+        raise InvalidInputError(f"target_modules='vision' needs a vision-language model; "
+                                f'{type(model).__name__} has no vision tower.')
+    head = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        in_vision = '.visual.' in f'.{name}.'
+        if group == 'all' or (group == 'vision') == in_vision:
+            names.append(name)
+    return names
 
 
 def is_vision_language(config: Any) -> bool:

@@ -91,12 +91,19 @@ class AdamStep:
 @dataclass
 class SampleJob:
     """One prompt, `num_samples` continuations, from the adapter saved in `adapter_dir` (a checkpoint
-    directory written by `save_state`) or, when None, the base model."""
+    directory written by `save_state`) or, when None, the base model. A prompt with images has them expanded in
+    `prompt` (image placeholder tokens) and their row fields in `images` (``pixel_values``, ``image_grid_thw``,
+    ``mm_token_type_ids``; see `twinkle_core.template.vision`)."""
     prompt: list[int]
     params: SamplingParams
     num_samples: int = 1
     prompt_logprobs: bool = False
     adapter_dir: str | None = None
+    images: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The prompt as the sampler's input row."""
+        return {'input_ids': self.prompt, **self.images}
 
 
 class Engine(ABC):

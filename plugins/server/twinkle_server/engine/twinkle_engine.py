@@ -172,7 +172,7 @@ class TwinkleEngine(Engine):
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
                 adapters = [None if jobs[i].adapter_dir is None else self._slot(jobs[i].adapter_dir) for i in idx]
-                responses = self.sampler.sample([{'input_ids': jobs[i].prompt} for i in idx], jobs[idx[0]].params,
+                responses = self.sampler.sample([jobs[i].row() for i in idx], jobs[idx[0]].params,
                                                 adapter_name=adapters)
                 for i, r in zip(idx, responses):
                     out[i] = r

@@ -5,6 +5,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 from twinkle_core.types import SampleResponse, SamplingParams
@@ -13,7 +14,7 @@ from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.engine.base import SampleJob
 from twinkle_server.errors import bad_request, not_found, unprocessable
 from twinkle_server.service import Service
-from twinkle_server.tinker import wire
+from twinkle_server.tinker import images, wire
 
 router = APIRouter(prefix='/api/v1')
 
@@ -42,24 +43,38 @@ async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service 
             req.target_prompt_logprobs is not None or req.prompt_logprobs_last_n is not None:
         raise unprocessable('top-k logprobs, target/alt prompt tokens and prompt_logprobs_last_n are not supported '
                             'by this server; ask for prompt_logprobs=true and per-token sample logprobs instead')
-    job = SampleJob(prompt=_tokens(req.prompt), params=_params(req.sampling_params), num_samples=req.num_samples,
-                    prompt_logprobs=bool(req.prompt_logprobs))
+    base, _ = svc.sampling_target(who.name, req.sampling_session_id, req.model_path, req.base_model)
+    encoder = images.encoder_for(base, svc.engine(base).model_dir)
+    chunks = _chunks(req.prompt)
+    if encoder.accepts_images:  # decoding and sizing images is CPU work: off the event loop
+        prompt = await run_in_threadpool(encoder.expand, chunks, 'prompt')
+    else:
+        prompt = encoder.expand(chunks, 'prompt')
+    job = SampleJob(prompt=prompt.tokens, params=_params(req.sampling_params), num_samples=req.num_samples,
+                    prompt_logprobs=bool(req.prompt_logprobs), images=prompt.image_fields())
     rid = svc.sample(who.name, req.sampling_session_id, req.model_path, req.base_model, job,
                      post=lambda r: wire.encode_sample_response(r if isinstance(r, SampleResponse)
                                                                 else SampleResponse.model_validate(r)))
     return {'request_id': rid, 'sample_sequence_ids': [f'{rid}:{i}' for i in range(req.num_samples)]}
 
 
-def _tokens(prompt: types.ModelInput) -> list[int]:
-    tokens: list[int] = []
+def _chunks(prompt: types.ModelInput) -> list[images.Chunk]:
+    """The prompt's chunks: token ids and images (JSON carries image bytes as base64, decoded by the SDK model)."""
+    chunks: list[images.Chunk] = []
     for i, chunk in enumerate(prompt.chunks):
-        if not isinstance(chunk, types.EncodedTextChunk):
+        if isinstance(chunk, types.EncodedTextChunk):
+            chunks.append(list(chunk.tokens))
+        elif isinstance(chunk, types.ImageChunk):
+            chunks.append(images.WireImage(chunk.data, chunk.format, chunk.expected_tokens))
+        elif isinstance(chunk, types.ImageAssetPointerChunk):
+            raise bad_request(f'prompt chunk {i}: image_asset_pointer chunks are not supported (this server does '
+                              f'not fetch images); send the image bytes as an ImageChunk')
+        else:
             raise unprocessable(f'prompt chunk {i} is a {type(chunk).__name__}; this server samples from token ids '
-                                f'only (EncodedTextChunk)')
-        tokens.extend(chunk.tokens)
-    if not tokens:
+                                f'(EncodedTextChunk) and images (ImageChunk)')
+    if not any(chunks):
         raise unprocessable('the prompt has no tokens')
-    return tokens
+    return chunks
 
 
 def _params(p: Any) -> SamplingParams:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 from twinkle_server.auth import Tenant
@@ -14,7 +15,7 @@ from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.engine.base import AdamStep, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, bad_request
 from twinkle_server.service import Service
-from twinkle_server.tinker import datums, wire
+from twinkle_server.tinker import datums, images, wire
 
 router = APIRouter(prefix='/api/v1')
 
@@ -52,10 +53,16 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
         raise ApiError(415, 'forward_backward takes a ForwardBackwardRequest protobuf (Content-Type: '
                             'application/x-protobuf), as sent by tinker >= 0.25')
     msg = wire.parse_forward_backward(await request.body())
-    svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
+    m = svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
     svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
     call = wire.decode_forward_backward(msg)
-    rows = datums.to_rows(call.data, call.loss_fn)
+    engine = svc.engine(m.base_model)
+    encoder = images.encoder_for(m.base_model, engine.model_dir)
+    if encoder.accepts_images:  # decoding and sizing images is CPU work: off the event loop
+        rows = await run_in_threadpool(datums.to_rows, call.data, call.loss_fn, encoder)
+        svc.check_train_request(who.name, call.model_id, [len(r['input_ids']) - 1 for r in rows])
+    else:
+        rows = datums.to_rows(call.data, call.loss_fn, encoder)
     batch = TrainBatch(call.model_id, rows, call.loss_fn, call.loss_config, call.forward_only)
 
     def output(result: TrainResult) -> bytes:

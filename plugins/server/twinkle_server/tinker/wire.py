@@ -1,7 +1,8 @@
 """Protobuf codecs of the Tinker wire format (the SDK's own `tinker_public_pb2`, so bytes stay compatible).
 
 Decoding validates as it goes and raises `ApiError` 400/422 naming the datum and field that is wrong: a
-malformed body, an image/audio chunk, a tensor whose length differs from the input's, an unknown dtype.
+malformed body, an audio or empty chunk, an unknown dtype. Image chunks are kept as `WireImage`s (their bytes are
+decoded later, by `tinker.images`, which also checks the tensors' lengths against the expanded input).
 """
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from twinkle_core.types import SampleResponse
 from twinkle_server.errors import bad_request, unprocessable
+from twinkle_server.tinker.images import Chunk, WireImage, declared_length
 
 _NP_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
 @dataclass
 class WireDatum:
-    tokens: list[int]
+    chunks: list[Chunk]  # the model input: token-id runs and images, in order
     inputs: dict[str, np.ndarray]  # loss_fn_inputs, flattened per datum
+
+    @property
+    def has_images(self) -> bool:
+        return any(isinstance(c, WireImage) for c in self.chunks)
 
 
 @dataclass
@@ -47,9 +53,11 @@ def parse_forward_backward(body: bytes) -> Any:
 
 
 def datum_lengths(msg: Any) -> list[int]:
-    """Tokens of each datum's model input (int32 each) of a parsed request, counted without decoding them."""
-    return [sum(len(chunk.encoded_text.tokens) // 4 for chunk in d.model_input
-                if chunk.WhichOneof('chunk') == 'encoded_text') for d in msg.data]
+    """Positions of each datum's model input of a parsed request, counted without decoding it (tokens are int32;
+    an image counts its expected_tokens, 0 when unset: the exact length is checked again once images are sized)."""
+    return [sum(len(chunk.encoded_text.tokens) // 4 if chunk.WhichOneof('chunk') == 'encoded_text'
+                else chunk.image.expected_tokens if chunk.WhichOneof('chunk') == 'image' else 0
+                for chunk in d.model_input) for d in msg.data]
 
 
 def decode_forward_backward(msg: Any) -> ForwardBackwardCall:
@@ -61,23 +69,37 @@ def decode_forward_backward(msg: Any) -> ForwardBackwardCall:
     if not msg.data:
         raise unprocessable('forward_backward request has no data (send at least one Datum)')
     for i, d in enumerate(msg.data):
-        tokens: list[int] = []
-        for chunk in d.model_input:
-            kind = chunk.WhichOneof('chunk')
-            if kind == 'encoded_text':
-                tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype='<i4').tolist())
-            else:
-                raise unprocessable(f'datum {i}: only encoded_text chunks are supported by this server '
-                                    f'(got {kind or "an empty chunk"}); send token ids')
-        if not tokens:
+        chunks = [_chunk(c, f'datum {i}: chunk {k}') for k, c in enumerate(d.model_input)]
+        if not any(chunks):
             raise unprocessable(f'datum {i}: model_input has no tokens')
         inputs = {name: _tensor(t, f'datum {i} loss_fn_inputs[{name!r}]') for name, t in d.loss_fn_inputs.items()}
-        for name, arr in inputs.items():
-            if arr.shape[0] != len(tokens):
-                raise unprocessable(f'datum {i}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values but the model '
-                                    f'input has {len(tokens)} tokens; every tensor needs one value per input token')
-        call.data.append(WireDatum(tokens, inputs))
+        datum = WireDatum(chunks, inputs)
+        if not datum.has_images:  # image inputs are checked once the server has sized their images
+            check_lengths(datum.inputs, declared_length(chunks), f'datum {i}')
+        call.data.append(datum)
     return call
+
+
+def check_lengths(inputs: dict[str, np.ndarray], length: int, where: str) -> None:
+    """Every loss_fn_input has one value per input position (a 422 naming the first that has not)."""
+    for name, arr in inputs.items():
+        if arr.shape[0] != length:
+            raise unprocessable(f'{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values but the model input '
+                                f'has {length} tokens; every tensor needs one value per input token (an image '
+                                f'counts as its number of image tokens)')
+
+
+def _chunk(chunk: Any, where: str) -> Chunk:
+    kind = chunk.WhichOneof('chunk')
+    if kind == 'encoded_text':
+        return np.frombuffer(chunk.encoded_text.tokens, dtype='<i4').tolist()
+    if kind == 'image':
+        img = chunk.image
+        if img.HasField('override_dimensions'):
+            raise bad_request(f'{where}: image override_dimensions is not supported; resize the image client-side')
+        return WireImage(img.data, img.format, img.expected_tokens if img.HasField('expected_tokens') else None)
+    raise unprocessable(f'{where}: {kind or "empty"} chunks are not supported by this server; send encoded_text '
+                        f'(token ids) and image chunks')
 
 
 def _tensor(t: Any, where: str) -> np.ndarray:

@@ -8,6 +8,10 @@ Two backends, chosen by the model (`adapter_backend`):
 - `PeftAdapters` -- a PEFT `PeftModel` (e.g. shared with a LoRA `TransformersModel`): PEFT's mixed-adapter
   inference (``adapter_names=[...]``, ``'__base__'`` for base rows).
 
+Routing is per batch row. Modules whose inputs have no batch-row dimension (a vision tower's image patches) are
+reached correctly only when the whole batch runs one adapter: `names_in` tells which adapters have weights in such
+a module, `uniform_names` which adapters a whole-batch run reaches there.
+
 Wire format of adapter tensors for both: PEFT's saved-adapter keys (e.g.
 ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), i.e. what `adapter_model.safetensors` holds.
 """
@@ -36,6 +40,12 @@ class AdapterBackend(Protocol):
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         """(context, forward kwargs) that run row i with adapter `rows[i]` (None: base weights)."""
+
+    def names_in(self, module: torch.nn.Module) -> set[str]:
+        """Adapters with LoRA weights inside `module`."""
+
+    def uniform_names(self) -> set[str]:
+        """Adapters that a batch running only that adapter applies to every input of every module."""
 
 
 def is_peft_model(model: Any) -> bool:
@@ -98,6 +108,18 @@ class MultiLoraAdapters:
 
     def remove(self, name: str) -> None:
         self.manager.remove_adapter(name)
+
+    def names_in(self, module: torch.nn.Module) -> set[str]:
+        from twinkle_transformers.multi_lora import find_manager
+        from twinkle_transformers.multi_lora.layer import MultiLoraLinear
+        manager = find_manager(self.model)
+        if manager is None:
+            return set()
+        slots = {s for m in module.modules() if isinstance(m, MultiLoraLinear) for s in m._by_slot}
+        return {name for name in manager.adapter_names if manager.record(name).slot in slots}
+
+    def uniform_names(self) -> set[str]:
+        return set(self.names())  # a uniform batch routes every token (`use_adapter`)
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         if all(r is None for r in rows):
@@ -162,7 +184,23 @@ class PeftAdapters:
                 f'Adapter {name!r} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, '
                 f'wrong shape {wrong[:3]} (PEFT keys such as base_model.model.<module>.lora_A.weight expected).')
 
+    def names_in(self, module: torch.nn.Module) -> set[str]:
+        return {name for m in module.modules() if isinstance(getattr(m, 'lora_A', None), torch.nn.ModuleDict)
+                for name in m.lora_A.keys()}
+
+    def uniform_names(self) -> set[str]:
+        return {self._active} if self._active is not None else set()
+
+    @property
+    def _active(self) -> str | None:
+        """The one active adapter (what PEFT's plain forward applies), or None."""
+        active = getattr(self.model, 'active_adapters', None)
+        active = [active] if isinstance(active, str) else list(active or [])
+        return active[0] if len(active) == 1 else None
+
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
+        if rows and rows[0] is not None and rows[0] == self._active and len(set(rows)) == 1:
+            return contextlib.nullcontext(), {}  # PEFT's plain forward: reaches every module's inputs
         return contextlib.nullcontext(), {'adapter_names': [self.BASE if r is None else r for r in rows]}
 
 
@@ -182,6 +220,12 @@ class _NoAdapters:
 
     def routed(self, rows: list[str | None]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
         return contextlib.nullcontext(), {}
+
+    def names_in(self, module: torch.nn.Module) -> set[str]:
+        return set()
+
+    def uniform_names(self) -> set[str]:
+        return set()
 
 
 def read_peft_dir(path: Path, lora_config: Any) -> tuple[dict[str, torch.Tensor], Any]:

@@ -8,6 +8,10 @@ stop leave the batch at once (their cache rows are dropped), so a finished seque
 Decode steps run through `FastDecoder` (a lean Llama-family step over a preallocated cache) when the model
 supports it, otherwise through the HF forward with `past_key_values` -- any causal LM whose forward takes
 `input_ids`, `attention_mask`, `position_ids`, `past_key_values` and `logits_to_keep` works.
+
+Vision-language models (``vision_language=True``) take the HF path: the prefill also gets the image prompts'
+images and ``[4, B, L]`` M-RoPE positions, and every step ``[4, B, 1]`` positions continuing them
+(`vision_inputs.py`).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
 from twinkle_transformers.sampler.stopping import StopCondition, StopReason
+from twinkle_transformers.sampler.vision_inputs import PromptImages, prefill_inputs, step_positions
 
 # adapter name per batch row (None = base weights) -> (context, extra forward kwargs) running rows that way
 Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]]
@@ -27,11 +32,13 @@ Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[A
 
 @dataclass
 class PromptJob:
-    """One prompt and the random streams of its samples (one generator per sample; empty when greedy)."""
+    """One prompt and the random streams of its samples (one generator per sample; empty when greedy);
+    `images`: an image prompt's images (vision-language models only)."""
     token_ids: list[int]
     generators: list[torch.Generator]
     num_samples: int
     adapter_name: str | None = None
+    images: PromptImages | None = None
 
 
 @dataclass
@@ -49,14 +56,16 @@ class PromptResult:
 
 
 class BatchDecoder:
-    """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls."""
+    """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls.
+    `vision_language`: the model is a VL model (images and M-RoPE positions; never the fast path)."""
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, route: Route,
-                 fast: FastDecoder | None = None) -> None:
+                 fast: FastDecoder | None = None, vision_language: bool = False) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.route = route
-        self.fast = fast
+        self.fast = None if vision_language else fast
+        self.vision_language = vision_language
 
     def _forward(self, adapters: list[str | None], **kwargs: Any) -> Any:
         context, extra = self.route(adapters)
@@ -69,11 +78,17 @@ class BatchDecoder:
         device = next(self.model.parameters()).device
         input_ids, mask, positions = _left_pad([j.token_ids for j in jobs], self.pad_token_id, device)
         prompt_len = input_ids.shape[1]
+        inputs: dict[str, Any] = {'position_ids': positions}
+        deltas = None
+        if self.vision_language:
+            inputs, deltas = prefill_inputs(self.model, [j.token_ids for j in jobs], [j.images for j in jobs],
+                                            positions)
+        elif any(j.images is not None for j in jobs):
+            raise ValueError('image prompts need vision_language=True')  # TorchSampler refuses them earlier
         from transformers import DynamicCache
         cache = DynamicCache(config=getattr(self.model, 'config', None))
         out = self._forward([j.adapter_name for j in jobs], input_ids=input_ids, attention_mask=mask,
-                            position_ids=positions, past_key_values=cache,
-                            logits_to_keep=0 if prompt_logprobs else 1)
+                            past_key_values=cache, logits_to_keep=0 if prompt_logprobs else 1, **inputs)
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
         if prompt_logprobs:
             for result, row in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
@@ -87,7 +102,8 @@ class BatchDecoder:
         key_mask[:, :prompt_len] = mask[fan_out]
         rows = _Rows(adapters=[jobs[p].adapter_name for p, _ in owner],
                      generators=[jobs[p].generators[s] for p, s in owner] if not chooser.greedy else [],
-                     next_pos=positions[fan_out, -1:] + 1, live=list(range(len(owner))))
+                     next_pos=positions[fan_out, -1:] + 1, live=list(range(len(owner))),
+                     deltas=deltas[fan_out] if deltas is not None else None)
         stepper = (_FastStepper(self.fast, cache, fan_out, key_mask, self.route) if self.fast is not None
                    else _HFStepper(self, cache, fan_out, key_mask))
         while True:
@@ -115,7 +131,7 @@ class BatchDecoder:
                 tokens = tokens[index]
                 rows.select(keep, index)
                 stepper.select(index)
-            logits = stepper(tokens, rows.next_pos, rows.adapters)
+            logits = stepper(tokens, rows.positions(), rows.adapters)
             rows.next_pos = rows.next_pos + 1
 
 
@@ -132,12 +148,18 @@ class _Rows:
     generators: list[torch.Generator]
     next_pos: torch.Tensor
     live: list[int]  # batch row -> sequence index
+    deltas: torch.Tensor | None = None  # M-RoPE delta per row [B, 1] (vision-language models only)
+
+    def positions(self) -> torch.Tensor:
+        """Position ids of the next step: [B, 1], or [4, B, 1] on a vision-language model."""
+        return self.next_pos if self.deltas is None else step_positions(self.next_pos, self.deltas)
 
     def select(self, keep: list[int], index: torch.Tensor) -> None:
         self.adapters = [self.adapters[r] for r in keep]
         self.generators = [self.generators[r] for r in keep] if self.generators else []
         self.next_pos = self.next_pos[index]
         self.live = [self.live[r] for r in keep]
+        self.deltas = self.deltas[index] if self.deltas is not None else None
 
 
 class _Stepper(Protocol):

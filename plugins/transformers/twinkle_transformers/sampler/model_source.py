@@ -34,14 +34,18 @@ def open_model(model_id: str | os.PathLike[str] | None, *, model: Any, tokenizer
             tokenizer = _load_tokenizer(name)
         return ModelSource(module, tokenizer, name, owned=False,
                            owner=None if isinstance(model, torch.nn.Module) else model)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from twinkle_transformers.vision import is_vision_language
 
     path = os.fspath(model_id)
     target = torch.device(device) if device is not None else torch.device(
         'cuda' if torch.cuda.is_available() else 'cpu')
     if dtype is None:  # fp32 on CPU (bf16 matmuls are slow there); the checkpoint's dtype on accelerators
         dtype = torch.float32 if target.type == 'cpu' else 'auto'
-    module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(target).eval()
+    # vision-language checkpoints (Qwen3-VL, Qwen3.5) have no causal-LM class: image + text in, text out
+    auto = AutoModelForImageTextToText if is_vision_language(AutoConfig.from_pretrained(path)) else AutoModelForCausalLM
+    module = auto.from_pretrained(path, dtype=dtype).to(target).eval()
     module.requires_grad_(False)
     return ModelSource(module, tokenizer if tokenizer is not None else _load_tokenizer(path), path, owned=True)
 

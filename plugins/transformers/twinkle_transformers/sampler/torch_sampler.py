@@ -13,11 +13,16 @@ Contract (see docs/sampling.md):
 - a fixed `seed` reproduces the same tokens for the same prompt and settings, whatever else is in the batch
   (each sequence has its own random stream; see `sampling.py`), up to floating-point ties between near-equal
   logits computed at different batch shapes;
-- `adapter_name=None` runs the base weights; a list gives one adapter per prompt (mixed in one batch).
+- `adapter_name=None` runs the base weights; a list gives one adapter per prompt (mixed in one batch);
+- vision-language models (Qwen3-VL, Qwen3.5) sample from image prompts: Trajectories with images (encoded by the
+  set template; a `VisionTemplate` of the model when none is set) or encoded rows with ``pixel_values``,
+  ``image_grid_thw`` and ``mm_token_type_ids``. Each sample's ``new_input_feature`` carries the prompt's image
+  fields, so it trains as is (see `vision_inputs.py` for the positions).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -28,15 +33,17 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.kernel import apply_kernels
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
-                                         sampled_sequence, sequence_seed)
-from twinkle_core.types import SampleResponse, SamplingParams
+from twinkle_core.sampler.prompts import (IMAGE_FIELDS, adapters_per_prompt, as_sampling_params, encode_prompt_row,
+                                         prompt_rows, sampled_sequence, sequence_seed)
+from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
+from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
 from twinkle_transformers.sampler.stopping import StopCondition
+from twinkle_transformers.sampler.vision_inputs import PromptImages, prompt_images
 
 
 class TorchSampler(Sampler):
@@ -82,26 +89,29 @@ class TorchSampler(Sampler):
         params = as_sampling_params(sampling_params, kwargs)
         model = self.model
         rows = prompt_rows(inputs)
-        prompts = [encode_prompt(row, i, self._codec.encode_chat if self._codec.can_encode_chat else None)
-                   for i, row in enumerate(rows)]
+        encode = self._encode_chat if self._codec.can_encode_chat or self._vision_language else None
+        encoded = [encode_prompt_row(row, i, encode) for i, row in enumerate(rows)]
+        prompts = [e['input_ids'] for e in encoded]
+        images = [prompt_images(e, i, model.config) if 'pixel_values' in e else None for i, e in enumerate(encoded)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
+        by_adapter = self._split_by_adapter(model, images, adapters)
         stop = StopCondition(max_tokens=params.max_tokens,
                              stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
                              stop_strings=tuple(params.stop_strings()),
                              decode=self._decode_raw if params.stop_strings() else None)
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
-        jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy)
+        jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy, images)
         results: dict[int, list[PromptResult]] = {}
         decoder = BatchDecoder(model, pad_token_id=self._pad_token_id(), route=self._adapters.routed,
-                               fast=self._fast_decoder(model))
+                               fast=self._fast_decoder(model), vision_language=self._vision_language)
         with _eval_mode(model):
-            for batch in _batches(jobs, self.max_batch_size):
+            for batch in _batches(jobs, self.max_batch_size, by_adapter=by_adapter):
                 outputs = decoder.decode([job for _, job in batch], chooser, stop,
                                          prompt_logprobs=params.prompt_logprobs, top_logprobs=params.alternatives)
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
-        return [self._response(rows[i], prompts[i], results[i], params) for i in range(len(prompts))]
+        return [self._response(rows[i], encoded[i], results[i], params) for i in range(len(prompts))]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
                      *, adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
@@ -175,7 +185,36 @@ class TorchSampler(Sampler):
     def adapter_names(self) -> list[str]:
         return sorted(self._adapters.names())
 
+    @property
+    def _vision_language(self) -> bool:
+        return vision.is_vision_language(getattr(self.model, 'config', None))
+
     # ---- helpers -------------------------------------------------------------------------------------------
+    def _encode_chat(self, trajectory: Trajectory) -> dict[str, Any]:
+        """A Trajectory's encoded prompt; a vision-language model without a set template gets its VisionTemplate."""
+        if self._codec.template is None and self._vision_language:
+            source = self.model_id if self.model_id and os.path.isdir(self.model_id) else None
+            self.set_template('VisionTemplate', model_id=source)
+        return self._codec.encode_chat_row(trajectory)
+
+    def _split_by_adapter(self, model: torch.nn.Module, images: list[PromptImages | None],
+                          adapters: list[str | None]) -> bool:
+        """Whether batches must hold one adapter each: image prompts whose adapters have LoRA weights in the vision
+        tower, whose inputs are image patches, not batch rows (per-row routing cannot reach them)."""
+        if not any(image is not None for image in images):
+            return False
+        tower = vision.vision_tower(model)
+        adapted = self._adapters.names_in(tower) & set(adapters) if tower is not None else set()
+        if not adapted:
+            return False
+        unroutable = sorted(adapted - self._adapters.uniform_names())
+        if unroutable:
+            raise InvalidInputError(
+                f'Adapter(s) {unroutable} have LoRA weights in the vision tower, which PEFT cannot route per batch '
+                'row (its inputs are image patches); sample image prompts with the active adapter or the base model, '
+                'or build the sampler from model_id= (twinkle multi-LoRA routes whole batches per adapter).')
+        return True
+
     def _decode_raw(self, token_ids: list[int]) -> str:
         return self._codec.decode(token_ids, skip_special_tokens=False) or ''
 
@@ -204,7 +243,7 @@ class TorchSampler(Sampler):
         return 0
 
     def _validate(self, prompts: list[list[int]], adapters: list[str | None], params: SamplingParams) -> None:
-        config = self._model.config
+        config = vision.language_config(self._model.config)
         vocab = getattr(config, 'vocab_size', None)
         context = getattr(config, 'max_position_embeddings', None)
         for i, ids in enumerate(prompts):
@@ -222,33 +261,44 @@ class TorchSampler(Sampler):
 
     @staticmethod
     def _jobs(prompts: list[list[int]], adapters: list[str | None], params: SamplingParams, device: torch.device,
-              greedy: bool) -> list[tuple[int, PromptJob]]:
+              greedy: bool, images: list[PromptImages | None]) -> list[tuple[int, PromptJob]]:
         """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
         jobs = []
-        for i, (ids, adapter) in enumerate(zip(prompts, adapters)):
+        for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
             base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
             generators = [] if greedy else [make_generator(sequence_seed(base_seed, s), device)
                                             for s in range(params.num_samples)]
-            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter)))
+            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image)))
         return jobs
 
-    def _response(self, row: Any, prompt: list[int], parts: list[PromptResult],
+    def _response(self, row: Any, encoded: dict[str, Any], parts: list[PromptResult],
                   params: SamplingParams) -> SampleResponse:
-        sequences = [sampled_sequence(params, row, prompt, gen.tokens, gen.logprobs, gen.top_logprobs or None,
-                                      gen.stop_reason, self._codec.decode(gen.tokens))
+        images = {k: encoded[k] for k in IMAGE_FIELDS if k in encoded} or None
+        sequences = [sampled_sequence(params, row, encoded['input_ids'], gen.tokens, gen.logprobs,
+                                      gen.top_logprobs or None, gen.stop_reason, self._codec.decode(gen.tokens),
+                                      images)
                      for part in parts for gen in part.generations]
         return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
 
 
-def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int) -> Iterator[list[tuple[int, PromptJob]]]:
+def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int, *,
+             by_adapter: bool = False) -> Iterator[list[tuple[int, PromptJob]]]:
     """Group jobs (shortest prompts together, to limit padding) into batches of at most `max_sequences`
-    sequences; a prompt with more samples than that is split into several jobs."""
+    sequences; a prompt with more samples than that is split into several jobs. `by_adapter`: each batch holds
+    the jobs of one adapter only."""
+    if by_adapter:
+        groups: dict[str | None, list[tuple[int, PromptJob]]] = {}
+        for item in jobs:
+            groups.setdefault(item[1].adapter_name, []).append(item)
+        for group in groups.values():
+            yield from _batches(group, max_sequences)
+        return
     split: list[tuple[int, PromptJob]] = []
     for index, job in jobs:
         for start in range(0, job.num_samples, max_sequences):
             count = min(max_sequences, job.num_samples - start)
-            split.append((index, PromptJob(job.token_ids, job.generators[start:start + count], count,
-                                           job.adapter_name)))
+            split.append((index, dataclasses.replace(job, generators=job.generators[start:start + count],
+                                                     num_samples=count)))
     split.sort(key=lambda item: len(item[1].token_ids))
     batch: list[tuple[int, PromptJob]] = []
     size = 0
