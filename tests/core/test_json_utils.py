@@ -65,3 +65,39 @@ def test_is_json_plain() -> None:
 def test_module_is_torch_free() -> None:  # twinkle-client imports it and must not pull in torch
     out = run_python('import sys, twinkle_core.utils.json; print(sorted({"torch", "numpy"} & set(sys.modules)))')
     assert out.returncode == 0 and out.stdout.strip() == '[]', out.stderr
+
+
+# ---- twinkle_core.utils.arrays: float arrays as base64 in JSON bodies (image rows of the native client) ----------
+def test_float_arrays_pack_to_base64_and_back_exactly() -> None:
+    np = pytest.importorskip('numpy')
+    from twinkle_core.utils.arrays import ARRAY_KEY, pack_array, unpack_arrays
+    pixels = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
+    rows = [{'input_ids': [1, 2], 'pixel_values': pixels, 'weights': np.ones(2, np.float32),
+             'grid': np.array([[1, 2, 3]])},
+            {'pixel_values': pixels.T.astype('>f8')}]  # non-contiguous and big-endian: still exact
+    body = json.loads(json.dumps(to_json(rows, pack=pack_array)))
+    assert body[0]['pixel_values'][ARRAY_KEY] and body[0]['pixel_values']['shape'] == [6, 5]
+    assert body[0]['weights'] == [1.0, 1.0] and body[0]['grid'] == [[1, 2, 3]]  # 1-D and integer arrays: lists
+    back = unpack_arrays(body)
+    assert back[0]['pixel_values'].dtype == np.float32 and np.array_equal(back[0]['pixel_values'], pixels)
+    assert back[1]['pixel_values'].dtype == np.float64 and np.array_equal(back[1]['pixel_values'], pixels.T)
+    assert back[0]['input_ids'] == [1, 2]
+
+
+@pytest.mark.parametrize('packed,match', [
+    ({'dtype': 'int64', 'shape': [1, 1]}, 'dtype'),
+    ({'dtype': 'float32', 'shape': [1, -1]}, 'shape'),
+    ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': '!!!'}, 'base64'),
+    ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': 'AAAAAA=='}, 'needs 16'),
+])
+def test_malformed_packed_arrays_are_refused(packed: dict, match: str) -> None:
+    pytest.importorskip('numpy')
+    from twinkle_core.errors import InvalidInputError
+    from twinkle_core.utils.arrays import unpack_arrays
+    with pytest.raises(InvalidInputError, match=match):
+        unpack_arrays({'rows': [{'pixel_values': {'__ndarray__': 'AAAA', **packed}}]})
+
+
+def test_arrays_module_is_numpy_free_to_import() -> None:  # twinkle-client packs without numpy imported
+    out = run_python('import sys, twinkle_core.utils.arrays; print(sorted({"torch", "numpy"} & set(sys.modules)))')
+    assert out.returncode == 0 and out.stdout.strip() == '[]', out.stderr

@@ -22,7 +22,8 @@ def test_module_paths_of_the_documents_import_our_components():
     assert GSM8KProcessor is resolve_class('preprocessor', 'GSM8KProcessor')
     assert resolve_class('processor', 'InputProcessor') is resolve_class('processor', 'CausalLMProcessor')
     assert issubclass(resolve_class('processor', 'InputProcessor'), InputProcessor)
-    assert resolve_class('template', 'Qwen3_5Template') is resolve_class('template', 'Qwen3Template')
+    qwen3_5 = resolve_class('template', 'Qwen3_5Template')  # ChatML + thinking switch, and images
+    assert issubclass(qwen3_5, resolve_class('template', 'VisionTemplate')) and qwen3_5.images_optional
 
 
 def test_aliases_are_listed_by_the_cli():
@@ -58,17 +59,18 @@ def test_root_helpers(monkeypatch):
         twinkle_core.no_such_helper  # noqa: B018
 
 
-def test_input_feature_to_datum_is_the_inverse_of_what_the_server_reads():
+def test_input_feature_to_datum_is_the_inverse_of_what_the_server_reads(tiny_model_dir):
     pytest.importorskip('tinker')
     from twinkle_core.server.common import input_feature_to_datum
     from twinkle_server.tinker.datums import to_rows
+    from twinkle_server.tinker.images import encoder_for
     from twinkle_server.tinker.wire import WireDatum
     row = {'input_ids': [5, 6, 7, 8, 9], 'labels': [-100, -100, 7, 8, 9]}
     datum = input_feature_to_datum(row)
     assert datum.model_input.to_ints() == [5, 6, 7, 8]
     assert datum.loss_fn_inputs['weights'].to_numpy().tolist() == [0.0, 1.0, 1.0, 1.0]
-    wire = WireDatum(datum.model_input.to_ints(), {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()})
-    back = to_rows([wire], 'cross_entropy')[0]
+    wire = WireDatum([datum.model_input.to_ints()], {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()})
+    back = to_rows([wire], 'cross_entropy', encoder_for('tiny', str(tiny_model_dir)))[0]
     assert back['input_ids'] == row['input_ids'] and back['weights'][1:] == [0.0, 1.0, 1.0, 1.0]
 
 
@@ -89,8 +91,14 @@ def test_processor_and_template_call_forms(tiny_model_dir):
     assert model.state.processor.padding_free
     with pytest.raises(InvalidInputError, match="padding_side='left'"):
         model.set_processor('InputProcessor', padding_side='left')
-    model.set_template('Qwen3_5Template', model_id=str(tiny_model_dir))
-    assert type(model.state.template).__name__ == 'Qwen3Template'
+    model.set_template('Qwen3_5Template', model_id=str(tiny_model_dir))  # a text-only checkpoint: text only
+    template = model.state.template
+    assert type(template).__name__ == 'Qwen3_5Template' and template.text_only_reason
+    row = {'messages': [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}]}
+    text = resolve('template', 'Qwen3Template', model_id_or_tokenizer=str(tiny_model_dir))
+    assert template.encode(row) == text.encode(row)
+    with pytest.raises(InvalidInputError, match='image'):
+        template.encode({**row, 'images': [b'png'], 'messages': [{'role': 'user', 'content': '<image>hi'}]})
 
 
 def test_a_dataloader_over_a_dataset_factory():

@@ -107,3 +107,11 @@ def test_dataset_encodes_images_once_and_caches(tiny_vl_model_dir) -> None:
     assert row['input_ids'] == direct['input_ids']
     import numpy as np
     assert np.allclose(np.asarray(row['pixel_values'], dtype=np.float32), direct['pixel_values'])
+
+
+def test_qwen3_5_template_takes_images_on_a_qwen3_5_checkpoint(tiny_qwen3_5_model_dir) -> None:
+    from twinkle_core.registry import resolve
+    template = resolve('template', 'Qwen3_5Template', model_id_or_tokenizer=str(tiny_qwen3_5_model_dir))
+    assert template.text_only_reason is None
+    row = template.encode(colour_trajectories(1)[0])
+    assert sum(row['mm_token_type_ids']) == 16 and row['image_grid_thw'] == [[1, 8, 8]]

@@ -79,3 +79,22 @@ def sft_data(tokenizer):
         out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                                loss_fn_inputs={'target_tokens': tokens[1:], 'weights': weights}))
     return out
+
+
+@pytest.fixture(scope='session')
+def postgres():
+    """A throw-away PostgreSQL server for the session (`postgres_server.py`); skips where none can run."""
+    from postgres_server import PostgresServer, why_unavailable
+    from twinkle_server.launch import free_port
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pg = PostgresServer(free_port())
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+    """The URL of a new, empty database on the session's PostgreSQL server."""
+    return postgres.create_database()

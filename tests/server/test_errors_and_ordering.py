@@ -38,8 +38,8 @@ def test_bad_requests_then_a_good_one(raw, server):
                           headers=PROTO), 422, "unknown loss_fn 'made_up_loss'")
     image = types.Datum(model_input=types.ModelInput(chunks=[types.ImageChunk(data=b'\x89PNG', format='png')]),
                         loss_fn_inputs={'target_tokens': [1]})
-    assert_refused(http.post('/forward_backward', content=fwdbwd_body(model_id, 3, [image]), headers=PROTO), 422,
-                'encoded_text')
+    assert_refused(http.post('/forward_backward', content=fwdbwd_body(model_id, 3, [image]), headers=PROTO), 400,
+                'does not accept images')
     r = http.post('/forward_backward', content=fwdbwd_body('sess-nope:train:0', 1, [datum()]), headers=PROTO)
     assert r.status_code == 404
     assert_refused(http.post('/optim_step', content=b'{not json'), 400, 'not valid JSON')

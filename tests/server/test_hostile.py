@@ -174,7 +174,7 @@ CASES: dict[str, Case] = {
     "forward_backward on bob's model": (lambda c: _fb(c, [datum()], model=c.bob_model), 404, 'not found'),
     'forward_backward image chunk': (lambda c: _fb(c, [types.Datum(
         model_input=types.ModelInput(chunks=[types.ImageChunk(data=b'\x89PNG', format='png')]),
-        loss_fn_inputs={'target_tokens': [1]})]), 422, 'encoded_text'),
+        loss_fn_inputs={'target_tokens': [1]})]), 400, 'does not accept images'),
     'forward_backward unknown loss': (lambda c: _fb(c, [datum()], 'made_up'), 422, "unknown loss_fn 'made_up'"),
     'forward_backward length mismatch': (lambda c: _fb(c, [types.Datum(
         model_input=types.ModelInput.from_ints([5, 6, 7]), loss_fn_inputs={'target_tokens': [6, 7]})]),

@@ -98,3 +98,15 @@ def test_top_logprobs_above_the_engines_limit_are_refused_before_vllm(vllm_sampl
         vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit + 1)
     top = vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit)[0].sequences[0].top_logprobs
     assert [len(step) for step in top] == [limit, limit]
+
+
+def test_image_prompts_are_refused_before_vllm(vllm_sampler, tiny_vl_model_dir):
+    """vLLM's multimodal input path is not wired (it needs torchvision): an image prompt is refused clearly
+    instead of being sampled without its images."""
+    from twinkle_core.fixtures.images import colour_trajectories
+    from twinkle_core.template.vision import VisionTemplate
+    row = VisionTemplate(str(tiny_vl_model_dir)).encode(colour_trajectories(1, with_answer=False)[0],
+                                                        add_generation_prompt=True)
+    with pytest.raises(InvalidInputError, match='multimodal prompts need'):
+        vllm_sampler.sample([row], max_tokens=2)
+    assert vllm_sampler.sample([[5, 6]], max_tokens=2)[0].sequences

@@ -29,10 +29,6 @@ class TextCodec:
     def can_encode_chat(self) -> bool:
         return self.template is not None or getattr(self.tokenizer, 'chat_template', None) is not None
 
-    def encode_chat(self, trajectory: Trajectory) -> list[int]:
-        """Prompt ids of a Trajectory, generation prompt added."""
-        return self.encode_chat_row(trajectory)['input_ids']
-
     def encode_chat_row(self, trajectory: Trajectory) -> dict[str, Any]:
         """The encoded prompt of a Trajectory, generation prompt added: ``input_ids`` plus, from a vision template,
         the image fields (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``). A trajectory with images

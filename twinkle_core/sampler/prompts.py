@@ -36,11 +36,6 @@ def prompt_rows(inputs: Any) -> list[Any]:
                             f'{type(inputs).__name__}.')
 
 
-def encode_prompt(row: Any, index: int, encode_chat: EncodeChat | None) -> list[int]:
-    """Token ids of prompt `index` (see `encode_prompt_row`)."""
-    return encode_prompt_row(row, index, encode_chat)['input_ids']
-
-
 def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> dict[str, Any]:
     """Prompt `index` as ``{'input_ids': [...]}`` plus, for an image prompt, its `IMAGE_FIELDS` (validated: all
     three present, ``mm_token_type_ids`` one per token). Trajectories are encoded with `encode_chat` (the

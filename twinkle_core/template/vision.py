@@ -37,7 +37,11 @@ class VisionTemplate(ChatTemplate):
         min_pixels, max_pixels: bounds on each image's area after resizing (default: the image processor's);
             they decide how many tokens an image costs.
         image_token: the placeholder token that the chat template writes for an image.
+
+    A subclass that sets ``images_optional = True`` also serves text-only checkpoints of a family: without an
+    image processor (or image token) it encodes text, and a row with images is an error naming the model.
     """
+    images_optional = False
 
     def __init__(self, model_id_or_tokenizer: Any, max_length: int | None = None,
                  truncation_strategy: TruncationStrategy = 'right', min_pixels: int | None = None,
@@ -47,10 +51,10 @@ class VisionTemplate(ChatTemplate):
         if hasattr(processor, 'image_processor') and hasattr(processor, 'tokenizer'):
             tokenizer, image_processor = processor.tokenizer, processor.image_processor
         elif hasattr(processor, 'apply_chat_template'):
-            tokenizer, image_processor = processor, load_image_processor(processor.name_or_path)
+            tokenizer, image_processor = processor, self._image_processor_of(processor.name_or_path)
         else:
             source = resolve_source(processor)
-            tokenizer, image_processor = source, load_image_processor(source)
+            tokenizer, image_processor = source, self._image_processor_of(source)
         super().__init__(tokenizer, max_length=max_length, truncation_strategy=truncation_strategy,
                          chat_template_kwargs=chat_template_kwargs)
         self.image_processor = image_processor
@@ -59,9 +63,23 @@ class VisionTemplate(ChatTemplate):
         self.merge_size = int(getattr(image_processor, 'merge_size', 1) or 1)
         self.image_token = image_token
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(image_token)
+        problem = None
         if self.image_token_id is None or self.image_token_id == self.tokenizer.unk_token_id:
-            raise InvalidInputError(f'The tokenizer of {self.tokenizer.name_or_path!r} has no {image_token!r} token: '
-                                    'it is not a vision-language tokenizer (or pass image_token=...).')
+            problem = (f'the tokenizer of {self.tokenizer.name_or_path!r} has no {image_token!r} token: it is not a '
+                       'vision-language tokenizer (or pass image_token=...)')
+        elif image_processor is None:
+            problem = f'{self.tokenizer.name_or_path!r} has no image processor (preprocessor_config.json)'
+        if problem and not self.images_optional:
+            raise InvalidInputError(problem[0].upper() + problem[1:] + '.')
+        self.text_only_reason = problem
+
+    def _image_processor_of(self, source: Any) -> Any:
+        try:
+            return load_image_processor(source)
+        except InvalidInputError:
+            if self.images_optional:
+                return None
+            raise
 
     # ---- encoding ----------------------------------------------------------------------------------------------
     def _encode(self, traj: Trajectory, add_generation_prompt: bool) -> dict[str, Any]:
@@ -72,6 +90,8 @@ class VisionTemplate(ChatTemplate):
             row = super()._encode(traj, add_generation_prompt)
             row.pop('images', None)
             return row
+        if self.text_only_reason:
+            raise InvalidInputError(f'This row has {len(sources)} image(s), but {self.text_only_reason}.')
         images = [load_image(s, where=f'image {i}') for i, s in enumerate(sources)]
         kwargs = self._render_kwargs(traj)
         if add_generation_prompt:
@@ -147,7 +167,8 @@ class VisionTemplate(ChatTemplate):
         import hashlib
         import json
         digest = hashlib.sha256(super().fingerprint().encode())
-        config = self.image_processor.to_dict() if hasattr(self.image_processor, 'to_dict') else repr(self.image_processor)
+        processor = self.image_processor
+        config = processor.to_dict() if hasattr(processor, 'to_dict') else repr(processor)
         digest.update(json.dumps([config, self.min_pixels, self.max_pixels, self.image_token],
                                  sort_keys=True, default=repr).encode())
         return digest.hexdigest()[:32]

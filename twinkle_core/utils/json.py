@@ -7,17 +7,19 @@ import enum
 from typing import Any, Callable
 
 
-def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], Any] = str) -> Any:
+def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], Any] = str,
+            pack: Callable[[Any], Any] | None = None) -> Any:
     """A JSON-ready copy of `value`.
 
     Enums become their value; None, bools, numbers and strings stay; dict keys become strings; lists, tuples
     and sets become lists (sets sorted); pydantic models their `model_dump()`; objects with ``to_dict()``
-    (peft configs) that dict; tensors and arrays their ``tolist()``. Anything else is ``default(value)``: its
-    text by default; pass a function that raises to refuse such values. `exclude_none` drops None fields of
-    models and ``to_dict()`` objects.
+    (peft configs) that dict; tensors and arrays their ``tolist()``, or ``pack(value)`` when `pack` is given and
+    returns something other than None (e.g. `twinkle_core.utils.arrays.pack_array`). Anything else is
+    ``default(value)``: its text by default; pass a function that raises to refuse such values. `exclude_none`
+    drops None fields of models and ``to_dict()`` objects.
     """
     def convert(v: Any) -> Any:
-        return to_json(v, exclude_none=exclude_none, default=default)
+        return to_json(v, exclude_none=exclude_none, default=default, pack=pack)
 
     if isinstance(value, enum.Enum):
         return convert(value.value)
@@ -35,7 +37,8 @@ def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], 
         return {k: v for k, v in convert(to_dict()).items() if not (exclude_none and v is None)}
     tolist = getattr(value, 'tolist', None)
     if callable(tolist):
-        return tolist()
+        packed = pack(value) if pack is not None else None
+        return tolist() if packed is None else packed
     return default(value)
 
 

@@ -2,8 +2,9 @@
 
 No hand-written mirror: every method a `Model` / `Sampler` declares with `@remote_method` becomes a method of
 the proxy that posts `{args, kwargs}` to `/twinkle/v1/<models|samplers>/<id>/call/<method>`; the server
-whitelists the same set. Arguments are sent as JSON (pydantic models as dicts, arrays as lists): batches are
-encoded client-side (InputFeature rows), so no torch is needed here.
+whitelists the same set. Arguments are sent as JSON (pydantic models as dicts, arrays as lists, float arrays of
+2+ dimensions as base64, see `twinkle_core.utils.arrays`): batches are encoded client-side (InputFeature rows), so
+no torch is needed here.
 """
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any, Callable
 
 from twinkle_core.dispatch import remote_methods
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.utils.arrays import pack_array
 from twinkle_core.utils.json import to_json
 
 
 def plain(value: Any) -> Any:
-    """JSON-ready copy of call arguments (`to_json`, None fields dropped); objects with no JSON form are
-    refused rather than sent as text: the server would not know what to make of them."""
-    return to_json(value, exclude_none=True, default=_refuse)
+    """JSON-ready copy of call arguments (`to_json`, None fields dropped; float arrays of 2+ dimensions, such as
+    an image row's ``pixel_values``, packed as base64 by `pack_array`, which the server unpacks); objects with no
+    JSON form are refused rather than sent as text: the server would not know what to make of them."""
+    return to_json(value, exclude_none=True, default=_refuse, pack=pack_array)
 
 
 def _refuse(value: Any) -> Any:

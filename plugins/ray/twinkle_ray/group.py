@@ -80,6 +80,7 @@ class WorkerGroup:
         self.workers = [
             actor_cls.options(
                 num_cpus=resources.get('CPU', 0), num_gpus=resources.get('GPU', 0),
+                resources={k: v for k, v in resources.items() if k not in ('CPU', 'GPU')} or None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
                                                                      placement_group_bundle_index=rank),
                 runtime_env={'env_vars': self.env} if self.env else None,
@@ -90,11 +91,14 @@ class WorkerGroup:
         self.wait([w.setup.remote(addr, port, mesh) for w in self.workers], 'setup')
 
     def _rank_resources(self) -> dict[str, float]:
+        """One rank's bundle: ``num_cpus`` (default 1), ``num_gpus`` (default 1 on CUDA) and any custom Ray
+        resources in ``options['resources']`` (e.g. ``{'node_b': 1}`` to pin the group to nodes offering it)."""
         opts = self.spec.options
         gpus = opts.get('num_gpus', 1 if self.spec.device_type == 'cuda' else 0)
         res = {'CPU': float(opts.get('num_cpus', 1))}
         if gpus:
             res['GPU'] = float(gpus)
+        res.update({str(k): float(v) for k, v in (opts.get('resources') or {}).items()})
         return res
 
     def shutdown(self) -> None:

@@ -1,9 +1,14 @@
-"""The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1."""
+"""The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1, Prometheus
+metrics at /metrics.
+
+Middleware, outermost first: request ids and access log (`logs.py`), HTTP request counts (`metrics.py`), the drain
+gate (`drain.py`), body limit and seq_id release (`guard.py`)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -11,11 +16,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from twinkle_server import logs, metrics
 from twinkle_server.config import ServerConfig
-from twinkle_server.engine import Engine, load_engine
+from twinkle_server.deployment import build_engines
+from twinkle_server.engine import Engine
 from twinkle_server.errors import ApiError
+from twinkle_server.drain import DrainGate
 from twinkle_server.guard import RequestGuard
 from twinkle_server.service import Service
+from twinkle_server.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +34,14 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = engines if engines is not None else {
-            name: load_engine(name, path, device=device, backend=config.backend, backend_args=config.backend_args,
-                              sampler=config.sampler, sampler_args=config.sampler_args)
-            for name, path in config.models.items()}
-        app.state.service = Service(config, loaded, asyncio.get_running_loop())
+        # the metadata database first: an unreachable one fails the start before any model loads
+        store = Store.open(config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}')
+        try:
+            loaded = engines if engines is not None else build_engines(config, device)
+            app.state.service = Service(config, loaded, asyncio.get_running_loop(), store=store)
+        except BaseException:
+            store.close()
+            raise
         reaper = asyncio.create_task(_reap(app.state.service))
         logger.info('twinkle server ready: models %s, data in %s', sorted(loaded), config.data_dir)
         try:
@@ -40,7 +52,11 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
 
     app = FastAPI(title='twinkle server', lifespan=lifespan)
     _install_error_handlers(app)
-    app.add_middleware(RequestGuard)
+    app.add_middleware(RequestGuard)  # each add_middleware wraps the ones before: the last added is outermost
+    app.add_middleware(DrainGate)
+    app.add_middleware(metrics.HttpMetricsMiddleware)
+    app.add_middleware(logs.RequestIdMiddleware)
+    app.include_router(metrics.router)
     from twinkle_server.native import datasets as native_datasets
     from twinkle_server.native import routes as native
     from twinkle_server.tinker import (routes_checkpoints, routes_futures, routes_sampling, routes_service,
@@ -88,4 +104,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception('unhandled error on %s', request.url.path)
-        return JSONResponse(ApiError(500, f'internal error: {type(exc).__name__}: {exc}').body(), status_code=500)
+        ctx = logs.current()  # this handler runs outside the request-id middleware, which left its context set
+        return JSONResponse(ApiError(500, f'internal error: {type(exc).__name__}: {exc}').body(), status_code=500,
+                            headers={'x-request-id': ctx.request_id} if ctx and ctx.request_id else None)

@@ -1,4 +1,8 @@
-"""Server configuration: hosted models, data directory, limits.
+"""Server configuration: hosted models, data directory, limits, deployment.
+
+`ServerConfig` is what the server runs from; `twinkle server start` builds it from flags or from one YAML file
+(`config_file.load_server_config`, docs/deployment.md). Each hosted base model is a `ModelSpec` (backend,
+sampler, device groups, mesh, sampler replicas); `ServerConfig.model_specs` is the one table engines are built from.
 
 Limits come in one table (`Limits`) with built-in defaults sized for a small machine (2 cores, ~24 GiB: one
 `forward_backward` of 32k tokens on a 0.6B model stays well inside memory). `--limits FILE` overrides them key by
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,9 +55,118 @@ class TenantLimits:
         return cls().merged(d)
 
 
+DEVICE_TYPES = ('cpu', 'cuda')
+HUBS = ('ms', 'hf')
+MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'ep_size')
+
+
+@dataclass(frozen=True)
+class HubPushConfig:
+    """Pushing saved checkpoints to a model hub: the settings (checked by `config_file`, used by `hub_push`)."""
+    enabled: bool = False
+    hub: str = 'ms'  # 'ms' (ModelScope) | 'hf' (Hugging Face)
+    repo_prefix: str | None = None  # e.g. 'my-org/twinkle-': repositories are named from it
+    private: bool = True
+    token_env: str | None = None  # the environment variable holding the hub token (never the token itself)
+    per_request: bool = False  # only checkpoints whose save request asks for a push are pushed
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Ray device group of one role of a model: `ranks` processes (for a sampler group: per replica), each on one
+    `device_type` device (None: CUDA when this machine has it, else CPU) and reserving, per rank, `num_cpus` /
+    `num_gpus` Ray resources (None: 1 CPU, plus 1 GPU for CUDA) and any custom Ray `resources` (e.g.
+    ``{'node_b': 1}`` to place the group on nodes that offer `node_b`)."""
+    ranks: int = 1
+    device_type: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: dict[str, float] | None = None
+
+    def device_group(self, name: str) -> Any:
+        """The `twinkle_core.mesh.DeviceGroup` named `name` for these settings."""
+        from twinkle_core.mesh import DeviceGroup
+        options = {k: v for k, v in (('num_cpus', self.num_cpus), ('num_gpus', self.num_gpus),
+                                     ('resources', self.resources)) if v is not None}
+        return DeviceGroup(name=name, ranks=self.ranks, device_type=self.device_type, options=options)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """How the server reaches Ray: `address` None starts a local instance (with `num_cpus`), 'auto' joins the
+    cluster this node belongs to, 'ray://host:10001' connects a client."""
+    address: str | None = None
+    namespace: str | None = None
+    num_cpus: int | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """`mode`: 'embedded' (every model in the server process) or 'ray' (models in Ray device groups)."""
+    mode: str = 'embedded'
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One hosted base model: served as `name` from `path` (local directory or `ms://` / `hf://` id), trained by
+    the model backend `backend` (registry name, built with `backend_args`) and sampled by `sampler` (built with
+    `sampler_args`). `device` places an embedded engine; `train_group`, `mesh` (DeviceMesh.from_sizes sizes, None =
+    data parallel over the group), `sampler_replicas` and `sampler_group` place it on Ray. `hub_push`: this model's
+    effective push settings (the server's, with the model's overrides), None when pushing is not configured."""
+    name: str
+    path: str
+    backend: str = 'MultiLoraTransformersModel'
+    backend_args: dict[str, Any] = field(default_factory=dict)
+    sampler: str = 'TorchSampler'
+    sampler_args: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    train_group: GroupSpec = field(default_factory=GroupSpec)
+    mesh: dict[str, int] | None = None
+    sampler_replicas: int = 1
+    sampler_group: GroupSpec = field(default_factory=GroupSpec)
+    hub_push: HubPushConfig | None = None
+
+    def mesh_world_size(self) -> int:
+        """Ranks the mesh covers: the product of its sizes (`ep_size` folds over data ranks), an unset `dp_size`
+        filling `train_group.ranks` where it divides evenly (else counting 1)."""
+        if not self.mesh:
+            return self.train_group.ranks
+        others = math.prod(v for k, v in self.mesh.items() if k not in ('dp_size', 'ep_size'))
+        dp = self.mesh.get('dp_size')
+        if dp is None:
+            dp = self.train_group.ranks // others if self.train_group.ranks % others == 0 else 1
+        return dp * others
+
+    def device_mesh(self) -> Any:
+        """The `twinkle_core.mesh.DeviceMesh` of the training group (data parallel when `mesh` is None)."""
+        from twinkle_core.mesh import DeviceMesh
+        return DeviceMesh.from_sizes(**(self.mesh or {}), world_size=self.train_group.ranks,
+                                     device_type=self.train_group.device_type)
+
+    def ray_only_settings(self) -> list[str]:
+        """The keys of this spec (relative to the model) that only a Ray deployment can honour."""
+        out = []
+        for key, group, size in (('train_group', self.train_group, 'ranks'),
+                                 ('sampler_group', self.sampler_group, 'ranks_per_replica')):
+            if group.ranks != 1:
+                out.append(f'{key}.{size}')
+            out += [f'{key}.{k}' for k in ('device_type', 'num_cpus', 'num_gpus', 'resources')
+                    if getattr(group, k) is not None]
+        if self.mesh and self.mesh_world_size() != 1:
+            out.append('mesh')
+        if self.sampler_replicas != 1:
+            out.append('sampler_replicas')
+        return out
+
+
 @dataclass
 class ServerConfig:
-    """`models`: public name -> local directory (or a `ms://`/`hf://` id resolved at start-up)."""
+    """`models`: public name -> local directory (or a `ms://`/`hf://` id resolved at start-up).
+
+    `model_specs` (name -> `ModelSpec`) is what engines are built from. Left empty, it is derived from `models` and
+    the server-wide `backend*` / `sampler*` fields (the flags of `twinkle server start`); given (a config file),
+    `models` is derived from it (or must agree with it)."""
     models: dict[str, str]
     data_dir: str
     host: str = '127.0.0.1'
@@ -66,12 +180,15 @@ class ServerConfig:
     seq_gap_timeout_s: float = 120.0
     #: failed logins from one address within a minute before that address is answered 429
     max_failed_logins_per_minute: int = 30
+    #: on SIGTERM/SIGINT, how long accepted work may finish before what is left is failed (docs/server.md)
+    drain_timeout_s: float = 60.0
     #: directories (besides each hosted model's own) whose files native calls may name (e.g. set_template)
     allowed_roots: tuple[str, ...] = ()
     default_limits: TenantLimits = field(default_factory=TenantLimits)
     tenant_limits: dict[str, TenantLimits] = field(default_factory=dict)
     lora_alpha: float = 32.0
-    #: the training backend of every hosted model, by registry name (kind `model`), and its constructor
+    #: (when `model_specs` is derived from `models`) the training backend of every hosted model, by registry name
+    #: (kind `model`), and its constructor
     #: arguments (e.g. ``{'pass_strategy': 'mixed'}`` for MultiLoraTransformersModel: how queued work of several
     #: adapters splits into passes)
     backend: str = 'MultiLoraTransformersModel'
@@ -80,6 +197,31 @@ class ServerConfig:
     #: (e.g. ``{'engine_args': {'max_model_len': 4096}}`` for vLLMSampler)
     sampler: str = 'TorchSampler'
     sampler_args: dict[str, Any] = field(default_factory=dict)
+    #: public name -> everything about one hosted model; the table engines are built from (class docstring)
+    model_specs: dict[str, ModelSpec] = field(default_factory=dict)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    #: `sqlite:///PATH` or `postgresql://user@host:port/db`; None = SQLite in `data_dir`
+    database_url: str | None = None
+    #: server-wide hub push settings (None: not configured); each `ModelSpec.hub_push` holds a model's effective ones
+    hub_push: HubPushConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model_specs:
+            self.model_specs = {name: ModelSpec(name, path, backend=self.backend, backend_args=dict(self.backend_args),
+                                                sampler=self.sampler, sampler_args=dict(self.sampler_args),
+                                                hub_push=self.hub_push)
+                                for name, path in self.models.items()}
+        elif not self.models:
+            self.models = {name: spec.path for name, spec in self.model_specs.items()}
+        elif self.models != {name: spec.path for name, spec in self.model_specs.items()}:
+            raise ValueError('ServerConfig: models and model_specs name different models or paths')
+        if self.deployment.mode not in ('embedded', 'ray'):
+            raise ValueError(f"ServerConfig: deployment.mode must be 'embedded' or 'ray', got {self.deployment.mode!r}")
+        if self.deployment.mode == 'embedded':
+            for spec in self.model_specs.values():
+                if spec.ray_only_settings():
+                    raise ValueError(f'ServerConfig: model {spec.name!r} sets {", ".join(spec.ray_only_settings())}, '
+                                     f'which needs deployment.mode: ray')
 
     def limits(self, tenant: str) -> TenantLimits:
         return self.tenant_limits.get(tenant, self.default_limits)

@@ -25,6 +25,9 @@ class ApiError(Exception):
         self.category: Category = category or ('user' if status < 500 else 'server')
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self):  # keep status and category when pickled (errors cross Ray actor boundaries)
+        return (type(self), (self.status, self.message, self.category, self.retry_after_s))
+
     @property
     def retryable(self) -> bool:
         """Will (and should) a client send the same request again? 4xx other than 408/409/429: no."""

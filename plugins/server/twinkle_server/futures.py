@@ -2,7 +2,8 @@
 
 A future is completed from a worker thread (`resolve` / `reject`) and awaited on the event loop (`wait`).
 Finished results are written to the store, so a client can still collect them after a restart; futures that
-were pending when the server died are failed at start-up with a message that says to resubmit.
+were pending when the server died are failed at start-up with a message that says to resubmit. The first answer
+a future gets is final: a late one (work that finished after a drain failed it) is ignored.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class _Pending:
     tenant: str
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    answered: bool = False  # a result is being recorded: later answers are ignored
 
 
 class FutureTable:
@@ -62,6 +64,19 @@ class FutureTable:
         with self._lock:
             return sum(1 for p in self._pending.values() if p.tenant == tenant)
 
+    def pending_total(self) -> int:
+        """Requests of all tenants queued or running now."""
+        with self._lock:
+            return len(self._pending)
+
+    def fail_pending(self, exc: BaseException) -> int:
+        """Fail every unanswered future with `exc` (shutdown); returns how many."""
+        with self._lock:
+            ids = [rid for rid, p in self._pending.items() if not p.answered]
+        for request_id in ids:
+            self.reject(request_id, exc)
+        return len(ids)
+
     # ---- completion (any thread) ---------------------------------------------------------------------------
     def resolve(self, request_id: str, result: Any) -> None:
         """`result`: a JSON-serialisable value or protobuf `bytes`."""
@@ -74,6 +89,12 @@ class FutureTable:
         self._finish(request_id, 'failed', JSON, json.dumps(failure_body(exc)).encode())
 
     def _finish(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
+        with self._lock:
+            claimed = self._pending.get(request_id)
+            if claimed is None or claimed.answered:
+                logger.debug('%s was answered already; ignoring a later %s result', request_id, state)
+                return
+            claimed.answered = True
         try:
             self.store.finish_future(request_id, state, content_type, body)
         except Exception:  # noqa: BLE001 - e.g. the disk is full: the client must still get its answer
@@ -87,7 +108,10 @@ class FutureTable:
         with self._lock:
             pending = self._pending.pop(request_id, None)
         if pending is not None:
-            pending.loop.call_soon_threadsafe(pending.event.set)
+            try:
+                pending.loop.call_soon_threadsafe(pending.event.set)
+            except RuntimeError:  # the event loop has closed (shutdown): nobody is waiting any more
+                pass
 
     # ---- retrieval (event loop) ----------------------------------------------------------------------------
     async def wait(self, request_id: str, tenant: str, timeout_s: float) -> FutureRow | None:

@@ -59,7 +59,7 @@ class RequestGuard:
         if declared is not None and declared.isdigit() and int(declared) > body.limit:
             await body.peek()
             _release(service, scope, body.prefix, _tenant_from_key(service, scope))
-            await _send_error(send, BodyTooLarge(int(declared), body.limit))
+            await send_error(send, BodyTooLarge(int(declared), body.limit))
             return
 
         async def guarded_send(message: Message) -> None:
@@ -182,7 +182,8 @@ def _tenant_from_key(service: Any, scope: Scope) -> str | None:
         return None
 
 
-async def _send_error(send: Send, err: ApiError) -> None:
+async def send_error(send: Send, err: ApiError) -> None:
+    """Answer `err` directly (the project's JSON error body and headers) and close the connection."""
     payload = json.dumps(err.body()).encode()
     headers = [(b'content-type', b'application/json'), (b'content-length', str(len(payload)).encode()),
                (b'connection', b'close')]

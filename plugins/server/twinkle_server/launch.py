@@ -1,7 +1,8 @@
-"""Run the server: in the foreground (`serve`, what `twinkle server start` calls) or in a background thread
-(`start_in_thread`, for tests, benchmarks and notebooks)."""
+"""Run the server: in the foreground (`serve`, what `twinkle server start` calls: drains on SIGTERM/SIGINT) or in a
+background thread (`start_in_thread`, for tests, benchmarks and notebooks)."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -12,19 +13,68 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
+import uvicorn
+from fastapi import FastAPI
+
+from twinkle_server import logs
 from twinkle_server.app import create_app
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine import Engine
 
-__all__ = ['RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
+__all__ = ['DrainingServer', 'RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
+#: after a drain, how long uvicorn waits for open responses before cancelling them (they all end at once: every
+#: future has its answer by then)
+GRACEFUL_CLOSE_S = 3
+STARTUP_FAILURE = 3  # uvicorn's exit code when the app could not start
 
 
-def serve(config: ServerConfig, device: str | None = None) -> None:
-    import uvicorn
-    uvicorn.run(create_app(config, device=device), host=config.host, port=config.port,
-                log_level='info', timeout_keep_alive=75)
+def serve(config: ServerConfig, device: str | None = None, log_format: str = 'text') -> None:
+    """Serve in the foreground until SIGTERM or SIGINT, then drain (`drain.py`: at most `config.drain_timeout_s`)
+    and return. Logs go to stderr as `log_format` ('text' or 'json': one JSON object per line, `logs.py`).
+
+    SIGTERM ends the process with that signal once the shutdown is done (uvicorn's behaviour). When an engine call
+    outlived the drain (its request was already failed), the process exits at once (`os._exit(0)`): the interpreter
+    cannot shut down torch under a running call."""
+    logs.configure(log_format)
+    app = create_app(config, device=device)
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level='info',
+                                           log_config=None, access_log=False, timeout_keep_alive=75,
+                                           timeout_graceful_shutdown=GRACEFUL_CLOSE_S), app)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT is re-raised once the drain and shutdown are done
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
+    service = getattr(app.state, 'service', None)
+    if service is not None and any(w.running() for w in service.workers.values()):
+        logging.getLogger(__name__).warning('exiting while an engine call still runs (its request was failed)')
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first SIGTERM/SIGINT drains the service before uvicorn's own shutdown
+    starts. A second signal starts that shutdown at once (the app's shutdown then fails whatever is left)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+        self._drain_requested = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        service = getattr(self._app.state, 'service', None)
+        if service is None or self._drain_requested or self.should_exit:  # not started yet, or a second signal
+            super().handle_exit(sig, frame)
+            return
+        self._drain_requested = True  # a signal handler: no logging here (the drain logs as it starts)
+        service.futures.loop.call_soon_threadsafe(service.drain.start, lambda: super(DrainingServer, self)
+                                                  .handle_exit(sig, None))
 
 
 def free_port() -> int:
@@ -44,8 +94,17 @@ class RunningServer:
         return self.server.config.app.state.service
 
     def stop(self) -> None:
+        """Stop at once: queued work is failed, the running engine call may finish (up to 10 s)."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+    def drain(self, timeout_s: float = 300.0) -> None:
+        """Drain as on SIGTERM (no new work; accepted work finishes within `drain_timeout_s` or is failed), then
+        stop; returns when the server thread has ended (or after `timeout_s`)."""
+        service = self.service
+        service.futures.loop.call_soon_threadsafe(service.drain.start,
+                                                  lambda: setattr(self.server, 'should_exit', True))
+        self.thread.join(timeout=timeout_s)
 
 
 def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None,

@@ -11,6 +11,8 @@ and batching of compatible work (forward/backward passes of different adapters; 
   forward/backward passes (of other adapters) join the same engine call: one mixed-tenant pass.
   Sample jobs are batched the same way.
 - All torch work happens on this thread; the event loop only enqueues.
+- Every engine call is timed and its tokens counted (`metrics.Metrics`), and runs with the log context of the
+  requests it serves (`logs.bound`). For a drain, `fail_gaps` and `abandon` fail work that can no longer run.
 """
 from __future__ import annotations
 
@@ -19,16 +21,19 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from twinkle_server import logs
 from twinkle_server.engine.base import Engine, SampleJob, TrainBatch
 from twinkle_core.hooks import emit_failure
 from twinkle_server.errors import ApiError
+from twinkle_server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 Done = Callable[[Any], None]
 Failed = Callable[[BaseException], None]
+KINDS = ('train', 'sample', 'call')
 
 
 @dataclass
@@ -42,6 +47,19 @@ class Work:
     call: Callable[[Engine], Any] | None = None
     model_id: str | None = None  # set (with seq_id) for a training model's ordered requests
     seq_id: int | None = None
+    op: str | None = None  # what a `call` does (optim_step, save, ...), for metrics and logs
+    context: logs.RequestContext | None = None  # the submitting request's log context (taken by `submit`)
+
+    @property
+    def kind(self) -> str:
+        return 'train' if self.train is not None else 'sample' if self.sample is not None else 'call'
+
+    @property
+    def operation(self) -> str:
+        """forward_backward, forward, sample, or the call's `op` (default `call`)."""
+        if self.train is not None:
+            return 'forward' if self.train.forward_only else 'forward_backward'
+        return 'sample' if self.sample is not None else self.op or 'call'
 
 
 @dataclass
@@ -57,14 +75,17 @@ class ModelWorker:
     """Executes one engine's work queue on a dedicated thread."""
 
     def __init__(self, engine: Engine, *, max_queued_samples: int = 256, max_batch: int = 16,
-                 seq_gap_timeout_s: float = 120.0) -> None:
+                 seq_gap_timeout_s: float = 120.0, metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics if metrics is not None else Metrics()
         self.max_queued_samples = max_queued_samples
         self.max_batch = max_batch
         self.seq_gap_timeout_s = seq_gap_timeout_s
         self._ready: OrderedDict[str, deque[Work]] = OrderedDict()
         self._sequences: dict[str, _Sequence] = {}
         self._queued_samples = 0
+        self._running: list[Work] = []  # the batch in the engine call now
+        self._refusal: str | None = None  # set by `abandon`: why submissions are refused from now on
         #: counters for monitoring (and tests): engine passes, and how many of them mixed several adapters
         self.stats = {'train_passes': 0, 'mixed_train_passes': 0, 'max_adapters_per_pass': 0, 'sample_passes': 0}
         self._cond = threading.Condition()
@@ -84,8 +105,13 @@ class ModelWorker:
             self._fail(work, ApiError(404, f'model {model_id!r} was unloaded before this request ran'))
 
     def submit(self, work: Work) -> None:
-        """Queue `work`; raises ApiError 429 when the sample queue is full, 400 for a used seq_id."""
+        """Queue `work`; raises ApiError 429 when the sample queue is full, 400 for a used seq_id, 503 once the
+        worker was abandoned (shutdown). Takes the caller's log context into `work.context`."""
+        if work.context is None:
+            work.context = logs.snapshot(model=self.engine.base_model)
         with self._cond:
+            if self._refusal is not None:
+                raise ApiError(503, self._refusal)
             if work.sample is not None:
                 if self._queued_samples >= self.max_queued_samples:
                     raise ApiError(429, f'sampling queue of {self.engine.base_model!r} is full '
@@ -119,13 +145,69 @@ class ModelWorker:
         with self._cond:
             return sum(len(q) for q in self._ready.values())
 
-    def stop(self) -> None:
+    # ---- read-only views (metrics, drain) ------------------------------------------------------------------
+    def queue_depths(self) -> dict[str, int]:
+        """Accepted work not yet running, by kind (train, sample, call): ready, or parked for an earlier seq_id."""
+        depths = dict.fromkeys(KINDS, 0)
+        with self._cond:
+            for work in self._waiting():
+                depths[work.kind] += 1
+        return depths
+
+    def running(self) -> int:
+        """Work items in the engine call running now."""
+        with self._cond:
+            return len(self._running)
+
+    def idle(self) -> bool:
+        """Nothing queued, parked or running."""
+        with self._cond:
+            return not self._running and not any(True for _ in self._waiting())
+
+    # ---- shutdown ------------------------------------------------------------------------------------------
+    def fail_gaps(self, exc: BaseException) -> int:
+        """Fail parked work that waits for a seq_id nothing will send any more (the server drains and no request
+        is in flight); returns how many."""
+        with self._cond:
+            failed = []
+            for seq in self._sequences.values():
+                if seq.parked and not seq.running:
+                    failed += [seq.parked[s] for s in sorted(seq.parked)]
+                    seq.parked.clear()
+                    seq.blocked_since = None
+        for work in failed:
+            self._fail(work, exc)
+        return len(failed)
+
+    def abandon(self, exc: BaseException, refusal: str) -> int:
+        """Fail all queued and parked work with `exc`, and refuse (503 `refusal`) whatever is submitted later.
+        The engine call running now is not interrupted. Returns how many were failed."""
+        with self._cond:
+            self._refusal = refusal
+            failed = list(self._waiting())
+            self._ready.clear()
+            for seq in self._sequences.values():
+                seq.parked.clear()
+                seq.blocked_since = None
+            self._queued_samples = 0
+        for work in failed:
+            self._fail(work, exc)
+        return len(failed)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the worker thread once its current engine call returns (waiting at most `timeout_s`)."""
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout_s)
 
     # ---- internals (lock held) -----------------------------------------------------------------------------
+    def _waiting(self) -> Iterator[Work]:
+        for q in self._ready.values():
+            yield from q
+        for seq in self._sequences.values():
+            yield from seq.parked.values()
+
     def _enqueue(self, work: Work) -> None:
         self._ready.setdefault(work.tenant, deque()).append(work)
 
@@ -222,50 +304,89 @@ class ModelWorker:
                         break
                     self._cond.wait(timeout=self._next_gap_deadline())
                 batch = self._take() if any(self._ready.values()) else []
+                self._running = batch
             for work, err in expired:
                 self._fail(work, err)
             if batch:
                 self._run(batch)
 
-    def _fail(self, work: Work, exc: BaseException) -> None:
-        """Report a failed work item: the `twinkle_failure` hook, then its request's future."""
-        emit_failure(exc, {'where': 'server', 'base_model': self.engine.base_model, 'tenant': work.tenant,
-                           'model_id': work.model_id, 'seq_id': work.seq_id,
-                           'kind': 'train' if work.train else 'sample' if work.sample else 'call'})
-        try:
-            work.on_error(exc)
-        except BaseException:  # noqa: BLE001
-            logger.exception('failing a request failed')
+    def _fail(self, work: Work, exc: BaseException, counted: bool = False) -> None:
+        """Report a failed work item: the `twinkle_failure` hook, then its request's future (and, unless its engine
+        call already `counted` it, the failure metric)."""
+        with logs.bound(work.context):
+            if not counted:
+                self.metrics.work_failed(self.engine.base_model, work.operation)
+            emit_failure(exc, {'where': 'server', 'base_model': self.engine.base_model, 'tenant': work.tenant,
+                               'model_id': work.model_id, 'seq_id': work.seq_id, 'kind': work.kind})
+            try:
+                work.on_error(exc)
+            except BaseException:  # noqa: BLE001
+                logger.exception('failing a request failed')
 
     def _run(self, batch: list[Work]) -> None:
-        try:
-            if batch[0].train is not None:
-                self._count(len(batch))
-                results = self.engine.forward_backward([w.train for w in batch])  # type: ignore[misc]
-            elif batch[0].sample is not None:
-                self.stats['sample_passes'] += 1
-                results = self.engine.sample([w.sample for w in batch])  # type: ignore[misc]
-            else:
-                results = [_call(batch[0].call, self.engine)]  # type: ignore[arg-type]
-        except BaseException as exc:  # noqa: BLE001 - the worker must survive anything
-            logger.exception('engine call failed')
-            results = [exc] * len(batch)
-        for work, result in zip(batch, results):
+        op = 'forward' if all(w.operation == 'forward' for w in batch) else batch[0].operation
+        start = time.perf_counter()
+        with logs.bound(logs.merged([w.context for w in batch])):
             try:
-                if isinstance(result, BaseException):
-                    self._fail(work, result)
+                if batch[0].train is not None:
+                    self._count(len(batch))
+                    results = self.engine.forward_backward([w.train for w in batch])  # type: ignore[misc]
+                elif batch[0].sample is not None:
+                    self.stats['sample_passes'] += 1
+                    results = self.engine.sample([w.sample for w in batch])  # type: ignore[misc]
                 else:
-                    work.on_done(result)
-            except BaseException as exc:  # noqa: BLE001 - a failing callback fails only its own request
-                logger.exception('completing a request failed')
-                self._fail(work, exc)
-            finally:
-                self._finished(work)
+                    results = [_call(batch[0].call, self.engine)]  # type: ignore[arg-type]
+            except BaseException as exc:  # noqa: BLE001 - the worker must survive anything
+                logger.exception('engine call failed')
+                results = [exc] * len(batch)
+            seconds = time.perf_counter() - start
+            tokens = _tokens(batch, results)
+            logger.info('engine %s: %d request(s), %d token(s), %.3f s', op, len(batch), sum(tokens.values()),
+                        seconds)
+        failed = 0
+        for work, result in zip(batch, results):
+            with logs.bound(work.context):
+                try:
+                    if isinstance(result, BaseException):
+                        failed += 1
+                        self._fail(work, result, counted=True)
+                    else:
+                        work.on_done(result)
+                except BaseException as exc:  # noqa: BLE001 - a failing callback fails only its own request
+                    logger.exception('completing a request failed')
+                    failed += 1
+                    self._fail(work, exc, counted=True)
+                finally:
+                    self._finished(work)
+        with self._cond:
+            self._running = []
+        self.metrics.engine_call(self.engine.base_model, op, seconds, done=len(batch) - failed, failed=failed,
+                                 tokens=tokens)
 
     def _count(self, adapters: int) -> None:
         self.stats['train_passes'] += 1
         self.stats['mixed_train_passes'] += adapters > 1
         self.stats['max_adapters_per_pass'] = max(self.stats['max_adapters_per_pass'], adapters)
+
+
+def _tokens(batch: list[Work], results: list[Any]) -> dict[str, int]:
+    """Tokens the successful items of an engine call processed, by operation: input tokens of training passes,
+    prompt (`sample_prompt`) and generated (`sample`) tokens of sampling."""
+    out: dict[str, int] = {}
+    try:
+        for work, result in zip(batch, results):
+            if isinstance(result, BaseException):
+                continue
+            if work.train is not None:
+                n = sum(len(row.get('input_ids', ())) for row in work.train.rows)
+                out[work.operation] = out.get(work.operation, 0) + n
+            elif work.sample is not None:
+                out['sample_prompt'] = out.get('sample_prompt', 0) + len(work.sample.prompt)
+                sequences = getattr(result, 'sequences', None) or []
+                out['sample'] = out.get('sample', 0) + sum(len(getattr(s, 'tokens', ())) for s in sequences)
+    except Exception:  # noqa: BLE001 - counting must never break the worker
+        logger.exception('counting tokens failed')
+    return out
 
 
 def _call(fn: Callable[[Engine], Any], engine: Engine) -> Any:

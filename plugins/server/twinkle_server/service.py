@@ -15,10 +15,14 @@ from typing import Any, Callable, Iterator
 
 from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
+from twinkle_server import logs
 from twinkle_server.config import ServerConfig
+from twinkle_server.drain import Drain
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
 from twinkle_server.errors import ApiError, not_found, unprocessable
 from twinkle_server.futures import FutureTable
+from twinkle_server.hub_push import HubPusher, client_metadata
+from twinkle_server.metrics import Metrics
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
@@ -41,16 +45,22 @@ class LiveModel:
 
 
 class Service:
-    def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
+                 store: Store | None = None) -> None:
+        """`store`: an open metadata store (default: `Store.open(config.database_url, config.data_dir)`)."""
         self.config = config
-        self.store = Store(config.data_dir)
+        self.store = store if store is not None else Store.open(config.database_url, config.data_dir)
         self.files = CheckpointFiles(config.data_dir)
+        self.pusher = HubPusher(self.store, config.data_dir,
+                                {name: spec.hub_push for name, spec in config.model_specs.items()})
         self.futures = FutureTable(self.store, loop)
         self.futures.recover()
         self.engines = engines
+        self.metrics = Metrics()
         self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch,
-                                          seq_gap_timeout_s=config.seq_gap_timeout_s)
+                                          seq_gap_timeout_s=config.seq_gap_timeout_s, metrics=self.metrics)
                         for name, e in engines.items()}
+        self.drain = Drain(self.workers, self.futures, config.drain_timeout_s)
         self.quotas = Quotas(config, self.store)
         self.logins = LoginThrottle(config.max_failed_logins_per_minute)
         self.models: dict[str, LiveModel] = {}
@@ -59,8 +69,18 @@ class Service:
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Shut down. Queued work is failed, the running engine call may finish (briefly, after a drain), and
+        whatever is still unanswered is failed too: every accepted request gets a definite answer."""
+        self.drain.fail_queued()
         for w in self.workers.values():
-            w.stop()
+            w.stop(timeout_s=1.0 if self.drain.draining else 10.0)
+        self.drain.fail_running()
+        for engine in self.engines.values():
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - closing the others and the store matters more
+                logger.exception('closing the engine of %s failed', engine.base_model)
+        self.pusher.close()
         self.store.close()
 
     # ---- tenants -------------------------------------------------------------------------------------------
@@ -93,9 +113,17 @@ class Service:
         return base_model
 
     def engine(self, base_model: str) -> Engine:
+        logs.annotate(model=base_model)
         if base_model not in self.engines:
             raise ApiError(404, f'base model {base_model!r} is not served here; available: {sorted(self.engines)}')
         return self.engines[base_model]
+
+    def live_adapters(self) -> dict[str, int]:
+        """Training models loaded now, by hosted base model (zeros included)."""
+        counts = dict.fromkeys(self.engines, 0)
+        for m in list(self.models.values()):
+            counts[m.base_model] = counts.get(m.base_model, 0) + 1
+        return counts
 
     def model(self, tenant: str, model_id: str) -> LiveModel:
         m = self.models.get(model_id)
@@ -117,6 +145,7 @@ class Service:
     def enqueue(self, tenant: str, base_model: str, *, post: Callable[[Any], Any] = lambda r: r,
                 model_id: str | None = None, seq_id: int | None = None, **work: Any) -> str:
         """Queue engine work and return a future id; `post(result)` (worker thread) makes the future's value."""
+        logs.annotate(model=base_model)
         if model_id is not None and seq_id is not None:
             with self._lock:
                 seen = self._seen.get(model_id, {}).get(seq_id)
@@ -173,7 +202,7 @@ class Service:
         self.models[model_id] = live
         self.workers[base_model].start_sequence(model_id, 1)
         try:
-            live.created_by = self.enqueue(tenant, base_model, call=create)
+            live.created_by = self.enqueue(tenant, base_model, call=create, op='create_model')
         except ApiError:
             self._forget(model_id)
             raise
@@ -219,7 +248,7 @@ class Service:
         self.models[model_id] = live
         self.workers[base].start_sequence(model_id, 1)
         try:
-            live.created_by = self.enqueue(tenant, base, call=load)
+            live.created_by = self.enqueue(tenant, base, call=load, op='load_state')
         except ApiError:
             self._forget(model_id)
             raise
@@ -237,7 +266,7 @@ class Service:
             engine.load_state(model_id, row.directory, optimizer=optimizer)
             return {'path': path, 'model_id': model_id, 'type': 'load_weights'}
 
-        return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id)
+        return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id, op='load_state')
 
     def forward_backward(self, tenant: str, model_id: str, seq_id: int | None, batch: TrainBatch,
                          post: Callable[[Any], Any]) -> str:
@@ -248,11 +277,11 @@ class Service:
     def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: AdamStep) -> str:
         m = self.model(tenant, model_id)
         return self.enqueue(tenant, m.base_model, call=lambda e: {'metrics': e.optim_step(model_id, step)},
-                            model_id=model_id, seq_id=seq_id)
+                            model_id=model_id, seq_id=seq_id, op='optim_step')
 
     def call(self, tenant: str, model_id: str, fn: Callable[[Engine], Any], seq_id: int | None = None) -> str:
         m = self.model(tenant, model_id)
-        return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id)
+        return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id, op='native_call')
 
     def unload(self, model_id: str) -> None:
         m = self.models.get(model_id)
@@ -260,7 +289,7 @@ class Service:
             return
         self.workers[m.base_model].end_sequence(model_id)
         self.workers[m.base_model].submit(Work(m.tenant, on_done=lambda r: None, on_error=lambda e: None,
-                                               call=lambda e: e.remove_adapter(model_id)))
+                                               call=lambda e: e.remove_adapter(model_id), op='unload'))
         self._forget(model_id)
 
     @contextlib.contextmanager
@@ -281,9 +310,13 @@ class Service:
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
              optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
-             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True) -> str:
-        """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`)."""
+             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True,
+             hub_push: bool = False) -> str:
+        """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`). Once written it
+        is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in)."""
         m = self.model(tenant, model_id)
+        push = self.pusher.wanted(m.base_model, user_metadata, hub_push, listed)
+        user_metadata = client_metadata(user_metadata)
         cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
         final = self.files.directory(tenant, cp)
         meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
@@ -292,11 +325,15 @@ class Service:
         def write(engine: Engine) -> Any:
             size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
                                     meta, overwrite=overwrite)
-            self.store.put_checkpoint(CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size,
-                                                    time.time(), user_metadata, None, listed))
+            engine.checkpoint_written(model_id, str(final), optimizer=meta['optimizer'])
+            row = CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(),
+                                user_metadata, None, listed)
+            self.store.put_checkpoint(row)
+            if push is not None:
+                self.pusher.submit(row, push)
             return post(cp.uri()) if post else {'path': cp.uri(), 'type': 'save_weights'}
 
-        return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id)
+        return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id, op='save_state')
 
     def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
                              sampling_session_seq_id: int) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt, prompt_rows,
+from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt_row, prompt_rows,
                                           sampled_sequence, sequence_seed)
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
@@ -83,7 +83,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
-        prompts = [encode_prompt(row, i, self._codec.encode_chat) for i, row in enumerate(rows)]
+        prompts = [_text_prompt(encode_prompt_row(row, i, self._codec.encode_chat_row), i)
+                   for i, row in enumerate(rows)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         if self._handle.weights_lost:
@@ -240,6 +241,15 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             raw = outputs[0].prompt_logprobs
             prompt_logprobs = [None] + [float(step[t].logprob) for t, step in zip(prompt[1:], raw[1:])]
         return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+
+
+def _text_prompt(encoded: dict[str, Any], index: int) -> list[int]:
+    """The ids of a text prompt; image prompts are refused (their images would be silently dropped)."""
+    if 'pixel_values' in encoded:
+        raise InvalidInputError(f'Prompt {index} holds images: multimodal prompts need vLLM\'s multimodal input '
+                                'path (which needs torchvision) and are not supported by vLLMSampler yet; sample '
+                                'image prompts with TorchSampler.')
+    return encoded['input_ids']
 
 
 def _ranked(step: dict[int, Any], k: int) -> list[tuple[int, float]]:

@@ -160,3 +160,10 @@ class Engine(ABC):
     @abstractmethod
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Call a `Model` interface method for `adapter` (the native API; `method` is already whitelisted)."""
+
+    def checkpoint_written(self, adapter: str, directory: str, *, optimizer: bool) -> None:
+        """`save_state` of `adapter` is now committed at `directory` (its final place: `save_state` itself wrote
+        into a temporary one). Engines that can lose their workers restore adapters from here."""
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (e.g. Ray actors); called once at shutdown."""

@@ -9,11 +9,14 @@ its own copy of the base weights, so sampling never sees half-updated training w
 from saved checkpoint directories (what a client samples is exactly what was saved) into a bounded pool of slots,
 least recently used first out, so a long RL run does not grow memory without limit. Tinker loss names resolve
 through the registry (kind `loss`) as `twinkle_server.tinker.losses` says.
+
+`AdapterSampler` is the sampling half on its own: the Ray deployment runs it in sampler replicas.
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -27,33 +30,36 @@ from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, Tr
 from twinkle_server.errors import ApiError, unprocessable
 from twinkle_server.tinker.losses import tinker_loss
 
+_GLOBAL_RNG = threading.Lock()  # held while an adapter is initialised from a seeded global torch RNG
+
 
 class TwinkleEngine(Engine):
     """`backend`: a registered model name built on `model_dir` with `backend_args` (plus `device`), or a ready
     `Model`. `sampler`: a registered sampler name built on `model_dir` with `sampler_args` (TorchSampler also gets
-    `device`), or a ready `Sampler` (e.g. one vLLM engine shared across tests). `max_sampler_adapters` bounds the
-    adapters the sampler holds at once (further capped by its declared `capabilities.max_adapters`)."""
+    `device`), a ready `Sampler` (e.g. one vLLM engine shared across tests), or None for a training-only engine
+    (sampling then happens elsewhere, e.g. in the sampler replicas of a Ray deployment). `max_sampler_adapters`
+    bounds the adapters the sampler holds at once (see `AdapterSampler`)."""
 
     def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
                  max_sampler_adapters: int = 32, backend: str | Model = 'MultiLoraTransformersModel',
-                 backend_args: dict[str, Any] | None = None, sampler: str | Sampler = 'TorchSampler',
+                 backend_args: dict[str, Any] | None = None, sampler: str | Sampler | None = 'TorchSampler',
                  sampler_args: dict[str, Any] | None = None) -> None:
         from twinkle_core.registry import resolve
         self.base_model, self.model_dir = base_model, str(model_dir)
         self.model: Model = backend if isinstance(backend, Model) else resolve(
             'model', backend, model_id=self.model_dir, device=device, **(backend_args or {}))
-        self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, self.model_dir, device,
-                                                                                   sampler_args or {})
-        capacity = self.sampler.capabilities.max_adapters
-        self.max_sampler_adapters = min(max_sampler_adapters, capacity) if capacity else max_sampler_adapters
-        self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
+        self.sampling = None if sampler is None else AdapterSampler(
+            sampler, self.model_dir, device=device, sampler_args=sampler_args,
+            max_adapters=max_sampler_adapters)
         self.max_context_length = int(self.model.model_info().get('max_length') or 4096)
         self.backend_name, self.max_adapters = type(self.model).__name__, self.model.capabilities.max_adapters
         self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
 
     # ---- adapters ------------------------------------------------------------------------------------------
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
-        with torch.random.fork_rng(devices=[]):  # lora.seed: the same initial weights on every backend
+        # lora.seed: the same initial weights on every backend. Seeding goes through torch's global RNG, which the
+        # engines of other base models (other worker threads) use too: one at a time, or they reseed each other.
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             if lora.seed is not None:
                 torch.manual_seed(lora.seed)
             self.model.add_adapter_to_model(adapter, lora.peft_config(),
@@ -139,6 +145,38 @@ class TwinkleEngine(Engine):
     def load_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:
         self.model.load(directory, load_optimizer=optimizer, adapter_name=adapter)
 
+    # ---- sampling ------------------------------------------------------------------------------------------
+    @property
+    def sampler(self) -> Sampler:
+        if self.sampling is None:
+            raise ApiError(503, f'{self.base_model}: this engine trains only; its sampler runs elsewhere')
+        return self.sampling.sampler
+
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+        if self.sampling is None:
+            raise ApiError(503, f'{self.base_model}: this engine trains only; its sampler runs elsewhere')
+        return self.sampling.sample(jobs)
+
+    def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if method == 'set_loss' or method == 'set_optimizer':
+            self._losses.pop(adapter, None)
+        return getattr(self.model, method)(*args, adapter_name=adapter, **kwargs)
+
+
+class AdapterSampler:
+    """A sampler plus the adapters it serves: LoRA weights are loaded from saved checkpoint directories (what a
+    client samples is exactly what was saved) into a bounded pool of slots, least recently used first out, so a
+    long RL run does not grow memory without limit. `max_adapters` is further capped by the sampler's declared
+    `capabilities.max_adapters`."""
+
+    def __init__(self, sampler: str | Sampler, model_dir: str, *, device: str | None = None,
+                 sampler_args: dict[str, Any] | None = None, max_adapters: int = 32) -> None:
+        self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, model_dir, device,
+                                                                                   sampler_args or {})
+        capacity = self.sampler.capabilities.max_adapters
+        self.max_adapters = min(max_adapters, capacity) if capacity else max_adapters
+        self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
+
     def _slot(self, directory: str) -> str:
         """The sampler adapter holding `directory`'s weights, loading it (into the LRU slot) if needed. Keyed by
         the directory's identity too, so a checkpoint overwritten under the same name is reloaded."""
@@ -147,7 +185,7 @@ class TwinkleEngine(Engine):
         if directory in self._slots:
             self._slots.move_to_end(directory)
             return self._slots[directory]
-        if len(self._slots) < self.max_sampler_adapters:
+        if len(self._slots) < self.max_adapters:
             name = f'slot-{len(self._slots)}'
         else:
             _, name = self._slots.popitem(last=False)
@@ -159,7 +197,6 @@ class TwinkleEngine(Engine):
             raise
         return name
 
-    # ---- sampling ------------------------------------------------------------------------------------------
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
         """Jobs with the same sampling settings share one `sample` call (adapters mixed per row)."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
@@ -187,18 +224,13 @@ class TwinkleEngine(Engine):
         dirs: set[str] = set()
         for i in idx:
             d = jobs[i].adapter_dir
-            if d is not None and d not in dirs and len(dirs) >= self.max_sampler_adapters:
+            if d is not None and d not in dirs and len(dirs) >= self.max_adapters:
                 chunks.append([])
                 dirs = set()
             if d is not None:
                 dirs.add(d)
             chunks[-1].append(i)
         return chunks
-
-    def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        if method == 'set_loss' or method == 'set_optimizer':
-            self._losses.pop(adapter, None)
-        return getattr(self.model, method)(*args, adapter_name=adapter, **kwargs)
 
 
 def _build_sampler(name: str, model_dir: str, device: str | None, args: dict[str, Any]) -> Sampler:

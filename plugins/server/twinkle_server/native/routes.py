@@ -27,9 +27,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from twinkle_core.dispatch import remote_methods
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.model.base import Model
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.types import SamplingParams
+from twinkle_core.utils.arrays import unpack_arrays
 from twinkle_core.utils.json import to_json
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
@@ -82,7 +84,8 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
         name = args[0] if args else kwargs.pop('name', None)
         rid = svc.save(who.name, model_id, None, str(name or ''), sampler=False,
                        optimizer=bool(kwargs.get('save_optimizer', False)),
-                       post=lambda uri: {'result': uri}, scheme='twinkle://')
+                       post=lambda uri: {'result': uri}, scheme='twinkle://',
+                       hub_push=kwargs.get('hub_push') is True)  # per-request opt-in (docs/server.md)
         return await _wait(svc, who.name, rid)
     if method == 'load':
         path = args[0] if args else kwargs.pop('path', None)
@@ -128,6 +131,9 @@ async def call_sampler(sampler_id: str, method: str, request: Request, who: Tena
         if not isinstance(ids, list) or not ids:
             raise unprocessable('native sample takes prompts as token ids (InputFeature rows with input_ids); '
                                 'encode chat prompts client-side with a template')
+        if isinstance(prompt, dict) and prompt.get('pixel_values') is not None:
+            raise unprocessable('native sample takes text prompts only; sample image prompts through the Tinker '
+                                'API (asample with ImageChunks: the server sizes and encodes the images itself)')
         job = SampleJob(list(ids), params, params.num_samples, params.prompt_logprobs)
         rids.append(svc.sample(who.name, None if path else sampler_id, path or None,
                                row.base_model if path else None, job, post=lambda r: r.model_dump()))
@@ -163,10 +169,14 @@ def _lora_spec(config: dict[str, Any], seed: Any, accumulation: Any = 1) -> Lora
 
 
 def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """`args` and `kwargs` of a call body, with packed float arrays (`twinkle_core.utils.arrays`) unpacked."""
     args, kwargs = body.get('args', []), body.get('kwargs', {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise bad_request('a call body is {"args": [...], "kwargs": {...}}')
-    return args, kwargs
+    try:
+        return unpack_arrays(args, 'args'), unpack_arrays(kwargs, 'kwargs')
+    except InvalidInputError as exc:
+        raise bad_request(str(exc)) from None
 
 
 def _refuse_hub_refs(*values: Any) -> None:

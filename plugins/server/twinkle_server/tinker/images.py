@@ -14,6 +14,7 @@ The encoder of a base model (a `VisionTemplate` over its directory) is built on 
 """
 from __future__ import annotations
 
+import io
 import json
 import threading
 from dataclasses import dataclass, field
@@ -104,40 +105,89 @@ class ImageEncoder:
         except ApiError:
             return None
 
+    def measure(self, chunks: list[Chunk], where: str) -> int:
+        """The input's length with every image counted by this server, from the image headers alone (no pixel is
+        decoded), so request caps can be checked first; refuses early what `expand` refuses (a text-only model,
+        an unknown or mismatched format, a wrong `expected_tokens`)."""
+        if any(isinstance(c, WireImage) for c in chunks):
+            self.template()  # a text-only model refuses before any image is looked at
+        length = 0
+        for k, c in enumerate(chunks):
+            if isinstance(c, list):
+                length += len(c)
+                continue
+            size = _header_size(c, f'{where}: chunk {k} (image)')
+            n = self._tokens_for(size)
+            if n is not None:
+                _check_expected(c, n, size, f'{where}: chunk {k} (image)', self.base_model)
+            length += n if n is not None else (c.expected_tokens or 0)
+        return length
+
     def expand(self, chunks: list[Chunk], where: str) -> ModelTokens:
-        """`chunks` as model tokens (see the module docstring); `where` names the datum/prompt in errors."""
-        images = [(k, c) for k, c in enumerate(chunks) if isinstance(c, WireImage)]
+        """`chunks` as model tokens (see the module docstring); `where` names the datum/prompt in errors. Images
+        are decoded and processed one at a time (one decoded image in memory at once)."""
         pad = self.placeholder_id()
         for k, c in enumerate(chunks):
             if pad is not None and isinstance(c, list) and pad in c:
                 raise bad_request(f'{where}: chunk {k} (encoded_text) contains token id {pad}, the image '
                                   f'placeholder of {self.base_model!r}; send images as ImageChunks (the server '
                                   f'writes their placeholder tokens)')
-        if not images:
+        if not any(isinstance(c, WireImage) for c in chunks):
             return ModelTokens([t for c in chunks for t in c])  # type: ignore[union-attr]
         template = self.template()
-        decoded = {k: _decode(c, f'{where}: chunk {k} (image)') for k, c in images}
-        try:
-            vision = template.process_images(list(decoded.values()))
-        except (InvalidInputError, ValueError) as exc:
-            raise bad_request(f'{where}: the image processor of {self.base_model!r} refused the images: {exc}') \
-                from None
-        counts = iter(vision['tokens_per_image'])
         tokens: list[int] = []
         types: list[int] = []
+        pixels: list[np.ndarray] = []
+        grids: list[list[int]] = []
         for k, c in enumerate(chunks):
             if isinstance(c, list):
                 tokens += c
                 types += [0] * len(c)
                 continue
-            n = int(next(counts))
-            if c.expected_tokens is not None and c.expected_tokens != n:
-                raise bad_request(f'{where}: chunk {k} (image) has expected_tokens={c.expected_tokens}, but this '
-                                  f'server computes {n} tokens for that {_size(decoded[k])} image with the '
-                                  f'image processor of {self.base_model!r}')
+            image = _decode(c, f'{where}: chunk {k} (image)')
+            try:
+                vision = template.process_images([image])
+            except (InvalidInputError, ValueError) as exc:
+                raise bad_request(f'{where}: chunk {k} (image): the image processor of {self.base_model!r} '
+                                  f'refused it: {exc}') from None
+            n = int(vision['tokens_per_image'][0])
+            _check_expected(c, n, image.size, f'{where}: chunk {k} (image)', self.base_model)
             tokens += [template.image_token_id] * n
             types += [1] * n
-        return ModelTokens(tokens, types, vision['pixel_values'], vision['image_grid_thw'])
+            pixels.append(vision['pixel_values'])
+            grids += vision['image_grid_thw']
+        return ModelTokens(tokens, types, np.concatenate(pixels), grids)
+
+    def _tokens_for(self, size: tuple[int, int]) -> int | None:
+        """Tokens of a `size` (width, height) image by the processor's own count; None when it cannot count."""
+        processor = self.template().image_processor
+        count = getattr(processor, 'get_number_of_image_patches', None)
+        if count is None:
+            return None
+        width, height = size
+        return int(count(height, width, {})) // self.template().merge_size ** 2
+
+
+def _check_expected(image: WireImage, n: int, size: tuple[int, int], where: str, base_model: str) -> None:
+    if image.expected_tokens is not None and image.expected_tokens != n:
+        raise bad_request(f'{where} has expected_tokens={image.expected_tokens}, but this server computes {n} '
+                          f'tokens for that {size[0]}x{size[1]} image with the image processor of {base_model!r}')
+
+
+def _header_size(image: WireImage, where: str) -> tuple[int, int]:
+    """(width, height) from the image header; a 400 for an unknown format or bytes that are not that format."""
+    from PIL import Image, UnidentifiedImageError
+    if image.format not in WIRE_FORMATS:
+        raise bad_request(f'{where}: format {image.format!r} is not supported; use one of {list(WIRE_FORMATS)}')
+    try:
+        with Image.open(io.BytesIO(image.data)) as header:
+            actual, size = (header.format or '').lower(), header.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise bad_request(f'{where}: the bytes are not a decodable image ({exc}).') from None
+    if actual != image.format:
+        raise bad_request(f'{where}: the bytes are {actual.upper() or "not an image"}, but the format was given as '
+                          f'{image.format!r}.')
+    return size
 
 
 def _decode(image: WireImage, where: str) -> Any:
@@ -148,11 +198,6 @@ def _decode(image: WireImage, where: str) -> Any:
         return decode_image_bytes(image.data, where=where, expected_format=image.format)
     except InvalidInputError as exc:
         raise bad_request(str(exc)) from None
-
-
-def _size(image: Any) -> str:
-    width, height = image.size
-    return f'{width}x{height}'
 
 
 def _has_vision_config(model_dir: str) -> bool:

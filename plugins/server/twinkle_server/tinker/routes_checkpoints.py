@@ -15,7 +15,8 @@ from twinkle_server.checkpoints import CheckpointPath
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.errors import bad_request, not_found, unprocessable
 from twinkle_server.service import Service
-from twinkle_server.store import CheckpointRow, TrainingRunRow
+from twinkle_server.hub_push import listing_fields, listing_metadata
+from twinkle_server.store import CheckpointRow, PushRow, TrainingRunRow
 
 router = APIRouter(prefix='/api/v1')
 
@@ -95,14 +96,15 @@ async def training_run(run_id: str, who: Tenant = Depends(tenant), svc: Service 
 async def run_checkpoints(run_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     if svc.store.training_run(run_id, who.name) is None:
         raise not_found('training run', run_id)
-    return {'checkpoints': [_checkpoint(c) for c in svc.store.checkpoints(who.name, run_id)]}
+    pushes = svc.store.pushes(who.name, run_id)
+    return {'checkpoints': [_checkpoint(c, pushes) for c in svc.store.checkpoints(who.name, run_id)]}
 
 
 @router.get('/checkpoints')
 async def checkpoints(limit: int = Query(100, ge=1, le=10000), offset: int = Query(0, ge=0),
                       who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
-    rows = svc.store.checkpoints(who.name)
-    return {'checkpoints': [_checkpoint(c) for c in rows[offset:offset + limit]],
+    rows, pushes = svc.store.checkpoints(who.name), svc.store.pushes(who.name)
+    return {'checkpoints': [_checkpoint(c, pushes) for c in rows[offset:offset + limit]],
             'cursor': {'offset': offset, 'limit': limit, 'total_count': len(rows)}}
 
 
@@ -119,17 +121,24 @@ def _time(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
 
 
-def _checkpoint(c: CheckpointRow) -> dict[str, Any]:
+def _checkpoint(c: CheckpointRow, pushes: dict[tuple[str, str], PushRow] | None = None) -> dict[str, Any]:
+    """A Tinker `Checkpoint`; a hub push of it (`hub_push.py`) adds `hub_push` and `twinkle.hub_push.*` keys of
+    `user_metadata` (the Tinker SDK keeps only the latter)."""
     segment, name = c.checkpoint_id.split('/', 1)
-    return {'checkpoint_id': c.checkpoint_id, 'checkpoint_type': c.kind, 'time': _time(c.created_at),
-            'tinker_path': CheckpointPath(c.run_id, segment, name).uri(), 'size_bytes': c.size_bytes,
-            'public': False, 'user_metadata': c.user_metadata}
+    out = {'checkpoint_id': c.checkpoint_id, 'checkpoint_type': c.kind, 'time': _time(c.created_at),
+           'tinker_path': CheckpointPath(c.run_id, segment, name).uri(), 'size_bytes': c.size_bytes,
+           'public': False, 'user_metadata': c.user_metadata}
+    push = (pushes or {}).get((c.run_id, c.checkpoint_id))
+    if push is not None:
+        out['hub_push'] = listing_fields(push)
+        out['user_metadata'] = {**(c.user_metadata or {}), **listing_metadata(push)}
+    return out
 
 
 def _run(svc: Service, tenant: str, r: TrainingRunRow) -> dict[str, Any]:
-    cks = svc.store.checkpoints(tenant, r.run_id)
-    last = next((_checkpoint(c) for c in cks if c.kind == 'training'), None)
-    last_sampler = next((_checkpoint(c) for c in cks if c.kind == 'sampler'), None)
+    cks, pushes = svc.store.checkpoints(tenant, r.run_id), svc.store.pushes(tenant, r.run_id)
+    last = next((_checkpoint(c, pushes) for c in cks if c.kind == 'training'), None)
+    last_sampler = next((_checkpoint(c, pushes) for c in cks if c.kind == 'sampler'), None)
     meta = r.user_metadata if isinstance(r.user_metadata, dict) else None
     return {'training_run_id': r.run_id, 'base_model': r.base_model, 'model_owner': r.tenant, 'is_lora': True,
             'corrupted': r.corrupted, 'lora_rank': r.lora_config['lora']['rank'],

@@ -44,10 +44,11 @@ async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service 
         raise unprocessable('top-k logprobs, target/alt prompt tokens and prompt_logprobs_last_n are not supported '
                             'by this server; ask for prompt_logprobs=true and per-token sample logprobs instead')
     base, _ = svc.sampling_target(who.name, req.sampling_session_id, req.model_path, req.base_model)
-    encoder = images.encoder_for(base, svc.engine(base).model_dir)
+    engine = svc.engine(base)
+    encoder = images.encoder_for(base, engine.model_dir)
     chunks = _chunks(req.prompt)
-    if encoder.accepts_images:  # decoding and sizing images is CPU work: off the event loop
-        prompt = await run_in_threadpool(encoder.expand, chunks, 'prompt')
+    if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
+        prompt = await run_in_threadpool(_image_prompt, encoder, chunks, engine.max_context_length)
     else:
         prompt = encoder.expand(chunks, 'prompt')
     job = SampleJob(prompt=prompt.tokens, params=_params(req.sampling_params), num_samples=req.num_samples,
@@ -75,6 +76,16 @@ def _chunks(prompt: types.ModelInput) -> list[images.Chunk]:
     if not any(chunks):
         raise unprocessable('the prompt has no tokens')
     return chunks
+
+
+def _image_prompt(encoder: images.ImageEncoder, chunks: list[images.Chunk], context: int) -> images.ModelTokens:
+    """A prompt for a vision-language model, sized from its image headers (and refused when it cannot fit the
+    context) before any pixel is decoded."""
+    length = encoder.measure(chunks, 'prompt')
+    if length >= context:
+        raise unprocessable(f'the prompt has {length} tokens (images counted) but the context length of '
+                            f'{encoder.base_model!r} is {context}')
+    return encoder.expand(chunks, 'prompt')
 
 
 def _params(p: Any) -> SamplingParams:

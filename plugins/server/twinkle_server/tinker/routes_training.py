@@ -58,9 +58,8 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
     call = wire.decode_forward_backward(msg)
     engine = svc.engine(m.base_model)
     encoder = images.encoder_for(m.base_model, engine.model_dir)
-    if encoder.accepts_images:  # decoding and sizing images is CPU work: off the event loop
-        rows = await run_in_threadpool(datums.to_rows, call.data, call.loss_fn, encoder)
-        svc.check_train_request(who.name, call.model_id, [len(r['input_ids']) - 1 for r in rows])
+    if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
+        rows = await run_in_threadpool(_image_rows, svc, who.name, call, encoder)
     else:
         rows = datums.to_rows(call.data, call.loss_fn, encoder)
     batch = TrainBatch(call.model_id, rows, call.loss_fn, call.loss_config, call.forward_only)
@@ -71,6 +70,18 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
 
     rid = svc.forward_backward(who.name, call.model_id, call.seq_id, batch, post=output)
     return {'request_id': rid, 'model_id': call.model_id}
+
+
+def _image_rows(svc: Service, tenant_name: str, call: wire.ForwardBackwardCall, encoder: images.ImageEncoder
+                ) -> list[dict[str, Any]]:
+    """Rows of a request to a vision-language model: every datum is sized from its image headers and checked
+    against the request caps before any pixel is decoded (and checked again once decoded: a processor that cannot
+    count from a header leaves the client's expected_tokens in the first count)."""
+    lengths = [encoder.measure(d.chunks, f'datum {i}') for i, d in enumerate(call.data)]
+    svc.check_train_request(tenant_name, call.model_id, lengths)
+    rows = datums.to_rows(call.data, call.loss_fn, encoder)
+    svc.check_train_request(tenant_name, call.model_id, [len(r['input_ids']) - 1 for r in rows])
+    return rows
 
 
 @router.post('/optim_step')

@@ -1,8 +1,9 @@
 """Protobuf codecs of the Tinker wire format (the SDK's own `tinker_public_pb2`, so bytes stay compatible).
 
 Decoding validates as it goes and raises `ApiError` 400/422 naming the datum and field that is wrong: a
-malformed body, an audio or empty chunk, an unknown dtype. Image chunks are kept as `WireImage`s (their bytes are
-decoded later, by `tinker.images`, which also checks the tensors' lengths against the expanded input).
+malformed body, an audio or empty chunk, an unknown dtype, a tensor whose length differs from the input's. Image
+chunks are kept as `WireImage`s: `tinker.images` sizes and decodes them, and the tensors of a datum with images are
+checked against its expanded length by `tinker.datums`.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ supports it, otherwise through the HF forward with `past_key_values` -- any caus
 
 Vision-language models (``vision_language=True``) take the HF path: the prefill also gets the image prompts'
 images and ``[4, B, L]`` M-RoPE positions, and every step ``[4, B, 1]`` positions continuing them
-(`vision_inputs.py`).
+(`vision_inputs.py`); their image/video placeholder tokens are never sampled (they still count in the
+log-softmax, so log-probs stay the model's own).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import torch
 from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
 from twinkle_transformers.sampler.stopping import StopCondition, StopReason
-from twinkle_transformers.sampler.vision_inputs import PromptImages, prefill_inputs, step_positions
+from twinkle_transformers.sampler.vision_inputs import (PromptImages, placeholder_token_ids, prefill_inputs,
+                                                         step_positions)
 
 # adapter name per batch row (None = base weights) -> (context, extra forward kwargs) running rows that way
 Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]]
@@ -66,6 +68,7 @@ class BatchDecoder:
         self.route = route
         self.fast = None if vision_language else fast
         self.vision_language = vision_language
+        self.never_sampled = placeholder_token_ids(getattr(model, 'config', None)) if vision_language else []
 
     def _forward(self, adapters: list[str | None], **kwargs: Any) -> Any:
         context, extra = self.route(adapters)
@@ -106,8 +109,10 @@ class BatchDecoder:
                      deltas=deltas[fan_out] if deltas is not None else None)
         stepper = (_FastStepper(self.fast, cache, fan_out, key_mask, self.route) if self.fast is not None
                    else _HFStepper(self, cache, fan_out, key_mask))
+        banned = torch.tensor(self.never_sampled, device=device) if self.never_sampled else None
         while True:
-            tokens = chooser.choose(logits, rows.generators)
+            tokens = chooser.choose(logits if banned is None else logits.index_fill(-1, banned, float('-inf')),
+                                    rows.generators)
             token_list = tokens.tolist()
             logprob_list = chosen_logprobs(logits, tokens).tolist()
             top = _top_logprobs(logits, top_logprobs) if top_logprobs else None
@@ -171,10 +176,12 @@ class _Stepper(Protocol):
 
 
 class _HFStepper:
-    """Decode steps through the model's own forward and a growing `DynamicCache`."""
+    """Decode steps through the model's own forward and a growing `DynamicCache`. Rows are picked with the cache's
+    `reorder_cache` (an index select of every layer's state: keys/values, and the conv/recurrent states of
+    linear-attention layers, which have no `batch_select_indices`)."""
 
     def __init__(self, decoder: BatchDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor) -> None:
-        cache.batch_select_indices(fan_out)
+        cache.reorder_cache(fan_out)
         self.decoder, self.cache, self.key_mask = decoder, cache, key_mask
         self.length = cache.get_seq_length()
 
@@ -185,7 +192,7 @@ class _HFStepper:
                                      logits_to_keep=1).logits[:, -1]
 
     def select(self, index: torch.Tensor) -> None:
-        self.cache.batch_select_indices(index)
+        self.cache.reorder_cache(index)
         self.key_mask = self.key_mask[index]
 
 

@@ -17,7 +17,8 @@ Contract (see docs/sampling.md):
 - vision-language models (Qwen3-VL, Qwen3.5) sample from image prompts: Trajectories with images (encoded by the
   set template; a `VisionTemplate` of the model when none is set) or encoded rows with ``pixel_values``,
   ``image_grid_thw`` and ``mm_token_type_ids``. Each sample's ``new_input_feature`` carries the prompt's image
-  fields, so it trains as is (see `vision_inputs.py` for the positions).
+  fields, so it trains as is (see `vision_inputs.py` for the positions). Image placeholder tokens are never
+  sampled.
 """
 from __future__ import annotations
 

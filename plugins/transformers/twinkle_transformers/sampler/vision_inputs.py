@@ -7,6 +7,9 @@ its own tokens by `twinkle_transformers.vision.mrope_position_ids` -- the functi
 sampled log-probs equal `forward_only`'s. Decode steps continue from there (`step_positions`): text position p,
 M-RoPE position p + delta, where delta (per row) is the prompt's largest M-RoPE position + 1 - its length (0 for
 text prompts). The model's own stateful ``rope_deltas`` is never read: positions are always passed.
+
+A VL model never samples its image/video placeholder tokens (`placeholder_token_ids`): the model swaps those for
+image features, so a completion holding one could not be trained on or fed back as a prompt.
 """
 from __future__ import annotations
 
@@ -47,6 +50,12 @@ def prompt_images(fields: Mapping[str, Any], index: int, config: Any) -> PromptI
                                 f'{cells // merge ** 2} ({grid.tolist()}, {merge}x{merge} merge); encode it with the '
                                 "model's VisionTemplate.")
     return PromptImages(pixels, grid, types)
+
+
+def placeholder_token_ids(config: Any) -> list[int]:
+    """The ids a VL model replaces by image/video features (``image_token_id``, ``video_token_id``)."""
+    ids = (getattr(config, name, None) for name in ('image_token_id', 'video_token_id'))
+    return [int(i) for i in ids if isinstance(i, int)]
 
 
 def prefill_inputs(model: torch.nn.Module, prompts: list[list[int]], images: list[PromptImages | None],

@@ -1,0 +1,421 @@
+"""`twinkle server start --config FILE`: one YAML file -> a validated `ServerConfig` (docs/deployment.md).
+
+`load_server_config(path, overrides)` checks every key against the schema below and collects every problem as
+`FILE:LINE: key.path: what is wrong (what is expected)` into one `ConfigError`: unknown keys (with the closest
+known one), wrong types, out-of-range values, missing required keys, duplicate model names, backends and samplers
+that are not installed, model paths that are neither a directory nor an `ms://` / `hf://` id, limits, and settings
+the chosen deployment mode cannot honour. Relative paths are relative to the file's directory (to the working
+directory for values given on the command line). Defaults live on the dataclasses in `config.py`: only keys the
+file names are passed on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from twinkle_server.config import (DEVICE_TYPES, HUBS, MESH_KEYS, DeploymentConfig, GroupSpec, HubPushConfig,
+                                   ModelSpec, RayConfig, ServerConfig, TenantLimits)
+from twinkle_server.config_yaml import ConfigError, Document, KeyPath, read_document
+
+__all__ = ['ConfigError', 'describe', 'load_server_config']
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What a value must be: one of `types` (bool is never an int) and `ok`; `expected` says so in words."""
+    types: tuple[type, ...]
+    expected: str
+    ok: Callable[[Any], bool] = lambda value: True
+    nullable: bool = False
+    problem: str = 'out of range'
+
+
+def _int(lo: int, hi: int | None = None, nullable: bool = False) -> _Rule:
+    words = f'an integer from {lo} to {hi}' if hi is not None else f'an integer >= {lo}'
+    return _Rule((int,), words + (' or null' if nullable else ''),
+                 lambda v: v >= lo and (hi is None or v <= hi), nullable)
+
+
+def _number(lo: float, inclusive: bool, nullable: bool = False) -> _Rule:
+    words = f'a number {">=" if inclusive else ">"} {lo:g}' + (' or null' if nullable else '')
+    return _Rule((int, float), words, lambda v: v >= lo if inclusive else v > lo, nullable)
+
+
+def _choice(*choices: str, nullable: bool = False, fold: bool = False) -> _Rule:
+    words = 'one of ' + ', '.join(choices) + (', or null' if nullable else '')
+    return _Rule((str,), words, lambda v: (v.lower() if fold else v) in choices, nullable, 'not allowed')
+
+
+def _text(expected: str = 'a non-empty string', pattern: str = r'.+', nullable: bool = False) -> _Rule:
+    return _Rule((str,), expected, lambda v: re.fullmatch(pattern, v, re.S) is not None, nullable, 'not allowed')
+
+
+_BOOL = _Rule((bool,), 'true or false')
+_MAPPING = _Rule((dict,), 'a mapping of names to values')
+_LIST = _Rule((list,), 'a list of directories')
+_POSITIVE = _number(0, inclusive=False)
+_DEVICE_TYPE = _choice(*DEVICE_TYPES, 'gpu', nullable=True, fold=True)
+_RESOURCES = {'num_cpus': _number(0, inclusive=False, nullable=True), 'num_gpus': _number(0, True, nullable=True),
+              'resources': _Rule((dict,), 'a mapping of Ray resource names to amounts per rank', nullable=True)}
+_AMOUNT = _number(0, inclusive=True)
+_LIMIT = _int(0, nullable=True)
+
+TOP = ('server', 'storage', 'auth', 'limits', 'deployment', 'hub_push', 'models')
+SERVER: dict[str, _Rule] = {
+    'host': _text(), 'port': _int(1, 65535), 'max_body_mb': _POSITIVE,
+    'long_poll_s': _Rule((int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)',
+                         lambda v: 0 < v < 45),
+    'session_ttl_s': _POSITIVE, 'seq_gap_timeout_s': _POSITIVE, 'max_failed_logins_per_minute': _int(1),
+    'max_queued_samples': _int(1), 'max_batch': _int(1), 'allowed_roots': _LIST, 'drain_timeout_s': _POSITIVE}
+STORAGE: dict[str, _Rule] = {
+    'data_dir': _text('a directory for metadata and checkpoints'),
+    'database_url': _text('a database URL or null', nullable=True)}
+AUTH: dict[str, _Rule] = {
+    'api_keys_required': _Rule((bool,), 'true: every request carries a key from `twinkle server keys create`',
+                               lambda v: v is True, problem='not supported')}
+DEPLOYMENT: dict[str, _Rule] = {'mode': _choice('embedded', 'ray'), 'ray': _MAPPING}
+RAY: dict[str, _Rule] = {
+    'address': _text("null (start Ray here), 'auto', 'ray://HOST:PORT' or 'HOST:PORT'",
+                     r'auto|ray://\S+|[\w.-]+:\d+', nullable=True),
+    'namespace': _text(nullable=True), 'num_cpus': _int(1, nullable=True)}
+HUB_PUSH: dict[str, _Rule] = {
+    'enabled': _BOOL, 'hub': _choice(*HUBS), 'private': _BOOL,
+    'repo_prefix': _text("'NAMESPACE' or 'NAMESPACE/NAME-PREFIX' (a hub user or organization)",
+                         r'[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?', nullable=True),
+    'token_env': _text('the NAME of an environment variable holding the token', r'[A-Za-z_][A-Za-z0-9_]*',
+                       nullable=True),
+    'per_request': _BOOL}
+MODEL: dict[str, _Rule] = {
+    'name': _text(), 'path': _text('a model directory or an ms:// / hf:// id'), 'backend': _text(),
+    'backend_args': _MAPPING, 'sampler': _text(), 'sampler_args': _MAPPING,
+    'device': _text('cpu, cuda, cuda:N or null', r'cpu|cuda(:\d+)?', nullable=True),
+    'train_group': _MAPPING, 'mesh': _Rule((dict,), 'a mapping of mesh sizes', nullable=True),
+    'sampler_replicas': _int(1), 'sampler_group': _MAPPING, 'hub_push': _MAPPING}
+TRAIN_GROUP: dict[str, _Rule] = {'ranks': _int(1), 'device_type': _DEVICE_TYPE, **_RESOURCES}
+SAMPLER_GROUP: dict[str, _Rule] = {'ranks_per_replica': _int(1), 'device_type': _DEVICE_TYPE, **_RESOURCES}
+MESH: dict[str, _Rule] = {key: _int(1) for key in MESH_KEYS}
+LIMITS = ('default', 'tenants')
+
+
+def load_server_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ServerConfig:
+    """The `ServerConfig` of the file at `path`, with `overrides` (values in the file's own shape, e.g.
+    ``{'server': {'port': 9000}, 'models': {'device': 'cpu'}}``; `config_yaml.Document.apply`) laid over it.
+    Raises `ConfigError` listing every problem."""
+    doc = read_document(path)
+    doc.apply(overrides)
+    return _Checker(doc, Path(path).resolve().parent).build()
+
+
+def describe(config: ServerConfig) -> str:
+    """One line for `twinkle server config check`: ``2 models: a, b; deployment: ray (address auto)``."""
+    names = ', '.join(config.model_specs)
+    mode = config.deployment.mode
+    if mode == 'ray':
+        address = config.deployment.ray.address
+        mode += f' (address {address})' if address else ' (a local Ray instance)'
+    count = len(config.model_specs)
+    return f'{count} model{"s" if count != 1 else ""}: {names}; deployment: {mode}'
+
+
+class _Checker:
+    """Walks a `Document` once, collecting errors and the keyword arguments of the config dataclasses."""
+
+    def __init__(self, doc: Document, base_dir: Path) -> None:
+        self.doc, self.base_dir, self.errors = doc, base_dir, []
+        self._resolved: dict[tuple[str, str], tuple[str, str] | None] = {}
+
+    def build(self) -> ServerConfig:
+        if self.doc.values is None:
+            raise ConfigError([self.doc.message((), 'the file is empty', 'a mapping with at least storage and models')])
+        top = self.mapping(self.doc.values, (), TOP, required=True)
+        server = self.fields(top.get('server'), ('server',), SERVER)
+        if 'max_body_mb' in server:
+            server['max_body_bytes'] = int(server.pop('max_body_mb') * 1024 * 1024)
+        if 'allowed_roots' in server:
+            server['allowed_roots'] = tuple(self.directories(server['allowed_roots'], ('server', 'allowed_roots')))
+        storage = self.fields(top.get('storage'), ('storage',), STORAGE, required=('data_dir',))
+        if 'data_dir' in storage:
+            storage['data_dir'] = self.local_path(storage['data_dir'], ('storage', 'data_dir'))
+        if storage.get('database_url'):
+            storage['database_url'] = self.database_url(storage['database_url'], ('storage', 'database_url'))
+        self.fields(top.get('auth'), ('auth',), AUTH)
+        default, tenants = self.limits(top.get('limits'), ('limits',))
+        deployment = self.deployment(top.get('deployment'), ('deployment',))
+        hub_push = self.hub_push(top.get('hub_push'), ('hub_push',), None)
+        specs = self.models(top.get('models'), ('models',), deployment, hub_push)
+        if self.errors:
+            raise ConfigError(sorted(self.errors, key=_line_of))
+        return ServerConfig(models={}, **storage, **server, default_limits=default, tenant_limits=tenants,
+                            deployment=deployment, hub_push=hub_push, model_specs=specs)
+
+    # ---- primitives ----------------------------------------------------------------------------------------------
+    def error(self, path: KeyPath, problem: str, expected: str | None = None, note: str | None = None) -> None:
+        self.errors.append(self.doc.message(path, problem, expected, note))
+
+    def check(self, value: Any, path: KeyPath, rule: _Rule) -> bool:
+        if value is None and rule.nullable:
+            return True
+        if not isinstance(value, rule.types) or (isinstance(value, bool) and bool not in rule.types):
+            self.error(path, f'wrong type: got {_kind(value)}{_show(value)}', rule.expected)
+            return False
+        if not rule.ok(value):
+            self.error(path, f'{rule.problem}: {_yaml(value)}', rule.expected)
+            return False
+        return True
+
+    def mapping(self, value: Any, path: KeyPath, known: Sequence[str], required: bool = False) -> dict[str, Any]:
+        """`value`'s known keys (an absent section is empty); wrong types and unknown keys are errors."""
+        if value is None and not required:
+            return {}
+        if not isinstance(value, dict):
+            self.error(path, f'wrong type: got {_kind(value)}{_show(value)}', f'a mapping with keys {", ".join(known)}')
+            return {}
+        for key in value:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                if close:
+                    self.error(path + (key,), 'unknown key', note=f'did you mean {close[0]}?')
+                else:
+                    self.error(path + (key,), 'unknown key', f'one of: {", ".join(known)}')
+        return {key: sub for key, sub in value.items() if key in known}
+
+    def fields(self, value: Any, path: KeyPath, rules: dict[str, _Rule], required: Sequence[str] = ()) -> dict:
+        """The keys of section `value` that pass their rules; a missing `required` key is an error."""
+        section = self.mapping(value, path, list(rules))
+        missing = [key for key in required if section.get(key) is None]
+        for key in missing:
+            self.error(path + (key,), 'missing', rules[key].expected)
+        return {key: sub for key, sub in section.items()
+                if key not in missing and self.check(sub, path + (key,), rules[key])}
+
+    def local_path(self, value: str, path: KeyPath) -> str:
+        """`value` made absolute against the file's directory (the working directory for command-line values)."""
+        base = Path.cwd() if self.doc.from_command_line(path) else self.base_dir
+        return str((base / os.path.expanduser(value)).resolve())
+
+    # ---- sections ------------------------------------------------------------------------------------------------
+    def directories(self, values: list[Any], path: KeyPath) -> list[str]:
+        out = []
+        for i, item in enumerate(values):
+            if self.check(item, path + (i,), _text('an existing directory')):
+                resolved = self.local_path(item, path + (i,))
+                if Path(resolved).is_dir():
+                    out.append(resolved)
+                else:
+                    self.error(path + (i,), f'{resolved} is not a directory', 'an existing directory')
+        return out
+
+    def database_url(self, url: str, path: KeyPath) -> str:
+        """`url` as the store reads it (`db.url.parse_url`); a relative `sqlite:///PATH` made absolute like every
+        other path in the file."""
+        from twinkle_server.db.base import DatabaseError
+        from twinkle_server.db.url import parse_url
+        try:
+            kind, target = parse_url(url)
+        except DatabaseError as exc:
+            self.error(path, str(exc))
+            return url
+        if kind == 'sqlite' and target != ':memory:' and not Path(target).is_absolute():
+            return 'sqlite:///' + self.local_path(target, path)
+        return url
+
+    def limits(self, value: Any, path: KeyPath) -> tuple[TenantLimits, dict[str, TenantLimits]]:
+        """`{default: {...}, tenants: {name: {...}}}`, merged key by key as a `--limits` file is."""
+        section = self.mapping(value, path, LIMITS)
+        default = TenantLimits().merged(self.limit_values(section.get('default'), path + ('default',)))
+        tenants = {}
+        named = section.get('tenants')
+        if named is not None and self.check(named, path + ('tenants',), _Rule((dict,), 'a mapping of tenant names '
+                                                                                       'to limits')):
+            for name, entry in named.items():
+                tenants[name] = default.merged(self.limit_values(entry, path + ('tenants', name)))
+        return default, tenants
+
+    def limit_values(self, value: Any, path: KeyPath) -> dict[str, Any]:
+        return self.fields(value, path, {name: _LIMIT for name in TenantLimits.names()})
+
+    def deployment(self, value: Any, path: KeyPath) -> DeploymentConfig:
+        section = self.fields(value, path, DEPLOYMENT)
+        ray = self.fields(section.pop('ray', None), path + ('ray',), RAY)
+        if ray.get('address') and ray.get('num_cpus') is not None:
+            self.error(path + ('ray', 'num_cpus'), 'only for a Ray instance the server starts (address: null)',
+                       note='a running cluster has its own resources; leave num_cpus out')
+        if section.get('mode') == 'ray' and importlib.util.find_spec('twinkle_ray') is None:
+            self.error(path + ('mode',), 'ray needs the Ray runtime, which is not installed',
+                       'twinkle-ray installed: pip install twinkle-ray')
+        return DeploymentConfig(**section, ray=RayConfig(**ray))
+
+    def hub_push(self, value: Any, path: KeyPath, base: HubPushConfig | None) -> HubPushConfig | None:
+        """The settings of section `value` laid over `base` (None when neither is given)."""
+        if value is None:
+            return base
+        section = self.fields(value, path, HUB_PUSH)
+        merged = dataclasses.replace(base or HubPushConfig(), **section)
+        if merged.enabled and not merged.repo_prefix:
+            self.error(path + ('repo_prefix',), 'missing while pushing is enabled',
+                       "a prefix of the hub repositories, e.g. 'my-org/twinkle-'")
+        return merged
+
+    def models(self, value: Any, path: KeyPath, deployment: DeploymentConfig,
+               hub_push: HubPushConfig | None) -> dict[str, ModelSpec]:
+        if value is None or value == []:
+            self.error(path, 'missing', 'a list of models, each with at least name and path')
+            return {}
+        if not self.check(value, path, _Rule((list,), 'a list of models, each with at least name and path')):
+            return {}
+        specs: dict[str, ModelSpec] = {}
+        first: dict[str, int] = {}
+        for i, entry in enumerate(value):
+            spec = self.model(entry, path + (i,), deployment, hub_push)
+            if spec is None:
+                continue
+            if spec.name in first:
+                self.error(path + (i, 'name'), f'duplicate model name {spec.name!r}',
+                           f'each name once; models[{first[spec.name]}] already has it')
+                continue
+            first[spec.name] = i
+            specs[spec.name] = spec
+        return specs
+
+    def model(self, value: Any, path: KeyPath, deployment: DeploymentConfig,
+              hub_push: HubPushConfig | None) -> ModelSpec | None:
+        fields = self.fields(value, path, MODEL, required=('name', 'path') if isinstance(value, dict) else ())
+        if 'path' in fields:
+            fields['path'] = self.model_path(fields['path'], path + ('path',))
+        for key, kind in (('backend', 'model'), ('sampler', 'sampler')):
+            if key in fields:
+                self.component(kind, fields[key], path + (key,))
+        train = self.fields(fields.pop('train_group', None), path + ('train_group',), TRAIN_GROUP)
+        sampler = self.fields(fields.pop('sampler_group', None), path + ('sampler_group',), SAMPLER_GROUP)
+        if 'ranks_per_replica' in sampler:
+            sampler['ranks'] = sampler.pop('ranks_per_replica')
+        for key, group in (('train_group', train), ('sampler_group', sampler)):
+            if group.get('resources') is not None:
+                group['resources'] = {name: amount for name, amount in group['resources'].items()
+                                      if self.check(amount, path + (key, 'resources', name), _AMOUNT)} or None
+            if group.get('device_type') is not None:
+                group['device_type'] = {'gpu': 'cuda'}.get(group['device_type'].lower(), group['device_type'].lower())
+        if fields.get('mesh') is not None:
+            fields['mesh'] = self.fields(fields['mesh'], path + ('mesh',), MESH) or None
+        fields['hub_push'] = self.hub_push(fields.pop('hub_push', None), path + ('hub_push',), hub_push)
+        if 'name' not in fields or 'path' not in fields:
+            return None
+        spec = ModelSpec(**fields, train_group=GroupSpec(**train), sampler_group=GroupSpec(**sampler))
+        self.placement(spec, path, deployment)
+        return spec
+
+    def model_path(self, value: str, path: KeyPath) -> str:
+        from twinkle_core.errors import HubError
+        from twinkle_core.hub.ref import HubRef, is_hub_ref
+        if is_hub_ref(value):
+            try:
+                HubRef.parse(value)
+            except HubError as exc:
+                self.error(path, str(exc).rstrip('.'))
+            return value
+        resolved = self.local_path(value, path)
+        if not Path(resolved).is_dir():
+            self.error(path, f'{resolved} does not exist' if not Path(resolved).exists() else
+                       f'{resolved} is not a directory', 'a local model directory or an ms:// / hf:// id')
+        return resolved
+
+    def component(self, kind: str, name: str, path: KeyPath) -> None:
+        """An error unless `name` resolves in the registry (kind `model` or `sampler`) of this installation."""
+        if (kind, name) not in self._resolved:
+            self._resolved[kind, name] = _resolve_problem(kind, name)
+        problem = self._resolved[kind, name]
+        if problem:
+            self.error(path, *problem)
+
+    def placement(self, spec: ModelSpec, path: KeyPath, deployment: DeploymentConfig) -> None:
+        """Mesh against train group; settings the deployment mode cannot honour."""
+        ranks = spec.train_group.ranks
+        if spec.mesh and spec.mesh_world_size() != ranks:
+            self.error(path + ('mesh',), f'the mesh spans {spec.mesh_world_size()} ranks but train_group.ranks is '
+                       f'{ranks}', 'the product of the mesh sizes to equal train_group.ranks')
+        elif spec.mesh:
+            from twinkle_core.errors import MeshError
+            try:
+                dataclasses.replace(spec, train_group=dataclasses.replace(spec.train_group, device_type='cpu')) \
+                    .device_mesh()
+            except MeshError as exc:
+                self.error(path + ('mesh',), str(exc).rstrip('.'), 'sizes DeviceMesh.from_sizes accepts')
+        if deployment.mode == 'embedded':
+            for key in spec.ray_only_settings():
+                self.error(path + tuple(key.split('.')), 'needs deployment.mode: ray',
+                           note='embedded mode runs each model once, in the server process')
+        else:
+            if spec.device is not None:
+                self.error(path + ('device',), 'only used with deployment.mode: embedded',
+                           note='in ray mode set train_group.device_type and sampler_group.device_type')
+            if spec.train_group.ranks > 1 and not _takes_mesh(spec.backend):
+                self.error(path + ('train_group', 'ranks'), f'{spec.backend} trains on one rank (it takes no '
+                           'device_mesh)', 'ranks: 1, or a backend that takes a mesh (e.g. TransformersModel, one '
+                           'adapter at a time)')
+            if spec.sampler_group.ranks > 1:
+                self.error(path + ('sampler_group', 'ranks_per_replica'), 'a sampler replica is one process',
+                           'ranks_per_replica: 1; give a replica several GPUs with num_gpus instead (e.g. for '
+                           'vLLM tensor_parallel_size)')
+
+
+def _takes_mesh(backend: str) -> bool:
+    """Whether the model backend registered as `backend` takes a ``device_mesh`` (unknown backends: yes, the
+    name is reported on its own)."""
+    import inspect
+
+    from twinkle_core.registry import resolve_class
+    try:
+        return 'device_mesh' in inspect.signature(resolve_class('model', backend).__init__).parameters
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
+    """None when the registry resolves `name`, else (what is wrong, what is expected), each in one line."""
+    from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError
+    from twinkle_core.registry import list_components, resolve_class
+    what = 'model backend' if kind == 'model' else kind
+    try:
+        resolve_class(kind, name)
+        return None
+    except DistributionNotInstalledError as exc:
+        return ' '.join(str(exc).split()), f'an installed {what}'
+    except ComponentNotFoundError:
+        installed = [c.name for c in list_components(kind) if c.source != 'index']
+        close = difflib.get_close_matches(name, installed, n=1, cutoff=0.5)
+        return (f'unknown {what} {name!r}' + (f'; did you mean {close[0]}?' if close else ''),
+                f'an installed {what}: {", ".join(installed) or "none is installed"}')
+    except Exception as exc:  # noqa: BLE001 - a broken plugin or untrusted hub code: report, don't crash the check
+        return f'{name!r} cannot be loaded: ' + ' '.join(f'{type(exc).__name__}: {exc}'.split()), f'a loadable {what}'
+
+
+def _line_of(message: str) -> int:
+    """Sort key of an error: its line (command-line values first)."""
+    match = re.match(r'.*?:(\d+): ', message)
+    return int(match.group(1)) if match else 0
+
+
+def _kind(value: Any) -> str:
+    for types, name in ((type(None), 'null'), (bool, 'boolean'), (int, 'integer'), (float, 'number'),
+                        (str, 'string'), (list, 'list'), (dict, 'mapping')):
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    return '' if value is None or isinstance(value, (dict, list)) else f' {_yaml(value)}'
+
+
+def _yaml(value: Any) -> str:
+    """`value` as the file spells it (true, null, 'text'), cut to 60 characters."""
+    text = {True: 'true', False: 'false', None: 'null'}.get(value, repr(value)) \
+        if value is None or isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + '...'
+

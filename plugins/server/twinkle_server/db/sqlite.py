@@ -1,0 +1,71 @@
+"""SQLite backend: one file (WAL mode), one connection shared by every thread behind one lock.
+
+The file and its -wal/-shm siblings are created mode 0600 (they hold API key digests) in a 0700 directory.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from twinkle_server.db.base import Database, DatabaseError, Session
+
+MEMORY = ':memory:'
+
+
+class SqliteDatabase(Database):
+    dialect = 'sqlite'
+    types = {'INT': 'INTEGER', 'REAL': 'REAL', 'BLOB': 'BLOB'}
+
+    def __init__(self, path: str | Path) -> None:
+        self.memory = str(path) == MEMORY
+        self.path = Path(path)
+        self.url = f'sqlite:///{MEMORY if self.memory else self.path.resolve()}'
+        try:
+            if not self.memory:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))  # created private, never world-readable
+            db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            db.execute('PRAGMA journal_mode=WAL')
+            db.execute('PRAGMA synchronous=NORMAL')
+            db.execute('PRAGMA busy_timeout=30000')  # another process migrating: wait for its write lock
+        except (OSError, sqlite3.Error) as exc:
+            raise DatabaseError(f'cannot open the metadata database {self.url}: {exc}') from exc
+        self._lock = threading.RLock()
+        self._session = Session(db)
+        self._make_private()
+
+    def _make_private(self) -> None:
+        """sqlite creates -wal/-shm with the database's mode; enforce 0600 on all three (older files too)."""
+        for suffix in ('', '-wal', '-shm') if not self.memory else ():
+            f = Path(f'{self.path}{suffix}')
+            if f.exists():
+                os.chmod(f, 0o600)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._lock:
+            yield self._session
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        with self._lock:
+            s = self._session
+            s.execute('BEGIN IMMEDIATE')
+            try:
+                yield s
+                s.execute('COMMIT')
+            except BaseException:
+                if s.conn.in_transaction:  # also when COMMIT itself failed (e.g. a full disk)
+                    s.execute('ROLLBACK')
+                raise
+
+    def has_table(self, s: Session, name: str) -> bool:
+        return s.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)) is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.conn.close()
