@@ -78,7 +78,9 @@ def main() -> None:
     dataset.map('SelfCognitionProcessor', init_args={'model_name': 'Twinkle', 'model_author': 'ModelScope'})
     dataset.set_template('Template', model_id=model_id, max_length=512)
     dataset.encode()
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0, remote_group='model')
+    # lazy_collect: on Ray, batches stay in the model group (handed rank to rank to forward_backward)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0, remote_group='model',
+                        lazy_collect=True)
 
     # Model: frozen base + one LoRA adapter, with its optimizer and schedule.
     model = TransformersModel(model_id=model_id, remote_group='model')  # local runtimes ignore remote_group

@@ -55,7 +55,7 @@ def test_batches_produced_in_the_group_stay_there(ray_groups) -> None:
     fed = LinearRegressor(remote_group='model', seed=3)
     expected = [fed.forward_backward(inputs=b)['loss'] for b in batches]
     model = LinearRegressor(remote_group='model', seed=3, lazy_collect=True)
-    source = RowSource(batches, remote_group='model')
+    source = RowSource(batches, remote_group='model', lazy_collect=True)
     losses = []
     for batch in source:
         assert isinstance(batch, LazyResult)  # per-rank refs; handed rank to rank to the model below
@@ -64,6 +64,8 @@ def test_batches_produced_in_the_group_stay_there(ray_groups) -> None:
         losses.append(out['loss'])  # transparent use fetches it
     assert losses == pytest.approx(expected, abs=1e-6)
     assert len(batch) == 4 and batch[0] == batches[-1][0]  # fetching a batch concatenates the ranks' parts
+    eager = list(RowSource(batches, remote_group='model'))  # lazy_collect=False: values, as the documents loop
+    assert [type(b) for b in eager] == [list] * 3 and eager[0] == batches[0]
 
 
 def test_bad_calls_fail_fast_with_clear_errors(ray_groups) -> None:

@@ -48,7 +48,8 @@ def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_clu
     try:
         remote = TransformersModel(tiny_model_dir, remote_group='model')
         remote.load(start)
-        loader = DataLoader(rows, batch_size=8, remote_group='model')  # batches are made and used in the group
+        # batches are made and used in the group (lazy: they never reach the driver)
+        loader = DataLoader(rows, batch_size=8, remote_group='model', lazy_collect=True)
         remote_losses = train(remote, loader)
         remote_eval = remote.forward_only(inputs=eval_rows)  # driver rows: split 3 + 3, concatenated back
         saved = remote.save('final', output_dir=str(tmp_path))

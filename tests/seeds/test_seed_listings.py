@@ -143,3 +143,61 @@ def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path,
             Dataset(DatasetMeta(str(secret)), client=client).map(object())
     finally:
         running.stop()
+
+
+@pytest.mark.slow
+def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
+    """Training guide "HTTP Mode / Server Setup": `initialize(mode='http', groups=...)` in a script starts the
+    service with the 'model' group as each model's training group and the 'sampler' group as its replicas; the
+    native client trains through it; SIGTERM drains and stops it."""
+    import signal
+    import time
+    import urllib.request
+    pytest.importorskip('ray')
+    from twinkle_server.launch import free_port
+    from twinkle_server.store import Store
+    from twinkle_server.auth import create_api_key
+    port, data_dir = free_port(), tmp_path / 'data'
+    (tmp_path / 'server.yaml').write_text(
+        f'server: {{port: {port}}}\nstorage: {{data_dir: {data_dir}}}\n'
+        f'deployment: {{mode: ray, ray: {{num_cpus: 4}}}}\nmodels:\n  - name: tiny\n    path: {tiny_model_dir}\n')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'TWINKLE_SERVER_CONFIG': str(tmp_path / 'server.yaml')}
+    proc = subprocess.Popen([sys.executable, str(SEEDS / 'http_server.py')], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base_url = f'http://127.0.0.1:{port}'
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()[-5000:]
+            try:
+                urllib.request.urlopen(f'{base_url}/api/v1/healthz', timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, 'the server did not come up'
+                time.sleep(1)
+        store = Store(data_dir)
+        key = create_api_key(store, 'alice')
+        store.close()
+        from twinkle_client import init_twinkle_client
+        from twinkle_client.model import MultiLoraTransformersModel
+        init_twinkle_client(base_url=base_url, api_key=key)
+        model = MultiLoraTransformersModel(model_id='tiny')
+        model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all-linear'})
+        model.set_optimizer('AdamW', lr=1e-2)
+        rows = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]}] * 2
+        losses = []
+        for _ in range(3):
+            losses.append(model.forward_backward(inputs=rows)['loss'])
+            model.clip_grad_and_step()
+        assert losses[-1] < losses[0]
+        replicas = [name for name in urllib.request.urlopen(f'{base_url}/metrics').read().decode().split()
+                    if name.startswith('twinkle_live_adapters')]
+        assert replicas
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output = proc.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+    assert 'tiny: training on 1 Ray worker(s), 2 sampler replica(s)' in output, output[-5000:]

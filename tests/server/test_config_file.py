@@ -388,3 +388,25 @@ def test_a_server_starts_from_the_single_process_example(tmp_path, tiny_model_di
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_initialize_http_server_groups_place_every_model(tmp_path, tiny_model_dir, monkeypatch):
+    """The server side of initialize(mode='http', groups=...): 'model' -> training group, 'sampler' -> replicas."""
+    from twinkle_core.errors import InvalidInputError
+    from twinkle_core.mesh import DeviceGroup
+    from twinkle_server.runtime import ServerRuntime, placed_by_groups
+    path = tmp_path / 'server.yaml'
+    path.write_text(f'storage: {{data_dir: {tmp_path}}}\nmodels:\n  - name: tiny\n    path: {tiny_model_dir}\n')
+    config = load_server_config(path)
+    placed = placed_by_groups(config, [DeviceGroup(name='model', ranks=1, device_type='cpu'),
+                                       DeviceGroup(name='sampler', ranks=3, device_type='cpu')])
+    spec = placed.model_specs['tiny']
+    assert placed.deployment.mode == 'ray' and spec.sampler_replicas == 3 and spec.train_group.device_type == 'cpu'
+    assert placed_by_groups(config, []) is config
+    with pytest.raises(InvalidInputError, match="no role in a server"):
+        placed_by_groups(config, [DeviceGroup(name='actors', ranks=1)])
+    with pytest.raises(InvalidInputError, match='trains on one rank'):
+        placed_by_groups(config, [DeviceGroup(name='model', ranks=2)])
+    monkeypatch.delenv('TWINKLE_SERVER_CONFIG', raising=False)
+    with pytest.raises(InvalidInputError, match='TWINKLE_SERVER_CONFIG'):
+        ServerRuntime().start(groups=[])

@@ -7,7 +7,8 @@ peers get the same slice), ``first`` (rank 0 only) -- and combines the per-rank 
 
 Results come back as values, or with ``lazy_collect=True`` as a `LazyResult` that is only fetched when used.
 A `LazyResult` of one group passed as `inputs` to a ``slice_dp`` method of the same group goes rank to rank
-(each rank gets its own part), so e.g. batches of a `DataLoader` hosted in the model group never reach the driver.
+(each rank gets its own part), so e.g. batches of a lazily collected `DataLoader` hosted in the model group never
+reach the driver.
 """
 from __future__ import annotations
 
@@ -167,8 +168,10 @@ class ComponentProxy:
         slices = [ray.put(s) for s in split_for_dp(list(inputs), mesh.data_world_size)]
         return [slices[mesh.data_rank(r)] for r in range(group.world_size)]
 
-    def _twinkle_iterate(self) -> Iterator[LazyResult]:
-        """Iterate the hosted component on every rank; each item stays in the group (a `LazyResult`)."""
+    def _twinkle_iterate(self) -> Iterator[Any]:
+        """Iterate the hosted component on every rank. With ``lazy_collect=True`` each item stays in the group (a
+        `LazyResult`, handed rank to rank to a ``slice_dp`` method of the same group); otherwise it is fetched
+        (the ranks' parts concatenated), like every other call's result."""
         group, obj_id, what = self._group, self._obj_id, f'iter({self._twinkle_cls.__name__})'
         group.check_usable()
         group.wait([w.start_iteration.remote(obj_id) for w in group.workers], what)
@@ -181,7 +184,8 @@ class ComponentProxy:
             if any(exhausted):
                 raise TwinkleError(f'{what} in group {group.name!r}: ranks {[r for r, e in enumerate(exhausted) if e]} '
                                    'ran out of items before the others; every rank must yield the same number.')
-            yield LazyResult(group, [p[1] for p in pairs], 'concat', what, leaders)
+            item = LazyResult(group, [p[1] for p in pairs], 'concat', what, leaders)
+            yield item if self._lazy else item.result()
 
 
 def _pop_inputs(cls: type, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -354,7 +354,7 @@ class _Checker:
             if spec.device is not None:
                 self.error(path + ('device',), 'only used with deployment.mode: embedded',
                            note='in ray mode set train_group.device_type and sampler_group.device_type')
-            if spec.train_group.ranks > 1 and not _takes_mesh(spec.backend):
+            if spec.train_group.ranks > 1 and not takes_device_mesh(spec.backend):
                 self.error(path + ('train_group', 'ranks'), f'{spec.backend} trains on one rank (it takes no '
                            'device_mesh)', 'ranks: 1, or a backend that takes a mesh (e.g. TransformersModel, one '
                            'adapter at a time)')
@@ -364,7 +364,7 @@ class _Checker:
                            'vLLM tensor_parallel_size)')
 
 
-def _takes_mesh(backend: str) -> bool:
+def takes_device_mesh(backend: str) -> bool:
     """Whether the model backend registered as `backend` takes a ``device_mesh`` (unknown backends: yes, the
     name is reported on its own)."""
     import inspect
