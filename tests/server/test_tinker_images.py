@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from tinker import types
 
+from test_tinker_sdk import _train
 from twinkle_core.fixtures.images import colour_image, colour_trajectories, image_bytes
 
 VL = 'tiny-vl'
@@ -83,16 +84,6 @@ def data(encoded) -> list[types.Datum]:
     return [to_datum(t, r) for t, r in encoded]
 
 
-def _train(tc, data, steps: int) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        fwd = tc.forward_backward(data, 'cross_entropy')
-        opt = tc.optim_step(ADAM)
-        losses.append(fwd.result().metrics['loss:sum'])
-        opt.result()
-    return losses
-
-
 def _local_reference(model_dir, rows: list[dict]) -> tuple[float, list[list[float]]]:
     """First loss and per-token log-probs (aligned with input_ids) of the same adapter (seed, rank, alpha, targets)
     in a local single-adapter TransformersModel."""
@@ -126,7 +117,7 @@ def test_lora_training_with_images_matches_local_and_loss_falls(client, data, lo
     assert data[0].model_input.chunks[2].tokens[0] == 1186  # <|vision_end|> starts the text after it
     tc = client.create_lora_training_client(base_model=VL, rank=RANK, seed=SEED).result()
     before = tc.forward(data, 'cross_entropy').result()
-    losses = _train(tc, data, 4)
+    losses = _train(tc, data, 4, ADAM)
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.95 * losses[0], losses
 
     local_loss, local_logprobs = local
@@ -169,7 +160,7 @@ def test_wrong_expected_tokens_is_a_400_and_the_client_goes_on(client, data):
     with pytest.raises(tinker.BadRequestError, match=rf'chunk 1 \(image\) has expected_tokens=17, but this server '
                                                      rf'computes {TOKENS_PER_IMAGE} tokens'):
         tc.forward_backward([bad], 'cross_entropy').result()
-    assert _train(tc, data[:1], 1)[0] > 0
+    assert _train(tc, data[:1], 1, ADAM)[0] > 0
 
 
 @pytest.mark.parametrize('payload,fmt,match', [

@@ -35,6 +35,15 @@ def rows(template):
     return encoded
 
 
+def _train(model, rows, steps: int) -> list[float]:
+    """`steps` optimizer steps on `rows`; the loss of each."""
+    losses = []
+    for _ in range(steps):
+        losses.append(model.forward_backward(inputs=rows)['loss'])
+        model.clip_grad_and_step()
+    return losses
+
+
 def _row_logps(model, rows, padding_free):
     batch = CausalLMProcessor(padding_free=padding_free)(rows)
     with torch.no_grad():
@@ -70,10 +79,7 @@ def test_lora_sft_learns_and_stays_off_the_vision_tower(tiny_vl_model_dir, rows)
     adapted = [n for n, _ in model.model.named_modules() if n.endswith('.lora_A')]
     assert adapted and not any('.visual.' in n for n in adapted)
     model.set_optimizer('AdamW', lr=1e-2)
-    losses = []
-    for _ in range(12):
-        losses.append(model.forward_backward(inputs=rows)['loss'])
-        model.clip_grad_and_step()
+    losses = _train(model, rows, 12)
     assert losses[-1] < losses[0] - 1.0, losses
 
 
@@ -164,10 +170,7 @@ def test_qwen3_5_trains_padded_and_refuses_packing(tiny_qwen3_5_model_dir) -> No
     model.model.train()
     model.add_adapter_to_model('default', LORA)
     model.set_optimizer('AdamW', lr=1e-2)
-    losses = []
-    for _ in range(8):
-        losses.append(model.forward_backward(inputs=rows)['loss'])
-        model.clip_grad_and_step()
+    losses = _train(model, rows, 8)
     assert losses[-1] < losses[0]
     model.set_processor('CausalLMProcessor', padding_free=True)
     with pytest.raises(InvalidInputError, match='linear-attention'):
@@ -213,10 +216,7 @@ def test_vl_training_on_cuda(tiny_vl_model_dir, rows) -> None:
     assert trained.dtype == torch.bfloat16
     trained.add_adapter_to_model('default', LORA)
     trained.set_optimizer('AdamW', lr=1e-2)
-    losses = []
-    for _ in range(12):
-        losses.append(trained.forward_backward(inputs=rows)['loss'])
-        trained.clip_grad_and_step()
+    losses = _train(trained, rows, 12)
     assert losses[-1] < losses[0] - 1.0, losses
 
 

@@ -72,19 +72,27 @@ class ChatTemplate(Template):
 
     def _encode(self, traj: Trajectory, add_generation_prompt: bool) -> dict[str, Any]:
         messages = [m.model_dump(exclude_none=True, exclude={'loss'}) for m in traj.messages]
-        flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
         extras = traj.model_dump(exclude={'messages', 'tools'})
+        input_ids, labels = self._token_ids(traj, messages, add_generation_prompt)
+        if labels is None:
+            return {'input_ids': self._truncate(input_ids, None, keep_end=True)[0], **extras}
+        input_ids, labels = self._truncate(input_ids, labels)
+        return {'input_ids': input_ids, 'labels': labels, **extras}
+
+    def _token_ids(self, traj: Trajectory, messages: list[dict[str, Any]], add_generation_prompt: bool
+                   ) -> tuple[list[int], list[int] | None]:
+        """Untruncated ``(input_ids, labels)`` of `messages` (`traj`'s, as rendered): labels from each message's
+        loss flag; or, for a generation prompt, the ids without trailing assistant turns and labels None."""
         kwargs = self._render_kwargs(traj)
         if add_generation_prompt:
+            messages = list(messages)
             while messages and messages[-1]['role'] == 'assistant':
                 messages.pop()
             if not messages:
                 raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
-            ids = self._tokenize_prompt(messages, kwargs)
-            return {'input_ids': self._truncate(ids, None, keep_end=True)[0], **extras}
-        input_ids, labels = self._encode_with_labels(messages, flags, kwargs)
-        input_ids, labels = self._truncate(input_ids, labels)
-        return {'input_ids': input_ids, 'labels': labels, **extras}
+            return self._tokenize_prompt(messages, kwargs), None
+        flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
+        return self._encode_with_labels(messages, flags, kwargs)
 
     def _render_kwargs(self, traj: Trajectory) -> dict[str, Any]:
         kwargs = dict(self.chat_template_kwargs)

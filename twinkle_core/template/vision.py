@@ -93,16 +93,7 @@ class VisionTemplate(ChatTemplate):
         if self.text_only_reason:
             raise InvalidInputError(f'This row has {len(sources)} image(s), but {self.text_only_reason}.')
         images = [load_image(s, where=f'image {i}') for i, s in enumerate(sources)]
-        kwargs = self._render_kwargs(traj)
-        if add_generation_prompt:
-            while messages and messages[-1]['role'] == 'assistant':
-                messages.pop()
-            if not messages:
-                raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
-            input_ids, labels = self._tokenize_prompt(messages, kwargs), None
-        else:
-            flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
-            input_ids, labels = self._encode_with_labels(messages, flags, kwargs)
+        input_ids, labels = self._token_ids(traj, messages, add_generation_prompt)
         vision = self.process_images(images)
         input_ids, labels = self.expand_image_tokens(input_ids, labels, vision['tokens_per_image'])
         input_ids, labels = self._truncate_whole_images(input_ids, labels, len(vision['tokens_per_image']),

@@ -1,6 +1,6 @@
 """`twinkle server start --config FILE`: one YAML file -> a validated `ServerConfig` (docs/deployment.md).
 
-`load_server_config(path, overrides)` checks every key against the schema below and collects every problem as
+`load_server_config(path, overrides)` checks every key against the schema (`config_schema`) and collects every problem as
 `FILE:LINE: key.path: what is wrong (what is expected)` into one `ConfigError`: unknown keys (with the closest
 known one), wrong types, out-of-range values, missing required keys, duplicate model names, backends and samplers
 that are not installed, model paths that are neither a directory nor an `ms://` / `hf://` id, limits, and settings
@@ -15,92 +15,16 @@ import difflib
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from twinkle_server.config import (DEVICE_TYPES, HUBS, MESH_KEYS, DeploymentConfig, GroupSpec, HubPushConfig,
-                                   ModelSpec, RayConfig, ServerConfig, TenantLimits)
+from twinkle_server.config import (DeploymentConfig, GroupSpec, HubPushConfig, ModelSpec, RayConfig, ServerConfig,
+                                   TenantLimits)
+from twinkle_server.config_schema import (AMOUNT, AUTH, DEPLOYMENT, HUB_PUSH, LIMIT, LIMITS, MESH, MODEL, RAY,
+                                          SAMPLER_GROUP, SERVER, STORAGE, TOP, TRAIN_GROUP, Rule, text_rule)
 from twinkle_server.config_yaml import ConfigError, Document, KeyPath, read_document
 
 __all__ = ['ConfigError', 'describe', 'load_server_config']
-
-
-@dataclass(frozen=True)
-class _Rule:
-    """What a value must be: one of `types` (bool is never an int) and `ok`; `expected` says so in words."""
-    types: tuple[type, ...]
-    expected: str
-    ok: Callable[[Any], bool] = lambda value: True
-    nullable: bool = False
-    problem: str = 'out of range'
-
-
-def _int(lo: int, hi: int | None = None, nullable: bool = False) -> _Rule:
-    words = f'an integer from {lo} to {hi}' if hi is not None else f'an integer >= {lo}'
-    return _Rule((int,), words + (' or null' if nullable else ''),
-                 lambda v: v >= lo and (hi is None or v <= hi), nullable)
-
-
-def _number(lo: float, inclusive: bool, nullable: bool = False) -> _Rule:
-    words = f'a number {">=" if inclusive else ">"} {lo:g}' + (' or null' if nullable else '')
-    return _Rule((int, float), words, lambda v: v >= lo if inclusive else v > lo, nullable)
-
-
-def _choice(*choices: str, nullable: bool = False, fold: bool = False) -> _Rule:
-    words = 'one of ' + ', '.join(choices) + (', or null' if nullable else '')
-    return _Rule((str,), words, lambda v: (v.lower() if fold else v) in choices, nullable, 'not allowed')
-
-
-def _text(expected: str = 'a non-empty string', pattern: str = r'.+', nullable: bool = False) -> _Rule:
-    return _Rule((str,), expected, lambda v: re.fullmatch(pattern, v, re.S) is not None, nullable, 'not allowed')
-
-
-_BOOL = _Rule((bool,), 'true or false')
-_MAPPING = _Rule((dict,), 'a mapping of names to values')
-_LIST = _Rule((list,), 'a list of directories')
-_POSITIVE = _number(0, inclusive=False)
-_DEVICE_TYPE = _choice(*DEVICE_TYPES, 'gpu', nullable=True, fold=True)
-_RESOURCES = {'num_cpus': _number(0, inclusive=False, nullable=True), 'num_gpus': _number(0, True, nullable=True),
-              'resources': _Rule((dict,), 'a mapping of Ray resource names to amounts per rank', nullable=True)}
-_AMOUNT = _number(0, inclusive=True)
-_LIMIT = _int(0, nullable=True)
-
-TOP = ('server', 'storage', 'auth', 'limits', 'deployment', 'hub_push', 'models')
-SERVER: dict[str, _Rule] = {
-    'host': _text(), 'port': _int(1, 65535), 'max_body_mb': _POSITIVE,
-    'long_poll_s': _Rule((int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)',
-                         lambda v: 0 < v < 45),
-    'session_ttl_s': _POSITIVE, 'seq_gap_timeout_s': _POSITIVE, 'max_failed_logins_per_minute': _int(1),
-    'max_queued_samples': _int(1), 'max_batch': _int(1), 'allowed_roots': _LIST, 'drain_timeout_s': _POSITIVE}
-STORAGE: dict[str, _Rule] = {
-    'data_dir': _text('a directory for metadata and checkpoints'),
-    'database_url': _text('a database URL or null', nullable=True)}
-AUTH: dict[str, _Rule] = {
-    'api_keys_required': _Rule((bool,), 'true: every request carries a key from `twinkle server keys create`',
-                               lambda v: v is True, problem='not supported')}
-DEPLOYMENT: dict[str, _Rule] = {'mode': _choice('embedded', 'ray'), 'ray': _MAPPING}
-RAY: dict[str, _Rule] = {
-    'address': _text("null (start Ray here), 'auto', 'ray://HOST:PORT' or 'HOST:PORT'",
-                     r'auto|ray://\S+|[\w.-]+:\d+', nullable=True),
-    'namespace': _text(nullable=True), 'num_cpus': _int(1, nullable=True)}
-HUB_PUSH: dict[str, _Rule] = {
-    'enabled': _BOOL, 'hub': _choice(*HUBS), 'private': _BOOL,
-    'repo_prefix': _text("'NAMESPACE' or 'NAMESPACE/NAME-PREFIX' (a hub user or organization)",
-                         r'[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?', nullable=True),
-    'token_env': _text('the NAME of an environment variable holding the token', r'[A-Za-z_][A-Za-z0-9_]*',
-                       nullable=True),
-    'per_request': _BOOL}
-MODEL: dict[str, _Rule] = {
-    'name': _text(), 'path': _text('a model directory or an ms:// / hf:// id'), 'backend': _text(),
-    'backend_args': _MAPPING, 'sampler': _text(), 'sampler_args': _MAPPING,
-    'device': _text('cpu, cuda, cuda:N or null', r'cpu|cuda(:\d+)?', nullable=True),
-    'train_group': _MAPPING, 'mesh': _Rule((dict,), 'a mapping of mesh sizes', nullable=True),
-    'sampler_replicas': _int(1), 'sampler_group': _MAPPING, 'hub_push': _MAPPING}
-TRAIN_GROUP: dict[str, _Rule] = {'ranks': _int(1), 'device_type': _DEVICE_TYPE, **_RESOURCES}
-SAMPLER_GROUP: dict[str, _Rule] = {'ranks_per_replica': _int(1), 'device_type': _DEVICE_TYPE, **_RESOURCES}
-MESH: dict[str, _Rule] = {key: _int(1) for key in MESH_KEYS}
-LIMITS = ('default', 'tenants')
 
 
 def load_server_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ServerConfig:
@@ -158,7 +82,7 @@ class _Checker:
     def error(self, path: KeyPath, problem: str, expected: str | None = None, note: str | None = None) -> None:
         self.errors.append(self.doc.message(path, problem, expected, note))
 
-    def check(self, value: Any, path: KeyPath, rule: _Rule) -> bool:
+    def check(self, value: Any, path: KeyPath, rule: Rule) -> bool:
         if value is None and rule.nullable:
             return True
         if not isinstance(value, rule.types) or (isinstance(value, bool) and bool not in rule.types):
@@ -185,7 +109,7 @@ class _Checker:
                     self.error(path + (key,), 'unknown key', f'one of: {", ".join(known)}')
         return {key: sub for key, sub in value.items() if key in known}
 
-    def fields(self, value: Any, path: KeyPath, rules: dict[str, _Rule], required: Sequence[str] = ()) -> dict:
+    def fields(self, value: Any, path: KeyPath, rules: dict[str, Rule], required: Sequence[str] = ()) -> dict:
         """The keys of section `value` that pass their rules; a missing `required` key is an error."""
         section = self.mapping(value, path, list(rules))
         missing = [key for key in required if section.get(key) is None]
@@ -203,7 +127,7 @@ class _Checker:
     def directories(self, values: list[Any], path: KeyPath) -> list[str]:
         out = []
         for i, item in enumerate(values):
-            if self.check(item, path + (i,), _text('an existing directory')):
+            if self.check(item, path + (i,), text_rule('an existing directory')):
                 resolved = self.local_path(item, path + (i,))
                 if Path(resolved).is_dir():
                     out.append(resolved)
@@ -231,14 +155,14 @@ class _Checker:
         default = TenantLimits().merged(self.limit_values(section.get('default'), path + ('default',)))
         tenants = {}
         named = section.get('tenants')
-        if named is not None and self.check(named, path + ('tenants',), _Rule((dict,), 'a mapping of tenant names '
+        if named is not None and self.check(named, path + ('tenants',), Rule((dict,), 'a mapping of tenant names '
                                                                                        'to limits')):
             for name, entry in named.items():
                 tenants[name] = default.merged(self.limit_values(entry, path + ('tenants', name)))
         return default, tenants
 
     def limit_values(self, value: Any, path: KeyPath) -> dict[str, Any]:
-        return self.fields(value, path, {name: _LIMIT for name in TenantLimits.names()})
+        return self.fields(value, path, {name: LIMIT for name in TenantLimits.names()})
 
     def deployment(self, value: Any, path: KeyPath) -> DeploymentConfig:
         section = self.fields(value, path, DEPLOYMENT)
@@ -267,7 +191,7 @@ class _Checker:
         if value is None or value == []:
             self.error(path, 'missing', 'a list of models, each with at least name and path')
             return {}
-        if not self.check(value, path, _Rule((list,), 'a list of models, each with at least name and path')):
+        if not self.check(value, path, Rule((list,), 'a list of models, each with at least name and path')):
             return {}
         specs: dict[str, ModelSpec] = {}
         first: dict[str, int] = {}
@@ -298,7 +222,7 @@ class _Checker:
         for key, group in (('train_group', train), ('sampler_group', sampler)):
             if group.get('resources') is not None:
                 group['resources'] = {name: amount for name, amount in group['resources'].items()
-                                      if self.check(amount, path + (key, 'resources', name), _AMOUNT)} or None
+                                      if self.check(amount, path + (key, 'resources', name), AMOUNT)} or None
             if group.get('device_type') is not None:
                 group['device_type'] = {'gpu': 'cuda'}.get(group['device_type'].lower(), group['device_type'].lower())
         if fields.get('mesh') is not None:

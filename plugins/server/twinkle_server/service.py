@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from twinkle_server.auth import LoginThrottle
-from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
+from twinkle_server.checkpoints import CheckpointFiles
 from twinkle_server import logs
 from twinkle_server.config import ServerConfig
 from twinkle_server.drain import Drain
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
 from twinkle_server.errors import ApiError, not_found, unprocessable
 from twinkle_server.futures import FutureTable
-from twinkle_server.hub_push import HubPusher, client_metadata
+from twinkle_server.hub_push import HubPusher
 from twinkle_server.metrics import Metrics
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
-from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
+from twinkle_server.service_checkpoints import CheckpointMethods
+from twinkle_server.store import SamplingSessionRow, Store
 from twinkle_server.tinker.lora import lora_targets
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class LiveModel:
     created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
 
 
-class Service:
+class Service(CheckpointMethods):
     def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
                  store: Store | None = None) -> None:
         """`store`: an open metadata store (default: `Store.open(config.database_url, config.data_dir)`)."""
@@ -133,13 +134,6 @@ class Service:
                                     f'resume it from a checkpoint with create_training_client_from_state')
             raise not_found('model', model_id)
         return m
-
-    def checkpoint(self, tenant: str, path: str) -> tuple[CheckpointPath, CheckpointRow]:
-        cp = parse_path(path)
-        row = self.store.checkpoint(cp.run_id, cp.checkpoint_id, tenant)
-        if row is None:
-            raise not_found('checkpoint', path)
-        return cp, row
 
     # ---- queueing ------------------------------------------------------------------------------------------
     def enqueue(self, tenant: str, base_model: str, *, post: Callable[[Any], Any] = lambda r: r,
@@ -306,55 +300,6 @@ class Service:
         self.models.pop(model_id, None)
         with self._lock:
             self._seen.pop(model_id, None)
-
-    # ---- checkpoints ---------------------------------------------------------------------------------------
-    def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
-             optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
-             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True,
-             hub_push: bool = False) -> str:
-        """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`). Once written it
-        is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in)."""
-        m = self.model(tenant, model_id)
-        push = self.pusher.wanted(m.base_model, user_metadata, hub_push, listed)
-        user_metadata = client_metadata(user_metadata)
-        cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
-        final = self.files.directory(tenant, cp)
-        meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
-                'run_id': model_id, 'kind': cp.kind, 'optimizer': bool(optimizer and not sampler)}
-
-        def write(engine: Engine) -> Any:
-            size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
-                                    meta, overwrite=overwrite)
-            engine.checkpoint_written(model_id, str(final), optimizer=meta['optimizer'])
-            row = CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(),
-                                user_metadata, None, listed)
-            self.store.put_checkpoint(row)
-            if push is not None:
-                self.pusher.submit(row, push)
-            return post(cp.uri()) if post else {'path': cp.uri(), 'type': 'save_weights'}
-
-        return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id, op='save_state')
-
-    def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
-                             sampling_session_seq_id: int) -> str:
-        """The unnamed save_weights_for_sampler: snapshot the adapter (unlisted; deleted with the session) and
-        create the sampling session here."""
-        m = self.model(tenant, model_id)
-        sid = f'{session_id}:sample:{sampling_session_seq_id}'
-        name = f'snapshot-{sampling_session_seq_id}'
-
-        def created(uri: str) -> dict[str, Any]:
-            self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, m.base_model, uri, time.time()))
-            return {'sampling_session_id': sid, 'type': 'save_weights_for_sampler'}
-
-        return self.save(tenant, model_id, seq_id, name, sampler=True, optimizer=False, post=created, listed=False)
-
-    def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
-        row = self.store.checkpoint(run_id, checkpoint_id, tenant)
-        if row is None:
-            raise not_found('checkpoint', f'{run_id}/{checkpoint_id}')
-        self.store.delete_checkpoint(run_id, checkpoint_id)
-        self.files.delete(row.directory)
 
     # ---- sessions and sampling -----------------------------------------------------------------------------
     def require_session(self, tenant: str, session_id: str) -> None:

@@ -1,0 +1,71 @@
+"""The checkpoint operations of `Service`: look a checkpoint up, write one (queued on its model, then recorded,
+then pushed to the hub when asked), snapshot for a new sampling session, delete one."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from twinkle_server.checkpoints import CheckpointPath, parse_path, validate_name
+from twinkle_server.engine.base import Engine
+from twinkle_server.errors import not_found
+from twinkle_server.hub_push import client_metadata
+from twinkle_server.store import CheckpointRow, SamplingSessionRow
+
+
+class CheckpointMethods:
+    """Mixed into `Service`; uses its `store`, `files`, `pusher`, `model()` and `enqueue()`."""
+
+    def checkpoint(self, tenant: str, path: str) -> tuple[CheckpointPath, CheckpointRow]:
+        cp = parse_path(path)
+        row = self.store.checkpoint(cp.run_id, cp.checkpoint_id, tenant)
+        if row is None:
+            raise not_found('checkpoint', path)
+        return cp, row
+
+    def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
+             optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
+             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True,
+             hub_push: bool = False) -> str:
+        """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`). Once written it
+        is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in)."""
+        m = self.model(tenant, model_id)
+        push = self.pusher.wanted(m.base_model, user_metadata, hub_push, listed)
+        user_metadata = client_metadata(user_metadata)
+        cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
+        final = self.files.directory(tenant, cp)
+        meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
+                'run_id': model_id, 'kind': cp.kind, 'optimizer': bool(optimizer and not sampler)}
+
+        def write(engine: Engine) -> Any:
+            size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
+                                    meta, overwrite=overwrite)
+            engine.checkpoint_written(model_id, str(final), optimizer=meta['optimizer'])
+            row = CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(),
+                                user_metadata, None, listed)
+            self.store.put_checkpoint(row)
+            if push is not None:
+                self.pusher.submit(row, push)
+            return post(cp.uri()) if post else {'path': cp.uri(), 'type': 'save_weights'}
+
+        return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id, op='save_state')
+
+    def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
+                             sampling_session_seq_id: int) -> str:
+        """The unnamed save_weights_for_sampler: snapshot the adapter (unlisted; deleted with the session) and
+        create the sampling session here."""
+        m = self.model(tenant, model_id)
+        sid = f'{session_id}:sample:{sampling_session_seq_id}'
+        name = f'snapshot-{sampling_session_seq_id}'
+
+        def created(uri: str) -> dict[str, Any]:
+            self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, m.base_model, uri, time.time()))
+            return {'sampling_session_id': sid, 'type': 'save_weights_for_sampler'}
+
+        return self.save(tenant, model_id, seq_id, name, sampler=True, optimizer=False, post=created, listed=False)
+
+    def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
+        row = self.store.checkpoint(run_id, checkpoint_id, tenant)
+        if row is None:
+            raise not_found('checkpoint', f'{run_id}/{checkpoint_id}')
+        self.store.delete_checkpoint(run_id, checkpoint_id)
+        self.files.delete(row.directory)
