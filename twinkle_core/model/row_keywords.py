@@ -42,6 +42,18 @@ def with_row_keywords(inputs: Any, *, old_logps: Sequence[Any] | None = None,
     return rows
 
 
+def check_row_lengths(rows: Sequence[Any], max_length: int | None, source: str) -> None:
+    """Raise `InvalidInputError` naming the first row longer than `max_length` (None: no limit) and where the
+    limit comes from (`source`)."""
+    if max_length is None:
+        return
+    for i, row in enumerate(rows):
+        n = len(row['input_ids'])
+        if n > max_length:
+            raise InvalidInputError(f'Batch row {i} has {n} tokens, more than the limit of {max_length} ({source}). '
+                                    f'Truncate it (e.g. the template\'s max_length) or drop it.')
+
+
 def micro_batches(rows: list[Any], micro_batch_size: int) -> list[list[Any]]:
     """Consecutive chunks of at most `micro_batch_size` rows."""
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:

@@ -6,48 +6,13 @@ Dtypes: bfloat16 on GPUs, float32 on CPU, unless given.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from twinkle_core.errors import InvalidInputError
-from twinkle_core.hub.ref import HubRef, is_hub_ref
 from twinkle_transformers import attention
 from twinkle_transformers.vision import is_vision_language, language_config
-
-_DTYPES = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16, 'fp16': torch.float16, 'float16': torch.float16,
-           'half': torch.float16, 'fp32': torch.float32, 'float32': torch.float32, 'float': torch.float32}
-
-
-def resolve_model_dir(model_id: str | os.PathLike[str]) -> str:
-    """A local directory for `model_id` (hub references are downloaded, or found in the hub client's cache)."""
-    text = str(model_id)
-    if is_hub_ref(text):
-        from twinkle_core.hub.download import snapshot
-        return str(snapshot(HubRef.parse(text)))
-    return text
-
-
-def default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-    mps = getattr(torch.backends, 'mps', None)
-    if mps is not None and mps.is_available():
-        return torch.device('mps')
-    return torch.device('cpu')
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """`dtype` as a torch dtype; None -> bfloat16 on GPUs, float32 on CPU."""
-    if dtype is None:
-        return torch.float32 if device.type == 'cpu' else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise InvalidInputError(f'Unknown dtype {dtype!r}; use one of {", ".join(sorted(_DTYPES))} or a torch.dtype.')
-    return _DTYPES[dtype]
 
 
 def load_causal_lm(model_dir: str, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None,

@@ -33,7 +33,7 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, reject_unknown_kwargs
-from twinkle_core.model.row_keywords import micro_batches, with_row_keywords
+from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import IGNORE_INDEX, as_input_features
@@ -42,8 +42,8 @@ from twinkle_transformers import parallel, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_transformers.forward import forward_logps
-from twinkle_transformers.loading import (default_device, load_causal_lm, load_tokenizer_if_any, max_model_length,
-                                          resolve_dtype, resolve_model_dir)
+from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
+from twinkle_transformers.loading import load_causal_lm, load_tokenizer_if_any, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_core.model.train_state import TrainState
 from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
@@ -265,13 +265,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
 
     def _collate(self, state: TrainState, inputs: Any) -> dict[str, Any]:
         rows = as_input_features(inputs)
-        if self.max_length is not None:
-            for i, row in enumerate(rows):
-                n = len(row['input_ids'])
-                if n > self.max_length:
-                    raise InvalidInputError(
-                        f'Batch row {i} has {n} tokens, more than the limit of {self.max_length} '
-                        f'({self._max_length_source}). Truncate it (e.g. the template\'s max_length) or drop it.')
+        check_row_lengths(rows, self.max_length, self._max_length_source)
         return state.processor(rows, device=self.device)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
@@ -321,8 +315,9 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         if meta['kind'] == 'lora':
             if self.adapter_name is None:
                 from peft import LoraConfig
-                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default',
-                                          LoraConfig.from_pretrained(path))
+                config = LoraConfig.from_pretrained(path)
+                config.inference_mode = False  # PEFT saves adapters for inference; this model trains it
+                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default', config)
             if parallel.is_sharded(self.model):
                 from peft.utils import load_peft_weights
                 parallel.load_adapter_weights_sharded(self.model, self.adapter_name, load_peft_weights(path))

@@ -1,0 +1,134 @@
+"""`MegatronModel` checkpoints: the same directory as `TransformersModel`'s, whatever the layout.
+
+- full weights: Hugging Face format (``model.safetensors`` + the source checkpoint's config and tokenizer files),
+  gathered over tp and pp and written by global rank 0 -- ``AutoModelForCausalLM`` / `TransformersModel` /
+  `TorchSampler` / vLLM load it;
+- LoRA: PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``);
+- ``twinkle_checkpoint.json`` and ``training_state.pt`` (counters, LR scheduler, RNG) as every backend writes them
+  (`twinkle_core.model.checkpoint_dir`), with ``backend: megatron`` and the layout;
+- ``save_optimizer=True`` also writes ``optimizer/tp{t}_pp{p}.pt`` per model-parallel rank (Megatron's optimizer
+  state; the distributed optimizer's shards gathered over dp): a resume needs the same tp and pp.
+
+The directory is written atomically: rank 0 creates the temporary directory and shares its path, every rank
+writes its files, rank 0 renames it into place after a barrier.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.model.checkpoint_dir import atomic_directory
+from twinkle_megatron import build, export, groups, lora
+from twinkle_megatron.architecture import Architecture
+
+OPTIMIZER_DIR = 'optimizer'
+_WEIGHT_FILES = ('.safetensors', '.bin', '.pt', '.pth', 'safetensors.index.json', 'bin.index.json')
+
+
+@contextmanager
+def collective_directory(target: Path) -> Iterator[Path]:
+    """`atomic_directory` for all ranks: every rank gets the same temporary path; rank 0 commits it."""
+    if dist.get_rank() == 0:
+        with atomic_directory(target) as tmp:
+            box = [str(tmp)]
+            dist.broadcast_object_list(box, src=0)
+            yield tmp
+            dist.barrier()
+    else:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        yield Path(box[0])
+        dist.barrier()
+    dist.barrier()  # nobody reads the checkpoint before it is in place
+
+
+def copy_model_files(source_dir: str | Path, directory: Path) -> None:
+    """The source checkpoint's config, generation config and tokenizer files (not its weights)."""
+    for f in Path(source_dir).iterdir():
+        if f.is_file() and not f.name.endswith(_WEIGHT_FILES) and not f.name.startswith(('twinkle_', 'adapter_')):
+            shutil.copy2(f, directory / f.name)
+
+
+def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str) -> None:
+    """Gather the base weights and (rank 0) write them in Hugging Face format. Collective."""
+    tensors = {name: t.detach().cpu().contiguous() for name, t in export.hf_base_weights(chunks, arch)}
+    if dist.get_rank() == 0:
+        from safetensors.torch import save_file
+        copy_model_files(source_dir, directory)
+        save_file(tensors, str(directory / 'model.safetensors'), metadata={'format': 'pt'})
+
+
+def save_lora(chunks: list, config: Any, directory: Path, *, base_model_id: str) -> None:
+    """Gather the adapter and (rank 0) write it in PEFT format. Collective."""
+    tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks)}
+    if dist.get_rank() == 0:
+        from safetensors.torch import save_file
+        fields = peft_config_dict(config, base_model_id)
+        (directory / 'adapter_config.json').write_text(json.dumps(fields, indent=2))
+        save_file(tensors, str(directory / 'adapter_model.safetensors'), metadata={'format': 'pt'})
+
+
+def peft_config_dict(config: Any, base_model_id: str) -> dict[str, Any]:
+    """``adapter_config.json`` fields of a `peft.LoraConfig` (target modules as a sorted list)."""
+    from twinkle_core.utils.json import to_json
+    fields = to_json(config.to_dict())
+    fields['base_model_name_or_path'] = base_model_id
+    fields['target_modules'] = sorted(lora.target_projections(config.target_modules))
+    return fields
+
+
+@torch.no_grad()
+def load_lora(chunks: list, directory: str | Path, *, tp: int, tp_rank: int) -> None:
+    """Copy a PEFT adapter's factors into this rank's LoRA shards (every adapted factor must be in the file)."""
+    from safetensors.torch import load_file
+    path = Path(directory) / 'adapter_model.safetensors'
+    if not path.exists():
+        raise InvalidInputError(f'{directory} has no adapter_model.safetensors (PEFT format).')
+    tensors = {k.replace('.default.', '.'): v for k, v in load_file(str(path)).items()}
+    for name, module in lora.lora_modules(chunks).items():
+        layer = int(name.split('.')[2])
+        for part in module.parts:
+            for factor, params in (('A', module.lora_A), ('B', module.lora_B)):
+                key = lora.peft_key(layer, part, factor)
+                if key not in tensors:
+                    raise InvalidInputError(f'{path} has no {key!r}: the adapter does not match this model.')
+                full = tensors[key]
+                split = {('row', 'A'): 1, ('column', 'B'): 0}.get((module.kind, factor))
+                shard = full.chunk(tp, dim=split)[tp_rank] if split is not None and tp > 1 else full
+                if tuple(shard.shape) != tuple(params[part].shape):
+                    raise InvalidInputError(f'{key}: shape {tuple(full.shape)} does not fit this adapter (rank '
+                                            f'{params[part].shape[0] if factor == "A" else params[part].shape[1]}).')
+                params[part].copy_(shard)
+
+
+def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: int, tp_rank: int) -> None:
+    """Load Hugging Face weights (e.g. a full checkpoint `save` wrote) into this rank's shards."""
+    build.load_hf_weights(chunks, arch, build.hf_tensor_reader(directory), tp=tp, tp_rank=tp_rank)
+
+
+def optimizer_file(directory: Path) -> Path:
+    r = groups.ranks()
+    return directory / OPTIMIZER_DIR / f'tp{r["tp"]}_pp{r["pp"]}.pt'
+
+
+def save_optimizer_shard(directory: Path, state: dict[str, Any] | None) -> None:
+    """This model-parallel rank's optimizer state (written by data-parallel rank 0)."""
+    if state is not None and groups.ranks()['dp'] == 0:
+        path = optimizer_file(directory)
+        path.parent.mkdir(exist_ok=True)
+        torch.save(state, path)
+
+
+def load_optimizer_shard(directory: str | Path) -> dict[str, Any]:
+    path = optimizer_file(Path(directory))
+    if not path.exists():
+        raise InvalidInputError(f'{directory} has no optimizer state for this rank ({path.name}): it was saved '
+                                f'without save_optimizer=True or with another tensor/pipeline layout.')
+    return torch.load(path, map_location='cpu', weights_only=False)

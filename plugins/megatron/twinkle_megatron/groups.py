@@ -1,0 +1,96 @@
+"""Megatron's process groups from a twinkle `DeviceMesh`.
+
+The mesh orders ranks ``pp, dp, fsdp, cp, tp`` (tp innermost), which is Megatron's default ``tp-cp-ep-dp-pp``
+order read from the other end, so a mesh rank and a Megatron rank are the same number. Megatron keeps its groups
+in module-level state: one layout per process. A second `MegatronModel` with the same layout shares the groups;
+one with another layout raises.
+
+A single process (no launcher) gets a one-rank gloo group of its own, so the same code path runs everywhere.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from twinkle_core.errors import MeshError
+from twinkle_core.runtime import distributed
+from twinkle_megatron.architecture import Layout
+
+_active: Layout | None = None
+
+
+def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: int = 1) -> Layout:
+    """The Megatron layout a mesh asks for (None: one rank). fsdp has no Megatron meaning and raises; cp needs
+    TransformerEngine's attention and raises with what to install."""
+    if mesh is None:
+        return Layout(sp=False, vpp=virtual_pipeline)
+    if mesh.size('fsdp') > 1:
+        raise MeshError(f'MegatronModel does not shard with FSDP ({mesh!r}); use dp_size with the distributed '
+                        f'optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism.')
+    if mesh.size('cp') > 1:
+        raise MeshError('Context parallelism (cp_size > 1) needs TransformerEngine attention, which the local '
+                        '(non-TE) layer spec lacks: install transformer-engine[pytorch] on a CUDA machine, or use '
+                        'sequence parallelism (tp_size > 1, sequence_parallel=True).')
+    return Layout(tp=mesh.size('tp'), pp=mesh.size('pp'), dp=mesh.size('dp'), vpp=virtual_pipeline,
+                  sp=sequence_parallel, ep=mesh.ep_size)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
+    """Start torch.distributed (a one-rank gloo group without a launcher) and Megatron's model-parallel groups
+    for `layout`, and seed Megatron's RNG trackers. Idempotent for the same layout."""
+    global _active
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    if _active is not None:
+        if _active != layout:
+            raise MeshError(f'This process already runs a MegatronModel split as {_active}; Megatron keeps one '
+                            f'layout per process, so a model split as {layout} needs its own process.')
+        return
+    if not distributed.init_process_group(mesh):
+        if layout.tp * layout.pp * layout.dp > 1:
+            raise MeshError(f'{layout} needs {layout.tp * layout.pp * layout.dp} ranks; launch with torchrun or a '
+                            f'Ray group of that size.')
+        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
+        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{_free_port()}', rank=0,
+                                world_size=1)
+    world = dist.get_world_size()
+    if layout.tp * layout.pp * layout.dp != world:
+        raise MeshError(f'{layout} covers {layout.tp * layout.pp * layout.dp} ranks but the process group has '
+                        f'{world}.')
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        expert_model_parallel_size=layout.ep)
+    # the inference tracker keeps CPU generators usable where CUDA ones do not exist (same seeds on a GPU)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
+    _active = layout
+
+
+def tp_group() -> Any:
+    from megatron.core import parallel_state
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+def dp_group() -> Any:
+    from megatron.core import parallel_state
+    return parallel_state.get_data_parallel_group()
+
+
+def pp_group() -> Any:
+    from megatron.core import parallel_state
+    return parallel_state.get_pipeline_model_parallel_group()
+
+
+def ranks() -> dict[str, int]:
+    """This process's tp / pp / dp / ep coordinates."""
+    from megatron.core import parallel_state as ps
+    return {'tp': ps.get_tensor_model_parallel_rank(), 'pp': ps.get_pipeline_model_parallel_rank(),
+            'dp': ps.get_data_parallel_rank(), 'ep': ps.get_expert_model_parallel_rank()}

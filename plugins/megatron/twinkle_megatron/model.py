@@ -1,0 +1,311 @@
+"""`MegatronModel`: a Hugging Face checkpoint trained through Megatron-Core, behind the twinkle `Model` interface.
+
+`TransformersModel` -> `MegatronModel` is a one-word change: the same calls, losses, processors (padding and
+padding-free), metrics, hooks and checkpoint formats. The mesh decides the split: ``tp_size`` (tensor
+parallelism, plus ``sequence_parallel=True``), ``pp_size`` (1F1B pipeline; ``virtual_pipeline_stages`` for the
+interleaved schedule), ``dp_size`` (Megatron DDP; the distributed optimizer, ZeRO-1, is on by default when
+dp > 1). The pieces:
+
+- `architecture` / `convert` / `build`: HF config -> Megatron config, HF <-> Megatron weights, the model chunks;
+- `lora`: tensor-parallel LoRA in PEFT's terms; `optim`: Megatron's optimizer behind `TrainState`;
+- `schedule`: one pass through Megatron's pipeline schedule with twinkle's losses;
+- `persistence`: save / load / weight export (HF and PEFT format, gathered over tp and pp).
+
+    model = MegatronModel('ms://Qwen/Qwen3-0.6B', device_mesh=DeviceMesh.from_sizes(tp_size=2, dp_size=2))
+    model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 32})
+    model.set_optimizer('AdamW', lr=1e-4)
+    model.forward_backward(inputs=batch)
+    model.clip_grad_and_step()
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.hooks.emit import notify_model_loaded
+from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
+from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.mesh import split_for_dp
+from twinkle_core.runtime.context import global_device_mesh
+from twinkle_core.runtime.distributed import all_reduce_sum
+from twinkle_core.types import as_input_features
+from twinkle_megatron import build, cpu_compat, groups, lora, schedule
+from twinkle_megatron.architecture import architecture_of, check_layout
+from twinkle_megatron.optim import MegatronTrainState
+from twinkle_megatron.persistence import PersistenceMethods
+
+FULL = 'full'
+logger = logging.getLogger(__name__)
+
+
+class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
+    """A trainable causal LM on Megatron-Core (kind ``model``, name ``MegatronModel``).
+
+    Args:
+        model_id: local directory, ``ms://org/repo[@rev]``, ``hf://org/repo[@rev]`` or a Hugging Face id of a
+            Qwen3 / Qwen2 / Llama / Qwen3-MoE checkpoint (safetensors).
+        device / dtype: default CUDA (``cuda:$LOCAL_RANK``) in bfloat16, else CPU in float32.
+        max_length: longest accepted row (default ``config.max_position_embeddings``).
+        device_mesh: tp / pp / dp (and ep for MoE) sizes; default the one given to ``twinkle_core.initialize``.
+        sequence_parallel: split the sequence over the tp ranks outside attention and MLP (needs tp > 1).
+        virtual_pipeline_stages: model chunks per pipeline rank (interleaved 1F1B; needs pp > 1).
+        distributed_optimizer: shard optimizer state over dp (default: when dp > 1).
+        seed: Megatron's RNG seed (dropout, LoRA initialisation).
+    """
+    backend = 'megatron'
+    capabilities = ModelCapabilities(mixed_adapters=False, max_adapters=1)
+
+    def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None, max_length: int | None = None, device_mesh: Any = None,
+                 sequence_parallel: bool = False, virtual_pipeline_stages: int = 1,
+                 distributed_optimizer: bool | None = None, seed: int = 42) -> None:
+        from transformers import AutoConfig
+        cpu_compat.apply()
+        self.model_id = str(model_id)
+        self.model_dir = resolve_model_dir(model_id)
+        self.arch = architecture_of(AutoConfig.from_pretrained(self.model_dir))
+        self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
+        self.layout = groups.layout_of(self.device_mesh, sequence_parallel=sequence_parallel,
+                                       virtual_pipeline=virtual_pipeline_stages)
+        check_layout(self.arch, self.layout)
+        groups.initialize(self.device_mesh, self.layout, seed=seed)
+        self.seed = seed
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.ranks = groups.ranks()
+        self.chunks: list[Any] = build.build_chunks(self.arch, self.layout, self.dtype, self.device)
+        build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(self.model_dir), tp=self.layout.tp,
+                              tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
+        self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        self.max_length = int(max_length or self.arch.max_position_embeddings)
+        self.pad_token_id = getattr(self.tokenizer, 'pad_token_id', None) or 0
+        self.adapter_name: str | None = None
+        self.lora_config: Any = None
+        self._wrapped = False
+        self._pending = None
+        self._last_loss: float | None = None
+        self.state = self._new_state(FULL)
+        notify_model_loaded(self.chunks[0], self.model_id)
+
+    def _expert_offset(self) -> int:
+        if not self.arch.is_moe:
+            return 0
+        return self.ranks['ep'] * (self.arch.num_experts // self.layout.ep)
+
+    def _new_state(self, name: str, gradient_accumulation_steps: int = 1) -> MegatronTrainState:
+        return MegatronTrainState(name, lambda: [p for c in self.chunks for p in c.parameters()],
+                                  chunks=self.chunks, distributed=self.distributed_optimizer, dtype=self.dtype,
+                                  gradient_accumulation_steps=gradient_accumulation_steps)
+
+    # ---- configuration ---------------------------------------------------------------------------------------
+    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
+                             **kwargs: Any) -> None:
+        """Freeze the base model and add the tensor-parallel LoRA adapter `adapter_name` (`config`: a
+        ``peft.LoraConfig`` or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``; ``seed``:
+        initialisation seed, default the model's). Components set before are reset."""
+        if self._wrapped:
+            raise TwinkleError('add_adapter_to_model must come before set_optimizer and the first forward: the '
+                               'model is already wrapped for data-parallel training.')
+        if self.adapter_name is not None:
+            raise TwinkleError(f'This model already trains adapter {self.adapter_name!r}; MegatronModel trains one '
+                               f'adapter (or all parameters).')
+        seed = int(kwargs.pop('seed', self.seed))
+        self.lora_config = lora_config(config, **kwargs)
+        lora.add_lora(self.chunks, self.arch, self.lora_config, tp=self.layout.tp, tp_rank=self.ranks['tp'],
+                      sequence_parallel=self.layout.sp, seed=seed)
+        self.adapter_name = adapter_name
+        self.state = self._new_state(adapter_name, gradient_accumulation_steps)
+
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Drop the adapter (its factors, optimizer and settings); the model trains all parameters again."""
+        self._name(adapter_name)
+        if self.adapter_name is None:
+            raise InvalidInputError('This model has no adapter to remove.')
+        self._unwrap()
+        lora.remove_lora(self.chunks)
+        self.adapter_name, self.lora_config = None, None
+        self.state = self._new_state(FULL)
+
+    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
+                      **kwargs: Any) -> None:
+        self._wrap()  # the optimizer is built over the DDP grad buffers
+        super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
+
+    def _wrap(self) -> None:
+        """Wrap the chunks in Megatron DDP once the trainable parameters are final."""
+        if self._wrapped:
+            return
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=self.distributed_optimizer)
+        with torch.enable_grad():  # DDP hooks grad accumulators, which exist only with autograd on
+            self.chunks[:] = [DistributedDataParallel(config=c.config, ddp_config=ddp_config, module=c,
+                                                      disable_bucketing=i > 0) for i, c in enumerate(self.chunks)]
+        self._wrapped = True
+
+    def _unwrap(self) -> None:
+        if self._wrapped:
+            self.chunks[:] = [c.module for c in self.chunks]
+            self._wrapped = False
+
+    def list_adapters(self) -> list[str]:
+        return [self.adapter_name] if self.adapter_name is not None else []
+
+    def _name(self, adapter_name: str | None) -> str | None:
+        if adapter_name is not None and adapter_name != self.adapter_name:
+            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
+            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
+        return self.adapter_name
+
+    def _state(self, adapter_name: str | None) -> MegatronTrainState:
+        self._name(adapter_name)
+        return self.state
+
+    # ---- training step ---------------------------------------------------------------------------------------
+    @reports_failure('forward_backward')
+    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, old_logps: Any = None,
+                         advantages: Any = None, micro_batch_size: int | None = None,
+                         **kwargs: Any) -> dict[str, Any]:
+        """Forward, loss and backward through the pipeline schedule. Returns ``{'loss', 'logprobs', 'metrics'}``.
+        `micro_batch_size`: rows per pipeline micro-batch (default: the rows split into pp micro-batches); the
+        gradients equal one pass over all rows."""
+        reject_unknown_kwargs('forward_backward', kwargs,
+                              ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
+        self._eval_loss = None
+        result = self._run(self._state(adapter_name), inputs, micro_batch_size, training=True, compute_loss=True)
+        self._last_loss = result.get('loss')
+        return result
+
+    @reports_failure('forward_only')
+    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
+                     micro_batch_size: int | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`."""
+        reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
+        with torch.no_grad():
+            result = self._run(self._state(adapter_name), inputs, micro_batch_size, training=False,
+                               compute_loss=compute_loss)
+        self._eval_loss = result.get('loss')
+        return result
+
+    @reports_failure('calculate_loss')
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
+        """The loss of the last `forward_only` (evaluation) or, failing that, of the last `forward_backward`."""
+        reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
+        loss = self._loss_of_last_forward_only()
+        loss = self._last_loss if loss is None else loss
+        if loss is None:
+            raise TwinkleError('calculate_loss() needs a preceding forward_backward or forward_only with labels '
+                               '(MegatronModel runs forward, loss and backward as one pipeline schedule).')
+        return loss
+
+    def forward(self, **kwargs: Any) -> Any:
+        raise TwinkleError('MegatronModel runs forward, loss and backward as one pipeline schedule: call '
+                           'forward_backward(inputs=...) (or forward_only for no gradients).')
+
+    backward = forward
+
+    def _run(self, state: MegatronTrainState, inputs: Any, micro_batch_size: int | None, *, training: bool,
+             compute_loss: bool) -> dict[str, Any]:
+        self._wrap()
+        rows = as_input_features(inputs)
+        check_row_lengths(rows, self.max_length, 'max_length of the model')
+        if micro_batch_size is not None:
+            parts = micro_batches(rows, micro_batch_size)
+        else:
+            parts = [p for p in split_for_dp(rows, min(len(rows), self.layout.pp)) if p]
+        batches = [state.processor(p, device=self.device) for p in parts]
+        reduction = getattr(state.loss, 'reduction', None)
+        weights, local_weight = schedule.shares(reduction, batches)
+        (total_weight,) = all_reduce_sum([local_weight], groups.dp_group())
+        dp_share = 1.0 if reduction == 'sum' else (local_weight / total_weight if total_weight else 0.0)
+        micro = [schedule.MicroBatch(b, w) for b, w in zip(batches, weights)]
+        for chunk in self.chunks:
+            chunk.train(training)
+        infos = schedule.run(self.chunks, micro, loss=state.loss, vocab_size=self.arch.vocab_size,
+                             scale=state.loss_scale() * dp_share, forward_only=not training,
+                             compute_loss=compute_loss, pad_token_id=self.pad_token_id,
+                             pad_multiple=self.layout.tp if self.layout.sp else 1)
+        result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
+        with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
+        if with_loss:
+            summary = _combine([(m.share, info) for m, info in with_loss])
+            summary = self._reduce_summary(summary, reduction, local_weight)
+            state.record(summary, is_training=training)
+            metrics: dict[str, float] = {}
+            total_share = sum(m.share for m, _ in with_loss) or 1.0
+            for m, info in with_loss:  # averaged over the micro-batches by their share
+                for k, v in info['metrics'].items():
+                    if isinstance(v, (int, float)):
+                        metrics[k] = metrics.get(k, 0.0) + v * m.share / total_share
+            result.update(loss=summary['loss'], metrics=metrics)
+        return result
+
+    def _reduce_summary(self, summary: dict[str, Any], reduction: str | None, weight: float) -> dict[str, Any]:
+        """This data rank's summary -> the global batch's (collective over the data-parallel group)."""
+        counts = ('num_loss_tokens', 'num_correct', 'num_tokens')
+        sums = all_reduce_sum([summary['loss'] * weight, weight, *(float(summary[k]) for k in counts)],
+                              groups.dp_group())
+        if reduction == 'sum':
+            loss = all_reduce_sum([summary['loss']], groups.dp_group())[0]
+        else:
+            loss = sums[0] / sums[1] if sums[1] else 0.0
+        return {**summary, 'loss': loss, **{k: int(round(v)) for k, v in zip(counts, sums[2:])}}
+
+    def model_info(self) -> dict[str, Any]:
+        return {'model_id': self.model_id, 'max_length': self.max_length, 'backend': self.backend,
+                'layout': self._layout_json()}
+
+    def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
+        state = self._state(adapter_name)
+        adapter = None if self.lora_config is None else self._adapter_config_json()
+        return {'model_id': self.model_id, 'backend': self.backend, 'architecture': self.arch.model_type,
+                'device': str(self.device), 'dtype': str(self.dtype).removeprefix('torch.'),
+                'max_length': self.max_length, 'layout': self._layout_json(),
+                'distributed_optimizer': self.distributed_optimizer, 'cpu_bridges': cpu_compat.applied(),
+                'adapter': adapter, **state.describe()}
+
+    def _layout_json(self) -> dict[str, Any]:
+        lay = self.layout
+        return {'tp': lay.tp, 'pp': lay.pp, 'dp': lay.dp, 'vpp': lay.vpp, 'sp': lay.sp, 'ep': lay.ep}
+
+
+def _combine(parts: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """One rank's micro-batch summaries -> the call's: the loss weighted by share, counts summed."""
+    summary = {'loss': sum(share * info['loss'] for share, info in parts)}
+    for key in ('num_loss_tokens', 'num_correct', 'num_tokens'):
+        summary[key] = sum(info['summary'][key] for _, info in parts)
+    return summary
+
+
+def lora_config(config: Any, **overrides: Any) -> Any:
+    """`config` (a `peft.LoraConfig`, a dict of its fields or None) plus `overrides` -> a causal-LM `LoraConfig`
+    (``target_modules`` default ``'all-linear'``). Unknown fields raise `InvalidInputError`."""
+    from peft import LoraConfig
+    fields = (config.to_dict() if isinstance(config, LoraConfig) else dict(config or {})) | overrides
+    fields.setdefault('target_modules', 'all-linear')
+    fields.setdefault('task_type', 'CAUSAL_LM')
+    fields.pop('peft_type', None)
+    unknown = sorted(set(fields) - set(LoraConfig.__dataclass_fields__))
+    if unknown:
+        raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones.')
+    if fields.get('bias', 'none') != 'none':
+        raise InvalidInputError('MegatronModel LoRA trains no biases: use bias="none".')
+    config = LoraConfig(**fields)
+    lora.target_projections(config.target_modules)  # validates
+    return config
+
+
+def _load_tokenizer(model_dir: str) -> Any:
+    from pathlib import Path
+    from transformers import AutoTokenizer
+    if Path(model_dir).is_dir() and not any(Path(model_dir).glob('tokenizer*')):
+        return None
+    return AutoTokenizer.from_pretrained(model_dir)

@@ -1,0 +1,129 @@
+"""`MegatronModel`'s checkpoints and weight export (the model half of the backend seam), as a mixin.
+
+Both are collective over the model's ranks (weights are gathered over tp and pp to global rank 0); see
+`twinkle_megatron.checkpoint` for the directory layout and `twinkle_megatron.export` for the streaming.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch.distributed as dist
+
+from twinkle_core.checkpoint_engine.weights import Bucket, bucketed
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.model.checkpoint_dir import (load_training_state, read_metadata, save_training_state,
+                                               set_rng_state, write_metadata)
+from twinkle_core.model.train_state_methods import reports_failure
+from twinkle_core.utils.json import to_json
+from twinkle_megatron import checkpoint as ckpt
+from twinkle_megatron import export
+from twinkle_megatron.lora import part_rows
+
+
+class PersistenceMethods:
+    """Mixin of `MegatronModel` (uses its `chunks`, `arch`, `state`, `adapter_name`, `lora_config`, ...)."""
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------
+    @reports_failure('save')
+    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
+             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
+             **kwargs: Any) -> str:
+        """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory. LoRA in PEFT
+        format, full weights in Hugging Face format; ``save_optimizer=True`` adds everything an exact resume
+        needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
+        state = self._state(adapter_name)
+        target = Path(output_dir or 'output') / name
+        shard = state.shard_state() if save_optimizer else None  # collective for the distributed optimizer
+        with ckpt.collective_directory(target) as tmp:
+            if self.adapter_name is not None:
+                ckpt.save_lora(self.chunks, self.lora_config, tmp, base_model_id=self.model_id)
+            else:
+                ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir)
+            if save_optimizer:
+                ckpt.save_optimizer_shard(tmp, shard)
+            if dist.get_rank() == 0:
+                write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
+                               model_id=self.model_id, step=state.optimizer_steps, backend='megatron',
+                               layout=self._layout_json(), has_training_state=save_optimizer)
+                if save_optimizer:
+                    save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
+        return str(target)
+
+    @reports_failure('load')
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
+             dataloader: Any = None, **kwargs: Any) -> Any:
+        """Load a checkpoint written by `save` (by this or any other backend), a PEFT adapter directory or a
+        Hugging Face model directory. A LoRA checkpoint into a model without adapter first adds the adapter.
+        ``load_optimizer=True`` restores the training state (same tp/pp layout) and returns ``extra_state``."""
+        meta = read_metadata(path)
+        if meta['kind'] == 'lora':
+            if self.adapter_name is None:
+                from peft import LoraConfig
+                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default',
+                                          LoraConfig.from_pretrained(path))
+            ckpt.load_lora(self.chunks, path, tp=self.layout.tp, tp_rank=self.ranks['tp'])
+        else:
+            if self.adapter_name is not None:
+                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
+                                        f'{self.adapter_name!r}; load it into a model without adapter.')
+            ckpt.load_full(self.chunks, self.arch, path, tp=self.layout.tp, tp_rank=self.ranks['tp'])
+        state = self._state(adapter_name)
+        if state.megatron_optimizer is not None:
+            state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
+        if not load_optimizer:
+            return None
+        self._wrap()
+        saved = load_training_state(path)
+        state.load_state_dict(saved['train_state'], load_optimizer_state=lambda optimizer, value: None)
+        state.load_shard_state(ckpt.load_optimizer_shard(path))
+        set_rng_state(saved['rng'])
+        if dataloader is not None and saved.get('dataloader') is not None:
+            dataloader.load_state_dict(saved['dataloader'])
+        return saved.get('extra_state')
+
+    # ---- weight export -----------------------------------------------------------------------------------------
+    def trains_base(self) -> bool:
+        return self.adapter_name is None
+
+    def is_export_rank(self) -> bool:
+        return dist.get_rank() == 0
+
+    def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        a = self.arch
+        dtype = str(self.dtype).removeprefix('torch.')
+        shapes = {'model.embed_tokens.weight': (a.vocab_size, a.hidden_size), 'model.norm.weight': (a.hidden_size,)}
+        if not a.tied_embeddings:
+            shapes['lm_head.weight'] = (a.vocab_size, a.hidden_size)
+        for i in range(a.num_layers):
+            p = f'model.layers.{i}.'
+            shapes[p + 'input_layernorm.weight'] = shapes[p + 'post_attention_layernorm.weight'] = (a.hidden_size,)
+            for proj in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):
+                shapes[f'{p}self_attn.{proj}.weight'] = part_rows(a, proj)
+                if a.qkv_bias and proj != 'o_proj':
+                    shapes[f'{p}self_attn.{proj}.bias'] = (part_rows(a, proj)[0],)
+            if a.qk_norm:
+                shapes[p + 'self_attn.q_norm.weight'] = shapes[p + 'self_attn.k_norm.weight'] = (a.head_dim,)
+            if a.is_moe:
+                shapes[p + 'mlp.gate.weight'] = (a.num_experts, a.hidden_size)
+                for e in range(a.num_experts):
+                    for proj, shape in (('gate_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
+                                        ('up_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
+                                        ('down_proj', (a.hidden_size, a.moe_ffn_hidden_size))):
+                        shapes[f'{p}mlp.experts.{e}.{proj}.weight'] = shape
+            else:
+                for proj in ('gate_proj', 'up_proj', 'down_proj'):
+                    shapes[f'{p}mlp.{proj}.weight'] = part_rows(a, proj)
+        return {name: (dtype, tuple(shape)) for name, shape in shapes.items()}
+
+    def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
+        yield from bucketed(export.hf_base_weights(self.chunks, self.arch), bucket_bytes)
+
+    def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
+        if name not in self.list_adapters():
+            raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {self.list_adapters() or "none"}.')
+        return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks), bucket_bytes)
+
+    def _adapter_config_json(self) -> dict[str, Any]:
+        return to_json(ckpt.peft_config_dict(self.lora_config, self.model_id))
+

@@ -1,0 +1,140 @@
+"""One training or evaluation pass through Megatron's pipeline schedule, with twinkle's losses.
+
+A call's rows (this data rank's share) are cut into micro-batches, each collated by the adapter's processor
+(padding or padding-free). Megatron's schedules need one tensor shape for every micro-batch, so the model sees
+each one padded to the call's widest row count and length (rounded to a multiple of tp under sequence
+parallelism) with an explicit attention mask: causal, within one row (or one packed sequence), never onto
+padding. The loss sees the micro-batch exactly as collated (the padded rows and positions are cut from the
+logits first), so every twinkle loss, processor and metric works unchanged.
+
+On the last pipeline stage each micro-batch's loss is computed from vocabulary-parallel log-probs
+(`twinkle_megatron.logps`) and backpropagated with the factor `scale * share` (accumulation, data-parallel
+weighting, the micro-batch's part of the call). What the loss reports travels back to every pipeline stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_core.types import IGNORE_INDEX
+from twinkle_megatron import groups
+from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_parallel_logps
+
+
+@dataclass
+class MicroBatch:
+    """A collated micro-batch (`batch`, what the loss sees) and the fixed-shape tensors the model runs on."""
+    batch: dict[str, Any]
+    share: float  # this micro-batch's part of the call's loss
+    model_inputs: dict[str, torch.Tensor] | None = None
+
+
+def loss_weight(reduction: str | None, batch: dict[str, Any]) -> float:
+    """What a micro-batch's mean loss averages over: loss tokens (``token_mean``), rows (``sequence_mean``), or
+    nothing (``sum``: 1)."""
+    if reduction == 'sum':
+        return 1.0
+    if reduction == 'sequence_mean':
+        return float(len(batch['row_lengths']))
+    return float((batch['labels'] != IGNORE_INDEX).sum())
+
+
+def shares(reduction: str | None, batches: list[dict[str, Any]]) -> tuple[list[float], float]:
+    """(each micro-batch's share of the call's loss, the call's total weight on this rank)."""
+    weights = [loss_weight(reduction, b) for b in batches]
+    if reduction == 'sum':
+        return [1.0] * len(batches), 1.0
+    total = sum(weights)
+    return [w / (total or 1.0) for w in weights], total
+
+
+def attention_mask(row_index: torch.Tensor) -> torch.Tensor:
+    """Megatron's boolean mask ``[B, 1, S, S]`` (True = masked) from the per-token row index (-1: padding):
+    causal, within one row or packed sequence; padding attends to itself only (keeps the softmax finite)."""
+    s = row_index.shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=row_index.device).tril()
+    same = row_index.unsqueeze(-1) == row_index.unsqueeze(-2)
+    real = (row_index >= 0).unsqueeze(-2)
+    eye = torch.eye(s, dtype=torch.bool, device=row_index.device)
+    allowed = causal & same & (real | eye)
+    return ~allowed.unsqueeze(1)
+
+
+def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: int) -> tuple[int, int]:
+    """Give every micro-batch fixed-shape model inputs; returns (rows, length) of that shape."""
+    rows = max(len(m.batch['row_lengths']) for m in micro)
+    width = max(m.batch['input_ids'].shape[1] for m in micro)
+    width = -(-width // multiple) * multiple
+    for m in micro:
+        ids, pos, index = m.batch['input_ids'], m.batch['position_ids'], m.batch['row_index']
+        b, s = ids.shape
+        shape = (rows, width)
+        full_ids = ids.new_full(shape, pad_token_id)
+        full_pos = torch.arange(width, device=ids.device).expand(shape).clone()
+        full_index = index.new_full(shape, -1)
+        full_ids[:b, :s], full_pos[:b, :s], full_index[:b, :s] = ids, pos, index
+        m.model_inputs = {'input_ids': full_ids, 'position_ids': full_pos,
+                          'attention_mask': attention_mask(full_index)}
+    return rows, width
+
+
+def loss_outputs(logits: torch.Tensor, batch: dict[str, Any], loss: Any, vocab_size: int) -> dict[str, Any]:
+    """The loss's ``outputs`` dict (``target_logps``, ``logps``, ``mask``, ``correct``, and ``logits`` when the loss
+    asks for them) from one micro-batch's vocabulary-parallel logits, cut to the collated shape."""
+    b, s = batch['input_ids'].shape
+    logits = logits[:b, :s]
+    group = groups.tp_group()
+    target_logps = vocab_parallel_logps(logits, batch['target_ids'], vocab_size, group)
+    labels = batch['labels']
+    mask = labels != IGNORE_INDEX
+    outputs: dict[str, Any] = {'target_logps': target_logps, 'logps': torch.where(mask, target_logps, 0.0),
+                               'mask': mask,
+                               'correct': (vocab_parallel_argmax(logits, vocab_size, group) == labels) & mask}
+    if getattr(loss, 'needs_logits', False):
+        outputs['logits'] = full_logits(logits, vocab_size, group)
+    return outputs
+
+
+def run(chunks: list[Any], micro: list[MicroBatch], *, loss: Any, vocab_size: int, scale: float,
+        forward_only: bool, compute_loss: bool, pad_token_id: int, pad_multiple: int) -> list[dict[str, Any]]:
+    """Run `micro` through the pipeline; returns, on every rank, each micro-batch's ``{'logprobs', 'loss',
+    'summary', 'metrics'}`` (loss entries only where a loss was computed). Backward runs unless `forward_only`.
+    `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    rows, width = pad_model_inputs(micro, multiple=pad_multiple, pad_token_id=pad_token_id)
+
+    def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
+        m = next(data_iterator)
+        output = model(**m.model_inputs)
+        return output, lambda logits: _loss(m, logits)
+
+    def _loss(m: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        outputs = loss_outputs(logits, m.batch, loss, vocab_size)
+        info: dict[str, Any] = {'logprobs': rows_logprobs(m.batch, outputs['target_logps'])}
+        value = logits.sum() * 0.0  # keeps the graph when no loss is computed
+        if compute_loss and bool(outputs['mask'].any()):
+            result = run_loss(loss, m.batch, outputs)
+            value = result['loss'] * (scale * m.share)
+            info.update(loss=float(result['loss'].detach()), metrics=dict(result.get('metrics') or {}),
+                        summary=step_summary(m.batch, outputs, result['loss']))
+        return value, torch.ones((), dtype=torch.int), info
+
+    iterators: Any = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
+    infos = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iterators, model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(micro), seq_length=width, micro_batch_size=rows, forward_only=forward_only)
+    return _from_last_stage(list(infos))
+
+
+def _from_last_stage(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last pipeline stage's per-micro-batch results, on every stage of the pipeline."""
+    from megatron.core import parallel_state as ps
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return infos
+    box = [infos if ps.is_pipeline_last_stage() else None]
+    dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=groups.pp_group())
+    return box[0]

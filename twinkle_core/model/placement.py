@@ -1,0 +1,43 @@
+"""Where a model's weights come from and where they run, for every backend: a model id -> local directory, the
+default device (CUDA ``cuda:$LOCAL_RANK`` under torchrun, then Apple MPS, then CPU) and dtype (bfloat16 on GPUs,
+float32 on CPU)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.hub.ref import HubRef, is_hub_ref
+
+_DTYPES = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16, 'fp16': torch.float16, 'float16': torch.float16,
+           'half': torch.float16, 'fp32': torch.float32, 'float32': torch.float32, 'float': torch.float32}
+
+
+def resolve_model_dir(model_id: str | os.PathLike[str]) -> str:
+    """A local directory for `model_id` (hub references are downloaded, or found in the hub client's cache)."""
+    text = str(model_id)
+    if is_hub_ref(text):
+        from twinkle_core.hub.download import snapshot
+        return str(snapshot(HubRef.parse(text)))
+    return text
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+    mps = getattr(torch.backends, 'mps', None)
+    if mps is not None and mps.is_available():
+        return torch.device('mps')
+    return torch.device('cpu')
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """`dtype` as a torch dtype; None -> bfloat16 on GPUs, float32 on CPU."""
+    if dtype is None:
+        return torch.float32 if device.type == 'cpu' else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise InvalidInputError(f'Unknown dtype {dtype!r}; use one of {", ".join(sorted(_DTYPES))} or a torch.dtype.')
+    return _DTYPES[dtype]
