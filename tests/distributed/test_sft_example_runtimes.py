@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from twinkle_core.utils.net import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / 'examples' / 'sft_lora.py'
 METRICS = re.compile(r'step (\d+): loss ([\d.]+)\s+acc ([\d.]+)\s+grad_norm ([\d.]+)')
@@ -24,12 +24,6 @@ LOG_STEPS = [20, 40, 60, 80, 100]
 # A real divergence (another loss reduction, a wrong data shard, a missed gradient average) moves the loss by
 # percents; `test_metric_tolerance_rejects_a_one_percent_loss_change` keeps the tolerance that tight.
 TOLERANCE = {'loss': dict(rel=1e-3, abs=1e-3), 'acc': dict(rel=0, abs=2e-3), 'grad_norm': dict(rel=1e-3, abs=2e-3)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def parse_metrics(output: str) -> dict[int, dict[str, float]]:
@@ -51,7 +45,7 @@ def run_example(runtime: str, out: Path) -> dict[int, dict[str, float]]:
     args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out)]
     if runtime == 'torchrun':
         cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
-               '127.0.0.1', '--master_port', str(_free_port()), *args]
+               '127.0.0.1', '--master_port', str(free_port()), *args]
     else:
         cmd = [sys.executable, *args, *(['--ranks', '2'] if runtime == 'ray' else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})

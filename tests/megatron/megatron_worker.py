@@ -1,7 +1,12 @@
 """One training run for the Megatron equality tests: a backend and layout, 3 optimizer steps on a fixed global
 batch, then evaluation and a checkpoint. Run in one process or under torchrun (gloo); rank 0 writes
 ``result.json`` with the per-step losses and grad norms, the evaluation log-probs before and after training and
-the checkpoint path."""
+the checkpoint path.
+
+``--loss`` trains with another loss (its per-row inputs are added: GRPO's advantages and on-policy
+``old_logps``, DPO's pairs and reference log-probs, GKD's teacher). ``--resume-after K`` also saves a resumable
+checkpoint after step K, loads it into a fresh model and trains the remaining steps again (``resumed_losses``,
+``resumed_after``)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +29,31 @@ def batch_rows(seed: int, count: int, vocab: int = 1000) -> list[dict]:
     return rows
 
 
+def with_loss_inputs(model, rows: list[dict], loss: str) -> list[dict]:
+    """`rows` plus what `loss` reads from them."""
+    rows = [dict(r) for r in rows]
+    if loss == 'GRPOLoss':
+        logps = model.forward_only(inputs=rows, compute_loss=False)['logprobs']
+        for i, (row, lp) in enumerate(zip(rows, logps)):
+            row.update(advantage=(-1.0) ** i * (0.5 + 0.25 * i), old_logps=lp)
+    elif loss == 'DPOLoss':
+        for i, row in enumerate(rows):
+            row['ref_logps'] = [-0.1 * (i % 2 + 1)] * len(row['input_ids'])
+    return rows
+
+
+def train(model, steps: range, dp: int, dp_rank: int, loss: str | None, micro_batch_size: int | None,
+          ) -> tuple[list[float], list[float]]:
+    losses, norms = [], []
+    for step in steps:
+        rows = with_loss_inputs(model, batch_rows(10 + step, 8), loss)
+        out = model.forward_backward(inputs=split_for_dp(rows, dp)[dp_rank], micro_batch_size=micro_batch_size)
+        stepped = model.clip_grad_and_step(max_norm=1.0)
+        losses.append(out['loss'])
+        norms.append(stepped['grad_norm'])
+    return losses, norms
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument('--model', required=True)
@@ -38,6 +68,9 @@ def main() -> None:
     p.add_argument('--packed', action='store_true', help='padding-free batches')
     p.add_argument('--steps', type=int, default=3)
     p.add_argument('--micro-batch-size', type=int, default=None)
+    p.add_argument('--loss', default=None)
+    p.add_argument('--teacher', default=None, help='GKD teacher model directory')
+    p.add_argument('--resume-after', type=int, default=None)
     args = p.parse_args()
 
     world = env_world_size()
@@ -49,27 +82,42 @@ def main() -> None:
         dp, dp_rank = mesh.data_world_size, mesh.data_rank(env_rank())
     else:
         dp, dp_rank = 1, 0
-    model = resolve('model', args.backend, model_id=args.model, **kwargs)
-    if args.adapter:
-        model.load(args.adapter)
-    if args.packed:
-        model.set_processor('CausalLMProcessor', padding_free=True)
-    rows, eval_rows = batch_rows(0, 8), batch_rows(1, 4)
-    before = model.forward_only(inputs=eval_rows)
+    def build():
+        model = resolve('model', args.backend, model_id=args.model, **kwargs)
+        if args.adapter:
+            model.load(args.adapter)
+        if args.packed:
+            model.set_processor('CausalLMProcessor', padding_free=True)
+        if args.loss == 'GKDLoss':
+            model.set_loss('GKDLoss', teacher_model=args.teacher)
+        elif args.loss is not None:
+            model.set_loss(args.loss)
+        return model
+
+    model = build()
+    eval_rows = batch_rows(1, 4)
+    before = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     model.set_optimizer('AdamW', lr=2e-3, weight_decay=0.0)
-    losses, norms = [], []
-    for step in range(args.steps):
-        batch = split_for_dp(batch_rows(10 + step, 8), dp)[dp_rank]
-        out = model.forward_backward(inputs=batch, micro_batch_size=args.micro_batch_size)
-        stepped = model.clip_grad_and_step(max_norm=1.0)
-        losses.append(out['loss'])
-        norms.append(stepped['grad_norm'])
-    after = model.forward_only(inputs=eval_rows)
+    model.set_lr_scheduler('CosineAnnealingLR', T_max=10)
+    result = {'world_size': world, 'before': before, 'eval_rows': eval_rows}
+    if args.resume_after is None:
+        losses, norms = train(model, range(args.steps), dp, dp_rank, args.loss, args.micro_batch_size)
+    else:
+        losses, norms = train(model, range(args.resume_after), dp, dp_rank, args.loss, args.micro_batch_size)
+        middle = model.save('middle', output_dir=args.out, save_optimizer=True)
+        rest = range(args.resume_after, args.steps)
+        more = train(model, rest, dp, dp_rank, args.loss, args.micro_batch_size)
+        losses, norms = losses + more[0], norms + more[1]
+        fresh = build()
+        fresh.load(middle, load_optimizer=True)
+        result['resumed_losses'] = train(fresh, rest, dp, dp_rank, args.loss, args.micro_batch_size)[0]
+        result['resumed_after'] = fresh.forward_only(inputs=with_loss_inputs(fresh, eval_rows, args.loss))
+    after = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     checkpoint = model.save('final', output_dir=args.out)
     if env_rank() == 0:
-        Path(args.out, 'result.json').write_text(json.dumps({
-            'world_size': world, 'losses': losses, 'grad_norms': norms, 'before': before, 'after': after,
-            'eval_rows': eval_rows, 'checkpoint': checkpoint, 'metrics': model.calculate_metric()}))
+        result.update(losses=losses, grad_norms=norms, after=after, checkpoint=checkpoint,
+                      metrics=model.calculate_metric())
+        Path(args.out, 'result.json').write_text(json.dumps(result))
     destroy_process_group()
 
 

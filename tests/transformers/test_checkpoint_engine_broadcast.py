@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from twinkle_core.utils.net import free_port
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
 TARGETS = ['q_proj', 'v_proj', 'up_proj']
@@ -81,12 +81,6 @@ def receiver(port: int, out: Path, model_dir: str) -> None:
     (out / 'receiver.json').write_text(json.dumps(results))
     torch.distributed.barrier()
     engine.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def test_broadcast_sync_between_two_processes(tiny_model_dir, tmp_path):

@@ -4,8 +4,7 @@ Hugging Face checkpoint directory, each rank reading only the tensors of its own
 The layer spec is megatron-core's local (non-TransformerEngine) one, with `RMSNorm` below as the norm: it is
 torch's RMSNorm (equal to Hugging Face's in fp32) that also marks its weight ``sequence_parallel`` so that
 `finalize_model_grads` sums its gradient over the tensor-parallel ranks under sequence parallelism (megatron's
-own torch norm refuses sequence parallelism). With TransformerEngine installed on a CUDA machine the TE spec is
-used instead (`use_te=True`).
+own torch norm refuses sequence parallelism). The TransformerEngine spec is not used yet (docs/megatron.md).
 """
 from __future__ import annotations
 
@@ -30,25 +29,10 @@ class RMSNorm(torch.nn.RMSNorm):
             setattr(self.weight, 'sequence_parallel', True)
 
 
-def te_available() -> bool:
-    """TransformerEngine importable on a CUDA machine (then its layer spec is used)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def layer_spec(arch: Architecture, num_layers: int, *, use_te: bool) -> Any:
+def layer_spec(arch: Architecture, num_layers: int) -> Any:
     """The block spec of one chunk of `num_layers` layers."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-    if use_te:
-        layer = specs.get_gpt_layer_with_transformer_engine_spec(num_experts=arch.num_experts,
-                                                                 qk_layernorm=arch.qk_norm)
-        return TransformerBlockSubmodules(layer_specs=[layer] * num_layers)
     layer = specs.get_gpt_layer_local_spec(num_experts=arch.num_experts, qk_layernorm=arch.qk_norm,
                                            normalization='RMSNorm')
     sub = layer.submodules
@@ -63,10 +47,9 @@ def build_chunks(arch: Architecture, layout: Layout, dtype: torch.dtype, device:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
-    use_te = te_available()
     config = TransformerConfig(**transformer_config_kwargs(arch, layout, dtype))
     per_chunk = arch.num_layers // (layout.pp * layout.vpp)
-    spec = layer_spec(arch, per_chunk, use_te=use_te)
+    spec = layer_spec(arch, per_chunk)
     chunks = []
     for stage in range(layout.vpp):
         vp = stage if layout.vpp > 1 else None

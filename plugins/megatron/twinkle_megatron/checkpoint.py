@@ -113,22 +113,23 @@ def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: in
     build.load_hf_weights(chunks, arch, build.hf_tensor_reader(directory), tp=tp, tp_rank=tp_rank)
 
 
-def optimizer_file(directory: Path) -> Path:
+def optimizer_files(directory: str | Path) -> tuple[Path, Path]:
+    """This model-parallel rank's optimizer state file and the distributed optimizer's parameter-state file."""
     r = groups.ranks()
-    return directory / OPTIMIZER_DIR / f'tp{r["tp"]}_pp{r["pp"]}.pt'
+    base = Path(directory) / OPTIMIZER_DIR / f'tp{r["tp"]}_pp{r["pp"]}'
+    return base.with_suffix('.pt'), base.with_name(base.name + '_params.pt')
 
 
-def save_optimizer_shard(directory: Path, state: dict[str, Any] | None) -> None:
-    """This model-parallel rank's optimizer state (written by data-parallel rank 0)."""
-    if state is not None and groups.ranks()['dp'] == 0:
-        path = optimizer_file(directory)
-        path.parent.mkdir(exist_ok=True)
-        torch.save(state, path)
+def save_optimizer(state: Any, directory: Path) -> None:
+    """Every rank: its optimizer shard (data-parallel rank 0 writes; collective for the distributed optimizer)."""
+    files = optimizer_files(directory)
+    files[0].parent.mkdir(exist_ok=True)
+    state.save_shard(*files, write=groups.ranks()['dp'] == 0)
 
 
-def load_optimizer_shard(directory: str | Path) -> dict[str, Any]:
-    path = optimizer_file(Path(directory))
-    if not path.exists():
-        raise InvalidInputError(f'{directory} has no optimizer state for this rank ({path.name}): it was saved '
+def load_optimizer(state: Any, directory: str | Path) -> None:
+    files = optimizer_files(directory)
+    if not files[0].exists():
+        raise InvalidInputError(f'{directory} has no optimizer state for this rank ({files[0].name}): it was saved '
                                 f'without save_optimizer=True or with another tensor/pipeline layout.')
-    return torch.load(path, map_location='cpu', weights_only=False)
+    state.load_shard(*files)

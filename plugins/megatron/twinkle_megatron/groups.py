@@ -9,12 +9,12 @@ A single process (no launcher) gets a one-rank gloo group of its own, so the sam
 """
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from twinkle_core.errors import MeshError
 from twinkle_core.runtime import distributed
 from twinkle_megatron.architecture import Layout
+from twinkle_core.utils.net import free_port
 
 _active: Layout | None = None
 
@@ -35,12 +35,6 @@ def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: i
                   sp=sequence_parallel, ep=mesh.ep_size)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
     """Start torch.distributed (a one-rank gloo group without a launcher) and Megatron's model-parallel groups
     for `layout`, and seed Megatron's RNG trackers. Idempotent for the same layout."""
@@ -59,7 +53,7 @@ def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
             raise MeshError(f'{layout} needs {layout.tp * layout.pp * layout.dp} ranks; launch with torchrun or a '
                             f'Ray group of that size.')
         backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{_free_port()}', rank=0,
+        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
                                 world_size=1)
     world = dist.get_world_size()
     if layout.tp * layout.pp * layout.dp != world:

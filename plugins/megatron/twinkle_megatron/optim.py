@@ -123,17 +123,35 @@ class MegatronTrainState(TrainState):
         state['lr_scheduler'] = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
         return state
 
-    def shard_state(self) -> dict[str, Any] | None:
-        """This rank's optimizer state (Megatron's `state_dict`; the distributed optimizer adds its parameter
-        state gathered over the data-parallel ranks -- collective)."""
+    def save_shard(self, optimizer_file: Any, parameter_file: Any, *, write: bool) -> None:
+        """Write this model-parallel rank's optimizer state to `optimizer_file` (when `write`: data-parallel rank
+        0); the distributed optimizer also gathers its sharded state over the data-parallel ranks into
+        `parameter_file` (collective)."""
         if self.megatron_optimizer is None:
-            return None
-        state = {'optimizer': self.megatron_optimizer.state_dict()}
+            return
+        if write:
+            torch.save({'state_dict': self.megatron_optimizer.state_dict(), 'adam_step': self._adam_step()},
+                       optimizer_file)
         if self.distributed:
-            state['parameter_state'] = self.megatron_optimizer.get_parameter_state_dp_zero()
-        return state
+            self.megatron_optimizer.save_parameter_state(str(parameter_file))
 
-    def load_shard_state(self, state: dict[str, Any]) -> None:
-        self.megatron_optimizer.load_state_dict(state['optimizer'])
-        if self.distributed:
-            self.megatron_optimizer.load_parameter_state_from_dp_zero(state['parameter_state'])
+    @torch.no_grad()
+    def load_shard(self, optimizer_file: Any, parameter_file: Any) -> None:
+        """Restore what `save_shard` wrote (collective for the distributed optimizer)."""
+        saved = torch.load(optimizer_file, map_location='cpu', weights_only=False)
+        self.megatron_optimizer.load_state_dict(saved['state_dict'])
+        if not self.distributed:
+            return
+        # Megatron's gathered parameter state has no per-parameter 'step', which torch's AdamW keeps (TE/Apex
+        # FusedAdam keep it per group): set it aside while loading, then restore the saved count.
+        states = [self.optimizer.state[p] for group in self.optimizer.param_groups for p in group['params']]
+        steps = [state.pop('step', None) for state in states]
+        self.megatron_optimizer.load_parameter_state(str(parameter_file))
+        for state, step in zip(states, steps):
+            if step is not None:
+                state['step'] = torch.full_like(step, saved['adam_step']) if saved['adam_step'] is not None else step
+
+    def _adam_step(self) -> float | None:
+        """The (common) per-parameter step count of a torch Adam inner optimizer, None for other optimizers."""
+        steps = {float(s['step']) for s in self.optimizer.state.values() if 'step' in s}
+        return steps.pop() if len(steps) == 1 else None

@@ -34,14 +34,13 @@ class PersistenceMethods:
         needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
         state = self._state(adapter_name)
         target = Path(output_dir or 'output') / name
-        shard = state.shard_state() if save_optimizer else None  # collective for the distributed optimizer
         with ckpt.collective_directory(target) as tmp:
             if self.adapter_name is not None:
                 ckpt.save_lora(self.chunks, self.lora_config, tmp, base_model_id=self.model_id)
             else:
                 ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir)
             if save_optimizer:
-                ckpt.save_optimizer_shard(tmp, shard)
+                ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
                 write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
                                model_id=self.model_id, step=state.optimizer_steps, backend='megatron',
@@ -76,7 +75,7 @@ class PersistenceMethods:
         self._wrap()
         saved = load_training_state(path)
         state.load_state_dict(saved['train_state'], load_optimizer_state=lambda optimizer, value: None)
-        state.load_shard_state(ckpt.load_optimizer_shard(path))
+        ckpt.load_optimizer(state, path)
         set_rng_state(saved['rng'])
         if dataloader is not None and saved.get('dataloader') is not None:
             dataloader.load_state_dict(saved['dataloader'])

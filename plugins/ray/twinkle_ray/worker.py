@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 import traceback
 from typing import Any
 
 from twinkle_ray.errors import RemoteCallError
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(('', 0))
-        return s.getsockname()[1]
+from twinkle_core.utils.net import free_port
 
 
 class GroupWorker:
@@ -38,7 +32,7 @@ class GroupWorker:
     def rendezvous_address(self) -> tuple[str, int]:
         """(ip, free port) of this worker; rank 0's is the group's torch.distributed rendezvous."""
         import ray
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port('')
 
     def setup(self, master_addr: str, master_port: int, mesh: Any) -> None:
         """Join the group's process group (collective: every rank of the group calls it concurrently)."""

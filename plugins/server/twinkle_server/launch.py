@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from twinkle_server import logs
 from twinkle_server.app import create_app
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine import Engine
+from twinkle_core.utils.net import free_port
 
 __all__ = ['DrainingServer', 'RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
 #: after a drain, how long uvicorn waits for open responses before cancelling them (they all end at once: every
@@ -75,12 +75,6 @@ class DrainingServer(uvicorn.Server):
         self._drain_requested = True  # a signal handler: no logging here (the drain logs as it starts)
         service.futures.loop.call_soon_threadsafe(service.drain.start, lambda: super(DrainingServer, self)
                                                   .handle_exit(sig, None))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 @dataclass
