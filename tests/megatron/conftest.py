@@ -1,0 +1,44 @@
+"""Megatron tests: every run is a subprocess (Megatron keeps its process groups in module state), shared through
+`megatron_run`, which caches each distinct run for the session."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+pytest.importorskip('megatron.core')
+pytest.importorskip('twinkle_megatron')
+
+from spmd_runner import run_worker  # noqa: E402
+
+WORKER = Path(__file__).with_name('megatron_worker.py')
+
+
+@pytest.fixture(scope='session')
+def peft_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A PEFT LoRA adapter (r=4, all linear layers) with random A *and* B, written by PEFT itself: LoRA runs of
+    both backends start from it, and a zero B would hide a wrong B-side forward."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', init_lora_weights=False))
+    out = tmp_path_factory.mktemp('peft_adapter')
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope='session')
+def megatron_run(tiny_model_dir, tmp_path_factory) -> Callable[..., dict]:
+    """`run(nproc, *args)` -> the worker's result.json; each distinct (nproc, args) runs once per session."""
+    cache: dict[tuple, dict] = {}
+
+    def run(nproc: int, *args: str) -> dict:
+        key = (nproc, *map(str, args))
+        if key not in cache:
+            out = tmp_path_factory.mktemp('megatron_run')
+            cache[key] = run_worker(tiny_model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
+        return cache[key]
+    return run
