@@ -21,7 +21,7 @@ $VPIP install -q "torch==2.13.0"
 echo "[setup] installing twinkle-core and plugins"
 $VPIP install -q -c requirements/constraints.txt \
   -e ".[data,hub,tensorboard,kernels,dev]" \
-  -e plugins/transformers -e plugins/client -e "plugins/server[postgres]" -e plugins/ray \
+  -e plugins/transformers -e plugins/megatron -e plugins/client -e "plugins/server[postgres]" -e plugins/ray \
   -r requirements/test.txt
 # The official tinker cookbook, without its transformers<=5.5.4 cap (see requirements/test.txt; its tests pass
 # against the pinned transformers).

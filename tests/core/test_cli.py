@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from core_helpers import run_python, run_twinkle
+from core_helpers import (UNINSTALLED_DIST, UNINSTALLED_KIND, UNINSTALLED_NAME, index_with_uninstalled, installed,
+                          run_python, run_twinkle)
 from twinkle_core.cli import main as cli
 
 
-def test_plugins_list_shows_builtins_with_kind_and_distribution() -> None:
-    out = run_twinkle('plugins', 'list')
+def test_plugins_list_shows_builtins_with_kind_and_distribution(tmp_path: Path) -> None:
+    index = index_with_uninstalled(tmp_path / 'registry')  # registry/ plus a made-up, never-installed entry
+    out = run_twinkle('plugins', 'list', env={'TWINKLE_REGISTRY_DIR': str(index)})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split() == ['NAME', 'KIND', 'PROVIDER', 'SOURCE', 'TARGET']
     rows = {tuple(line.split()[:4]) for line in lines[1:]}
     assert ('local', 'runtime', 'twinkle-core', 'entry_point') in rows
     assert ('jsonl_metrics', 'hooks', 'twinkle-core', 'entry_point') in rows
-    assert ('MegatronModel', 'model', 'twinkle-megatron', 'index') in rows
+    assert (UNINSTALLED_NAME, UNINSTALLED_KIND, UNINSTALLED_DIST, 'index') in rows
+    # an indexed first-party plugin that is installed is listed from its entry point instead
+    megatron_source = 'entry_point' if installed('twinkle-megatron') else 'index'
+    assert ('MegatronModel', 'model', 'twinkle-megatron', megatron_source) in rows
     assert ('Qwen3RMSNormFP32', 'patch', 'ms://twinkle-community/qwen3-training-patches', 'index') in rows
 
 
@@ -43,13 +49,15 @@ def test_plugins_list_imports_no_plugin_and_no_torch() -> None:
     assert out.stdout.strip() == '[]'
 
 
-def test_plugins_info() -> None:
+def test_plugins_info(tmp_path: Path) -> None:
     out = run_twinkle('plugins', 'info', 'local', '--kind', 'runtime')
     assert out.returncode == 0, out.stderr
     assert 'kind: runtime' in out.stdout and 'provider: twinkle-core' in out.stdout
     assert 'object: twinkle_core.runtime.local.LocalRuntime' in out.stdout and 'signature:' in out.stdout
-    missing = run_twinkle('plugins', 'info', 'MegatronModel')
-    assert missing.returncode == 1 and 'pip install twinkle-megatron' in missing.stderr
+    index = index_with_uninstalled(tmp_path / 'registry')
+    missing = run_twinkle('plugins', 'info', UNINSTALLED_NAME, env={'TWINKLE_REGISTRY_DIR': str(index)})
+    assert missing.returncode == 1 and f'pip install {UNINSTALLED_DIST}' in missing.stderr
+    assert 'Traceback' not in missing.stderr
     unknown = run_twinkle('plugins', 'info', 'NoSuchThing')
     assert unknown.returncode == 1 and 'twinkle plugins list' in unknown.stderr
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from core_helpers import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_NAME, installed
 from twinkle_core import registry, resolve, resolve_class
 from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError, TwinkleError
 from twinkle_core.registry import list_components, register, unregister
@@ -82,24 +83,23 @@ def test_step2_entry_point_listed_with_distribution() -> None:
     assert rows[('local', 'runtime')].target == 'twinkle_core.runtime.local:LocalRuntime'
 
 
-def test_step3_index_names_the_pip_install_line() -> None:
-    with pytest.raises(DistributionNotInstalledError, match='Run: pip install twinkle-megatron'):
-        resolve('model', 'MegatronModel')
-    rows = {c.name: c for c in list_components('model')}
-    assert rows['MegatronModel'].provider == 'twinkle-megatron' and rows['MegatronModel'].source == 'index'
-    # once its distribution is installed, the entry point wins (twinkle-vllm is, in the test environment)
+def test_step3_index_names_the_pip_install_line(registry_dir) -> None:
+    # once its distribution is installed, the entry point wins over the index entry (twinkle-vllm and
+    # twinkle-megatron are, in the test environment)
     samplers = {c.name: c for c in list_components('sampler')}
     assert samplers['vLLMSampler'].provider == 'twinkle-vllm'
-    assert samplers['vLLMSampler'].source == ('entry_point' if _installed('twinkle-vllm') else 'index')
-
-
-def _installed(distribution: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        version(distribution)
-        return True
-    except PackageNotFoundError:
-        return False
+    assert samplers['vLLMSampler'].source == ('entry_point' if installed('twinkle-vllm') else 'index')
+    models = {c.name: c for c in list_components('model')}
+    assert models['MegatronModel'].provider == 'twinkle-megatron'
+    assert models['MegatronModel'].source == ('entry_point' if installed('twinkle-megatron') else 'index')
+    # while it is not installed, the index names the pip line (a made-up component no environment installs)
+    assert not installed(UNINSTALLED_DIST)
+    registry_dir(UNINSTALLED_INDEX)
+    with pytest.raises(DistributionNotInstalledError, match=f'Run: pip install {UNINSTALLED_DIST}'):
+        resolve('model', UNINSTALLED_NAME)
+    rows = {c.name: c for c in list_components('model')}
+    assert rows[UNINSTALLED_NAME].provider == UNINSTALLED_DIST and rows[UNINSTALLED_NAME].source == 'index'
+    assert rows[UNINSTALLED_NAME].target == f'pip install {UNINSTALLED_DIST}'
 
 
 def test_step3_installed_distribution_without_the_entry_point(registry_dir) -> None:
@@ -134,17 +134,19 @@ def test_step4_hub_reference_goes_to_the_hub_loader(monkeypatch) -> None:
     assert seen == {'kind': 'loss', 'ref': 'ms://org/repo@v1:X', 'trust': True}
 
 
-def test_unknown_name_lists_close_matches_and_providers() -> None:
+def test_unknown_name_lists_close_matches_and_providers(registry_dir) -> None:
     with pytest.raises(ComponentNotFoundError) as info:
         resolve('runtime', 'locall')
     text = str(info.value)
     assert "No runtime named 'locall'" in text
     assert 'Did you mean: local' in text
     assert 'twinkle-core: local' in text
+    registry_dir(UNINSTALLED_INDEX)
     with pytest.raises(ComponentNotFoundError) as info:
-        resolve('model', 'Megatron')
-    assert 'Did you mean: MegatronModel' in str(info.value)
-    assert 'MegatronModel: pip install twinkle-megatron' in str(info.value)
+        resolve('model', 'DeepSpeed')
+    assert f'Did you mean: {UNINSTALLED_NAME}' in str(info.value)
+    assert 'Also known to the registry/ index (installable):' in str(info.value)
+    assert f'{UNINSTALLED_NAME}: pip install {UNINSTALLED_DIST}' in str(info.value)
 
 
 def test_unknown_name_when_nothing_provides_the_kind(monkeypatch, registry_dir) -> None:

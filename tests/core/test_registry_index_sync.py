@@ -10,11 +10,12 @@ groups and checks, kind by kind and distribution by distribution:
 - ``twinkle.hooks`` is not a component kind (hooks are not resolved by name), so it has no index entries;
 - the index names distributions outside this repo only in `PLANNED`.
 
-`PLANNED`: twinkle-megatron is a first-party backend that is planned but not in this repo yet
-(README, docs/plugins.md). It stays in the index on purpose -- resolving `MegatronModel` names the pip line to
-run, as the index is meant to (tests/core/test_registry.py relies on it). Its entry points cannot be checked until
-they exist; when one is added under plugins/, remove it from `PLANNED` and this
-test checks it like the others.
+`PLANNED`: distributions the index may name that are not in this repo yet -- a first-party backend that is
+planned (README, docs/plugins.md) can be indexed before its code lands, so that resolving its names prints the
+pip line to run. None today: twinkle-megatron, the last planned one, now lives in plugins/megatron. Add a name
+here when the index lists a distribution ahead of its plugin; remove it once the plugin exists under plugins/,
+and this test checks its entry points like the others. (The "indexed but not installed" behaviour itself is
+tested with a made-up component in an isolated index: tests/core/test_registry.py and friends.)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from core_helpers import REPO_ROOT
 from twinkle_core.registry import KINDS
 
 CORE = 'twinkle-core'
-PLANNED = {'twinkle-megatron'}
+PLANNED: set[str] = set()
 NOT_COMPONENTS = {'hooks'}  # `twinkle.hooks`: pluggy hook implementations, found by group, never by name
 
 Listing = dict[tuple[str, str], set[str]]  # (distribution, kind) -> names
@@ -87,7 +88,9 @@ def test_core_and_hooks_have_no_index_entries() -> None:
 
 def test_index_names_no_distribution_outside_the_repo_but_the_planned_ones() -> None:
     in_repo = _distributions()
-    assert {CORE, 'twinkle-transformers', 'twinkle-ray', 'twinkle-client', 'twinkle-server'} <= in_repo
+    assert {CORE, 'twinkle-transformers', 'twinkle-ray', 'twinkle-client', 'twinkle-server',
+            'twinkle-megatron'} <= in_repo
+    assert not PLANNED & in_repo, f'{sorted(PLANNED & in_repo)} are in this repo now: remove them from PLANNED'
     outside = {dist for dist, _ in _index()} - in_repo
     assert outside == PLANNED, (f'registry/ names distributions not in this repo: {sorted(outside - PLANNED)} '
                                 f'(a typo, or a new planned one to add to PLANNED); planned ones now in the repo '

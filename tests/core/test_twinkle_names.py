@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from core_helpers import run_twinkle
+from core_helpers import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_KIND, UNINSTALLED_NAME, run_twinkle
 
 
 def test_module_paths_of_the_documents_import_our_components():
@@ -31,10 +31,12 @@ def test_aliases_are_listed_by_the_cli():
     assert out.returncode == 0 and 'InputProcessor' in out.stdout and 'CausalLMProcessor' in out.stdout
 
 
-def test_an_uninstalled_backend_fails_the_import_with_the_pip_line():
+def test_an_uninstalled_backend_fails_the_import_with_the_pip_line(registry_dir):
     import twinkle_core.model  # importing the module itself never fails
-    with pytest.raises(ImportError, match='pip install twinkle-megatron'):
-        from twinkle_core.model import MegatronModel  # noqa: F401
+    registry_dir(UNINSTALLED_INDEX)  # a made-up model the index knows and no environment installs
+    assert (UNINSTALLED_KIND, UNINSTALLED_NAME) == ('model', 'DeepSpeedModel')  # as the import below spells it
+    with pytest.raises(ImportError, match=f'pip install {UNINSTALLED_DIST}'):
+        from twinkle_core.model import DeepSpeedModel  # noqa: F401
     assert not hasattr(twinkle_core.model, 'NoSuchModel')  # unknown names stay AttributeErrors
 
 

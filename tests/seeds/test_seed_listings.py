@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from twinkle_core.utils.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / 'examples' / 'seeds'
 
@@ -28,7 +30,6 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: f
 def test_fsdp2_sft_with_eval_under_torchrun(tmp_path, tiny_model_dir):
     """Best-practices guide section 2: torchrun, FSDP2 over 2 CPU ranks, LoRA; the loss falls, the periodic
     evaluation runs, and the best and last checkpoints are PEFT adapters that load."""
-    from twinkle_server.launch import free_port
     output = run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
                   '127.0.0.1', '--master_port', str(free_port()), str(SEEDS / 'fsdp2_sft_with_eval.py')], tmp_path)
     train = [float(m) for m in re.findall(r"Current is step \d+ of \d+, metric: \{'loss': ([0-9.]+)", output)]
@@ -43,6 +44,24 @@ def test_fsdp2_sft_with_eval_under_torchrun(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_megatron_sft_with_eval_under_torchrun(tmp_path, tiny_model_dir):
+    """The same listing with `MegatronModel` over tp=2 CPU ranks: the loss falls, the evaluation runs, and the
+    checkpoints are PEFT adapters that load on the Hugging Face model."""
+    pytest.importorskip('twinkle_megatron')
+    output = run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
+                  '127.0.0.1', '--master_port', str(free_port()), str(SEEDS / 'megatron_sft_with_eval.py')], tmp_path)
+    train = [float(m) for m in re.findall(r"Current is step \d+ of \d+, metric: \{'loss': ([0-9.]+)", output)]
+    evals = [float(m) for m in re.findall(r"Eval metric: \{'loss': ([0-9.]+)", output)]
+    assert len(train) >= 3 and evals, output[-3000:]
+    assert train[-1] < train[0] and evals[0] < train[0]
+    import peft
+    from transformers import AutoModelForCausalLM
+    for name in ('checkpoint-40', 'last-checkpoint'):
+        peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                       tmp_path / 'output' / name)
+
+
+@pytest.mark.slow
 def test_readme_tinker_sft_against_the_service(tmp_path, tiny_model_dir):
     """README "Tinker-compatible API": a twinkle dataset, `input_feature_to_datum`, the unmodified tinker SDK, three
     epochs with a saved state each; the loss of the last state is below the first's."""
@@ -50,7 +69,6 @@ def test_readme_tinker_sft_against_the_service(tmp_path, tiny_model_dir):
     from twinkle_core.server.common import input_feature_to_datum
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
-    from twinkle_server.launch import free_port
     logging.getLogger('tinker').setLevel(logging.ERROR)
     served = 'twinkle/tiny-qwen3'
     hub_root = tmp_path / 'hub'
@@ -91,7 +109,6 @@ def test_twinkle_client_sft_with_a_server_side_dataset(tmp_path, tiny_model_dir)
     from twinkle_core.fixtures import data_path
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
-    from twinkle_server.launch import free_port
     data = data_path('self_cognition.jsonl')
     running = start_in_thread(ServerConfig(models={'twinkle/tiny-qwen3': str(tiny_model_dir)},
                                            data_dir=str(tmp_path / 'srv'), port=free_port(),
@@ -121,7 +138,6 @@ def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path,
     from twinkle_core.errors import TwinkleError
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
-    from twinkle_server.launch import free_port
     from twinkle_client import init_twinkle_client
     from twinkle_client.dataset import Dataset
     secret, allowed = tmp_path / 'secret.jsonl', tmp_path / 'allowed' / 'data.jsonl'
@@ -154,7 +170,6 @@ def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
     import time
     import urllib.request
     pytest.importorskip('ray')
-    from twinkle_server.launch import free_port
     from twinkle_server.store import Store
     from twinkle_server.auth import create_api_key
     port, data_dir = free_port(), tmp_path / 'data'

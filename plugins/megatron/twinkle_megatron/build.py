@@ -1,7 +1,8 @@
 """Build this rank's Megatron model chunks (one `GPTModel` per virtual pipeline stage) and fill them from a
 Hugging Face checkpoint directory, each rank reading only the tensors of its own shard.
 
-The layer spec is megatron-core's local (non-TransformerEngine) one, with `RMSNorm` below as the norm: it is
+The layer spec is megatron-core's local (non-TransformerEngine) one, with PyTorch SDPA as the core attention
+(`twinkle_megatron.attention`) and `RMSNorm` below as the norm: it is
 torch's RMSNorm (equal to Hugging Face's in fp32) that also marks its weight ``sequence_parallel`` so that
 `finalize_model_grads` sums its gradient over the tensor-parallel ranks under sequence parallelism (megatron's
 own torch norm refuses sequence parallelism). The TransformerEngine spec is not used yet (docs/megatron.md).
@@ -16,6 +17,7 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_megatron import convert
+from twinkle_megatron.attention import SDPAttention
 from twinkle_megatron.cpu_compat import tensors_as_cuda
 from twinkle_megatron.architecture import Architecture, Layout, padded_vocab_size, transformer_config_kwargs
 
@@ -37,6 +39,7 @@ def layer_spec(arch: Architecture, num_layers: int) -> Any:
                                            normalization='RMSNorm')
     sub = layer.submodules
     sub.input_layernorm = sub.pre_mlp_layernorm = RMSNorm
+    sub.self_attention.submodules.core_attention = SDPAttention
     if arch.qk_norm:
         sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = RMSNorm
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)

@@ -23,7 +23,7 @@ def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: i
     """The Megatron layout a mesh asks for (None: one rank). fsdp has no Megatron meaning and raises; cp needs
     TransformerEngine's attention and raises with what to install."""
     if mesh is None:
-        return Layout(sp=False, vpp=virtual_pipeline)
+        return Layout(sp=sequence_parallel, vpp=virtual_pipeline)
     if mesh.size('fsdp') > 1:
         raise MeshError(f'MegatronModel does not shard with FSDP ({mesh!r}); use dp_size with the distributed '
                         f'optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism.')

@@ -3,8 +3,8 @@
 A call's rows (this data rank's share) are cut into micro-batches, each collated by the adapter's processor
 (padding or padding-free). Megatron's schedules need one tensor shape for every micro-batch, so the model sees
 each one padded to the call's widest row count and length (rounded to a multiple of tp under sequence
-parallelism) with an explicit attention mask: causal, within one row (or one packed sequence), never onto
-padding. The loss sees the micro-batch exactly as collated (the padded rows and positions are cut from the
+parallelism). Right-padded rows need nothing but causal attention (a real token never sees the padding after
+it); a padding-free batch gets an explicit mask: causal within each packed sequence. The loss sees the micro-batch exactly as collated (the padded rows and positions are cut from the
 logits first), so every twinkle loss, processor and metric works unchanged.
 
 On the last pipeline stage each micro-batch's loss is computed from vocabulary-parallel log-probs
@@ -77,8 +77,9 @@ def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: in
         full_pos = torch.arange(width, device=ids.device).expand(shape).clone()
         full_index = index.new_full(shape, -1)
         full_ids[:b, :s], full_pos[:b, :s], full_index[:b, :s] = ids, pos, index
+        packed = bool(m.batch.get('packed'))  # padded rows need no mask: causal attention never sees padding
         m.model_inputs = {'input_ids': full_ids, 'position_ids': full_pos,
-                          'attention_mask': attention_mask(full_index)}
+                          'attention_mask': attention_mask(full_index) if packed else None}
     return rows, width
 
 
