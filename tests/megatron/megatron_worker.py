@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument('--tp', type=int, default=1)
     p.add_argument('--pp', type=int, default=1)
     p.add_argument('--vpp', type=int, default=1)
+    p.add_argument('--ep', type=int, default=1)
     p.add_argument('--sp', action='store_true')
     p.add_argument('--distributed-optimizer', action='store_true')
     p.add_argument('--adapter', default=None, help='a PEFT adapter directory to start from (LoRA training)')
@@ -76,7 +77,8 @@ def main() -> None:
     world = env_world_size()
     kwargs = {}
     if args.backend == 'MegatronModel':
-        mesh = DeviceMesh.from_sizes(tp_size=args.tp, pp_size=args.pp, world_size=world, device_type='cpu')
+        mesh = DeviceMesh.from_sizes(tp_size=args.tp, pp_size=args.pp, ep_size=args.ep, world_size=world,
+                                     device_type='cpu')
         kwargs = dict(device_mesh=mesh, sequence_parallel=args.sp, virtual_pipeline_stages=args.vpp,
                       distributed_optimizer=args.distributed_optimizer)
         dp, dp_rank = mesh.data_world_size, mesh.data_rank(env_rank())

@@ -168,5 +168,5 @@ def transformer_config_kwargs(arch: Architecture, layout: Layout, dtype: Any) ->
         kwargs.update(num_moe_experts=arch.num_experts, moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
                       moe_router_topk=arch.moe_top_k, moe_router_pre_softmax=not arch.moe_norm_top_k,
                       moe_router_load_balancing_type='none', moe_aux_loss_coeff=0.0,
-                      moe_token_dispatcher_type='alltoall', moe_router_dtype='fp32')
+                      moe_token_dispatcher_type='allgather')
     return kwargs

@@ -10,6 +10,7 @@ own torch norm refuses sequence parallelism). The TransformerEngine spec is not 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,7 +19,7 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_megatron import convert
 from twinkle_megatron.attention import SDPAttention
-from twinkle_megatron.cpu_compat import tensors_as_cuda
+from twinkle_megatron.cpu_compat import define_missing_te_gemm, tensors_as_cuda
 from twinkle_megatron.architecture import Architecture, Layout, padded_vocab_size, transformer_config_kwargs
 
 
@@ -50,6 +51,8 @@ def build_chunks(arch: Architecture, layout: Layout, dtype: torch.dtype, device:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
+    if arch.is_moe:
+        define_missing_te_gemm()
     config = TransformerConfig(**transformer_config_kwargs(arch, layout, dtype))
     per_chunk = arch.num_layers // (layout.pp * layout.vpp)
     spec = layer_spec(arch, per_chunk)
@@ -75,7 +78,7 @@ def mark_tensor_parallel(chunk: Any) -> None:
     from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
     for name, param in chunk.named_parameters():
         dim = convert.tp_split_dim(name)
-        if dim is not None:
+        if dim is not None and not hasattr(param, 'tensor_model_parallel'):  # biases have them already
             set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
 
 
@@ -93,13 +96,18 @@ def global_name(chunk: Any, local_name: str) -> str:
     return f'decoder.layers.{layer.layer_number - 1}.{rest}'
 
 
-def base_parameters(chunk: Any) -> dict[str, torch.Tensor]:
-    """Global Megatron name -> tensor of the chunk's base weights (LoRA factors and buffers excluded)."""
+_LOCAL_EXPERT = re.compile(r'(\.experts\.local_experts\.)(\d+)\.')
+
+
+def base_parameters(chunk: Any, expert_offset: int = 0) -> dict[str, torch.Tensor]:
+    """Global Megatron name -> tensor of the chunk's base weights (LoRA factors and buffers excluded): layer
+    indices over the whole model, expert indices shifted by `expert_offset` (this rank's first expert)."""
     out = {}
     chunk = unwrap(chunk)
     for name, tensor in chunk.state_dict(keep_vars=True).items():
         if name.endswith('_extra_state') or '.lora_' in name or 'rotary_pos_emb' in name:
             continue
+        name = _LOCAL_EXPERT.sub(lambda m: f'{m.group(1)}{int(m.group(2)) + expert_offset}.', name)
         out[global_name(chunk, name.replace('.base_layer.', '.'))] = tensor
     return out
 
@@ -138,9 +146,8 @@ def load_hf_weights(chunks: list[Any], arch: Architecture, read: Callable[[str],
     """Fill every base weight of `chunks` with this rank's shard of the HF tensors `read` returns."""
     padded = padded_vocab_size(arch.vocab_size, tp)
     for chunk in chunks:
-        for name, param in base_parameters(chunk).items():
-            value = convert.to_megatron(arch, name, read, tp=tp, tp_rank=tp_rank, padded_vocab=padded,
-                                        expert_offset=expert_offset)
+        for name, param in base_parameters(chunk, expert_offset).items():
+            value = convert.to_megatron(arch, name, read, tp=tp, tp_rank=tp_rank, padded_vocab=padded)
             if tuple(value.shape) != tuple(param.shape):
                 raise InvalidInputError(f'{name}: the checkpoint gives shape {tuple(value.shape)}, the Megatron '
                                         f'model expects {tuple(param.shape)} (config and weights disagree).')

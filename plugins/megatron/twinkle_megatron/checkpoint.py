@@ -6,8 +6,9 @@
 - LoRA: PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``);
 - ``twinkle_checkpoint.json`` and ``training_state.pt`` (counters, LR scheduler, RNG) as every backend writes them
   (`twinkle_core.model.checkpoint_dir`), with ``backend: megatron`` and the layout;
-- ``save_optimizer=True`` also writes ``optimizer/tp{t}_pp{p}.pt`` per model-parallel rank (Megatron's optimizer
-  state; the distributed optimizer's shards gathered over dp): a resume needs the same tp and pp.
+- ``save_optimizer=True`` also writes ``optimizer/tp{t}_pp{p}[_ep{e}_dp{d}].pt`` per model-parallel rank
+  (Megatron's optimizer state; the distributed optimizer's shards gathered over dp in ``*_params.pt``): a resume
+  needs the same layout.
 
 The directory is written atomically: rank 0 creates the temporary directory and shares its path, every rank
 writes its files, rank 0 renames it into place after a barrier.
@@ -56,9 +57,10 @@ def copy_model_files(source_dir: str | Path, directory: Path) -> None:
             shutil.copy2(f, directory / f.name)
 
 
-def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str) -> None:
+def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str, expert_offset: int = 0) -> None:
     """Gather the base weights and (rank 0) write them in Hugging Face format. Collective."""
-    tensors = {name: t.detach().cpu().contiguous() for name, t in export.hf_base_weights(chunks, arch)}
+    tensors = {name: t.detach().cpu().contiguous()
+               for name, t in export.hf_base_weights(chunks, arch, expert_offset)}
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
         copy_model_files(source_dir, directory)
@@ -108,23 +110,27 @@ def load_lora(chunks: list, directory: str | Path, *, tp: int, tp_rank: int) -> 
                 params[part].copy_(shard)
 
 
-def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: int, tp_rank: int) -> None:
+def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: int, tp_rank: int,
+              expert_offset: int = 0) -> None:
     """Load Hugging Face weights (e.g. a full checkpoint `save` wrote) into this rank's shards."""
-    build.load_hf_weights(chunks, arch, build.hf_tensor_reader(directory), tp=tp, tp_rank=tp_rank)
+    build.load_hf_weights(chunks, arch, build.hf_tensor_reader(directory), tp=tp, tp_rank=tp_rank,
+                          expert_offset=expert_offset)
 
 
 def optimizer_files(directory: str | Path) -> tuple[Path, Path]:
-    """This model-parallel rank's optimizer state file and the distributed optimizer's parameter-state file."""
-    r = groups.ranks()
-    base = Path(directory) / OPTIMIZER_DIR / f'tp{r["tp"]}_pp{r["pp"]}'
+    """This rank's optimizer state file and the distributed optimizer's parameter-state file. Replicas along dp
+    share them; under expert parallelism every rank keeps its own (its experts' state differs)."""
+    r, ep = groups.ranks(), groups.expert_parallel_size()
+    name = f'tp{r["tp"]}_pp{r["pp"]}' + (f'_ep{r["ep"]}_dp{r["dp"]}' if ep > 1 else '')
+    base = Path(directory) / OPTIMIZER_DIR / name
     return base.with_suffix('.pt'), base.with_name(base.name + '_params.pt')
 
 
 def save_optimizer(state: Any, directory: Path) -> None:
-    """Every rank: its optimizer shard (data-parallel rank 0 writes; collective for the distributed optimizer)."""
+    """Every rank: its optimizer shard (one writer per file; collective for the distributed optimizer)."""
     files = optimizer_files(directory)
     files[0].parent.mkdir(exist_ok=True)
-    state.save_shard(*files, write=groups.ranks()['dp'] == 0)
+    state.save_shard(*files, write=groups.expert_parallel_size() > 1 or groups.ranks()['dp'] == 0)
 
 
 def load_optimizer(state: Any, directory: str | Path) -> None:

@@ -8,8 +8,8 @@ padded vocabulary with zeros.
 
 `to_megatron(...)` builds one rank's shard of a Megatron parameter from HF tensors; `to_hf(...)` turns a full
 (gathered) Megatron tensor back into its HF tensors; `tp_split_dim(name)` says how a parameter is sharded.
-Names here are *local* Megatron names relative to one model chunk, with the layer index made global:
-``decoder.layers.{global}.…``.
+Names here are Megatron names relative to one model chunk with global indices: ``decoder.layers.{layer}.…`` and
+``….experts.local_experts.{expert}.…`` count over the whole model (`build.base_parameters` makes them so).
 """
 from __future__ import annotations
 
@@ -43,9 +43,8 @@ _TOP = {'embedding.word_embeddings.weight': 'model.embed_tokens.weight',
 COLUMN, ROW = 0, 1
 
 
-def hf_names(arch: Architecture, name: str, *, expert_offset: int = 0) -> tuple[str, ...]:
-    """The HF tensor names a Megatron parameter is built from. `expert_offset`: global index of this rank's
-    first local expert (expert parallelism)."""
+def hf_names(arch: Architecture, name: str) -> tuple[str, ...]:
+    """The HF tensor names a Megatron parameter is built from (global layer and expert indices)."""
     if name in _TOP:
         if name == 'output_layer.weight' and arch.tied_embeddings:
             return ('model.embed_tokens.weight',)
@@ -57,7 +56,7 @@ def hf_names(arch: Architecture, name: str, *, expert_offset: int = 0) -> tuple[
     prefix = f'model.layers.{layer}.'
     expert = _EXPERT.fullmatch(suffix)
     if expert is not None:
-        e = int(expert.group(1)) + expert_offset
+        e = int(expert.group(1))
         parts = ('gate_proj', 'up_proj') if expert.group(2) == 'linear_fc1' else ('down_proj',)
         return tuple(f'{prefix}mlp.experts.{e}.{p}.weight' for p in parts)
     if suffix not in _LAYER:
@@ -69,8 +68,6 @@ def tp_split_dim(name: str) -> int | None:
     """The dim a parameter is split over tensor-parallel ranks (None: replicated on every tp rank)."""
     if name.endswith(('linear_qkv.weight', 'linear_qkv.bias', 'word_embeddings.weight', 'output_layer.weight')):
         return COLUMN
-    if 'experts' in name:  # experts are split over ep, not tp, here (expert tp = 1)
-        return None
     if name.endswith('linear_fc1.weight'):
         return COLUMN
     if name.endswith(('linear_proj.weight', 'linear_fc2.weight')):
@@ -103,9 +100,9 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
 
 
 def to_megatron(arch: Architecture, name: str, hf: Callable[[str], Tensor], *, tp: int, tp_rank: int,
-                padded_vocab: int, expert_offset: int = 0) -> Tensor:
+                padded_vocab: int) -> Tensor:
     """Rank `tp_rank`'s shard of Megatron parameter `name`, built from HF tensors fetched by name with `hf`."""
-    sources = [hf(n) for n in hf_names(arch, name, expert_offset=expert_offset)]
+    sources = [hf(n) for n in hf_names(arch, name)]
     dim = tp_split_dim(name)
 
     def shard(t: Tensor) -> Tensor:
@@ -131,10 +128,10 @@ def gather_layout(name: str, shards: list[Tensor]) -> Tensor:
     return torch.cat(shards, dim=dim)
 
 
-def to_hf(arch: Architecture, name: str, full: Tensor, *, expert_offset: int = 0) -> list[tuple[str, Tensor]]:
+def to_hf(arch: Architecture, name: str, full: Tensor) -> list[tuple[str, Tensor]]:
     """HF (name, tensor) pairs of a full (tp-gathered, fc1 gate-then-up) Megatron tensor; padded vocabulary rows
     dropped. A tied output layer yields nothing (the embedding carries the weight)."""
-    names = hf_names(arch, name, expert_offset=expert_offset)
+    names = hf_names(arch, name)
     if name == 'output_layer.weight' and arch.tied_embeddings:
         return []
     if name.endswith(('linear_qkv.weight', 'linear_qkv.bias')):

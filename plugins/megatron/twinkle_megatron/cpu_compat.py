@@ -47,6 +47,7 @@ MODULES: dict[str, str] = {
     'megatron.core.tensor_parallel.layers': 'weight buffers on torch.cuda.current_device()',
     'megatron.core.tensor_parallel.mappings': 'all-gather buffers on torch.cuda.current_device()',
     'megatron.core.transformer.moe.moe_utils': 'router statistics on "cuda"',
+    'megatron.core.transformer.moe.router': 'the router weight is cast on torch.cuda.current_device()',
 }
 _FACTORIES = ('zeros', 'ones', 'empty', 'full', 'tensor', 'arange', 'zeros_like', 'ones_like', 'empty_like',
               'randn', 'rand')
@@ -126,3 +127,13 @@ def tensors_as_cuda() -> Iterator[None]:
         yield
     finally:
         torch.Tensor.type, torch.Tensor.cuda = original_type, original_cuda  # type: ignore[method-assign]
+
+
+def define_missing_te_gemm() -> None:
+    """megatron-core 0.16.1's MoE router calls ``te_general_gemm`` when it is not None, but leaves the name
+    undefined when TransformerEngine is absent (a NameError on every MoE forward, CPU or GPU). Define it as None
+    there -- the router then uses ``torch.mm`` -- and nothing else; with TransformerEngine installed the name
+    exists and this does nothing."""
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, 'te_general_gemm'):
+        moe_utils.te_general_gemm = None

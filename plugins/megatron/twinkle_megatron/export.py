@@ -4,11 +4,12 @@ Every rank iterates the same sequence of tensors (the union over pipeline stages
 one, the data-parallel replica 0 of the pipeline stage that owns it gathers the tensor-parallel shards, its
 tp-rank 0 sends the full tensor to global rank 0 (a shape header, then the data), and rank 0 yields it under
 its Hugging Face / PEFT name. One tensor is in flight at a time; other ranks yield nothing. Collective: every
-rank of the model must iterate to the end.
+rank of the model must iterate to the end. Expert weights are sent by expert-data-parallel replica 0 of each
+expert-parallel rank, under their global expert index.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -34,29 +35,41 @@ def _order(name: str) -> tuple[int, int, str]:
     return (2, 0, name)
 
 
-def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Tensor]]:
-    """(name, full tensor) for every name of `local` on any pipeline stage, on global rank 0 (see module doc).
-    `local`: this rank's name -> (its shard, how tp shards join into the full tensor)."""
+def is_expert(name: str) -> bool:
+    return '.experts.local_experts.' in name
+
+
+def _sends(name: str) -> bool:
+    """This rank's tp group gathers and sends `name`: data-parallel replica 0 of its pipeline stage (for expert
+    weights: expert-data-parallel replica 0 of its expert-parallel rank)."""
     from megatron.core import parallel_state as ps
-    names: list[list[str]] = [[] for _ in range(ps.get_pipeline_model_parallel_world_size())]
-    dist.all_gather_object(names, sorted(local), group=groups.pp_group())
-    owners = {n: stage for stage, stage_names in enumerate(names) for n in stage_names}
-    me = groups.ranks()
+    if is_expert(name):
+        return ps.get_expert_data_parallel_rank() == 0
+    return ps.get_data_parallel_rank() == 0
+
+
+def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Tensor]]:
+    """(name, full tensor) for every name of `local` on any rank, on global rank 0 (see the module docstring).
+    `local`: this rank's name -> (its shard, how tp shards join into the full tensor); names are global (layer
+    and expert indices of the whole model)."""
+    from megatron.core import parallel_state as ps
     rank = dist.get_rank()
+    mine = sorted(n for n in local if _sends(n))
+    published: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(published, mine if ps.get_tensor_model_parallel_rank() == 0 else [])
+    owners = {n: r for r, names in enumerate(published) for n in names}  # name -> the tp-rank-0 sender
+    mine_set = set(mine)
     for name in sorted(owners, key=_order):
-        owner = owners[name]
-        sender = _stage_rank0(owner)
-        full = None
-        if me['pp'] == owner and me['dp'] == 0:
+        sender, full = owners[name], None
+        if name in mine_set:
             shard, join = local[name]
-            shard = shard.detach()
-            tp = ps.get_tensor_model_parallel_world_size()
-            if tp > 1:
-                shards = [torch.empty_like(shard) for _ in range(tp)]
-                dist.all_gather(shards, shard.contiguous(), group=groups.tp_group())
-                full = join(shards)
-            else:
-                full = join([shard])
+            group = ps.get_expert_tensor_parallel_group() if is_expert(name) else groups.tp_group()
+            size = dist.get_world_size(group)
+            shards = [shard.detach().contiguous()]
+            if size > 1:
+                shards = [torch.empty_like(shards[0]) for _ in range(size)]
+                dist.all_gather(shards, shard.detach().contiguous(), group=group)
+            full = join(shards)
         if sender == 0:
             if rank == 0:
                 yield name, full.clone()
@@ -80,24 +93,19 @@ def _device() -> torch.device:
     return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else torch.device('cpu')
 
 
-def _stage_rank0(stage: int) -> int:
-    """Global rank of (pp=stage, dp=0, tp=0): the mesh orders ranks pp, dp, tp (tp innermost)."""
-    from megatron.core import parallel_state as ps
-    return stage * ps.get_data_parallel_world_size() * ps.get_tensor_model_parallel_world_size()
-
-
-def base_items(chunks: list) -> dict[str, tuple[Tensor, Join]]:
+def base_items(chunks: list, expert_offset: int = 0) -> dict[str, tuple[Tensor, Join]]:
     """This rank's base weights by global Megatron name, with their tp join."""
     items = {}
     for chunk in chunks:
-        for name, tensor in build.base_parameters(chunk).items():
+        for name, tensor in build.base_parameters(chunk, expert_offset).items():
             items[name] = (tensor, lambda shards, n=name: convert.gather_layout(n, shards))
     return items
 
 
-def hf_base_weights(chunks: list, arch: Architecture) -> Iterator[tuple[str, Tensor]]:
-    """Every base weight as (HF name, full tensor) on rank 0 (tied output layer and vocab padding dropped)."""
-    items = {n: v for n, v in base_items(chunks).items()
+def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) -> Iterator[tuple[str, Tensor]]:
+    """Every base weight as (HF name, full tensor) on rank 0 (tied output layer and vocab padding dropped).
+    `expert_offset`: this rank's first expert (expert parallelism)."""
+    items = {n: v for n, v in base_items(chunks, expert_offset).items()
              if not (n == 'output_layer.weight' and arch.tied_embeddings)}
     for name, full in stream_full(items):
         yield from convert.to_hf(arch, name, full)

@@ -83,6 +83,11 @@ def pp_group() -> Any:
     return parallel_state.get_pipeline_model_parallel_group()
 
 
+def expert_parallel_size() -> int:
+    from megatron.core import parallel_state
+    return parallel_state.get_expert_model_parallel_world_size()
+
+
 def ranks() -> dict[str, int]:
     """This process's tp / pp / dp / ep coordinates."""
     from megatron.core import parallel_state as ps

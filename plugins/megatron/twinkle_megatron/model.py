@@ -232,7 +232,8 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         infos = schedule.run(self.chunks, micro, loss=state.loss, vocab_size=self.arch.vocab_size,
                              scale=state.loss_scale() * dp_share, forward_only=not training,
                              compute_loss=compute_loss, pad_token_id=self.pad_token_id,
-                             pad_multiple=self.layout.tp if self.layout.sp else 1)
+                             pad_multiple=self.layout.tp if self.layout.sp else 1,
+                             same_shape_group=groups.dp_group() if self.layout.ep > 1 else None)
         result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
         with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
         if with_loss:

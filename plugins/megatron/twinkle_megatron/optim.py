@@ -51,6 +51,38 @@ def optimizer_config(name: Any, kwargs: dict[str, Any], *, distributed: bool, dt
         params_dtype=dtype if fp16 else torch.float32)
 
 
+class ParamGroupsView(torch.optim.Optimizer):
+    """One torch `Optimizer` face over several: the concatenation of their param groups (the same dicts) and
+    states. Megatron chains a dense and an expert optimizer for MoE models under expert parallelism; LR
+    schedulers and `update_optimizer` set ``lr`` & co. on these shared dicts, so both follow. It never steps
+    (Megatron's optimizer does)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:  # noqa: super().__init__ not called
+        self.optimizers = optimizers
+        self.defaults = optimizers[0].defaults
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """Read live: loading a state dict replaces an optimizer's group dicts."""
+        return [group for o in self.optimizers for group in o.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:  # type: ignore[override]
+        return {p: s for o in self.optimizers for p, s in o.state.items()}
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        raise RuntimeError('ParamGroupsView does not step; the Megatron optimizer does.')
+
+
+def inner_optimizer(megatron_optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under a Megatron optimizer (a `ParamGroupsView` over a chain of several)."""
+    chained = getattr(megatron_optimizer, 'chained_optimizers', None)
+    if chained is not None and len(chained) > 1:
+        return ParamGroupsView([c.optimizer for c in chained])
+    return megatron_optimizer.optimizer
+
+
 class MegatronTrainState(TrainState):
     """A `TrainState` whose optimizer is a Megatron optimizer over DDP-wrapped model `chunks`.
 
@@ -71,7 +103,7 @@ class MegatronTrainState(TrainState):
         config = optimizer_config(optimizer, kwargs, distributed=self.distributed, dtype=self.dtype)
         with tensors_as_cuda():
             self.megatron_optimizer = get_megatron_optimizer(config, self.chunks)
-        self.optimizer = self.megatron_optimizer.optimizer
+        self.optimizer = inner_optimizer(self.megatron_optimizer)
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
         self.specs['optimizer'] = {'name': _spec_name(optimizer), 'kwargs': kwargs}
@@ -86,14 +118,19 @@ class MegatronTrainState(TrainState):
             self._grads_ready = True
 
     def clip_grad_norm(self, max_norm: float | None = 1.0) -> float:
-        if self.megatron_optimizer is None:
-            self.require_optimizer()
+        """The gradient norm over every model-parallel rank (each shard counted once; dense and expert
+        optimizers together), then, given `max_norm`, clip every optimizer's gradients by it."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+        self.require_optimizer()
         self._finalize()
         with tensors_as_cuda():
-            if max_norm is None:
-                norm = float(self.megatron_optimizer.get_grad_norm())
-            else:
-                norm = float(self.megatron_optimizer.clip_grad_norm(float(max_norm)))
+            norm = float(self.megatron_optimizer.get_grad_norm())
+            if max_norm is not None:
+                for optimizer in getattr(self.megatron_optimizer, 'chained_optimizers', [self.megatron_optimizer]):
+                    params = optimizer.get_parameters()
+                    if params and not getattr(optimizer, 'is_stub_optimizer', False):
+                        clip_grad_by_total_norm_fp32(params, float(max_norm), norm,
+                                                     optimizer.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         self.last_grad_norm = norm
         return norm
 

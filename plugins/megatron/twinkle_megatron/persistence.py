@@ -38,7 +38,8 @@ class PersistenceMethods:
             if self.adapter_name is not None:
                 ckpt.save_lora(self.chunks, self.lora_config, tmp, base_model_id=self.model_id)
             else:
-                ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir)
+                ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir,
+                               expert_offset=self._expert_offset())
             if save_optimizer:
                 ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
@@ -66,7 +67,8 @@ class PersistenceMethods:
             if self.adapter_name is not None:
                 raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
                                         f'{self.adapter_name!r}; load it into a model without adapter.')
-            ckpt.load_full(self.chunks, self.arch, path, tp=self.layout.tp, tp_rank=self.ranks['tp'])
+            ckpt.load_full(self.chunks, self.arch, path, tp=self.layout.tp, tp_rank=self.ranks['tp'],
+                           expert_offset=self._expert_offset())
         state = self._state(adapter_name)
         if state.megatron_optimizer is not None:
             state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
@@ -116,7 +118,7 @@ class PersistenceMethods:
         return {name: (dtype, tuple(shape)) for name, shape in shapes.items()}
 
     def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
-        yield from bucketed(export.hf_base_weights(self.chunks, self.arch), bucket_bytes)
+        yield from bucketed(export.hf_base_weights(self.chunks, self.arch, self._expert_offset()), bucket_bytes)
 
     def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
         if name not in self.list_adapters():

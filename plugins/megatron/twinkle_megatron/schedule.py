@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_megatron import groups
@@ -64,10 +65,20 @@ def attention_mask(row_index: torch.Tensor) -> torch.Tensor:
     return ~allowed.unsqueeze(1)
 
 
-def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: int) -> tuple[int, int]:
-    """Give every micro-batch fixed-shape model inputs; returns (rows, length) of that shape."""
+def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: int,
+                     same_shape_group: Any = None) -> tuple[int, int]:
+    """Give every micro-batch fixed-shape model inputs; returns (rows, length) of that shape. `same_shape_group`:
+    ranks that must all use one shape (expert parallelism gathers tokens across the data-parallel ranks)."""
     rows = max(len(m.batch['row_lengths']) for m in micro)
     width = max(m.batch['input_ids'].shape[1] for m in micro)
+    if same_shape_group is not None:
+        shape = torch.tensor([rows, width, len(micro)])
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=same_shape_group)
+        rows, width = int(shape[0]), int(shape[1])
+        if int(shape[2]) != len(micro):
+            raise InvalidInputError(f'Under expert parallelism every data-parallel rank must run the same number '
+                                    f'of micro-batches; this rank has {len(micro)}, another {int(shape[2])}. '
+                                    f'Give every rank the same number of rows.')
     width = -(-width // multiple) * multiple
     for m in micro:
         ids, pos, index = m.batch['input_ids'], m.batch['position_ids'], m.batch['row_index']
@@ -101,12 +112,15 @@ def loss_outputs(logits: torch.Tensor, batch: dict[str, Any], loss: Any, vocab_s
 
 
 def run(chunks: list[Any], micro: list[MicroBatch], *, loss: Any, vocab_size: int, scale: float,
-        forward_only: bool, compute_loss: bool, pad_token_id: int, pad_multiple: int) -> list[dict[str, Any]]:
+        forward_only: bool, compute_loss: bool, pad_token_id: int, pad_multiple: int,
+        same_shape_group: Any = None) -> list[dict[str, Any]]:
     """Run `micro` through the pipeline; returns, on every rank, each micro-batch's ``{'logprobs', 'loss',
     'summary', 'metrics'}`` (loss entries only where a loss was computed). Backward runs unless `forward_only`.
-    `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism)."""
+    `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism);
+    `same_shape_group`: see `pad_model_inputs`."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    rows, width = pad_model_inputs(micro, multiple=pad_multiple, pad_token_id=pad_token_id)
+    rows, width = pad_model_inputs(micro, multiple=pad_multiple, pad_token_id=pad_token_id,
+                                   same_shape_group=same_shape_group)
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
         m = next(data_iterator)
