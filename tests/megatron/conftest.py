@@ -17,28 +17,36 @@ WORKER = Path(__file__).with_name('megatron_worker.py')
 
 @pytest.fixture(scope='session')
 def peft_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    """A PEFT LoRA adapter (r=4, all linear layers) with random A *and* B, written by PEFT itself: LoRA runs of
-    both backends start from it, and a zero B would hide a wrong B-side forward."""
+    """A PEFT LoRA adapter (r=4, every linear layer and the output layer) with random A *and* B, written by PEFT
+    itself: LoRA runs of both backends start from it, and a zero B would hide a wrong B-side forward."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', init_lora_weights=False))
+                           LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                      target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
+                                                      'down_proj', 'lm_head']))
     out = tmp_path_factory.mktemp('peft_adapter')
     model.save_pretrained(out)
     return out
 
 
 @pytest.fixture(scope='session')
-def megatron_run(tiny_model_dir, tmp_path_factory) -> Callable[..., dict]:
-    """`run(nproc, *args)` -> the worker's result.json; each distinct (nproc, args) runs once per session."""
+def megatron_runner(tmp_path_factory) -> Callable[..., dict]:
+    """`run(model_dir, nproc, *args)` -> the worker's result.json; each distinct run happens once per session."""
     cache: dict[tuple, dict] = {}
 
-    def run(nproc: int, *args: str) -> dict:
-        key = (nproc, *map(str, args))
+    def run(model_dir: Path, nproc: int, *args: str) -> dict:
+        key = (str(model_dir), nproc, *map(str, args))
         if key not in cache:
             out = tmp_path_factory.mktemp('megatron_run')
-            cache[key] = run_worker(tiny_model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
+            cache[key] = run_worker(model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
         return cache[key]
     return run
+
+
+@pytest.fixture(scope='session')
+def megatron_run(megatron_runner, tiny_model_dir) -> Callable[..., dict]:
+    """`run(nproc, *args)`: `megatron_runner` on the tiny Qwen3 fixture."""
+    return lambda nproc, *args: megatron_runner(tiny_model_dir, nproc, *args)

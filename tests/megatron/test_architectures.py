@@ -4,20 +4,15 @@ parallelism). Each trains like TransformersModel (tolerances as in test_equality
 back in transformers."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from spmd_runner import run_worker
 from test_equality import assert_same_logprobs, assert_same_run
-
-WORKER = Path(__file__).with_name('megatron_worker.py')
 
 COMMON = dict(vocab_size=1185, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=256, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope='session')
-def arch_runs(tmp_path_factory):
+def arch_runs(tmp_path_factory, megatron_runner):
     """`run(family, nproc, *args)`: the worker's result on a tiny random checkpoint of `family` (cached)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
@@ -25,18 +20,13 @@ def arch_runs(tmp_path_factory):
                'qwen3_moe': lambda: Qwen3MoeConfig(**COMMON, head_dim=32, num_experts=4, num_experts_per_tok=2,
                                                    moe_intermediate_size=64, norm_topk_prob=True)}
     dirs: dict[str, object] = {}
-    cache: dict[tuple, dict] = {}
 
     def run(family: str, nproc: int, *args) -> dict:
         if family not in dirs:
             torch.manual_seed(0)
             dirs[family] = tmp_path_factory.mktemp(family)
             AutoModelForCausalLM.from_config(configs[family]()).save_pretrained(dirs[family])
-        key = (family, nproc, *map(str, args))
-        if key not in cache:
-            cache[key] = run_worker(dirs[family], tmp_path_factory.mktemp('run'), nproc=nproc,
-                                    extra=tuple(map(str, args)), worker=WORKER)
-        return cache[key]
+        return megatron_runner(dirs[family], nproc, *args)
     return run
 
 

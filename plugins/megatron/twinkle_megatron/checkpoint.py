@@ -57,7 +57,8 @@ def copy_model_files(source_dir: str | Path, directory: Path) -> None:
             shutil.copy2(f, directory / f.name)
 
 
-def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str, expert_offset: int = 0) -> None:
+def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str,
+              expert_offset: int = 0) -> None:
     """Gather the base weights and (rank 0) write them in Hugging Face format. Collective."""
     tensors = {name: t.detach().cpu().contiguous()
                for name, t in export.hf_base_weights(chunks, arch, expert_offset)}
@@ -67,9 +68,9 @@ def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: 
         save_file(tensors, str(directory / 'model.safetensors'), metadata={'format': 'pt'})
 
 
-def save_lora(chunks: list, config: Any, directory: Path, *, base_model_id: str) -> None:
+def save_lora(chunks: list, arch: Architecture, config: Any, directory: Path, *, base_model_id: str) -> None:
     """Gather the adapter and (rank 0) write it in PEFT format. Collective."""
-    tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks)}
+    tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks, arch)}
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
         fields = peft_config_dict(config, base_model_id)
@@ -94,20 +95,17 @@ def load_lora(chunks: list, directory: str | Path, *, tp: int, tp_rank: int) -> 
     if not path.exists():
         raise InvalidInputError(f'{directory} has no adapter_model.safetensors (PEFT format).')
     tensors = {k.replace('.default.', '.'): v for k, v in load_file(str(path)).items()}
-    for name, module in lora.lora_modules(chunks).items():
-        layer = int(name.split('.')[2])
-        for part in module.parts:
-            for factor, params in (('A', module.lora_A), ('B', module.lora_B)):
-                key = lora.peft_key(layer, part, factor)
-                if key not in tensors:
-                    raise InvalidInputError(f'{path} has no {key!r}: the adapter does not match this model.')
-                full = tensors[key]
-                split = {('row', 'A'): 1, ('column', 'B'): 0}.get((module.kind, factor))
-                shard = full.chunk(tp, dim=split)[tp_rank] if split is not None and tp > 1 else full
-                if tuple(shard.shape) != tuple(params[part].shape):
-                    raise InvalidInputError(f'{key}: shape {tuple(full.shape)} does not fit this adapter (rank '
-                                            f'{params[part].shape[0] if factor == "A" else params[part].shape[1]}).')
-                params[part].copy_(shard)
+    for key, param, dim, part in lora.factors(chunks):
+        if key not in tensors:
+            raise InvalidInputError(f'{path} has no {key!r}: the adapter does not match this model.')
+        full = tensors[key]
+        if part == lora.OUTPUT and dim == 0:  # the output layer's rows: pad the vocabulary as the model does
+            full = torch.cat([full, full.new_zeros(param.shape[0] * tp - full.shape[0], *full.shape[1:])])
+        shard = full.chunk(tp, dim=dim)[tp_rank] if dim is not None and tp > 1 else full
+        if tuple(shard.shape) != tuple(param.shape):
+            raise InvalidInputError(f'{key}: shape {tuple(tensors[key].shape)} does not fit this adapter (its '
+                                    f'rank or the model differ).')
+        param.copy_(shard)
 
 
 def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: int, tp_rank: int,

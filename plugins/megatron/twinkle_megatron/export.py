@@ -111,18 +111,17 @@ def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) ->
         yield from convert.to_hf(arch, name, full)
 
 
-def lora_items(chunks: list) -> dict[str, tuple[Tensor, Join]]:
-    """This rank's LoRA factors by PEFT key, with their tp join."""
+def lora_items(chunks: list, arch: Architecture) -> dict[str, tuple[Tensor, Join]]:
+    """This rank's LoRA factors by PEFT key, with their tp join (the output layer's B without vocab padding)."""
     items = {}
-    for name, module in lora.lora_modules(chunks).items():
-        layer = int(name.split('.')[2])
-        for part in module.parts:
-            a_dim, b_dim = (1, None) if module.kind == 'row' else (None, 0)
-            items[lora.peft_key(layer, part, 'A')] = (module.lora_A[part], _cat(a_dim))
-            items[lora.peft_key(layer, part, 'B')] = (module.lora_B[part], _cat(b_dim))
+    for key, param, dim, part in lora.factors(chunks):
+        join = _cat(dim)
+        if part == lora.OUTPUT and dim == 0:
+            join = (lambda shards: torch.cat(shards)[:arch.vocab_size])
+        items[key] = (param, join)
     return items
 
 
-def peft_weights(chunks: list) -> Iterator[tuple[str, Tensor]]:
+def peft_weights(chunks: list, arch: Architecture) -> Iterator[tuple[str, Tensor]]:
     """The adapter as (PEFT key, full tensor) on rank 0."""
-    yield from stream_full(lora_items(chunks))
+    yield from stream_full(lora_items(chunks, arch))

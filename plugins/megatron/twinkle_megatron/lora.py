@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_megatron.architecture import Architecture
+from twinkle_megatron.architecture import Architecture, padded_vocab_size
 from twinkle_megatron.build import unwrap
 
 #: Megatron linear (suffix in a layer) -> (kind, its Hugging Face projections in output order)
@@ -38,7 +38,9 @@ TARGETS = {
 }
 HF_MODULE = {'q_proj': 'self_attn', 'k_proj': 'self_attn', 'v_proj': 'self_attn', 'o_proj': 'self_attn',
              'gate_proj': 'mlp', 'up_proj': 'mlp', 'down_proj': 'mlp'}
-ALL_LINEAR = tuple(HF_MODULE)
+ALL_LINEAR = tuple(HF_MODULE)  # PEFT's 'all-linear': every decoder projection, not the output layer
+OUTPUT = 'lm_head'  # the output layer (vocabulary-parallel), adapted only when named
+KNOWN = ALL_LINEAR + (OUTPUT,)
 
 
 def target_projections(target_modules: Any) -> tuple[str, ...]:
@@ -46,16 +48,19 @@ def target_projections(target_modules: Any) -> tuple[str, ...]:
     if target_modules in (None, 'all-linear'):
         return ALL_LINEAR
     names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
-    unknown = sorted({n.rsplit('.', 1)[-1] for n in names} - set(ALL_LINEAR))
+    unknown = sorted({n.rsplit('.', 1)[-1] for n in names} - set(KNOWN))
     if unknown:
         raise InvalidInputError(f'MegatronModel adapts the decoder projections {", ".join(ALL_LINEAR)} (or '
-                                f'"all-linear"); target_modules also names {unknown}.')
-    return tuple(p for p in ALL_LINEAR if p in {n.rsplit('.', 1)[-1] for n in names})
+                                f'"all-linear") and {OUTPUT}; target_modules also names {unknown}.')
+    return tuple(p for p in KNOWN if p in {n.rsplit('.', 1)[-1] for n in names})
 
 
-def part_rows(arch: Architecture, projection: str) -> tuple[int, int]:
-    """(out features, in features) of a Hugging Face projection."""
+def part_rows(arch: Architecture, projection: str, tp: int = 1) -> tuple[int, int]:
+    """(out features, in features) of a Hugging Face projection (the output layer's rows: the vocabulary
+    padded for `tp` ranks)."""
     h, d = arch.hidden_size, arch.head_dim
+    if projection == OUTPUT:
+        return padded_vocab_size(arch.vocab_size, tp), h
     return {'q_proj': (arch.num_heads * d, h), 'k_proj': (arch.num_kv_heads * d, h),
             'v_proj': (arch.num_kv_heads * d, h), 'o_proj': (h, arch.num_heads * d),
             'gate_proj': (arch.ffn_hidden_size, h), 'up_proj': (arch.ffn_hidden_size, h),
@@ -71,11 +76,12 @@ class LoraParallelLinear(nn.Module):
     """A Megatron parallel linear plus one LoRA per fused HF projection (see the module docstring).
 
     `parts`: the adapted projections (a subset of the layer's, in output order). `name`: the layer's global
-    Megatron name (seeds the initialisation)."""
+    Megatron name (seeds the initialisation). `like`: a tensor of the factors' dtype and device (default: the
+    base weight)."""
 
     def __init__(self, base: nn.Module, *, kind: str, layer_parts: tuple[str, ...], parts: tuple[str, ...],
                  arch: Architecture, r: int, scaling: float, dropout: float, tp: int, tp_rank: int,
-                 sequence_parallel: bool, seed: int, name: str) -> None:
+                 sequence_parallel: bool, seed: int, name: str, like: torch.Tensor | None = None) -> None:
         super().__init__()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
         self.base_layer = base
@@ -83,9 +89,10 @@ class LoraParallelLinear(nn.Module):
         self.scaling, self.tp, self.sequence_parallel = scaling, tp, sequence_parallel
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.lora_A, self.lora_B = nn.ParameterDict(), nn.ParameterDict()
-        dtype, device = base.weight.dtype, base.weight.device
+        like = base.weight if like is None else like  # a tied output layer has no weight of its own
+        dtype, device = like.dtype, like.device
         for part in parts:
-            out_f, in_f = part_rows(arch, part)
+            out_f, in_f = part_rows(arch, part, tp)
             a = torch.empty(r, in_f)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=_generator(seed, f'{name}.{part}'))
             b = torch.zeros(out_f, r)
@@ -126,7 +133,7 @@ class LoraParallelLinear(nn.Module):
         """The parts' local outputs in the base layer's row order (absent parts contribute zeros)."""
         pieces = []
         for part in self.layer_parts:
-            rows = part_rows(self.arch, part)[0] // self.tp
+            rows = part_rows(self.arch, part, self.tp)[0] // self.tp
             pieces.append(outputs[part] if part in outputs else x.new_zeros(*lead, rows))
         if self.layer_parts[0] != 'q_proj':
             return torch.cat(pieces, dim=-1)
@@ -165,6 +172,14 @@ def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, tp: int, tp_
                     scaling=scaling, dropout=float(config.lora_dropout), tp=tp, tp_rank=tp_rank,
                     sequence_parallel=sequence_parallel, seed=seed, name=name))
                 count += 1
+        model = unwrap(chunk)
+        if OUTPUT in projections and getattr(model, 'output_layer', None) is not None:
+            model.output_layer = LoraParallelLinear(
+                model.output_layer, kind='column', layer_parts=(OUTPUT,), parts=(OUTPUT,), arch=arch, r=r,
+                scaling=scaling, dropout=float(config.lora_dropout), tp=tp, tp_rank=tp_rank,
+                sequence_parallel=sequence_parallel, seed=seed, name='output_layer',
+                like=next(model.decoder.parameters()))
+            count += 1
     return count
 
 
@@ -178,6 +193,9 @@ def remove_lora(chunks: list[Any]) -> None:
                 module = getattr(parent, attr)
                 if isinstance(module, LoraParallelLinear):
                     setattr(parent, attr, module.base_layer)
+        model = unwrap(chunk)
+        if isinstance(getattr(model, 'output_layer', None), LoraParallelLinear):
+            model.output_layer = model.output_layer.base_layer
         chunk.requires_grad_(True)
 
 
@@ -191,9 +209,23 @@ def lora_modules(chunks: list[Any]) -> dict[str, LoraParallelLinear]:
                 module = getattr(getattr(layer, parent_name), attr)
                 if isinstance(module, LoraParallelLinear):
                     out[f'decoder.layers.{layer.layer_number - 1}.{suffix}'] = module
+        if isinstance(getattr(unwrap(chunk), 'output_layer', None), LoraParallelLinear):
+            out['output_layer'] = unwrap(chunk).output_layer
     return out
 
 
-def peft_key(layer: int, part: str, factor: str) -> str:
+def peft_key(layer: int | None, part: str, factor: str) -> str:
     """The key of a LoRA factor in ``adapter_model.safetensors`` (PEFT's saved naming)."""
+    if part == OUTPUT:
+        return f'base_model.model.{OUTPUT}.lora_{factor}.weight'
     return f'base_model.model.model.layers.{layer}.{HF_MODULE[part]}.{part}.lora_{factor}.weight'
+
+
+def factors(chunks: list[Any]) -> Iterator[tuple[str, nn.Parameter, int | None, str]]:
+    """Every LoRA factor of this rank: (PEFT key, parameter, the dim it is split over tp or None, projection)."""
+    for name, module in lora_modules(chunks).items():
+        layer = int(name.split('.')[2]) if name.startswith('decoder.layers.') else None
+        for part in module.parts:
+            a_dim, b_dim = (1, None) if module.kind == 'row' else (None, 0)
+            yield peft_key(layer, part, 'A'), module.lora_A[part], a_dim, part
+            yield peft_key(layer, part, 'B'), module.lora_B[part], b_dim, part

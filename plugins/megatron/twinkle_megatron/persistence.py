@@ -36,7 +36,7 @@ class PersistenceMethods:
         target = Path(output_dir or 'output') / name
         with ckpt.collective_directory(target) as tmp:
             if self.adapter_name is not None:
-                ckpt.save_lora(self.chunks, self.lora_config, tmp, base_model_id=self.model_id)
+                ckpt.save_lora(self.chunks, self.arch, self.lora_config, tmp, base_model_id=self.model_id)
             else:
                 ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir,
                                expert_offset=self._expert_offset())
@@ -118,12 +118,13 @@ class PersistenceMethods:
         return {name: (dtype, tuple(shape)) for name, shape in shapes.items()}
 
     def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
-        yield from bucketed(export.hf_base_weights(self.chunks, self.arch, self._expert_offset()), bucket_bytes)
+        weights = export.hf_base_weights(self.chunks, self.arch, self._expert_offset())
+        yield from bucketed(weights, bucket_bytes)
 
     def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
         if name not in self.list_adapters():
             raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {self.list_adapters() or "none"}.')
-        return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks), bucket_bytes)
+        return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks, self.arch), bucket_bytes)
 
     def _adapter_config_json(self) -> dict[str, Any]:
         return to_json(ckpt.peft_config_dict(self.lora_config, self.model_id))

@@ -69,18 +69,20 @@ def _check_supported(config: Any) -> None:
         raise InvalidInputError('use_rslora cannot be combined with rank_pattern/alpha_pattern (peft forbids it).')
 
 
-def linear_module_names(model: nn.Module) -> list[str]:
-    """Names of every `nn.Linear` of `model` except the output embedding (peft's 'all-linear').
+def linear_module_names(model: nn.Module, *, include_output: bool = False) -> list[str]:
+    """Names of every `nn.Linear` of `model`, without the output embedding unless `include_output` (peft's
+    'all-linear' leaves it out; a config may still name it, e.g. ``lm_head``).
 
     Modules already wrapped by `MultiLoraLinear` count as the Linear they wrap; their insides do not.
     """
     from twinkle_transformers.multi_lora.layer import MultiLoraLinear
-    output = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
+    output = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') and not include_output \
+        else None
     inside = {id(sub) for wrapper in model.modules() if isinstance(wrapper, MultiLoraLinear)
               for sub in wrapper.modules() if sub is not wrapper}
     return [name for name, module in model.named_modules()
             if isinstance(module, (nn.Linear, MultiLoraLinear)) and id(module) not in inside
-            and module is not output and getattr(module, 'base_layer', None) is not output]
+            and (output is None or module is not output and getattr(module, 'base_layer', None) is not output)]
 
 
 def resolve_targets(model: nn.Module, config: Any) -> dict[str, ModuleLoraShape]:
@@ -90,12 +92,13 @@ def resolve_targets(model: nn.Module, config: Any) -> dict[str, ModuleLoraShape]
     """
     from peft.tuners.tuners_utils import check_target_module_exists
     from peft.utils.other import get_pattern_key
-    candidates = linear_module_names(model)
     if config.target_modules is None:
         raise InvalidInputError("LoraConfig.target_modules is required (e.g. ['q_proj', 'v_proj'] or "
                                 "'all-linear').")
+    all_linear = isinstance(config.target_modules, str) and config.target_modules.lower() == ALL_LINEAR
+    candidates = linear_module_names(model, include_output=not all_linear)
     probe = copy.copy(config)
-    if isinstance(config.target_modules, str) and config.target_modules.lower() == ALL_LINEAR:
+    if all_linear:
         probe.target_modules = set(candidates)
     targets: dict[str, ModuleLoraShape] = {}
     rank_pattern, alpha_pattern = config.rank_pattern or {}, config.alpha_pattern or {}
