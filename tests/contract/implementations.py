@@ -17,3 +17,11 @@ def build_sampler(request, name: str, model_dir):
     from twinkle_core.registry import resolve
     kwargs = {'device': 'cpu'} if name == 'TorchSampler' else {}
     return resolve('sampler', name, model_id=str(model_dir), **kwargs)
+
+
+def release(model) -> None:
+    """Free what a backend holds process-wide (MegatronModel: its process groups), so later tests in this
+    process see no process group."""
+    shutdown = getattr(model, 'shutdown', None)
+    if callable(shutdown):
+        shutdown()

@@ -1,5 +1,5 @@
 """The model half of the backend seam, run against every installed model backend (TransformersModel,
-MultiLoraTransformersModel): `export_base` is the checkpoint in Hugging Face names, `export_adapter` is a PEFT
+MultiLoraTransformersModel, MegatronModel -- in this process, on its one-rank gloo group): `export_base` is the checkpoint in Hugging Face names, `export_adapter` is a PEFT
 adapter that plain PEFT loads and that scores exactly like the training model, and merging it into the exported
 base (`merge_peft`) scores the same again. Reference: plain transformers / PEFT forwards, fp32, 1e-4."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.registry import resolve
 
-from tests.contract.implementations import installed
+from tests.contract.implementations import installed, release
 
 ROWS = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},
         {'input_ids': [100, 200, 300, 400], 'labels': [-100, 200, 300, 400]}]
@@ -28,7 +28,8 @@ def trained(request, tiny_model_dir):
     for _ in range(2):
         model.forward_backward(inputs=ROWS, adapter_name='policy')
         model.clip_grad_and_step(adapter_name='policy')
-    return model
+    yield model
+    release(model)
 
 
 def model_logprobs(model) -> list[torch.Tensor]:
@@ -144,3 +145,4 @@ def test_gradients_equal_plain_peft_on_the_same_weights(trained, tiny_model_dir,
     assert any(g.abs().max() > 1e-4 for g in expected.values())  # a comparison of zeros would prove nothing
     for name, grad in expected.items():
         torch.testing.assert_close(before[name] - after[name], grad, atol=2e-6, rtol=1e-4, msg=name)
+

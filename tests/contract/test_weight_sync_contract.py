@@ -11,7 +11,7 @@ from twinkle_core.types import SamplingParams
 
 from twinkle_transformers.export import ModuleWeights
 
-from tests.contract.implementations import build_sampler, installed
+from tests.contract.implementations import build_sampler, installed, release
 from tests.contract.test_sampler_contract import forward_logprobs
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
@@ -116,3 +116,4 @@ def test_every_installed_backend_syncs_into_the_sampler(sampler, tiny_model_dir,
         assert_sampler_matches_model(seed=1)
     finally:
         sampler.remove_adapter('synced')
+        release(model)

@@ -14,38 +14,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TWINKLE = str(Path(sys.executable).with_name('twinkle'))
 
-# A component the index knows but whose distribution is never installed (resolution step 3): made up, so the
-# tests of "indexed, not installed -> pip install line" hold whichever first-party plugins the venv has.
-UNINSTALLED_NAME, UNINSTALLED_KIND, UNINSTALLED_DIST = 'DeepSpeedModel', 'model', 'twinkle-deepspeed'
-UNINSTALLED_INDEX = f'''
-[[component]]
-name = "{UNINSTALLED_NAME}"
-kind = "{UNINSTALLED_KIND}"
-distribution = "{UNINSTALLED_DIST}"
-description = "A made-up backend that no test environment installs."
-'''
-
-
-def installed(distribution: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        version(distribution)
-        return True
-    except PackageNotFoundError:
-        return False
-
-
-def index_with_uninstalled(folder: Path) -> Path:
-    """A registry dir holding the repo's registry/*.toml plus the made-up `UNINSTALLED_INDEX` entry, for
-    subprocesses (pass it as TWINKLE_REGISTRY_DIR); in-process tests use conftest's `registry_dir` fixture."""
-    assert not installed(UNINSTALLED_DIST), f'{UNINSTALLED_DIST} is installed; pick another made-up name'
-    folder.mkdir(parents=True, exist_ok=True)
-    for toml in (REPO_ROOT / 'registry').glob('*.toml'):
-        (folder / toml.name).write_text(toml.read_text())
-    (folder / 'zz_uninstalled.toml').write_text(UNINSTALLED_INDEX)
-    return folder
-
-
 def run_twinkle(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the venv's `twinkle` console script."""
     return subprocess.run([TWINKLE, *args], capture_output=True, text=True, timeout=timeout,

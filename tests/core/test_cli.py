@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core_helpers import (UNINSTALLED_DIST, UNINSTALLED_KIND, UNINSTALLED_NAME, index_with_uninstalled, installed,
-                          run_python, run_twinkle)
+from core_helpers import run_python, run_twinkle
+from uninstalled_index import UNINSTALLED_DIST, UNINSTALLED_KIND, UNINSTALLED_NAME, index_with_uninstalled, installed
 from twinkle_core.cli import main as cli
 
 

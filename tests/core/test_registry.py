@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core_helpers import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_NAME, installed
+from uninstalled_index import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_NAME, installed
 from twinkle_core import registry, resolve, resolve_class
 from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError, TwinkleError
 from twinkle_core.registry import list_components, register, unregister

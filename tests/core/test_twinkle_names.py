@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from core_helpers import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_KIND, UNINSTALLED_NAME, run_twinkle
+from core_helpers import run_twinkle
+from uninstalled_index import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_KIND, UNINSTALLED_NAME
 
 
 def test_module_paths_of_the_documents_import_our_components():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from test_config_file import GOOD, HAS_RAY, errors_of, write
+from uninstalled_index import index_with_uninstalled
 from twinkle_server.config_file import ConfigError
 
 
@@ -29,9 +30,9 @@ BAD = {
     'unknown backend': (GOOD + '    backend: MultiLoraTransformerModel\n', [
         ":6: models[0].backend: unknown model backend 'MultiLoraTransformerModel'; did you mean "
         'MultiLoraTransformersModel? (expected an installed model backend: ...']),
-    'backend of a plugin that is not installed': (GOOD + '    backend: MegatronModel\n', [
-        ":6: models[0].backend: model 'MegatronModel' is provided by the distribution 'twinkle-megatron', which is "
-        'not installed. Run: pip install twinkle-megatron (expected an installed model backend)']),
+    'backend of a plugin that is not installed': (GOOD + '    backend: DeepSpeedModel\n', [  # uninstalled_index
+        ":6: models[0].backend: model 'DeepSpeedModel' is provided by the distribution 'twinkle-deepspeed', which is "
+        'not installed. Run: pip install twinkle-deepspeed (expected an installed model backend)']),
     'unknown sampler': (GOOD + '    sampler: NoSampler\n', [":6: models[0].sampler: unknown sampler 'NoSampler'..."]),
     'missing data_dir': ('storage: {}\nmodels:\n  - name: tiny\n    path: ${TINY}\n', [
         ':1: storage.data_dir: missing (expected a directory for metadata and checkpoints)']),
@@ -112,7 +113,10 @@ BAD = {
 
 @pytest.mark.parametrize('case', list(BAD))
 def test_a_bad_file_is_refused_with_its_line_and_key(case, tmp_path, monkeypatch, tiny_model_dir):
+    from twinkle_core import registry_index
     text, expected = BAD[case]
+    monkeypatch.setenv('TWINKLE_REGISTRY_DIR', str(index_with_uninstalled(tmp_path / 'registry')))
+    registry_index.refresh()
     if ('mode: ray' in text or 'mode: ray' in case) and not HAS_RAY:
         pytest.skip('deployment.mode: ray needs twinkle-ray')
     monkeypatch.setenv('TINY', str(tiny_model_dir))

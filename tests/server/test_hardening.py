@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from uninstalled_index import index_with_uninstalled
 
 from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
@@ -272,12 +273,14 @@ def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
     (['--sampler-args', '[1]'], '--sampler-args: expected a JSON object'),
     (['--sampler-args', '{oops'], '--sampler-args: not valid JSON'),
     (['--backend', 'NoSuchBackend'], 'NoSuchBackend'),
-    (['--backend', 'MegatronModel'], 'pip install'),
+    (['--backend', 'DeepSpeedModel'], 'pip install twinkle-deepspeed'),  # indexed, never installed
     (['--backend-args', '"x"'], '--backend-args: expected a JSON object'),
 ])
 def test_server_cli_refuses_a_bad_backend_or_sampler_choice(tmp_path, tiny_model_dir, extra, message):
     import sys
+    registry = index_with_uninstalled(tmp_path / 'registry')
     out = subprocess.run([sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model',
                           f'm={tiny_model_dir}', '--data-dir', str(tmp_path / 'd'), *extra],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, 'TWINKLE_REGISTRY_DIR': str(registry)})
     assert out.returncode == 2 and message in out.stderr

@@ -60,8 +60,8 @@ def copy_model_files(source_dir: str | Path, directory: Path) -> None:
 def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str,
               expert_offset: int = 0) -> None:
     """Gather the base weights and (rank 0) write them in Hugging Face format. Collective."""
-    tensors = {name: t.detach().cpu().contiguous()
-               for name, t in export.hf_base_weights(chunks, arch, expert_offset)}
+    tensors = {name: t.detach().cpu().contiguous() for name, t in export.hf_base_weights(chunks, arch, expert_offset)
+               if not (arch.tied_embeddings and name == 'lm_head.weight')}  # HF files leave a tied head out
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
         copy_model_files(source_dir, directory)

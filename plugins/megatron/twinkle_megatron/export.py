@@ -103,12 +103,16 @@ def base_items(chunks: list, expert_offset: int = 0) -> dict[str, tuple[Tensor, 
 
 
 def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) -> Iterator[tuple[str, Tensor]]:
-    """Every base weight as (HF name, full tensor) on rank 0 (tied output layer and vocab padding dropped).
-    `expert_offset`: this rank's first expert (expert parallelism)."""
+    """Every base weight as (HF name, full tensor) on rank 0, vocabulary padding dropped; a tied output layer is
+    ``lm_head.weight``, the embedding tensor itself (as in the HF module's state dict). `expert_offset`: this
+    rank's first expert (expert parallelism)."""
     items = {n: v for n, v in base_items(chunks, expert_offset).items()
              if not (n == 'output_layer.weight' and arch.tied_embeddings)}
     for name, full in stream_full(items):
-        yield from convert.to_hf(arch, name, full)
+        for hf_name, tensor in convert.to_hf(arch, name, full):
+            yield hf_name, tensor
+            if hf_name == 'model.embed_tokens.weight' and arch.tied_embeddings:
+                yield 'lm_head.weight', tensor
 
 
 def lora_items(chunks: list, arch: Architecture) -> dict[str, tuple[Tensor, Join]]:

@@ -17,6 +17,7 @@ from twinkle_megatron.architecture import Layout
 from twinkle_core.utils.net import free_port
 
 _active: Layout | None = None
+_owns_world = False  # this module started the (one-rank) default process group
 
 
 def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: int = 1) -> Layout:
@@ -38,7 +39,7 @@ def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: i
 def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
     """Start torch.distributed (a one-rank gloo group without a launcher) and Megatron's model-parallel groups
     for `layout`, and seed Megatron's RNG trackers. Idempotent for the same layout."""
-    global _active
+    global _active, _owns_world
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
@@ -55,6 +56,7 @@ def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
         backend = 'nccl' if torch.cuda.is_available() else 'gloo'
         dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
                                 world_size=1)
+        _owns_world = True
     world = dist.get_world_size()
     if layout.tp * layout.pp * layout.dp != world:
         raise MeshError(f'{layout} covers {layout.tp * layout.pp * layout.dp} ranks but the process group has '
@@ -66,6 +68,19 @@ def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
     # the inference tracker keeps CPU generators usable where CUDA ones do not exist (same seeds on a GPU)
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
     _active = layout
+
+
+def shutdown() -> None:
+    """Destroy Megatron's groups (and the one-rank default group `initialize` started, if it did): the process
+    can then host another layout. Models built on the old groups are unusable afterwards."""
+    global _active, _owns_world
+    if _active is None:
+        return
+    from megatron.core import parallel_state
+    parallel_state.destroy_model_parallel()
+    if _owns_world:
+        distributed.destroy_process_group(synchronize=False)
+    _active, _owns_world = None, False
 
 
 def tp_group() -> Any:

@@ -260,6 +260,11 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
             loss = sums[0] / sums[1] if sums[1] else 0.0
         return {**summary, 'loss': loss, **{k: int(round(v)) for k, v in zip(counts, sums[2:])}}
 
+    def shutdown(self) -> None:
+        """Release Megatron's process groups in this process (`groups.shutdown`); the model is unusable after."""
+        self.chunks.clear()
+        groups.shutdown()
+
     def model_info(self) -> dict[str, Any]:
         return {'model_id': self.model_id, 'max_length': self.max_length, 'backend': self.backend,
                 'layout': self._layout_json()}

@@ -93,9 +93,8 @@ class PersistenceMethods:
     def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         a = self.arch
         dtype = str(self.dtype).removeprefix('torch.')
-        shapes = {'model.embed_tokens.weight': (a.vocab_size, a.hidden_size), 'model.norm.weight': (a.hidden_size,)}
-        if not a.tied_embeddings:
-            shapes['lm_head.weight'] = (a.vocab_size, a.hidden_size)
+        shapes = {'model.embed_tokens.weight': (a.vocab_size, a.hidden_size), 'model.norm.weight': (a.hidden_size,),
+                  'lm_head.weight': (a.vocab_size, a.hidden_size)}  # tied: the embedding, as in export_base
         for i in range(a.num_layers):
             p = f'model.layers.{i}.'
             shapes[p + 'input_layernorm.weight'] = shapes[p + 'post_attention_layernorm.weight'] = (a.hidden_size,)
