@@ -116,6 +116,9 @@ def main() -> None:
         result['resumed_after'] = fresh.forward_only(inputs=with_loss_inputs(fresh, eval_rows, args.loss))
     after = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     checkpoint = model.save('final', output_dir=args.out)
+    if args.adapter and args.backend == 'MegatronModel':  # removing the adapter gives back the base model
+        model.remove_adapter(model.list_adapters()[0])
+        result['base_after_remove'] = model.forward_only(inputs=eval_rows)['logprobs']
     if env_rank() == 0:
         result.update(losses=losses, grad_norms=norms, after=after, checkpoint=checkpoint,
                       metrics=model.calculate_metric())

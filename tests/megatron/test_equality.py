@@ -76,11 +76,14 @@ def test_single_process_trains_like_transformers_model(megatron_run, tiny_model_
 
 
 def test_lora_under_tp2_trains_like_peft_lora(megatron_run, tiny_model_dir, peft_adapter_dir) -> None:
-    """Both start from the same PEFT adapter (random A and B); the Megatron checkpoint is a PEFT adapter."""
+    """Both start from the same PEFT adapter (random A and B); the Megatron checkpoint is a PEFT adapter; removing
+    the adapter gives back the base model."""
     reference = megatron_run(1, '--backend', 'TransformersModel', '--adapter', peft_adapter_dir)
     result = megatron_run(2, '--tp', 2, '--adapter', peft_adapter_dir)
     assert_same_run(result, reference)
     assert_checkpoint_reloads(result, tiny_model_dir)
+    base = megatron_run(1, '--backend', 'TransformersModel')['before']['logprobs']
+    assert_same_logprobs(result['base_after_remove'], base)
     import peft
     from transformers import AutoModelForCausalLM
     peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result['checkpoint'])

@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Any, Callable, TypeVar
 
-from twinkle_core.errors import TwinkleError
+from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import emit_failure, emit_metrics
 from twinkle_core.model.base import component_arg
 from twinkle_core.model.train_state import TrainState
@@ -174,3 +174,25 @@ class TrainStateMethods:
     def _loss_of_last_forward_only(self) -> Any:
         """The last `forward_only`'s loss when no `forward` is pending since; None otherwise."""
         return self._eval_loss if self._pending is None else None
+
+
+class SingleUnitMethods:
+    """Mixin (before `TrainStateMethods`) for a model with one trainable unit: all parameters, or the one LoRA
+    adapter named `adapter_name` (None: full-parameter training), whose `TrainState` is `state`."""
+
+    adapter_name: str | None
+    state: TrainState
+
+    def list_adapters(self) -> list[str]:
+        return [self.adapter_name] if self.adapter_name is not None else []
+
+    def _name(self, adapter_name: str | None) -> str | None:
+        """The adapter a call addresses: this model's one adapter (None under full-parameter training)."""
+        if adapter_name is not None and adapter_name != self.adapter_name:
+            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
+            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
+        return self.adapter_name
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        self._name(adapter_name)
+        return self.state

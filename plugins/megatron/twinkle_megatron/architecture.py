@@ -80,9 +80,9 @@ def architecture_of(config: Any) -> Architecture:
     """Read a `transformers.PretrainedConfig`; raises `UnsupportedModelError` for other architectures."""
     model_type = getattr(config, 'model_type', None)
     if model_type not in SUPPORTED:
+        architecture = (getattr(config, 'architectures', None) or ['?'])[0]
         raise UnsupportedModelError(f'MegatronModel converts {", ".join(SUPPORTED)} checkpoints; this one is '
-                                    f'model_type={model_type!r} ({(getattr(config, "architectures", None) or ["?"])[0]}). '
-                                    f'Train it with TransformersModel.')
+                                    f'model_type={model_type!r} ({architecture}). Train it with TransformersModel.')
     heads = config.num_attention_heads
     moe: dict[str, Any] = {}
     if model_type == 'qwen3_moe':

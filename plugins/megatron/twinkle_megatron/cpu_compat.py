@@ -58,7 +58,9 @@ def _cpu(device: Any) -> Any:
     """A CUDA device spec (``'cuda'``, ``'cuda:N'``, a CUDA `torch.device`, an int) -> ``'cpu'``."""
     if isinstance(device, int) and not isinstance(device, bool):
         return 'cpu'
-    if isinstance(device, torch.device) and device.type == 'cuda' or isinstance(device, str) and device.startswith('cuda'):
+    if isinstance(device, torch.device) and device.type == 'cuda':
+        return 'cpu'
+    if isinstance(device, str) and device.startswith('cuda'):
         return 'cpu'
     return device
 

@@ -35,7 +35,8 @@ def _masked(logits: Tensor, start: int, vocab_size: int) -> Tensor:
 
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor, vocab_size: int, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, vocab_size: int,  # type: ignore[override]
+                group: Any) -> Tensor:
         start, end = _local_range(logits, group)
         x = _masked(logits, start, vocab_size)
         size = dist.get_world_size(group) if group is not None else 1

@@ -30,7 +30,7 @@ from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
-from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 from twinkle_core.mesh import split_for_dp
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
@@ -44,7 +44,7 @@ FULL = 'full'
 logger = logging.getLogger(__name__)
 
 
-class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
+class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Model):
     """A trainable causal LM on Megatron-Core (kind ``model``, name ``MegatronModel``).
 
     Args:
@@ -154,19 +154,6 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         if self._wrapped:
             self.chunks[:] = [c.module for c in self.chunks]
             self._wrapped = False
-
-    def list_adapters(self) -> list[str]:
-        return [self.adapter_name] if self.adapter_name is not None else []
-
-    def _name(self, adapter_name: str | None) -> str | None:
-        if adapter_name is not None and adapter_name != self.adapter_name:
-            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
-            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
-        return self.adapter_name
-
-    def _state(self, adapter_name: str | None) -> MegatronTrainState:
-        self._name(adapter_name)
-        return self.state
 
     # ---- training step ---------------------------------------------------------------------------------------
     @reports_failure('forward_backward')

@@ -122,7 +122,8 @@ class PersistenceMethods:
 
     def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
         if name not in self.list_adapters():
-            raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {self.list_adapters() or "none"}.')
+            adapters = self.list_adapters() or 'none'
+            raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {adapters}.')
         return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks, self.arch), bucket_bytes)
 
     def _adapter_config_json(self) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A call's rows (this data rank's share) are cut into micro-batches, each collated
 (padding or padding-free). Megatron's schedules need one tensor shape for every micro-batch, so the model sees
 each one padded to the call's widest row count and length (rounded to a multiple of tp under sequence
 parallelism). Right-padded rows need nothing but causal attention (a real token never sees the padding after
-it); a padding-free batch gets an explicit mask: causal within each packed sequence. The loss sees the micro-batch exactly as collated (the padded rows and positions are cut from the
-logits first), so every twinkle loss, processor and metric works unchanged.
+it); a padding-free batch gets an explicit mask: causal within each packed sequence. The loss sees the
+micro-batch exactly as collated (the padded rows and positions are cut from the logits first), so every twinkle
+loss, processor and metric works unchanged.
 
 On the last pipeline stage each micro-batch's loss is computed from vocabulary-parallel log-probs
 (`twinkle_megatron.logps`) and backpropagated with the factor `scale * share` (accumulation, data-parallel

@@ -46,13 +46,13 @@ from twinkle_core.model.placement import default_device, resolve_dtype, resolve_
 from twinkle_transformers.loading import load_causal_lm, load_tokenizer_if_any, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_core.model.train_state import TrainState
-from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 
 FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)
 
 
-class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
+class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethods, Model):
     """A trainable Hugging Face causal LM (kind ``model``, name ``TransformersModel``).
 
     Args:
@@ -127,20 +127,6 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         if not self._mesh_applied:
             self._mesh_applied = True
             parallel.apply_device_mesh(self.model, self.device_mesh)
-
-    def list_adapters(self) -> list[str]:
-        return [self.adapter_name] if self.adapter_name is not None else []
-
-    def _name(self, adapter_name: str | None) -> str | None:
-        """The adapter a call addresses: this model's one adapter (None under full-parameter training)."""
-        if adapter_name is not None and adapter_name != self.adapter_name:
-            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
-            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
-        return self.adapter_name
-
-    def _state(self, adapter_name: str | None) -> TrainState:
-        self._name(adapter_name)
-        return self.state
 
     # ---- training step ---------------------------------------------------------------------------------------
     @remote_method('slice_dp', 'concat')
