@@ -29,7 +29,7 @@ DEFAULT_PROCESSOR = 'CausalLMProcessor'
 STATE_VERSION = 1
 
 
-def _spec_name(spec: Any) -> str:
+def spec_name(spec: Any) -> str:
     """A readable name for a component spec (a registry name, a class, a function or an instance)."""
     if isinstance(spec, str):
         return spec
@@ -81,27 +81,27 @@ class TrainState:
         self.optimizer = resolve('optimizer', optimizer, params=params, **kwargs)
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
-        self.specs['optimizer'] = {'name': _spec_name(optimizer), 'kwargs': kwargs}
+        self.specs['optimizer'] = {'name': spec_name(optimizer), 'kwargs': kwargs}
 
     def set_lr_scheduler(self, scheduler: Any, **kwargs: Any) -> None:
         """Build the LR scheduler (kind `lr_scheduler`) over the optimizer; `set_optimizer` must come first."""
         self.lr_scheduler = resolve('lr_scheduler', scheduler, optimizer=self.require_optimizer(), **kwargs)
-        self.specs['lr_scheduler'] = {'name': _spec_name(scheduler), 'kwargs': kwargs}
+        self.specs['lr_scheduler'] = {'name': spec_name(scheduler), 'kwargs': kwargs}
 
     def set_loss(self, loss: Any, **kwargs: Any) -> None:
         self.loss = resolve('loss', loss, **kwargs)
-        self.specs['loss'] = {'name': _spec_name(loss), 'kwargs': kwargs}
+        self.specs['loss'] = {'name': spec_name(loss), 'kwargs': kwargs}
 
     def set_processor(self, processor: Any, **kwargs: Any) -> None:
         from twinkle_core.processor import InputProcessor
         if processor is InputProcessor:  # the interface itself (the Twinkle documents pass it): the default one
             processor = 'InputProcessor'
         self.processor = resolve('processor', processor, **kwargs)
-        self.specs['processor'] = {'name': _spec_name(processor), 'kwargs': kwargs}
+        self.specs['processor'] = {'name': spec_name(processor), 'kwargs': kwargs}
 
     def set_template(self, template: Any, **kwargs: Any) -> None:
         self.template = resolve('template', template, **kwargs)
-        self.specs['template'] = {'name': _spec_name(template),
+        self.specs['template'] = {'name': spec_name(template),
                                   'kwargs': {k: v for k, v in kwargs.items() if is_json_plain(v)}}
 
     def require_optimizer(self) -> torch.optim.Optimizer:

@@ -166,6 +166,8 @@ def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, tp: int, tp_
                     continue
                 parent_name, attr = suffix.split('.')
                 parent = getattr(layer, parent_name)
+                if getattr(parent, attr, None) is None:  # an MoE layer's MLP: experts are not LoRA targets
+                    continue
                 name = f'decoder.layers.{layer.layer_number - 1}.{suffix}'
                 setattr(parent, attr, LoraParallelLinear(
                     getattr(parent, attr), kind=kind, layer_parts=layer_parts, parts=parts, arch=arch, r=r,
@@ -190,7 +192,7 @@ def remove_lora(chunks: list[Any]) -> None:
             for suffix in TARGETS:
                 parent_name, attr = suffix.split('.')
                 parent = getattr(layer, parent_name)
-                module = getattr(parent, attr)
+                module = getattr(parent, attr, None)
                 if isinstance(module, LoraParallelLinear):
                     setattr(parent, attr, module.base_layer)
         model = unwrap(chunk)
@@ -206,7 +208,7 @@ def lora_modules(chunks: list[Any]) -> dict[str, LoraParallelLinear]:
         for layer in unwrap(chunk).decoder.layers:
             for suffix in TARGETS:
                 parent_name, attr = suffix.split('.')
-                module = getattr(getattr(layer, parent_name), attr)
+                module = getattr(getattr(layer, parent_name), attr, None)
                 if isinstance(module, LoraParallelLinear):
                     out[f'decoder.layers.{layer.layer_number - 1}.{suffix}'] = module
         if isinstance(getattr(unwrap(chunk), 'output_layer', None), LoraParallelLinear):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.train_state import TrainState, _spec_name
+from twinkle_core.model.train_state import TrainState, spec_name
 from twinkle_megatron.cpu_compat import tensors_as_cuda
 
 _ADAM = {'adamw': 'adam', 'adam': 'adam', 'sgd': 'sgd'}
@@ -106,7 +106,7 @@ class MegatronTrainState(TrainState):
         self.optimizer = inner_optimizer(self.megatron_optimizer)
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
-        self.specs['optimizer'] = {'name': _spec_name(optimizer), 'kwargs': kwargs}
+        self.specs['optimizer'] = {'name': spec_name(optimizer), 'kwargs': kwargs}
 
     def _finalize(self) -> None:
         """Reduce the accumulated grads (once per step) and hand them to the optimizer."""
