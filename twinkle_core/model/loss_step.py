@@ -10,6 +10,7 @@ from torch import Tensor
 
 from twinkle_core.errors import TwinkleError
 from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.types import IGNORE_INDEX
 
 
 def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> LossOutput:
@@ -53,3 +54,23 @@ def rows_logprobs(batch: dict[str, Any], target_logps: Tensor) -> list[list[floa
         return out
     rows = flat.tolist()
     return [[0.0] + rows[b][:n - 1] for b, n in enumerate(lengths)]
+
+
+def loss_weight(reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:
+    """What a (rank's or micro-batch's) mean loss is a mean over: tokens (``token_mean``, the default), rows
+    (``sequence_mean``), or nothing (``sum``: 1)."""
+    if reduction == 'sum':
+        return 1.0
+    return float(num_rows if reduction == 'sequence_mean' else num_loss_tokens)
+
+
+def micro_batch_shares(reduction: str | None, batches: list[dict[str, Any]]) -> tuple[list[float], float]:
+    """(each collated micro-batch's share of the call's loss, the call's total `loss_weight`): 1 each for
+    ``sum``, else its part of the loss tokens (rows). Backpropagating ``share * loss`` per micro-batch gives the
+    gradients of one pass over all rows."""
+    weights = [loss_weight(reduction, num_loss_tokens=int((b['labels'] != IGNORE_INDEX).sum()),
+                           num_rows=len(b['row_lengths'])) for b in batches]
+    if reduction == 'sum':
+        return [1.0] * len(batches), 1.0
+    total = sum(weights)
+    return [w / (total or 1.0) for w in weights], total

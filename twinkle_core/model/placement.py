@@ -4,6 +4,8 @@ float32 on CPU)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,3 +43,13 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in _DTYPES:
         raise InvalidInputError(f'Unknown dtype {dtype!r}; use one of {", ".join(sorted(_DTYPES))} or a torch.dtype.')
     return _DTYPES[dtype]
+
+
+def load_tokenizer_if_any(model_dir: str) -> Any:
+    """The tokenizer stored with the model (`twinkle_core.template.tokenizer.load_tokenizer`), or None when the
+    local directory has none."""
+    from twinkle_core.template.tokenizer import load_tokenizer
+    local = Path(model_dir)
+    if local.is_dir() and not any(local.glob('tokenizer*')):
+        return None
+    return load_tokenizer(model_dir)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.model.checkpoint_dir import atomic_directory
-from twinkle_megatron import build, export, groups, lora
+from twinkle_megatron import export, groups, lora
 from twinkle_megatron.architecture import Architecture
 
 OPTIMIZER_DIR = 'optimizer'
@@ -106,13 +106,6 @@ def load_lora(chunks: list, directory: str | Path, *, tp: int, tp_rank: int) -> 
             raise InvalidInputError(f'{key}: shape {tuple(tensors[key].shape)} does not fit this adapter (its '
                                     f'rank or the model differ).')
         param.copy_(shard)
-
-
-def load_full(chunks: list, arch: Architecture, directory: str | Path, *, tp: int, tp_rank: int,
-              expert_offset: int = 0) -> None:
-    """Load Hugging Face weights (e.g. a full checkpoint `save` wrote) into this rank's shards."""
-    build.load_hf_weights(chunks, arch, build.hf_tensor_reader(directory), tp=tp, tp_rank=tp_rank,
-                          expert_offset=expert_offset)
 
 
 def optimizer_files(directory: str | Path) -> tuple[Path, Path]:

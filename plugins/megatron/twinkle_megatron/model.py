@@ -28,7 +28,8 @@ import torch
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
-from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_core.model.loss_step import micro_batch_shares
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
 from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 from twinkle_core.mesh import split_for_dp
@@ -83,7 +84,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(self.model_dir), tp=self.layout.tp,
                               tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
         self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
-        self.tokenizer = _load_tokenizer(self.model_dir)
+        self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length = int(max_length or self.arch.max_position_embeddings)
         self.pad_token_id = getattr(self.tokenizer, 'pad_token_id', None) or 0
         self.adapter_name: str | None = None
@@ -210,7 +211,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
             parts = [p for p in split_for_dp(rows, min(len(rows), self.layout.pp)) if p]
         batches = [state.processor(p, device=self.device) for p in parts]
         reduction = getattr(state.loss, 'reduction', None)
-        weights, local_weight = schedule.shares(reduction, batches)
+        weights, local_weight = micro_batch_shares(reduction, batches)
         (total_weight,) = all_reduce_sum([local_weight], groups.dp_group())
         dp_share = 1.0 if reduction == 'sum' else (local_weight / total_weight if total_weight else 0.0)
         micro = [schedule.MicroBatch(b, w) for b, w in zip(batches, weights)]
@@ -294,11 +295,3 @@ def lora_config(config: Any, **overrides: Any) -> Any:
     config = LoraConfig(**fields)
     lora.target_projections(config.target_modules)  # validates
     return config
-
-
-def _load_tokenizer(model_dir: str) -> Any:
-    from pathlib import Path
-    from transformers import AutoTokenizer
-    if Path(model_dir).is_dir() and not any(Path(model_dir).glob('tokenizer*')):
-        return None
-    return AutoTokenizer.from_pretrained(model_dir)

@@ -15,9 +15,8 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.model.checkpoint_dir import (load_training_state, read_metadata, save_training_state,
                                                set_rng_state, write_metadata)
 from twinkle_core.model.train_state_methods import reports_failure
-from twinkle_core.utils.json import to_json
 from twinkle_megatron import checkpoint as ckpt
-from twinkle_megatron import export
+from twinkle_megatron import build, export
 from twinkle_megatron.lora import part_rows
 
 
@@ -67,8 +66,8 @@ class PersistenceMethods:
             if self.adapter_name is not None:
                 raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
                                         f'{self.adapter_name!r}; load it into a model without adapter.')
-            ckpt.load_full(self.chunks, self.arch, path, tp=self.layout.tp, tp_rank=self.ranks['tp'],
-                           expert_offset=self._expert_offset())
+            build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(path), tp=self.layout.tp,
+                                  tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
         state = self._state(adapter_name)
         if state.megatron_optimizer is not None:
             state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
@@ -127,5 +126,5 @@ class PersistenceMethods:
         return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks, self.arch), bucket_bytes)
 
     def _adapter_config_json(self) -> dict[str, Any]:
-        return to_json(ckpt.peft_config_dict(self.lora_config, self.model_id))
+        return ckpt.peft_config_dict(self.lora_config, self.model_id)
 

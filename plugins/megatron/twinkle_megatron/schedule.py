@@ -35,25 +35,6 @@ class MicroBatch:
     model_inputs: dict[str, torch.Tensor] | None = None
 
 
-def loss_weight(reduction: str | None, batch: dict[str, Any]) -> float:
-    """What a micro-batch's mean loss averages over: loss tokens (``token_mean``), rows (``sequence_mean``), or
-    nothing (``sum``: 1)."""
-    if reduction == 'sum':
-        return 1.0
-    if reduction == 'sequence_mean':
-        return float(len(batch['row_lengths']))
-    return float((batch['labels'] != IGNORE_INDEX).sum())
-
-
-def shares(reduction: str | None, batches: list[dict[str, Any]]) -> tuple[list[float], float]:
-    """(each micro-batch's share of the call's loss, the call's total weight on this rank)."""
-    weights = [loss_weight(reduction, b) for b in batches]
-    if reduction == 'sum':
-        return [1.0] * len(batches), 1.0
-    total = sum(weights)
-    return [w / (total or 1.0) for w in weights], total
-
-
 def attention_mask(row_index: torch.Tensor) -> torch.Tensor:
     """Megatron's boolean mask ``[B, 1, S, S]`` (True = masked) from the per-token row index (-1: padding):
     causal, within one row or packed sequence; padding attends to itself only (keeps the softmax finite)."""

@@ -6,7 +6,6 @@ Dtypes: bfloat16 on GPUs, float32 on CPU, unless given.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,15 +54,6 @@ def _supports_sdpa(config: Any) -> bool:
     except KeyError:  # remote-code or unknown architectures: keep transformers' default
         return False
     return bool(getattr(model_class, '_supports_sdpa', False))
-
-
-def load_tokenizer_if_any(model_dir: str) -> Any:
-    """The tokenizer stored with the model, or None when the directory has none."""
-    from transformers import AutoTokenizer
-    local = Path(model_dir)
-    if local.is_dir() and not any(local.glob('tokenizer*')):
-        return None
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def max_model_length(config: Any, override: int | None) -> tuple[int | None, str]:

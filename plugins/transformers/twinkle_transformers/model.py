@@ -36,14 +36,14 @@ from twinkle_core.model.base import Model, reject_unknown_kwargs
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
-from twinkle_core.types import IGNORE_INDEX, as_input_features
+from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel, vision
 from twinkle_transformers.export import WeightExportMethods
-from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_core.model.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.forward import forward_logps
-from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
-from twinkle_transformers.loading import load_causal_lm, load_tokenizer_if_any, max_model_length
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_transformers.loading import load_causal_lm, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_core.model.train_state import TrainState
 from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
@@ -196,11 +196,7 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         self._apply_device_mesh()
         chunks = micro_batches(as_input_features(inputs), micro_batch_size)
         batches = [self._collate(state, chunk) for chunk in chunks]
-        reduction = getattr(state.loss, 'reduction', None)
-        weights = [parallel.loss_weight(reduction, num_loss_tokens=int((b['labels'] != IGNORE_INDEX).sum()),
-                                        num_rows=len(b['row_lengths'])) for b in batches]
-        # a micro-batch's share of the call's loss: 1 each for 'sum', else its part of the tokens (rows)
-        shares = [1.0] * len(batches) if reduction == 'sum' else [w / (sum(weights) or 1.0) for w in weights]
+        shares, _ = micro_batch_shares(getattr(state.loss, 'reduction', None), batches)
         logprobs: list[list[float]] = []
         loss, metrics = 0.0, {}
         for batch, share in zip(batches, shares):

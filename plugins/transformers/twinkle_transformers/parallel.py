@@ -26,6 +26,7 @@ from torch import nn
 
 from twinkle_core.errors import InvalidInputError, MeshError
 from twinkle_core.mesh import DeviceMesh
+from twinkle_core.model.loss_step import loss_weight
 from twinkle_core.runtime import distributed
 
 _APPLIED_ATTR = '_twinkle_device_mesh'
@@ -200,14 +201,6 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], 
 def _replication(mesh: DeviceMesh) -> int:
     """How many ranks hold each data shard (tensor-parallel peers see the same rows)."""
     return mesh.world_size // mesh.data_world_size
-
-
-def loss_weight(reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:
-    """What a rank's mean loss is a mean over: tokens (``token_mean``, the default), rows (``sequence_mean``),
-    or nothing (``sum``: 1)."""
-    if reduction == 'sum':
-        return 1.0
-    return float(num_rows if reduction == 'sequence_mean' else num_loss_tokens)
 
 
 def backward_scale(model: nn.Module, reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:

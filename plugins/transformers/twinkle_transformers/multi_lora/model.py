@@ -36,8 +36,8 @@ from twinkle_core.model.row_keywords import with_row_keywords
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.vision import language_config
-from twinkle_core.model.placement import default_device, resolve_dtype, resolve_model_dir
-from twinkle_transformers.loading import load_causal_lm, load_tokenizer_if_any, max_model_length
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_transformers.loading import load_causal_lm, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
