@@ -6,10 +6,12 @@ the checkpoint path.
 ``--loss`` trains with another loss (its per-row inputs are added: GRPO's advantages and on-policy
 ``old_logps``, DPO's pairs and reference log-probs, GKD's teacher). ``--resume-after K`` also saves a resumable
 checkpoint after step K, loads it into a fresh model and trains the remaining steps again (``resumed_losses``,
-``resumed_after``)."""
+``resumed_after``). ``--neighbour`` trains a second adapter beside the first (``--adapter``), one step of it after
+each step of the first, on other rows with another optimizer: the first adapter's run must not change.""" 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 from pathlib import Path
@@ -42,8 +44,21 @@ def with_loss_inputs(model, rows: list[dict], loss: str) -> list[dict]:
     return rows
 
 
+class Addressed:
+    """`model` with the per-adapter calls addressed to `adapter` (needed once a model trains several)."""
+    CALLS = {'forward_backward', 'forward_only', 'clip_grad_and_step', 'save', 'set_optimizer', 'set_lr_scheduler',
+             'set_loss', 'set_processor', 'calculate_metric'}
+
+    def __init__(self, model, adapter: str) -> None:
+        self.model, self.adapter = model, adapter
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.model, name)
+        return functools.partial(attr, adapter_name=self.adapter) if name in self.CALLS else attr
+
+
 def train(model, steps: range, dp: int, dp_rank: int, loss: str | None, micro_batch_size: int | None,
-          ) -> tuple[list[float], list[float]]:
+          neighbour=None) -> tuple[list[float], list[float]]:
     losses, norms = [], []
     for step in steps:
         rows = with_loss_inputs(model, batch_rows(10 + step, 8), loss)
@@ -51,6 +66,9 @@ def train(model, steps: range, dp: int, dp_rank: int, loss: str | None, micro_ba
         stepped = model.clip_grad_and_step(max_norm=1.0)
         losses.append(out['loss'])
         norms.append(stepped['grad_norm'])
+        if neighbour is not None:  # another adapter's step on other rows, between two of this adapter's
+            neighbour.forward_backward(inputs=split_for_dp(batch_rows(50 + step, 6), dp)[dp_rank])
+            neighbour.clip_grad_and_step(max_norm=1.0)
     return losses, norms
 
 
@@ -72,6 +90,7 @@ def main() -> None:
     p.add_argument('--loss', default=None)
     p.add_argument('--teacher', default=None, help='GKD teacher model directory')
     p.add_argument('--resume-after', type=int, default=None)
+    p.add_argument('--neighbour', action='store_true', help='train a second adapter beside --adapter')
     args = p.parse_args()
 
     world = env_world_size()
@@ -97,13 +116,23 @@ def main() -> None:
         return model
 
     model = build()
+    neighbour = None
+    if args.neighbour:
+        first = model.list_adapters()[0]
+        model.add_adapter_to_model('neighbour', {'r': 8, 'lora_alpha': 16, 'target_modules': ['q_proj', 'v_proj']},
+                                   seed=7)
+        neighbour = Addressed(model, 'neighbour')
+        neighbour.set_optimizer('AdamW', lr=5e-2)
+        neighbour.set_loss('CrossEntropyLoss', reduction='sum')
+        neighbour.forward_backward(inputs=batch_rows(40, 4))  # pending gradients of the neighbour while the
+        model = Addressed(model, first)                           # first adapter trains: they must not leak
     eval_rows = batch_rows(1, 4)
     before = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     model.set_optimizer('AdamW', lr=2e-3, weight_decay=0.0)
     model.set_lr_scheduler('CosineAnnealingLR', T_max=10)
     result = {'world_size': world, 'before': before, 'eval_rows': eval_rows}
     if args.resume_after is None:
-        losses, norms = train(model, range(args.steps), dp, dp_rank, args.loss, args.micro_batch_size)
+        losses, norms = train(model, range(args.steps), dp, dp_rank, args.loss, args.micro_batch_size, neighbour)
     else:
         losses, norms = train(model, range(args.resume_after), dp, dp_rank, args.loss, args.micro_batch_size)
         middle = model.save('middle', output_dir=args.out, save_optimizer=True)
@@ -116,7 +145,9 @@ def main() -> None:
         result['resumed_after'] = fresh.forward_only(inputs=with_loss_inputs(fresh, eval_rows, args.loss))
     after = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     checkpoint = model.save('final', output_dir=args.out)
-    if args.adapter and args.backend == 'MegatronModel':  # removing the adapter gives back the base model
+    if neighbour is not None:
+        result['neighbour_checkpoint'] = neighbour.save('neighbour', output_dir=args.out)
+    elif args.adapter and args.backend == 'MegatronModel':  # removing the adapter gives back the base model
         model.remove_adapter(model.list_adapters()[0])
         result['base_after_remove'] = model.forward_only(inputs=eval_rows)['logprobs']
     if env_rank() == 0:

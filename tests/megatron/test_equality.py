@@ -89,6 +89,22 @@ def test_lora_under_tp2_trains_like_peft_lora(megatron_run, tiny_model_dir, peft
     peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result['checkpoint'])
 
 
+def test_a_second_adapter_beside_changes_nothing_of_the_first(megatron_run, tiny_model_dir,
+                                                              peft_adapter_dir) -> None:
+    """Two adapters on one MegatronModel (tp=2 + sp): the second (other targets, rank, optimizer, loss and rows)
+    steps between the first's steps and holds pending gradients while the first trains; the first still trains
+    exactly like peft LoRA alone, and the second learned something of its own (a PEFT adapter with non-zero B)."""
+    reference = megatron_run(1, '--backend', 'TransformersModel', '--adapter', peft_adapter_dir)
+    result = megatron_run(2, '--tp', 2, '--sp', '--adapter', peft_adapter_dir, '--neighbour')
+    assert_same_run(result, reference)
+    assert_same_logprobs(result['after']['logprobs'], reference['after']['logprobs'])
+    from safetensors.torch import load_file
+    neighbour = load_file(f'{result["neighbour_checkpoint"]}/adapter_model.safetensors')
+    b_keys = [k for k in neighbour if 'lora_B' in k]
+    assert b_keys and all('q_proj' in k or 'v_proj' in k for k in b_keys)
+    assert all(neighbour[k].abs().max() > 0 for k in b_keys)
+
+
 @pytest.mark.slow
 def test_lora_under_pp2_with_sequence_parallel_tp2(megatron_run, tiny_model_dir, peft_adapter_dir) -> None:
     reference = megatron_run(1, '--backend', 'TransformersModel', '--adapter', peft_adapter_dir)

@@ -1,8 +1,9 @@
-"""The server's training backend is chosen by registry name (`twinkle server start --backend NAME`): here the
-single-adapter `TransformersModel` or `MegatronModel` (when twinkle-megatron is installed) instead of the default
-multi-LoRA backend. The unmodified tinker SDK trains on
-it (the loss falls; the engine calls it once per adapter, as it declares no mixed adapters), and a second training model is refused with a 403 that
-names the backend and its limit."""
+"""The server's training backend is chosen by registry name (`twinkle server start --backend NAME`): here
+`TransformersModel` or `MegatronModel` (when twinkle-megatron is installed) instead of the default multi-LoRA
+backend. The unmodified tinker SDK trains on it (the loss falls; the engine calls it once per adapter, as neither
+declares mixed adapters). `TransformersModel` trains one adapter: a second training model is refused with a 403
+that names the backend and its limit; `MegatronModel` trains a second adapter beside the first, which stays as it
+was."""
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,7 @@ def single_adapter_server(request, tmp_path_factory, tiny_model_dir):
     proc.wait(timeout=30)
 
 
-def test_a_single_adapter_backend_trains_through_the_sdk_and_refuses_a_second_adapter(
+def test_the_backend_trains_through_the_sdk_and_hosts_the_adapters_it_declares(
         single_adapter_server, tiny_model_dir, sft_data):
     url, key, backend = single_adapter_server
     client = tinker.ServiceClient(base_url=url, api_key=key)
@@ -57,6 +58,21 @@ def test_a_single_adapter_backend_trains_through_the_sdk_and_refuses_a_second_ad
     sampled = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, temperature=0.0)).result()
     assert len(sampled.sequences[0].tokens) == 4
 
-    with pytest.raises(tinker.PermissionDeniedError, match=f'{backend}, which trains at most 1 adapter'):
-        client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    if backend == 'TransformersModel':
+        with pytest.raises(tinker.PermissionDeniedError, match=f'{backend}, which trains at most 1 adapter'):
+            client.create_lora_training_client(base_model=MODEL, rank=4).result()
+        return
+    # MegatronModel trains several adapters on one base: a second client's adapter trains beside the first
+    # without moving it (the first's forward is the same before and after the second's steps)
+    second = client.create_lora_training_client(base_model=MODEL, rank=8, seed=3).result()
+    first_before = tc.forward(sft_data, 'cross_entropy').result().loss_fn_outputs
+    for _ in range(2):
+        second.forward_backward(sft_data, 'cross_entropy').result()
+        second.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    first_after = tc.forward(sft_data, 'cross_entropy').result().loss_fn_outputs
+    for before, after in zip(first_before, first_after):
+        np.testing.assert_allclose(after['logprobs'].to_numpy(), before['logprobs'].to_numpy(), atol=1e-6)
+    second_out = second.forward(sft_data, 'cross_entropy').result().loss_fn_outputs
+    assert any(not np.allclose(s['logprobs'].to_numpy(), f['logprobs'].to_numpy(), atol=1e-3)
+               for s, f in zip(second_out, first_after))
 

@@ -68,9 +68,10 @@ def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: 
         save_file(tensors, str(directory / 'model.safetensors'), metadata={'format': 'pt'})
 
 
-def save_lora(chunks: list, arch: Architecture, config: Any, directory: Path, *, base_model_id: str) -> None:
-    """Gather the adapter and (rank 0) write it in PEFT format. Collective."""
-    tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks, arch)}
+def save_lora(chunks: list, arch: Architecture, config: Any, directory: Path, *, adapter: str,
+              base_model_id: str) -> None:
+    """Gather adapter `adapter` and (rank 0) write it in PEFT format. Collective."""
+    tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks, arch, adapter)}
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
         fields = peft_config_dict(config, base_model_id)
@@ -88,14 +89,15 @@ def peft_config_dict(config: Any, base_model_id: str) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def load_lora(chunks: list, directory: str | Path, *, tp: int, tp_rank: int) -> None:
-    """Copy a PEFT adapter's factors into this rank's LoRA shards (every adapted factor must be in the file)."""
+def load_lora(chunks: list, directory: str | Path, *, adapter: str, tp: int, tp_rank: int) -> None:
+    """Copy a PEFT adapter's factors into this rank's shards of adapter `adapter` (every factor of it must be in
+    the file)."""
     from safetensors.torch import load_file
     path = Path(directory) / 'adapter_model.safetensors'
     if not path.exists():
         raise InvalidInputError(f'{directory} has no adapter_model.safetensors (PEFT format).')
     tensors = {k.replace('.default.', '.'): v for k, v in load_file(str(path)).items()}
-    for key, param, dim, part in lora.factors(chunks):
+    for key, param, dim, part in lora.factors(chunks, adapter):
         if key not in tensors:
             raise InvalidInputError(f'{path} has no {key!r}: the adapter does not match this model.')
         full = tensors[key]

@@ -115,10 +115,11 @@ def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) ->
                 yield 'lm_head.weight', tensor
 
 
-def lora_items(chunks: list, arch: Architecture) -> dict[str, tuple[Tensor, Join]]:
-    """This rank's LoRA factors by PEFT key, with their tp join (the output layer's B without vocab padding)."""
+def lora_items(chunks: list, arch: Architecture, adapter: str) -> dict[str, tuple[Tensor, Join]]:
+    """This rank's factors of adapter `adapter` by PEFT key, with their tp join (the output layer's B without
+    vocab padding)."""
     items = {}
-    for key, param, dim, part in lora.factors(chunks):
+    for key, param, dim, part in lora.factors(chunks, adapter):
         join = _cat(dim)
         if part == lora.OUTPUT and dim == 0:
             join = (lambda shards: torch.cat(shards)[:arch.vocab_size])
@@ -126,6 +127,6 @@ def lora_items(chunks: list, arch: Architecture) -> dict[str, tuple[Tensor, Join
     return items
 
 
-def peft_weights(chunks: list, arch: Architecture) -> Iterator[tuple[str, Tensor]]:
-    """The adapter as (PEFT key, full tensor) on rank 0."""
-    yield from stream_full(lora_items(chunks, arch))
+def peft_weights(chunks: list, arch: Architecture, adapter: str) -> Iterator[tuple[str, Tensor]]:
+    """Adapter `adapter` as (PEFT key, full tensor) on rank 0."""
+    yield from stream_full(lora_items(chunks, arch, adapter))

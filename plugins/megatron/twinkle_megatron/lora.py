@@ -15,11 +15,15 @@ an adapter is exactly a PEFT adapter and loads, saves and merges as one:
 
 Initialisation is PEFT's (A Kaiming-uniform, B zero), drawn on the full tensors from a generator seeded by the
 adapter seed and the module name, then sharded: the same adapter whatever the layout.
+
+Several named adapters live side by side: a wrapped linear holds each adapter's `AdapterFactors` and adds the
+`active` one's update; `only_trainable` scopes gradients to one adapter (see `twinkle_megatron.units`).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
@@ -72,25 +76,25 @@ def _generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], 'little') & ((1 << 63) - 1))
 
 
-class LoraParallelLinear(nn.Module):
-    """A Megatron parallel linear plus one LoRA per fused HF projection (see the module docstring).
+def check_adapter_name(adapter: Any) -> str:
+    """An adapter name is a non-empty string without dots (it names a submodule of every adapted layer)."""
+    if not isinstance(adapter, str) or not adapter or '.' in adapter:
+        raise InvalidInputError(f'Adapter name {adapter!r}: use a non-empty string without dots.')
+    return adapter
 
-    `parts`: the adapted projections (a subset of the layer's, in output order). `name`: the layer's global
-    Megatron name (seeds the initialisation). `like`: a tensor of the factors' dtype and device (default: the
-    base weight)."""
 
-    def __init__(self, base: nn.Module, *, kind: str, layer_parts: tuple[str, ...], parts: tuple[str, ...],
-                 arch: Architecture, r: int, scaling: float, dropout: float, tp: int, tp_rank: int,
-                 sequence_parallel: bool, seed: int, name: str, like: torch.Tensor | None = None) -> None:
+class AdapterFactors(nn.Module):
+    """One adapter's LoRA factors on one Megatron linear: per adapted HF projection ``lora_A[part]`` and
+    ``lora_B[part]``, sharded over tp like the base layer (see the module docstring)."""
+
+    def __init__(self, *, kind: str, parts: tuple[str, ...], arch: Architecture, r: int, scaling: float,
+                 dropout: float, tp: int, tp_rank: int, sequence_parallel: bool, seed: int, name: str,
+                 dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
-        self.base_layer = base
-        self.kind, self.layer_parts, self.parts, self.arch = kind, layer_parts, parts, arch
-        self.scaling, self.tp, self.sequence_parallel = scaling, tp, sequence_parallel
+        self.parts, self.scaling = parts, scaling
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.lora_A, self.lora_B = nn.ParameterDict(), nn.ParameterDict()
-        like = base.weight if like is None else like  # a tied output layer has no weight of its own
-        dtype, device = like.dtype, like.device
         for part in parts:
             out_f, in_f = part_rows(arch, part, tp)
             a = torch.empty(r, in_f)
@@ -107,26 +111,48 @@ class LoraParallelLinear(nn.Module):
             if kind == 'column' and sequence_parallel:  # partial per rank; finalize_model_grads sums it over tp
                 setattr(self.lora_A[part], 'sequence_parallel', True)
 
+
+class LoraParallelLinear(nn.Module):
+    """A Megatron parallel linear plus named adapters (`AdapterFactors` each, one LoRA per fused HF projection);
+    the forward adds the `active` adapter's update (none: the base layer alone).
+
+    `layer_parts`: the HF projections the layer fuses, in output order. `like`: a tensor of the factors' dtype
+    and device (default: the base weight; a tied output layer has no weight of its own)."""
+
+    def __init__(self, base: nn.Module, *, kind: str, layer_parts: tuple[str, ...], arch: Architecture, tp: int,
+                 sequence_parallel: bool, like: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.kind, self.layer_parts, self.arch = kind, layer_parts, arch
+        self.tp, self.sequence_parallel = tp, sequence_parallel
+        like = base.weight if like is None else like
+        self.factor_dtype, self.factor_device = like.dtype, like.device  # not the tensor: it would register
+        self.adapters = nn.ModuleDict()
+        self.active: str | None = None
+
     @property
     def weight(self) -> torch.Tensor:  # megatron reads ``linear.weight`` (dtype, device, clipping)
         return self.base_layer.weight
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         out, bias = self.base_layer(x, *args, **kwargs)
-        delta = self._column(x) if self.kind == 'column' else self._row(x)
+        factors = self.adapters[self.active] if self.active in self.adapters else None
+        if factors is None:
+            return out, bias
+        delta = self._column(x, factors) if self.kind == 'column' else self._row(x, factors)
         return out + delta.to(out.dtype), bias
 
-    def _column(self, x: torch.Tensor) -> torch.Tensor:
+    def _column(self, x: torch.Tensor, f: AdapterFactors) -> torch.Tensor:
         from megatron.core.tensor_parallel import mappings
         if self.sequence_parallel:
             x = mappings.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True)
-        x = self.dropout(x)
+        x = f.dropout(x)
         outputs = {}
-        for part in self.parts:
-            h = x @ self.lora_A[part].T
+        for part in f.parts:
+            h = x @ f.lora_A[part].T
             if not self.sequence_parallel:
                 h = mappings.copy_to_tensor_model_parallel_region(h)
-            outputs[part] = (h @ self.lora_B[part].T) * self.scaling
+            outputs[part] = (h @ f.lora_B[part].T) * f.scaling
         return self._layout(outputs, x.shape[:-1], x)
 
     def _layout(self, outputs: dict[str, torch.Tensor], lead: torch.Size, x: torch.Tensor) -> torch.Tensor:
@@ -140,80 +166,118 @@ class LoraParallelLinear(nn.Module):
         groups = self.arch.num_kv_heads // self.tp  # q/k/v interleaved per key/value group
         return torch.cat([p.reshape(*lead, groups, -1) for p in pieces], dim=-1).reshape(*lead, -1)
 
-    def _row(self, x: torch.Tensor) -> torch.Tensor:
+    def _row(self, x: torch.Tensor, f: AdapterFactors) -> torch.Tensor:
         from megatron.core.tensor_parallel import mappings
-        (part,) = self.parts
-        h = mappings.reduce_from_tensor_model_parallel_region(self.dropout(x) @ self.lora_A[part].T)
-        y = (h @ self.lora_B[part].T) * self.scaling
+        (part,) = f.parts
+        h = mappings.reduce_from_tensor_model_parallel_region(f.dropout(x) @ f.lora_A[part].T)
+        y = (h @ f.lora_B[part].T) * f.scaling
         return mappings.scatter_to_sequence_parallel_region(y) if self.sequence_parallel else y
 
 
-def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, tp: int, tp_rank: int,
+def _targets(chunk: Any) -> Iterator[tuple[nn.Module, str, str, str, tuple[str, ...]]]:
+    """(parent module, attribute, global name, kind, HF parts) of every adaptable linear of a chunk: the dense
+    layers' four projections (an MoE layer's experts are not LoRA targets) and the output layer."""
+    model = unwrap(chunk)
+    for layer in model.decoder.layers:
+        for suffix, (kind, layer_parts) in TARGETS.items():
+            parent_name, attr = suffix.split('.')
+            parent = getattr(layer, parent_name)
+            if getattr(parent, attr, None) is not None:
+                yield parent, attr, f'decoder.layers.{layer.layer_number - 1}.{suffix}', kind, layer_parts
+    if getattr(model, 'output_layer', None) is not None:
+        yield model, 'output_layer', 'output_layer', 'column', (OUTPUT,)
+
+
+def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, adapter: str, tp: int, tp_rank: int,
              sequence_parallel: bool, seed: int) -> int:
-    """Replace the targeted linears of every layer of `chunks` by `LoraParallelLinear` and freeze everything
-    else; returns how many linears were adapted. `config`: a `peft.LoraConfig`."""
+    """Add adapter `adapter` (`config`: a `peft.LoraConfig`) to the targeted linears of `chunks` (wrapping them in
+    `LoraParallelLinear` where needed) and freeze the base model; returns how many linears it adapts."""
+    check_adapter_name(adapter)
     projections = target_projections(config.target_modules)
     r = int(config.r)
     scaling = config.lora_alpha / (math.sqrt(r) if config.use_rslora else r)
     count = 0
     for chunk in chunks:
+        factor_ids = {id(p) for module in lora_modules([chunk]).values() for p in module.adapters.parameters()}
         for p in chunk.parameters():
-            p.requires_grad_(False)
-        for layer in unwrap(chunk).decoder.layers:
-            for suffix, (kind, layer_parts) in TARGETS.items():
-                parts = tuple(p for p in layer_parts if p in projections)
-                if not parts:
-                    continue
-                parent_name, attr = suffix.split('.')
-                parent = getattr(layer, parent_name)
-                if getattr(parent, attr, None) is None:  # an MoE layer's MLP: experts are not LoRA targets
-                    continue
-                name = f'decoder.layers.{layer.layer_number - 1}.{suffix}'
-                setattr(parent, attr, LoraParallelLinear(
-                    getattr(parent, attr), kind=kind, layer_parts=layer_parts, parts=parts, arch=arch, r=r,
-                    scaling=scaling, dropout=float(config.lora_dropout), tp=tp, tp_rank=tp_rank,
-                    sequence_parallel=sequence_parallel, seed=seed, name=name))
-                count += 1
-        model = unwrap(chunk)
-        if OUTPUT in projections and getattr(model, 'output_layer', None) is not None:
-            model.output_layer = LoraParallelLinear(
-                model.output_layer, kind='column', layer_parts=(OUTPUT,), parts=(OUTPUT,), arch=arch, r=r,
-                scaling=scaling, dropout=float(config.lora_dropout), tp=tp, tp_rank=tp_rank,
-                sequence_parallel=sequence_parallel, seed=seed, name='output_layer',
-                like=next(model.decoder.parameters()))
+            if id(p) not in factor_ids:
+                p.requires_grad_(False)
+        for parent, attr, name, kind, layer_parts in list(_targets(chunk)):
+            parts = tuple(p for p in layer_parts if p in projections)
+            if not parts:
+                continue
+            module = getattr(parent, attr)
+            if not isinstance(module, LoraParallelLinear):
+                like = next(unwrap(chunk).decoder.parameters()) if attr == 'output_layer' else None
+                module = LoraParallelLinear(module, kind=kind, layer_parts=layer_parts, arch=arch, tp=tp,
+                                            sequence_parallel=sequence_parallel, like=like)
+                setattr(parent, attr, module)
+            module.adapters[adapter] = AdapterFactors(
+                kind=kind, parts=parts, arch=arch, r=r, scaling=scaling, dropout=float(config.lora_dropout), tp=tp,
+                tp_rank=tp_rank, sequence_parallel=sequence_parallel, seed=seed, name=name,
+                dtype=module.factor_dtype, device=module.factor_device)
             count += 1
+    activate(chunks, adapter)
     return count
 
 
-def remove_lora(chunks: list[Any]) -> None:
-    """Put the base linears back and make every parameter trainable again (undoes `add_lora`)."""
+def remove_lora(chunks: list[Any], adapter: str) -> bool:
+    """Drop adapter `adapter`'s factors; a linear left with no adapter gets its base layer back. Returns whether
+    any adapter remains (if none does, every parameter is trainable again, as before `add_lora`)."""
+    for parent, attr, _, _, _ in list(_targets_wrapped(chunks)):
+        module = getattr(parent, attr)
+        if adapter in module.adapters:
+            del module.adapters[adapter]
+        if module.active == adapter:
+            module.active = None
+        if not len(module.adapters):
+            setattr(parent, attr, module.base_layer)
+    if lora_modules(chunks):
+        return True
     for chunk in chunks:
-        for layer in unwrap(chunk).decoder.layers:
-            for suffix in TARGETS:
-                parent_name, attr = suffix.split('.')
-                parent = getattr(layer, parent_name)
-                module = getattr(parent, attr, None)
-                if isinstance(module, LoraParallelLinear):
-                    setattr(parent, attr, module.base_layer)
-        model = unwrap(chunk)
-        if isinstance(getattr(model, 'output_layer', None), LoraParallelLinear):
-            model.output_layer = model.output_layer.base_layer
         chunk.requires_grad_(True)
+    return False
+
+
+def _targets_wrapped(chunks: list[Any]) -> Iterator[tuple[nn.Module, str, str, str, tuple[str, ...]]]:
+    for chunk in chunks:
+        for target in _targets(chunk):
+            if isinstance(getattr(target[0], target[1]), LoraParallelLinear):
+                yield target
 
 
 def lora_modules(chunks: list[Any]) -> dict[str, LoraParallelLinear]:
     """Global Megatron layer-linear name -> its LoRA wrapper, over all chunks."""
-    out = {}
-    for chunk in chunks:
-        for layer in unwrap(chunk).decoder.layers:
-            for suffix in TARGETS:
-                parent_name, attr = suffix.split('.')
-                module = getattr(getattr(layer, parent_name), attr, None)
-                if isinstance(module, LoraParallelLinear):
-                    out[f'decoder.layers.{layer.layer_number - 1}.{suffix}'] = module
-        if isinstance(getattr(unwrap(chunk), 'output_layer', None), LoraParallelLinear):
-            out['output_layer'] = unwrap(chunk).output_layer
-    return out
+    return {name: getattr(parent, attr) for parent, attr, name, _, _ in _targets_wrapped(chunks)}
+
+
+def activate(chunks: list[Any], adapter: str | None) -> None:
+    """Make `adapter` the one every LoRA linear adds (None: the base model alone)."""
+    for module in lora_modules(chunks).values():
+        module.active = adapter
+
+
+@contextmanager
+def only_trainable(chunks: list[Any], adapter: str | None) -> Iterator[None]:
+    """Within the block `adapter` is active and the other adapters' factors do not require gradients, so what is
+    built or reduced over ``requires_grad`` parameters (Megatron DDP buffers, optimizers, `finalize_model_grads`)
+    sees this adapter alone; they require gradients again after it."""
+    activate(chunks, adapter)
+    others = [p for module in lora_modules(chunks).values() for name, factors in module.adapters.items()
+              if name != adapter for p in factors.parameters()]
+    for p in others:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in others:
+            p.requires_grad_(True)
+
+
+def adapter_parameters(chunks: list[Any], adapter: str) -> list[nn.Parameter]:
+    """Adapter `adapter`'s factors on this rank."""
+    return [p for module in lora_modules(chunks).values() if adapter in module.adapters
+            for p in module.adapters[adapter].parameters()]
 
 
 def peft_key(layer: int | None, part: str, factor: str) -> str:
@@ -223,11 +287,15 @@ def peft_key(layer: int | None, part: str, factor: str) -> str:
     return f'base_model.model.model.layers.{layer}.{HF_MODULE[part]}.{part}.lora_{factor}.weight'
 
 
-def factors(chunks: list[Any]) -> Iterator[tuple[str, nn.Parameter, int | None, str]]:
-    """Every LoRA factor of this rank: (PEFT key, parameter, the dim it is split over tp or None, projection)."""
+def factors(chunks: list[Any], adapter: str) -> Iterator[tuple[str, nn.Parameter, int | None, str]]:
+    """Adapter `adapter`'s factors on this rank: (PEFT key, parameter, the dim it is split over tp or None,
+    projection)."""
     for name, module in lora_modules(chunks).items():
+        if adapter not in module.adapters:
+            continue
+        f = module.adapters[adapter]
         layer = int(name.split('.')[2]) if name.startswith('decoder.layers.') else None
-        for part in module.parts:
+        for part in f.parts:
             a_dim, b_dim = (1, None) if module.kind == 'row' else (None, 0)
-            yield peft_key(layer, part, 'A'), module.lora_A[part], a_dim, part
-            yield peft_key(layer, part, 'B'), module.lora_B[part], b_dim, part
+            yield peft_key(layer, part, 'A'), f.lora_A[part], a_dim, part
+            yield peft_key(layer, part, 'B'), f.lora_B[part], b_dim, part

@@ -16,6 +16,9 @@ dp > 1). The pieces:
     model.set_optimizer('AdamW', lr=1e-4)
     model.forward_backward(inputs=batch)
     model.clip_grad_and_step()
+
+Several named adapters train on one frozen base, each with its own optimizer, loss and processor
+(`twinkle_megatron.units`); a call names its adapter with ``adapter_name=`` (needed once there are several).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwa
 from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.loss_step import micro_batch_shares
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
-from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
+from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 from twinkle_core.mesh import split_for_dp
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
@@ -40,12 +43,12 @@ from twinkle_megatron import build, cpu_compat, groups, lora, schedule
 from twinkle_megatron.architecture import architecture_of, check_layout
 from twinkle_megatron.optim import MegatronTrainState
 from twinkle_megatron.persistence import PersistenceMethods
+from twinkle_megatron.units import FULL, TrainingUnit
 
-FULL = 'full'
 logger = logging.getLogger(__name__)
 
 
-class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Model):
+class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
     """A trainable causal LM on Megatron-Core (kind ``model``, name ``MegatronModel``).
 
     Args:
@@ -60,7 +63,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         seed: Megatron's RNG seed (dropout, LoRA initialisation).
     """
     backend = 'megatron'
-    capabilities = ModelCapabilities(mixed_adapters=False, max_adapters=1)
+    capabilities = ModelCapabilities(mixed_adapters=False, max_adapters=None)
 
     def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, max_length: int | None = None, device_mesh: Any = None,
@@ -87,12 +90,8 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length = int(max_length or self.arch.max_position_embeddings)
         self.pad_token_id = getattr(self.tokenizer, 'pad_token_id', None) or 0
-        self.adapter_name: str | None = None
-        self.lora_config: Any = None
-        self._wrapped = False
         self._pending = None
-        self._last_loss: float | None = None
-        self.state = self._new_state(FULL)
+        self.units: dict[str, TrainingUnit] = {FULL: self._new_unit(FULL)}
         notify_model_loaded(self.chunks[0], self.model_id)
 
     def _expert_offset(self) -> int:
@@ -100,61 +99,67 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
             return 0
         return self.ranks['ep'] * (self.arch.num_experts // self.layout.ep)
 
-    def _new_state(self, name: str, gradient_accumulation_steps: int = 1) -> MegatronTrainState:
-        return MegatronTrainState(name, lambda: [p for c in self.chunks for p in c.parameters()],
-                                  chunks=self.chunks, distributed=self.distributed_optimizer, dtype=self.dtype,
-                                  gradient_accumulation_steps=gradient_accumulation_steps)
+    def _new_unit(self, name: str, lora_config: Any = None, gradient_accumulation_steps: int = 1) -> TrainingUnit:
+        return TrainingUnit(name, self.chunks, lora_config=lora_config, distributed=self.distributed_optimizer,
+                            dtype=self.dtype, gradient_accumulation_steps=gradient_accumulation_steps)
+
+    # ---- adapters --------------------------------------------------------------------------------------------
+    def list_adapters(self) -> list[str]:
+        return [name for name in self.units if name != FULL]
+
+    def _name(self, adapter_name: str | None) -> str | None:
+        """The adapter a call addresses: `adapter_name`, else the model's only adapter (None: full-parameter
+        training)."""
+        adapters = self.list_adapters()
+        if adapter_name is None:
+            if len(adapters) > 1:
+                raise InvalidInputError(f'This model trains adapters {adapters}: name one with adapter_name=.')
+            return adapters[0] if adapters else None
+        if adapter_name not in adapters:
+            trained = f'adapters {adapters}' if adapters else 'all parameters (no adapter)'
+            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
+        return adapter_name
+
+    def _unit(self, adapter_name: str | None) -> TrainingUnit:
+        return self.units[self._name(adapter_name) or FULL]
+
+    def _state(self, adapter_name: str | None) -> MegatronTrainState:
+        return self._unit(adapter_name).state
 
     # ---- configuration ---------------------------------------------------------------------------------------
     def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
                              **kwargs: Any) -> None:
-        """Freeze the base model and add the tensor-parallel LoRA adapter `adapter_name` (`config`: a
-        ``peft.LoraConfig`` or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``; ``seed``:
-        initialisation seed, default the model's). Components set before are reset."""
-        if self._wrapped:
-            raise TwinkleError('add_adapter_to_model must come before set_optimizer and the first forward: the '
-                               'model is already wrapped for data-parallel training.')
-        if self.adapter_name is not None:
-            raise TwinkleError(f'This model already trains adapter {self.adapter_name!r}; MegatronModel trains one '
-                               f'adapter (or all parameters).')
+        """Add the tensor-parallel LoRA adapter `adapter_name` on the frozen base (`config`: a ``peft.LoraConfig``
+        or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``; ``seed``: initialisation seed,
+        default the model's), with its own optimizer, loss and processor, set after this call. The first adapter
+        ends full-parameter training (an optimizer set for it is dropped); more adapters can be added at any
+        time."""
+        lora.check_adapter_name(adapter_name)
+        if adapter_name in self.units:
+            raise InvalidInputError(f'Adapter {adapter_name!r} exists already; remove it first or pick another name.')
         seed = int(kwargs.pop('seed', self.seed))
-        self.lora_config = lora_config(config, **kwargs)
-        lora.add_lora(self.chunks, self.arch, self.lora_config, tp=self.layout.tp, tp_rank=self.ranks['tp'],
-                      sequence_parallel=self.layout.sp, seed=seed)
-        self.adapter_name = adapter_name
-        self.state = self._new_state(adapter_name, gradient_accumulation_steps)
+        config = lora_config(config, **kwargs)
+        full = self.units.pop(FULL, None)
+        if full is not None and full.state.optimizer is not None:
+            logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
+        lora.add_lora(self.chunks, self.arch, config, adapter=adapter_name, tp=self.layout.tp,
+                      tp_rank=self.ranks['tp'], sequence_parallel=self.layout.sp, seed=seed)
+        self.units[adapter_name] = self._new_unit(adapter_name, config, gradient_accumulation_steps)
 
     def remove_adapter(self, adapter_name: str) -> None:
-        """Drop the adapter (its factors, optimizer and settings); the model trains all parameters again."""
-        self._name(adapter_name)
-        if self.adapter_name is None:
+        """Drop the adapter (its factors, optimizer and settings); without adapters left the model trains all
+        parameters again."""
+        if adapter_name not in self.list_adapters():
+            self._name(adapter_name)  # raises: unknown adapter
             raise InvalidInputError('This model has no adapter to remove.')
-        self._unwrap()
-        lora.remove_lora(self.chunks)
-        self.adapter_name, self.lora_config = None, None
-        self.state = self._new_state(FULL)
+        del self.units[adapter_name]
+        if not lora.remove_lora(self.chunks, adapter_name):
+            self.units[FULL] = self._new_unit(FULL)
 
     def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
                       **kwargs: Any) -> None:
-        self._wrap()  # the optimizer is built over the DDP grad buffers
+        self._unit(adapter_name).wrap()  # the optimizer is built over the DDP grad buffers
         super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
-
-    def _wrap(self) -> None:
-        """Wrap the chunks in Megatron DDP once the trainable parameters are final."""
-        if self._wrapped:
-            return
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=self.distributed_optimizer)
-        with torch.enable_grad():  # DDP hooks grad accumulators, which exist only with autograd on
-            self.chunks[:] = [DistributedDataParallel(config=c.config, ddp_config=ddp_config, module=c,
-                                                      disable_bucketing=i > 0) for i, c in enumerate(self.chunks)]
-        self._wrapped = True
-
-    def _unwrap(self) -> None:
-        if self._wrapped:
-            self.chunks[:] = [c.module for c in self.chunks]
-            self._wrapped = False
 
     # ---- training step ---------------------------------------------------------------------------------------
     @reports_failure('forward_backward')
@@ -168,8 +173,9 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
                               ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
         inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
         self._eval_loss = None
-        result = self._run(self._state(adapter_name), inputs, micro_batch_size, training=True, compute_loss=True)
-        self._last_loss = result.get('loss')
+        unit = self._unit(adapter_name)
+        result = self._run(unit, inputs, micro_batch_size, training=True, compute_loss=True)
+        unit.last_loss = result.get('loss')
         return result
 
     @reports_failure('forward_only')
@@ -178,7 +184,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`."""
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
         with torch.no_grad():
-            result = self._run(self._state(adapter_name), inputs, micro_batch_size, training=False,
+            result = self._run(self._unit(adapter_name), inputs, micro_batch_size, training=False,
                                compute_loss=compute_loss)
         self._eval_loss = result.get('loss')
         return result
@@ -188,7 +194,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         """The loss of the last `forward_only` (evaluation) or, failing that, of the last `forward_backward`."""
         reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
         loss = self._loss_of_last_forward_only()
-        loss = self._last_loss if loss is None else loss
+        loss = self._unit(adapter_name).last_loss if loss is None else loss
         if loss is None:
             raise TwinkleError('calculate_loss() needs a preceding forward_backward or forward_only with labels '
                                '(MegatronModel runs forward, loss and backward as one pipeline schedule).')
@@ -200,9 +206,10 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
 
     backward = forward
 
-    def _run(self, state: MegatronTrainState, inputs: Any, micro_batch_size: int | None, *, training: bool,
+    def _run(self, unit: TrainingUnit, inputs: Any, micro_batch_size: int | None, *, training: bool,
              compute_loss: bool) -> dict[str, Any]:
-        self._wrap()
+        unit.wrap()
+        state = unit.state
         rows = as_input_features(inputs)
         check_row_lengths(rows, self.max_length, 'max_length of the model')
         if micro_batch_size is not None:
@@ -215,13 +222,14 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
         (total_weight,) = all_reduce_sum([local_weight], groups.dp_group())
         dp_share = 1.0 if reduction == 'sum' else (local_weight / total_weight if total_weight else 0.0)
         micro = [schedule.MicroBatch(b, w) for b, w in zip(batches, weights)]
-        for chunk in self.chunks:
+        for chunk in unit.chunks:
             chunk.train(training)
-        infos = schedule.run(self.chunks, micro, loss=state.loss, vocab_size=self.arch.vocab_size,
-                             scale=state.loss_scale() * dp_share, forward_only=not training,
-                             compute_loss=compute_loss, pad_token_id=self.pad_token_id,
-                             pad_multiple=self.layout.tp if self.layout.sp else 1,
-                             same_shape_group=groups.dp_group() if self.layout.ep > 1 else None)
+        with unit.scope():
+            infos = schedule.run(unit.chunks, micro, loss=state.loss, vocab_size=self.arch.vocab_size,
+                                 scale=state.loss_scale() * dp_share, forward_only=not training,
+                                 compute_loss=compute_loss, pad_token_id=self.pad_token_id,
+                                 pad_multiple=self.layout.tp if self.layout.sp else 1,
+                                 same_shape_group=groups.dp_group() if self.layout.ep > 1 else None)
         result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
         with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
         if with_loss:
@@ -251,6 +259,7 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
     def shutdown(self) -> None:
         """Release Megatron's process groups in this process (`groups.shutdown`); the model is unusable after."""
         self.chunks.clear()
+        self.units.clear()
         groups.shutdown()
 
     def model_info(self) -> dict[str, Any]:
@@ -258,8 +267,9 @@ class MegatronModel(PersistenceMethods, SingleUnitMethods, TrainStateMethods, Mo
                 'layout': self._layout_json()}
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
-        state = self._state(adapter_name)
-        adapter = None if self.lora_config is None else self._adapter_config_json()
+        unit = self._unit(adapter_name)
+        state = unit.state
+        adapter = None if unit.adapter is None else self._adapter_config_json(unit.adapter)
         return {'model_id': self.model_id, 'backend': self.backend, 'architecture': self.arch.model_type,
                 'device': str(self.device), 'dtype': str(self.dtype).removeprefix('torch.'),
                 'max_length': self.max_length, 'layout': self._layout_json(),

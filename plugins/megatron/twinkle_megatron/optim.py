@@ -14,7 +14,8 @@ biases. The LR scheduler drives the inner torch optimizer, so every twinkle LR s
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 
@@ -90,9 +91,11 @@ class MegatronTrainState(TrainState):
     read); ``self.megatron_optimizer`` steps it. `distributed`: use the distributed optimizer."""
 
     def __init__(self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *, chunks: list[Any],
-                 distributed: bool, dtype: torch.dtype, gradient_accumulation_steps: int = 1) -> None:
+                 distributed: bool, dtype: torch.dtype, gradient_accumulation_steps: int = 1,
+                 scope: Callable[[], ContextManager[Any]] = nullcontext) -> None:
         super().__init__(name, parameters, gradient_accumulation_steps=gradient_accumulation_steps)
         self.chunks = chunks
+        self.scope = scope  # entered while the optimizer is built and the grads reduced (see lora.only_trainable)
         self.distributed = distributed
         self.dtype = dtype
         self.megatron_optimizer: Any = None
@@ -101,7 +104,7 @@ class MegatronTrainState(TrainState):
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         from megatron.core.optimizer import get_megatron_optimizer
         config = optimizer_config(optimizer, kwargs, distributed=self.distributed, dtype=self.dtype)
-        with tensors_as_cuda():
+        with self.scope(), tensors_as_cuda():
             self.megatron_optimizer = get_megatron_optimizer(config, self.chunks)
         self.optimizer = inner_optimizer(self.megatron_optimizer)
         self.lr_scheduler = None
@@ -112,7 +115,8 @@ class MegatronTrainState(TrainState):
         """Reduce the accumulated grads (once per step) and hand them to the optimizer."""
         if not self._grads_ready:
             from megatron.core.distributed import finalize_model_grads
-            finalize_model_grads(self.chunks)
+            with self.scope():
+                finalize_model_grads(self.chunks)
             with tensors_as_cuda():
                 self.megatron_optimizer.prepare_grads()
             self._grads_ready = True

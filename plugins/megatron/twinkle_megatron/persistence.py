@@ -21,7 +21,7 @@ from twinkle_megatron.lora import part_rows
 
 
 class PersistenceMethods:
-    """Mixin of `MegatronModel` (uses its `chunks`, `arch`, `state`, `adapter_name`, `lora_config`, ...)."""
+    """Mixin of `MegatronModel` (uses its `chunks`, `arch`, `units`, `_unit`, `_state`, `add_adapter_to_model`, ...)."""
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     @reports_failure('save')
@@ -31,18 +31,20 @@ class PersistenceMethods:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory. LoRA in PEFT
         format, full weights in Hugging Face format; ``save_optimizer=True`` adds everything an exact resume
         needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
-        state = self._state(adapter_name)
+        unit = self._unit(adapter_name)
+        state = unit.state
         target = Path(output_dir or 'output') / name
         with ckpt.collective_directory(target) as tmp:
-            if self.adapter_name is not None:
-                ckpt.save_lora(self.chunks, self.arch, self.lora_config, tmp, base_model_id=self.model_id)
+            if unit.adapter is not None:
+                ckpt.save_lora(self.chunks, self.arch, unit.lora_config, tmp, adapter=unit.adapter,
+                               base_model_id=self.model_id)
             else:
                 ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir,
                                expert_offset=self._expert_offset())
             if save_optimizer:
                 ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
-                write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
+                write_metadata(tmp, kind='lora' if unit.adapter else 'full', adapter_name=unit.adapter,
                                model_id=self.model_id, step=state.optimizer_steps, backend='megatron',
                                layout=self._layout_json(), has_training_state=save_optimizer)
                 if save_optimizer:
@@ -53,27 +55,31 @@ class PersistenceMethods:
     def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
              dataloader: Any = None, **kwargs: Any) -> Any:
         """Load a checkpoint written by `save` (by this or any other backend), a PEFT adapter directory or a
-        Hugging Face model directory. A LoRA checkpoint into a model without adapter first adds the adapter.
+        Hugging Face model directory. A LoRA checkpoint loads into adapter `adapter_name` (default: the model's
+        only adapter, else the saved name or ``'default'``), which is added first when the model lacks it.
         ``load_optimizer=True`` restores the training state (same tp/pp layout) and returns ``extra_state``."""
         meta = read_metadata(path)
+        adapters = self.list_adapters()
         if meta['kind'] == 'lora':
-            if self.adapter_name is None:
+            if adapter_name is None:
+                adapter_name = adapters[0] if len(adapters) == 1 else meta.get('adapter_name') or 'default'
+            if adapter_name not in adapters:
                 from peft import LoraConfig
-                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default',
-                                          LoraConfig.from_pretrained(path))
-            ckpt.load_lora(self.chunks, path, tp=self.layout.tp, tp_rank=self.ranks['tp'])
+                self.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path))
+            ckpt.load_lora(self.chunks, path, adapter=adapter_name, tp=self.layout.tp, tp_rank=self.ranks['tp'])
         else:
-            if self.adapter_name is not None:
-                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
-                                        f'{self.adapter_name!r}; load it into a model without adapter.')
+            if adapters:
+                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapters '
+                                        f'{adapters}; load it into a model without adapters.')
             build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(path), tp=self.layout.tp,
                                   tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
-        state = self._state(adapter_name)
+        unit = self._unit(adapter_name)
+        state = unit.state
         if state.megatron_optimizer is not None:
             state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
         if not load_optimizer:
             return None
-        self._wrap()
+        unit.wrap()
         saved = load_training_state(path)
         state.load_state_dict(saved['train_state'], load_optimizer_state=lambda optimizer, value: None)
         ckpt.load_optimizer(state, path)
@@ -84,7 +90,7 @@ class PersistenceMethods:
 
     # ---- weight export -----------------------------------------------------------------------------------------
     def trains_base(self) -> bool:
-        return self.adapter_name is None
+        return not self.list_adapters()
 
     def is_export_rank(self) -> bool:
         return dist.get_rank() == 0
@@ -123,8 +129,9 @@ class PersistenceMethods:
         if name not in self.list_adapters():
             adapters = self.list_adapters() or 'none'
             raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {adapters}.')
-        return self._adapter_config_json(), bucketed(export.peft_weights(self.chunks, self.arch), bucket_bytes)
+        return self._adapter_config_json(name), bucketed(export.peft_weights(self.chunks, self.arch, name),
+                                                         bucket_bytes)
 
-    def _adapter_config_json(self) -> dict[str, Any]:
-        return ckpt.peft_config_dict(self.lora_config, self.model_id)
+    def _adapter_config_json(self, adapter: str) -> dict[str, Any]:
+        return ckpt.peft_config_dict(self.units[adapter].lora_config, self.model_id)
 
