@@ -191,9 +191,12 @@ def test_encoded_results_are_reused_on_a_second_run(samples, tiny_model_dir, tmp
 def test_prompt_encoding_for_rl(samples, tiny_model_dir):
     ds = Dataset(DatasetMeta(str(samples['gsm8k']), data_slice=4)).map('GSM8KProcessor')
     ds.set_template('Template', model_id=str(tiny_model_dir)).encode(add_generation_prompt=True)
-    assert sorted(ds.column_names) == ['ground_truth', 'input_ids']
+    assert sorted(ds.column_names) == ['ground_truth', 'input_ids', 'messages']
     template = ChatTemplate(str(tiny_model_dir))
     assert template.decode(ds[0]['input_ids'], skip_special_tokens=False).endswith('<|im_start|>assistant\n')
+    # the prompt's messages (the answer turn dropped): a sampled completion is appended to them for the rewards
+    assert [m['role'] for m in ds[0]['messages']] == [m['role'] for m in ds[0]['messages'] if m['role'] != 'assistant']
+    assert ds[0]['messages'][-1]['role'] == 'user'
 
 
 def test_from_hf_rows_and_callable_preprocessor(tiny_model_dir):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from row_helpers import labelled_rows
 from twinkle_core import hooks
-from twinkle_core.errors import TwinkleError
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 from twinkle_core.model.step_errors import MixedStepError, TenantStepError
@@ -102,11 +102,17 @@ def test_transformers_model_step_and_save_failures_fire_the_hook(tiny_model_dir,
     assert context == ctx(tiny_model_dir, 'TransformersModel', 'sft', 'save', 1)
 
 
+class ExplodingSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        raise RuntimeError('optimizer exploded')
+
+
 def test_optimizer_step_failure_fires_the_hook(tiny_model_dir, recorder):
     model = TransformersModel(tiny_model_dir, device='cpu')  # full-parameter training: no adapter
-    with pytest.raises(TwinkleError, match='no optimizer yet') as info:
+    model.set_optimizer(ExplodingSGD, lr=0.1)
+    with pytest.raises(RuntimeError, match='optimizer exploded') as info:
         model.clip_grad_and_step()
-    with pytest.raises(TwinkleError, match='no optimizer yet'):
+    with pytest.raises(RuntimeError, match='optimizer exploded'):
         model.step()
     assert [e for e, _ in recorder.events][0] is info.value
     assert [c for _, c in recorder.events] == [ctx(tiny_model_dir, 'TransformersModel', None, stage, 0)
@@ -153,6 +159,7 @@ def test_unregistered_notifier_is_not_called(tiny_model_dir):
     hooks.register_hooks(seen)
     hooks.unregister_hooks(seen)
     model = TransformersModel(tiny_model_dir, device='cpu')
-    with pytest.raises(TwinkleError):
+    model.set_optimizer(ExplodingSGD, lr=0.1)
+    with pytest.raises(RuntimeError, match='optimizer exploded'):
         model.step()
     assert seen.events == []

@@ -221,9 +221,30 @@ def test_unknown_loss_name_suggests_close_matches(lora_model):
 def test_unknown_adapter_and_missing_optimizer_are_clear_errors(lora_model):
     with pytest.raises(InvalidInputError, match="Unknown adapter 'b'.*adapter 'tenant'"):
         lora_model.forward_backward(inputs=labelled_rows(9), adapter_name='b')
-    lora_model.forward_backward(inputs=labelled_rows(9))
+    with pytest.raises(Exception, match=r'call set_optimizer'):  # a scheduler needs the optimizer it drives
+        lora_model.set_lr_scheduler('CosineAnnealingLR', T_max=10)
     with pytest.raises(Exception, match=r'call set_optimizer'):
-        lora_model.clip_grad_and_step()
+        lora_model.update_optimizer(lr=1e-3)
+
+
+@pytest.mark.parametrize('adapter, lr', [(False, 1e-5), (True, 1e-4)])
+def test_stepping_without_set_optimizer_uses_adamw_and_says_so(tiny_model_dir, caplog, adapter, lr):
+    """The Twinkle documents' minimal listing steps without set_optimizer: AdamW with a stated default lr (1e-5
+    for all parameters, 1e-4 for an adapter), announced once by a warning, instead of an error."""
+    model = TransformersModel(tiny_model_dir)
+    if adapter:
+        model.add_adapter_to_model('tenant', LORA)
+    trained = [p for p in model.model.parameters() if p.requires_grad][-1]
+    before = trained.detach().clone()
+    with caplog.at_level('WARNING', logger='twinkle_core.model.train_state'):
+        for seed in (1, 2):
+            model.forward_backward(inputs=labelled_rows(seed))
+            model.clip_grad_and_step()
+    warnings = [r.getMessage() for r in caplog.records if 'without set_optimizer' in r.getMessage()]
+    assert len(warnings) == 1 and f'AdamW(lr={lr:g})' in warnings[0]
+    assert not torch.equal(before, trained)
+    configs = model.get_train_configs()
+    assert configs['optimizer'] == {'name': 'AdamW', 'kwargs': {'lr': lr}} and configs['optimizer_steps'] == 2
 
 
 @pytest.mark.gpu

@@ -5,12 +5,16 @@ Every step is a `datasets.map`/`filter`, so results of file-backed data sets are
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
 
 from twinkle_core.dataset.meta import DatasetMeta, as_meta
 from twinkle_core.dataset.mixing import Mixing, MixingStrategy, StoppingStrategy
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.preprocessor.conversation import chat_layout
+
+logger = logging.getLogger(__name__)
 
 MetaSpec = DatasetMeta | str | os.PathLike
 ENCODE_VERSION = 1  # bump when the encode map's output format changes
@@ -110,6 +114,8 @@ class Dataset:
         """Rows -> `InputFeature` dicts (``input_ids``, ``labels``, plus the trajectories' extra fields).
 
         ``add_generation_prompt=True`` encodes RL prompts (no labels). Cached under the template's fingerprint.
+        A data set still in a plain chat layout (``conversations``, or ``query`` / ``response``) is first converted
+        by `MessagesProcessor` (logged); any other needs a preprocessor `map`-ped first.
         """
         from datasets.fingerprint import Hasher
         if self.template is None:
@@ -117,6 +123,12 @@ class Dataset:
                                     "dataset.set_template('Template', model_id='path/to/model').")
         template_key = self.template.fingerprint() if hasattr(self.template, 'fingerprint') else None
         for meta, data in list(self._parts.items()):
+            layout = chat_layout(data.column_names)
+            if layout is not None and 'messages' not in layout:
+                logger.info('%s has no "messages" column: converting its %s columns with MessagesProcessor (map a '
+                            'preprocessor before encode() to choose another conversion).', meta.name, '/'.join(layout))
+                self.map('MessagesProcessor', dataset_meta=meta, load_from_cache_file=load_from_cache_file)
+                data = self._parts[meta]
             if 'messages' not in data.column_names:
                 hint = ('it is already encoded; build the Dataset again to encode with another template'
                         if 'input_ids' in data.column_names else

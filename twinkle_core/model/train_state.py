@@ -10,9 +10,12 @@ Gradient accumulation: `loss_scale()` is the factor a model multiplies each micr
 (``1 / gradient_accumulation_steps``, or 1 for ``reduction == 'sum'`` losses); `clip_grad_and_step()` steps the
 optimizer on every `gradient_accumulation_steps`-th call only. A step whose gradient norm is not finite is
 skipped (gradients dropped, weights and optimizer state untouched) and reported as ``skipped``.
+
+A unit stepped without `set_optimizer` gets `DEFAULT_OPTIMIZER` once, with a warning (`optimizer_for_step`).
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Iterable
 
@@ -26,7 +29,12 @@ from twinkle_core.utils.json import is_json_plain
 
 DEFAULT_LOSS = 'CrossEntropyLoss'
 DEFAULT_PROCESSOR = 'CausalLMProcessor'
+#: What a unit steps with when no optimizer was set: AdamW, lr 1e-5 training all parameters, 1e-4 an adapter.
+DEFAULT_OPTIMIZER = 'AdamW'
+DEFAULT_LR = {'full': 1e-5, 'adapter': 1e-4}
+FULL = 'full'  # the name of the unit that trains all parameters (no adapter)
 STATE_VERSION = 1
+logger = logging.getLogger(__name__)
 
 
 def spec_name(spec: Any) -> str:
@@ -110,6 +118,15 @@ class TrainState:
                                f'(e.g. set_optimizer("AdamW", lr=1e-4)).')
         return self.optimizer
 
+    def optimizer_for_step(self) -> torch.optim.Optimizer:
+        """The optimizer; when none was set, `DEFAULT_OPTIMIZER` is set first (once, with a warning naming it)."""
+        if self.optimizer is None:
+            lr = DEFAULT_LR['full' if self.name == FULL else 'adapter']
+            logger.warning('%r is stepped without set_optimizer(...): using %s(lr=%g). Call set_optimizer to choose.',
+                           self.name, DEFAULT_OPTIMIZER, lr)
+            self.set_optimizer(DEFAULT_OPTIMIZER, lr=lr)
+        return self.require_optimizer()
+
     def update_optimizer(self, **fields: Any) -> None:
         """Set hyper-parameters on every param group (state kept); a field the optimizer lacks raises."""
         optimizer = self.require_optimizer()
@@ -142,7 +159,7 @@ class TrainState:
         return self.last_grad_norm
 
     def step(self) -> None:
-        self.require_optimizer().step()
+        self.optimizer_for_step().step()
         self.optimizer_steps += 1
 
     def zero_grad(self) -> None:
@@ -162,7 +179,7 @@ class TrainState:
         Returns ``{'stepped': bool, 'skipped': bool, 'step': int, 'grad_norm': float | None, 'lr': float}``.
         A non-finite gradient norm skips the step (gradients dropped) instead of corrupting the weights.
         """
-        self.require_optimizer()
+        self.optimizer_for_step()
         self.pending_micro_steps += 1
         result: dict[str, Any] = {'stepped': False, 'skipped': False, 'grad_norm': None}
         if self.pending_micro_steps >= self.gradient_accumulation_steps:

@@ -1,4 +1,5 @@
-"""Chat rows: ``messages`` (role/content, OpenAI style) or ShareGPT ``conversations`` (from/value)."""
+"""Chat rows: ``messages`` (role/content, OpenAI style), ShareGPT ``conversations`` (from/value) or ms-swift style
+``query`` / ``response`` (with optional ``history`` pairs and ``system``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,14 +15,22 @@ SHAREGPT_ROLES: dict[str, str] = {
     'tool': 'tool', 'observation': 'tool', 'function': 'tool',
 }
 ROLES = ('system', 'user', 'assistant', 'tool')
+#: The columns by which a row is a chat in one of the layouts `MessagesProcessor` reads.
+CHAT_COLUMNS = (('messages',), ('conversations',), ('query', 'response'))
+
+
+def chat_layout(columns: list[str]) -> tuple[str, ...] | None:
+    """The `CHAT_COLUMNS` entry `columns` hold, or None."""
+    return next((layout for layout in CHAT_COLUMNS if set(layout) <= set(columns)), None)
 
 
 class MessagesProcessor(Preprocessor):
     """Normalises chat rows to ``{'messages': [{role, content}, ...], ...}``.
 
-    Accepts `messages` (``role``/``content``) or ShareGPT `conversations` (``from``/``value``, speakers mapped by
-    `SHAREGPT_ROLES`). An optional row-level `system` string becomes the first message. Per-message ``loss``
-    (bool) is kept. Other row fields are dropped unless listed in `keep_fields`.
+    Accepts `messages` (``role``/``content``), ShareGPT `conversations` (``from``/``value``, speakers mapped by
+    `SHAREGPT_ROLES`) or `query` / `response` (ms-swift style; earlier turns as `history` ``[[query, response],
+    ...]``). An optional row-level `system` string becomes the first message. Per-message ``loss`` (bool) is kept.
+    Other row fields are dropped unless listed in `keep_fields`.
     """
 
     def __init__(self, system: str | None = None, keep_fields: list[str] | tuple[str, ...] = ()) -> None:
@@ -33,9 +42,11 @@ class MessagesProcessor(Preprocessor):
             raw, role_key, content_key, roles = row['messages'], 'role', 'content', None
         elif row.get('conversations') is not None:
             raw, role_key, content_key, roles = row['conversations'], 'from', 'value', SHAREGPT_ROLES
+        elif row.get('query') is not None and row.get('response') is not None:
+            raw, role_key, content_key, roles = query_response_turns(row), 'role', 'content', None
         else:
-            raise InvalidInputError(f"{who}: row is missing field 'messages' (or ShareGPT 'conversations'); it has "
-                                    f'{sorted(row)}. Row: {row_excerpt(row)}')
+            raise InvalidInputError(f"{who}: row is missing field 'messages' (or ShareGPT 'conversations', or "
+                                    f"'query' and 'response'); it has {sorted(row)}. Row: {row_excerpt(row)}")
         if not isinstance(raw, list) or not raw:
             raise InvalidInputError(f'{who}: the conversation must be a non-empty list. Row: {row_excerpt(row)}')
         messages = []
@@ -70,3 +81,13 @@ class MessagesProcessor(Preprocessor):
 
 class ShareGPTProcessor(MessagesProcessor):
     """`MessagesProcessor` under the name users of ShareGPT data look for (same behaviour)."""
+
+
+def query_response_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """An ms-swift style row's turns: each `history` pair, then `query` and `response`."""
+    history = row.get('history') or []
+    if not isinstance(history, list) or any(not isinstance(p, (list, tuple)) or len(p) != 2 for p in history):
+        raise InvalidInputError(f'MessagesProcessor: history must be a list of [query, response] pairs. Row: '
+                                f'{row_excerpt(row)}')
+    turns = [*history, (row['query'], row['response'])]
+    return [message(role, str(text)) for pair in turns for role, text in zip(('user', 'assistant'), pair)]

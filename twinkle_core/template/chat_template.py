@@ -55,8 +55,9 @@ class ChatTemplate(Template):
         """Encode one trajectory.
 
         ``add_generation_prompt=True`` (RL prompts): the trailing assistant turn(s) are dropped, the generation
-        prompt is appended, and the row has ``input_ids`` only (no labels). A prompt longer than `max_length`
-        keeps its end (the generation prompt) under both 'left' and 'right'; 'error' raises.
+        prompt is appended, and the row has ``input_ids`` and the prompt's ``messages`` (no labels), so that a
+        sampled completion can be appended as the assistant's turn (rewards read it there). A prompt longer than
+        `max_length` keeps its end (the generation prompt) under both 'left' and 'right'; 'error' raises.
         """
         from jinja2 import TemplateError
         try:
@@ -75,7 +76,8 @@ class ChatTemplate(Template):
         extras = traj.model_dump(exclude={'messages', 'tools'})
         input_ids, labels = self._token_ids(traj, messages, add_generation_prompt)
         if labels is None:
-            return {'input_ids': self._truncate(input_ids, None, keep_end=True)[0], **extras}
+            return {'input_ids': self._truncate(input_ids, None, keep_end=True)[0],
+                    'messages': prompt_messages(messages), **extras}
         input_ids, labels = self._truncate(input_ids, labels)
         return {'input_ids': input_ids, 'labels': labels, **extras}
 
@@ -85,12 +87,7 @@ class ChatTemplate(Template):
         loss flag; or, for a generation prompt, the ids without trailing assistant turns and labels None."""
         kwargs = self._render_kwargs(traj)
         if add_generation_prompt:
-            messages = list(messages)
-            while messages and messages[-1]['role'] == 'assistant':
-                messages.pop()
-            if not messages:
-                raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
-            return self._tokenize_prompt(messages, kwargs), None
+            return self._tokenize_prompt(prompt_messages(messages), kwargs), None
         flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
         return self._encode_with_labels(messages, flags, kwargs)
 
@@ -173,3 +170,13 @@ class ChatTemplate(Template):
         name = getattr(self.tokenizer, 'name_or_path', '?')
         return (f'{type(self).__name__}({name!r}, max_length={self.max_length}, '
                 f'truncation_strategy={self.truncation_strategy!r})')
+
+
+def prompt_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages a generation prompt renders: `messages` without its trailing assistant turn(s)."""
+    prompt = list(messages)
+    while prompt and prompt[-1]['role'] == 'assistant':
+        prompt.pop()
+    if not prompt:
+        raise InvalidInputError('Cannot build a generation prompt: the trajectory has only assistant turns.')
+    return prompt

@@ -34,6 +34,7 @@ from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwa
 from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.loss_step import micro_batch_shares
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.model.train_state import FULL
 from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 from twinkle_core.mesh import split_for_dp
 from twinkle_core.runtime.context import global_device_mesh
@@ -43,7 +44,7 @@ from twinkle_megatron import build, cpu_compat, groups, lora, schedule
 from twinkle_megatron.architecture import architecture_of, check_layout
 from twinkle_megatron.optim import MegatronTrainState
 from twinkle_megatron.persistence import PersistenceMethods
-from twinkle_megatron.units import FULL, TrainingUnit
+from twinkle_megatron.units import TrainingUnit
 
 logger = logging.getLogger(__name__)
 
@@ -155,11 +156,6 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         del self.units[adapter_name]
         if not lora.remove_lora(self.chunks, adapter_name):
             self.units[FULL] = self._new_unit(FULL)
-
-    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
-                      **kwargs: Any) -> None:
-        self._unit(adapter_name).wrap()  # the optimizer is built over the DDP grad buffers
-        super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
 
     # ---- training step ---------------------------------------------------------------------------------------
     @reports_failure('forward_backward')

@@ -92,10 +92,12 @@ class MegatronTrainState(TrainState):
 
     def __init__(self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *, chunks: list[Any],
                  distributed: bool, dtype: torch.dtype, gradient_accumulation_steps: int = 1,
-                 scope: Callable[[], ContextManager[Any]] = nullcontext) -> None:
+                 scope: Callable[[], ContextManager[Any]] = nullcontext,
+                 prepare: Callable[[], None] = lambda: None) -> None:
         super().__init__(name, parameters, gradient_accumulation_steps=gradient_accumulation_steps)
         self.chunks = chunks
         self.scope = scope  # entered while the optimizer is built and the grads reduced (see lora.only_trainable)
+        self.prepare = prepare  # called before the optimizer is built (wraps `chunks` in Megatron DDP)
         self.distributed = distributed
         self.dtype = dtype
         self.megatron_optimizer: Any = None
@@ -104,6 +106,7 @@ class MegatronTrainState(TrainState):
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         from megatron.core.optimizer import get_megatron_optimizer
         config = optimizer_config(optimizer, kwargs, distributed=self.distributed, dtype=self.dtype)
+        self.prepare()
         with self.scope(), tensors_as_cuda():
             self.megatron_optimizer = get_megatron_optimizer(config, self.chunks)
         self.optimizer = inner_optimizer(self.megatron_optimizer)
@@ -139,7 +142,7 @@ class MegatronTrainState(TrainState):
         return norm
 
     def step(self) -> None:
-        self.require_optimizer()
+        self.optimizer_for_step()
         self._finalize()
         with tensors_as_cuda():
             self.megatron_optimizer.step_with_ready_grads()

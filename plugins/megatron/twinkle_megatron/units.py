@@ -14,10 +14,9 @@ from typing import Any, Iterator
 
 import torch
 
+from twinkle_core.model.train_state import FULL
 from twinkle_megatron import lora
 from twinkle_megatron.optim import MegatronTrainState
-
-FULL = 'full'
 
 
 class TrainingUnit:
@@ -33,7 +32,7 @@ class TrainingUnit:
         self.wrapped = False
         self.state = MegatronTrainState(name, self.parameters, chunks=self.chunks, distributed=distributed,
                                         dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
-                                        scope=self.scope)
+                                        scope=self.scope, prepare=self.wrap)
         self.last_loss: float | None = None  # of the last forward_backward, for calculate_loss
 
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -45,10 +45,9 @@ from twinkle_transformers.forward import forward_logps
 from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_transformers.loading import load_causal_lm, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
-from twinkle_core.model.train_state import TrainState
+from twinkle_core.model.train_state import FULL, TrainState
 from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 
-FULL = 'full'  # name of the train state of full-parameter training
 logger = logging.getLogger(__name__)
 
 
