@@ -50,7 +50,8 @@ def hf_logprobs(checkpoint: str, rows: list[dict]) -> list[list[float]]:
     ('qwen3_moe', 1, ()),
     ('qwen3_moe', 2, ('--tp', 2, '--sp')),
     ('qwen3_moe', 2, ('--ep', 2, '--distributed-optimizer')),
-], ids=['qwen2', 'llama-tp2', 'qwen3_moe', 'qwen3_moe-tp2-sp', 'qwen3_moe-ep2-distributed-optimizer'])
+    ('qwen3_moe', 2, ('--pp', 2)),
+], ids=['qwen2', 'llama-tp2', 'qwen3_moe', 'qwen3_moe-tp2-sp', 'qwen3_moe-ep2-distributed-optimizer', 'qwen3_moe-pp2'])
 def test_family_trains_like_transformers_and_saves_hf_weights(arch_runs, family, nproc, args) -> None:
     result = arch_runs(family, nproc, *args)
     assert_same_run(result, arch_runs(family, 1, '--backend', 'TransformersModel'))

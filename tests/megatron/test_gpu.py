@@ -33,6 +33,14 @@ def test_lora_single_gpu_trains_like_peft_lora(megatron_run, peft_adapter_dir) -
     assert result['checkpoint']
 
 
+def test_a_second_adapter_beside_changes_nothing_of_the_first_on_a_gpu(megatron_run, peft_adapter_dir) -> None:
+    alone = megatron_run(1, '--adapter', peft_adapter_dir)
+    beside = megatron_run(1, '--adapter', peft_adapter_dir, '--neighbour')
+    # the same run up to GPU non-determinism (atomics in attention backward), far below what a leak moves
+    assert beside['losses'] == pytest.approx(alone['losses'], abs=5e-3)
+    assert beside['after']['loss'] == pytest.approx(alone['after']['loss'], abs=5e-3)
+
+
 def test_no_cpu_bridge_is_installed_on_a_gpu_machine() -> None:
     from twinkle_megatron import cpu_compat
     assert cpu_compat.apply() is False and cpu_compat.applied() == []

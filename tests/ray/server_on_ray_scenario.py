@@ -187,9 +187,9 @@ def main(model_dir: str, work_dir: str) -> None:
     (work / 'results.json').write_text(json.dumps(results, indent=1))
 
 
-def main_dp(model_dir: str, work_dir: str) -> None:
-    """A data-parallel training group (2 ranks, `TransformersModel` under a dp=2 mesh) against one rank: the
-    same losses and per-row log-probs over three steps."""
+def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', axis: str = 'dp_size') -> None:
+    """A training group of 2 ranks (`backend` under a mesh of size 2 along `axis`: dp for TransformersModel, tp
+    for MegatronModel) against one rank: the same losses and per-row log-probs over three steps."""
     from twinkle_server.config import GroupSpec, ModelSpec
     from twinkle_server.engine.base import AdamStep, LoraSpec, TrainBatch
     from twinkle_server.ray_deploy import RayEngine, connect, forwarded_env
@@ -200,8 +200,8 @@ def main_dp(model_dir: str, work_dir: str) -> None:
         row['weights'] = [0.0, 0.0] + [1.0] * (len(row['input_ids']) - 2)
     runs: dict = {}
     for ranks in (1, 2):
-        spec = ModelSpec(f'dp{ranks}', model_dir, backend='TransformersModel', train_group=GroupSpec(ranks=ranks),
-                         mesh={'dp_size': ranks})
+        spec = ModelSpec(f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks),
+                         mesh={axis: ranks})
         engine = RayEngine(spec, model_dir, forwarded_env())
         engine.add_adapter('a', LoraSpec(8, 16, ('all-linear',), seed=0))
         steps = []
@@ -213,9 +213,14 @@ def main_dp(model_dir: str, work_dir: str) -> None:
             steps.append({'loss': result.loss, 'logprobs': result.logprobs})
         runs[ranks] = steps
         engine.close()
-    Path(work_dir, 'dp.json').write_text(json.dumps(runs))
+    Path(work_dir, f'{backend}.json').write_text(json.dumps(runs))
 
 
 if __name__ == '__main__':
     os.environ.setdefault('OMP_NUM_THREADS', '1')
-    (main_dp if '--dp' in sys.argv else main)(sys.argv[1], sys.argv[2])
+    if '--dp' in sys.argv:
+        main_dp(sys.argv[1], sys.argv[2])
+    elif '--megatron-tp' in sys.argv:
+        main_dp(sys.argv[1], sys.argv[2], 'MegatronModel', 'tp_size')
+    else:
+        main(sys.argv[1], sys.argv[2])

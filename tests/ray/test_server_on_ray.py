@@ -58,14 +58,18 @@ def test_a_killed_training_actor_is_survived(results) -> None:
     assert fault['other_model_losses'] is not None and len(fault['other_model_losses']) == 3
 
 
-def test_a_data_parallel_training_group_equals_one_rank(tmp_path, tiny_model_dir) -> None:
-    """train_group.ranks=2 with a dp=2 mesh (TransformersModel backend): each rank trains its slice of every
-    batch; losses and per-row log-probs (gathered from the data ranks in order) equal one rank's, 1e-5."""
+@pytest.mark.parametrize('backend, flag', [('TransformersModel', '--dp'), ('MegatronModel', '--megatron-tp')])
+def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir, backend, flag) -> None:
+    """train_group.ranks=2 with a dp=2 mesh (TransformersModel: each rank trains its slice of every batch) or a
+    tp=2 mesh (MegatronModel: the ranks split every layer): losses and per-row log-probs (gathered from the data
+    ranks in order) equal one rank's, 1e-5."""
     pytest.importorskip('ray')
-    done = subprocess.run([sys.executable, str(SCENARIO), str(tiny_model_dir), str(tmp_path), '--dp'],
+    if backend == 'MegatronModel':
+        pytest.importorskip('twinkle_megatron')
+    done = subprocess.run([sys.executable, str(SCENARIO), str(tiny_model_dir), str(tmp_path), flag],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    runs = json.loads((tmp_path / 'dp.json').read_text())
+    runs = json.loads((tmp_path / f'{backend}.json').read_text())
     for one, two in zip(runs['1'], runs['2']):
         assert two['loss'] == pytest.approx(one['loss'], rel=1e-5)
         assert [len(r) for r in two['logprobs']] == [len(r) for r in one['logprobs']]
