@@ -75,12 +75,15 @@ class InputFeature(BaseModel):
 def as_input_features(batch: Any) -> list[dict[str, Any]]:
     """Validate a batch (an InputFeature, a dict, or a list of either) and return it as a list of dicts.
 
-    Raises `InvalidInputError` naming the first bad row.
+    Sampler results stand for their samples: a `SampleResponse` (or its JSON form, a dict with ``sequences``) in
+    the batch is replaced by each of its sequences' ``new_input_feature``, in order. Raises `InvalidInputError`
+    naming the first bad row.
     """
-    if isinstance(batch, (InputFeature, dict)):
+    if isinstance(batch, (InputFeature, dict, SampleResponse)):
         batch = [batch]
     if not isinstance(batch, (list, tuple)) or not batch:
         raise InvalidInputError(f'Expected a non-empty list of InputFeature rows, got {type(batch).__name__}.')
+    batch = [row for item in batch for row in _sampled_rows(item)]
     rows: list[dict[str, Any]] = []
     for i, row in enumerate(batch):
         if isinstance(row, InputFeature):
@@ -93,6 +96,19 @@ def as_input_features(batch: Any) -> list[dict[str, Any]]:
         except Exception as exc:  # pydantic.ValidationError, with the row index added
             raise InvalidInputError(f'Batch row {i} is not a valid InputFeature: {exc}') from exc
         rows.append(row)
+    return rows
+
+
+def _sampled_rows(item: Any) -> list[Any]:
+    """`item` itself, or -- a sampler result -- its sequences' trainable rows."""
+    if isinstance(item, SampleResponse):
+        item = item.model_dump()
+    if not (isinstance(item, dict) and isinstance(item.get('sequences'), list) and 'input_ids' not in item):
+        return [item]
+    rows = [seq.get('new_input_feature') if isinstance(seq, dict) else None for seq in item['sequences']]
+    if any(row is None for row in rows):
+        raise InvalidInputError('A SampleResponse in the batch has a sequence without new_input_feature; sample '
+                                'from prompt rows (not bare token lists) to get trainable rows.')
     return rows
 
 

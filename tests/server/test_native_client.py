@@ -70,6 +70,37 @@ def test_remote_sampler_samples_from_a_checkpoint(client, rows):
     assert len(base[0].sequences) == 1
 
 
+def test_the_runtime_modes_client_training_loop(client, rows):
+    """Runtime-modes document, "Client Training": `sampler.sample(inputs=batch, sampling_params=params)` then
+    `model.forward_backward(inputs=responses, advantages=advantages)` and `model.step()` -- the sampler's results
+    train as their samples' rows (one advantage per sample, in order), through the native client."""
+    from twinkle_client.model import MultiLoraTransformersModel
+    from twinkle_client.sampler import vLLMSampler  # the documents' name: whatever sampler the server runs
+    model = MultiLoraTransformersModel(model_id=MODEL)
+    model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8})
+    model.set_optimizer('AdamW', lr=1e-3)
+    model.set_loss('GRPOLoss')
+    sampler = vLLMSampler(model_id=MODEL)
+    batch = [{'input_ids': r['input_ids'][:6]} for r in rows]
+    responses = sampler.sample(inputs=batch, sampling_params={'max_tokens': 4, 'num_samples': 2, 'seed': 1})
+    samples = [s for r in responses for s in r.sequences]
+    assert len(samples) == 4 and all(s.new_input_feature for s in samples)
+    rows_of_samples = [s.new_input_feature for s in samples]
+    advantages = [1.0, -1.0, 0.5, -0.5]
+    before = model.forward_only(inputs=rows_of_samples, compute_loss=False)['logprobs']
+    first = model.forward_backward(inputs=responses, advantages=advantages)
+    for got, want in zip(first['logprobs'], before, strict=True):  # the responses trained as their samples' rows,
+        assert got == pytest.approx(want, abs=1e-5)                  # in order
+    model.step()
+    model.zero_grad()
+    after = model.forward_only(inputs=rows_of_samples, compute_loss=False)['logprobs']
+    # GRPO on-policy ascends sum_i A_i log p(sample_i): the step raised it
+    gain = sum(a * (sum(y[-4:]) - sum(x[-4:])) for a, x, y in zip(advantages, before, after))
+    assert gain > 0
+    with pytest.raises(Exception, match='4 rows'):  # advantages count samples, not responses
+        model.forward_backward(inputs=responses, advantages=[1.0, -1.0])
+
+
 def test_refusals_are_clear(client, rows):
     from twinkle_client import MultiLoraTransformersModel, RemoteInputError
     model = MultiLoraTransformersModel(model_id=MODEL)
@@ -100,3 +131,4 @@ def test_http_runtime_turns_the_local_class_into_its_remote_twin(server, alice, 
         assert model.forward_backward(inputs=rows, adapter_name='rt')['loss'] > 0
     finally:
         shutdown()
+
