@@ -295,9 +295,14 @@ def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_mod
         lora_model.forward_backward(inputs=rows, ref_logps=[[0.0]], advantages=[1.0])
     with pytest.raises(TypeError, match=r"forward_only\(\) got unexpected keyword arguments \['temperature'\]"):
         lora_model.forward_only(inputs=rows, temperature=0.7)
+    # a row keyword the loss would not read (cross-entropy has no use for advantages)
+    with pytest.raises(InvalidInputError, match=r'advantages= is not read by CrossEntropyLoss; set a loss'):
+        lora_model.forward_backward(inputs=rows, advantages=[1.0] * len(rows))
     assert all(p.grad is None for p in lora_model.model.parameters() if p.requires_grad)  # nothing ran
     multi = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
     multi.add_adapter_to_model('a', dict(r=4))
+    with pytest.raises(InvalidInputError, match=r'old_logps= is not read by CrossEntropyLoss'):
+        multi.forward_backward(inputs=rows, adapter_name='a', old_logps=[[0.0]] * len(rows))
     with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['micro_batch_size'\]"
                                         r"; it accepts inputs, adapter_name, return_errors"):
         multi.forward_backward(inputs=rows, adapter_name='a', micro_batch_size=2)

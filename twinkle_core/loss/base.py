@@ -30,6 +30,9 @@ class Loss(ABC):
     # How the loss reduces over tokens (docs/conventions.md): 'token_mean' | 'sequence_mean' | 'sum'. Gradient
     # accumulation divides each micro-batch's loss by the number of micro-batches unless it is 'sum'.
     reduction: str = 'token_mean'
+    # Which of forward_backward's row keywords (``old_logps=``, ``advantages=``) the loss reads; a keyword given
+    # for a loss that does not read it is refused. None: not declared (custom losses): nothing is checked.
+    row_keywords: frozenset[str] | None = None
 
     @abstractmethod
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:

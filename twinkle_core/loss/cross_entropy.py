@@ -31,6 +31,7 @@ class CrossEntropyLoss(Loss):
     - ``sequence_mean``: mean over tokens within each row, then mean over the rows that have loss tokens
       (every sequence counts the same, whatever its length). Divided by k under accumulation.
     """
+    row_keywords = frozenset()
 
     def __init__(self, reduction: Reduction = 'token_mean') -> None:
         if reduction not in REDUCTIONS:

@@ -34,6 +34,7 @@ DPOLossType = Literal['sigmoid', 'ipo', 'simpo']
 
 class DPOLoss(Loss):
     """Direct preference optimisation on interleaved (chosen, rejected) row pairs; see the module docstring."""
+    row_keywords = frozenset()
     reduction = 'sequence_mean'
 
     def __init__(self, beta: float = 0.1, loss_type: DPOLossType = 'sigmoid', label_smoothing: float = 0.0,

@@ -36,6 +36,7 @@ from twinkle_core.loss.token_batch import TokenBatch
 
 class GKDLoss(Loss):
     """Generalised JSD between student and teacher token distributions at every loss position."""
+    row_keywords = frozenset()
     needs_logits = True
     reduction = 'token_mean'
 

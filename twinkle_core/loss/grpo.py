@@ -37,6 +37,7 @@ class GRPOLoss(Loss):
     Inputs: per-token ``advantages`` [B, T] or per-row ``advantage``; optional ``old_logps`` [B, T] (behaviour
     log-probs); ``ref_logps`` [B, T] when ``beta > 0``. ``epsilon_high=None`` means symmetric clipping.
     """
+    row_keywords = frozenset({'old_logps', 'advantages'})
 
     def __init__(self, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
                  loss_type: GRPOLossType = 'grpo', max_completion_length: int | None = None) -> None:

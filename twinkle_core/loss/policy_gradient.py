@@ -28,6 +28,7 @@ from twinkle_core.loss.token_batch import TokenBatch
 
 class _SampledPolicyLoss(Loss):
     """Shared plumbing: read lp, q, A; sum the per-token objective; report the mean ratio."""
+    row_keywords = frozenset({'old_logps', 'advantages'})
     reduction = 'sum'
 
     @abstractmethod

@@ -20,10 +20,16 @@ from twinkle_core.types import as_input_features
 
 
 def with_row_keywords(inputs: Any, *, old_logps: Sequence[Any] | None = None,
-                      advantages: Sequence[Any] | None = None) -> Any:
-    """`inputs` with ``old_logps`` / ``advantages`` folded into its rows (unchanged when both are None)."""
+                      advantages: Sequence[Any] | None = None, loss: Any = None) -> Any:
+    """`inputs` with ``old_logps`` / ``advantages`` folded into its rows (unchanged when both are None). A keyword
+    that `loss` declares it does not read (`Loss.row_keywords`) is refused rather than silently unused."""
     if old_logps is None and advantages is None:
         return inputs
+    uses = getattr(loss, 'row_keywords', None)
+    for name, values in (('old_logps', old_logps), ('advantages', advantages)):
+        if values is not None and uses is not None and name not in uses:
+            raise InvalidInputError(f'{name}= is not read by {type(loss).__name__}; set a loss that reads it (e.g. '
+                                    f'set_loss("GRPOLoss")) or leave it out.')
     if isinstance(inputs, dict) and 'input_ids' not in inputs:
         raise InvalidInputError('old_logps= / advantages= go with one adapter\'s rows (inputs=[...]); for several '
                                 'adapters put the fields into each adapter\'s rows.')

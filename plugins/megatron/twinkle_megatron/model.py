@@ -167,9 +167,9 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         gradients equal one pass over all rows."""
         reject_unknown_kwargs('forward_backward', kwargs,
                               ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
-        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
-        self._eval_loss = None
         unit = self._unit(adapter_name)
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=unit.state.loss)
+        self._eval_loss = None
         result = self._run(unit, inputs, micro_batch_size, training=True, compute_loss=True)
         unit.last_loss = result.get('loss')
         return result

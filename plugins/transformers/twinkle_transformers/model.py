@@ -187,7 +187,8 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         gradients and loss equal one pass over all rows (`twinkle_core.model.row_keywords`)."""
         reject_unknown_kwargs('forward_backward', kwargs,
                               ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
-        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages,
+                                   loss=self._state(adapter_name).loss)
         if micro_batch_size is None:
             logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
             return {**self.backward(), 'logprobs': logprobs}

@@ -156,7 +156,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         `old_logps` / `advantages`: per-row values folded into the rows (`twinkle_core.model.row_keywords`).
         Passes are sized by the planner (`max_pass_tokens`), so there is no `micro_batch_size` here.
         """
-        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages)
+        loss = self._state(adapter_name).loss if adapter_name is not None else None
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=loss)
         return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
 
     @reports_failure('forward_only')
