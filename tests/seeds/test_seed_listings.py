@@ -149,6 +149,17 @@ def test_ray_grpo_with_vllm(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_ray_mode_builds_a_model_group_and_a_vllm_sampler_group(tmp_path, tiny_model_dir):
+    """Runtime-modes document, "Ray Mode": the listing (whose train() stops at `...`) builds TransformersModel in the
+    'model' group and a vLLM engine in the 'sampler' group, and exits cleanly."""
+    pytest.importorskip('ray')
+    pytest.importorskip('vllm')
+    output = run([sys.executable, str(SEEDS / 'ray_mode_groups.py')], tmp_path,
+                 env={'TWINKLE_SEED_MODEL': str(tiny_model_dir)})
+    assert 'EngineCore' in output and 'Loading weights' in output
+
+
+@pytest.mark.slow
 def test_readme_tinker_sft_against_the_service(tmp_path, tiny_model_dir):
     """README "Tinker-compatible API": a twinkle dataset, `input_feature_to_datum`, the unmodified tinker SDK, three
     epochs with a saved state each; the loss of the last state is below the first's."""
