@@ -146,3 +146,24 @@ def test_gradients_equal_plain_peft_on_the_same_weights(trained, tiny_model_dir,
     for name, grad in expected.items():
         torch.testing.assert_close(before[name] - after[name], grad, atol=2e-6, rtol=1e-4, msg=name)
 
+
+
+def test_a_second_adapter_leaves_the_first_as_it_was(trained):
+    """A backend that declares room for several adapters trains a second one without touching the first, and
+    removing it gives the first back alone (runs last: it restores the shared fixture)."""
+    if trained.capabilities.max_adapters is not None and trained.capabilities.max_adapters < 2:
+        pytest.skip(f'{type(trained).__name__} declares max_adapters={trained.capabilities.max_adapters}')
+    before = model_logprobs(trained)
+    trained.add_adapter_to_model('other', {'r': 2, 'lora_alpha': 4, 'init_lora_weights': False})
+    trained.set_optimizer('AdamW', lr=5e-2, adapter_name='other')
+    other_before = trained.forward_backward(inputs=ROWS, adapter_name='other')['logprobs']
+    trained.clip_grad_and_step(adapter_name='other')
+    assert trained.list_adapters() == ['policy', 'other']
+    for got, want in zip(model_logprobs(trained), before):
+        assert torch.equal(got, want)
+    other_after = trained.forward_only(inputs=ROWS, compute_loss=False, adapter_name='other')['logprobs']
+    assert other_after != other_before  # the second adapter did train
+    trained.remove_adapter('other')
+    assert trained.list_adapters() == ['policy']
+    for got, want in zip(model_logprobs(trained), before):
+        assert torch.equal(got, want)
