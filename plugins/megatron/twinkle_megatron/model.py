@@ -136,6 +136,8 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         ends full-parameter training (an optimizer set for it is dropped); more adapters can be added at any
         time."""
         lora.check_adapter_name(adapter_name)
+        if adapter_name == FULL:
+            raise InvalidInputError(f'{FULL!r} names full-parameter training here; pick another adapter name.')
         if adapter_name in self.units:
             raise InvalidInputError(f'Adapter {adapter_name!r} exists already; remove it first or pick another name.')
         seed = int(kwargs.pop('seed', self.seed))
@@ -151,8 +153,7 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         """Drop the adapter (its factors, optimizer and settings); without adapters left the model trains all
         parameters again."""
         if adapter_name not in self.list_adapters():
-            self._name(adapter_name)  # raises: unknown adapter
-            raise InvalidInputError('This model has no adapter to remove.')
+            raise InvalidInputError(f'Unknown adapter {adapter_name!r}; adapters: {self.list_adapters() or "none"}.')
         del self.units[adapter_name]
         if not lora.remove_lora(self.chunks, adapter_name):
             self.units[FULL] = self._new_unit(FULL)
