@@ -1,5 +1,6 @@
 """The model half of the backend seam, run against every installed model backend (TransformersModel,
-MultiLoraTransformersModel, MegatronModel -- in this process, on its one-rank gloo group): `export_base` is the checkpoint in Hugging Face names, `export_adapter` is a PEFT
+MultiLoraTransformersModel, MegatronModel -- in this process, on its one-rank gloo group): `export_base` is the
+checkpoint in Hugging Face names, `export_adapter` is a PEFT
 adapter that plain PEFT loads and that scores exactly like the training model, and merging it into the exported
 base (`merge_peft`) scores the same again. Reference: plain transformers / PEFT forwards, fp32, 1e-4."""
 from __future__ import annotations
