@@ -41,3 +41,14 @@ def test_adapters_are_named_addressed_and_removed(model):
     model.remove_adapter('bob')
     assert model.list_adapters() == [] and model.trains_base()
     assert model.forward_only(inputs=ROWS)['logprobs'] == base
+
+
+def test_stepping_without_set_optimizer_uses_the_announced_default(model, caplog):
+    model.add_adapter_to_model('alice', {'r': 2})
+    with caplog.at_level('WARNING', logger='twinkle_core.model.train_state'):
+        first = model.forward_backward(inputs=ROWS)['loss']
+        model.clip_grad_and_step()
+    assert any("'alice' is stepped without set_optimizer(...): using AdamW(lr=0.0001)" in r.getMessage()
+               for r in caplog.records)
+    assert model.get_train_configs()['optimizer'] == {'name': 'AdamW', 'kwargs': {'lr': 1e-4}}
+    assert model.forward_only(inputs=ROWS)['loss'] < first
