@@ -198,10 +198,8 @@ def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, adapter: str
     scaling = config.lora_alpha / (math.sqrt(r) if config.use_rslora else r)
     count = 0
     for chunk in chunks:
-        factor_ids = {id(p) for module in lora_modules([chunk]).values() for p in module.adapters.parameters()}
-        for p in chunk.parameters():
-            if id(p) not in factor_ids:
-                p.requires_grad_(False)
+        for param_name, p in chunk.named_parameters():  # the base frozen; adapters' factors trainable at rest
+            p.requires_grad_('.adapters.' in param_name)
         for parent, attr, name, kind, layer_parts in list(_targets(chunk)):
             parts = tuple(p for p in layer_parts if p in projections)
             if not parts:
@@ -217,7 +215,6 @@ def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, adapter: str
                 tp_rank=tp_rank, sequence_parallel=sequence_parallel, seed=seed, name=name,
                 dtype=module.factor_dtype, device=module.factor_device)
             count += 1
-    activate(chunks, adapter)
     return count
 
 
@@ -228,8 +225,6 @@ def remove_lora(chunks: list[Any], adapter: str) -> bool:
         module = getattr(parent, attr)
         if adapter in module.adapters:
             del module.adapters[adapter]
-        if module.active == adapter:
-            module.active = None
         if not len(module.adapters):
             setattr(parent, attr, module.base_layer)
     if lora_modules(chunks):
@@ -251,20 +246,16 @@ def lora_modules(chunks: list[Any]) -> dict[str, LoraParallelLinear]:
     return {name: getattr(parent, attr) for parent, attr, name, _, _ in _targets_wrapped(chunks)}
 
 
-def activate(chunks: list[Any], adapter: str | None) -> None:
-    """Make `adapter` the one every LoRA linear adds (None: the base model alone)."""
-    for module in lora_modules(chunks).values():
-        module.active = adapter
-
-
 @contextmanager
 def only_trainable(chunks: list[Any], adapter: str | None) -> Iterator[None]:
-    """Within the block `adapter` is active and the other adapters' factors do not require gradients, so what is
-    built or reduced over ``requires_grad`` parameters (Megatron DDP buffers, optimizers, `finalize_model_grads`)
-    sees this adapter alone; they require gradients again after it."""
-    activate(chunks, adapter)
-    others = [p for module in lora_modules(chunks).values() for name, factors in module.adapters.items()
-              if name != adapter for p in factors.parameters()]
+    """Within the block `adapter` is the one every LoRA linear adds (None: the base model alone) and the other
+    adapters' factors do not require gradients, so what is built or reduced over ``requires_grad`` parameters
+    (Megatron DDP buffers, optimizers, `finalize_model_grads`) sees this adapter alone; they require gradients
+    again after it."""
+    others = []
+    for module in lora_modules(chunks).values():
+        module.active = adapter
+        others += [p for name, factors in module.adapters.items() if name != adapter for p in factors.parameters()]
     for p in others:
         p.requires_grad_(False)
     try:
