@@ -29,10 +29,10 @@ from twinkle_core.utils.json import is_json_plain
 
 DEFAULT_LOSS = 'CrossEntropyLoss'
 DEFAULT_PROCESSOR = 'CausalLMProcessor'
+FULL = 'full'  # the name of the unit that trains all parameters (no adapter)
 #: What a unit steps with when no optimizer was set: AdamW, lr 1e-5 training all parameters, 1e-4 an adapter.
 DEFAULT_OPTIMIZER = 'AdamW'
-DEFAULT_LR = {'full': 1e-5, 'adapter': 1e-4}
-FULL = 'full'  # the name of the unit that trains all parameters (no adapter)
+DEFAULT_LR_FULL, DEFAULT_LR_ADAPTER = 1e-5, 1e-4
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class TrainState:
     def optimizer_for_step(self) -> torch.optim.Optimizer:
         """The optimizer; when none was set, `DEFAULT_OPTIMIZER` is set first (once, with a warning naming it)."""
         if self.optimizer is None:
-            lr = DEFAULT_LR['full' if self.name == FULL else 'adapter']
+            lr = DEFAULT_LR_FULL if self.name == FULL else DEFAULT_LR_ADAPTER
             logger.warning('%r is stepped without set_optimizer(...): using %s(lr=%g). Call set_optimizer to choose.',
                            self.name, DEFAULT_OPTIMIZER, lr)
             self.set_optimizer(DEFAULT_OPTIMIZER, lr=lr)
