@@ -101,11 +101,12 @@ def as_input_features(batch: Any) -> list[dict[str, Any]]:
 
 def _sampled_rows(item: Any) -> list[Any]:
     """`item` itself, or -- a sampler result -- its sequences' trainable rows."""
-    if isinstance(item, SampleResponse):
-        item = item.model_dump()
-    if not (isinstance(item, dict) and isinstance(item.get('sequences'), list) and 'input_ids' not in item):
+    if isinstance(item, SampleResponse):  # read in place: no dump of the samples' log-probs
+        rows = [seq.new_input_feature for seq in item.sequences]
+    elif isinstance(item, dict) and isinstance(item.get('sequences'), list) and 'input_ids' not in item:
+        rows = [seq.get('new_input_feature') if isinstance(seq, dict) else None for seq in item['sequences']]
+    else:
         return [item]
-    rows = [seq.get('new_input_feature') if isinstance(seq, dict) else None for seq in item['sequences']]
     if any(row is None for row in rows):
         raise InvalidInputError('A SampleResponse in the batch has a sequence without new_input_feature; sample '
                                 'from prompt rows (not bare token lists) to get trainable rows.')
