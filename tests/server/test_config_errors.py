@@ -20,7 +20,7 @@ BAD = {
     'a section of the wrong type': ('server: 8000\n' + GOOD, [
         ':1: server: wrong type: got integer 8000 (expected a mapping with keys host, port, max_body_mb, '
         'long_poll_s, session_ttl_s, seq_gap_timeout_s, max_failed_logins_per_minute, max_queued_samples, '
-        'max_batch, allowed_roots, drain_timeout_s)']),
+        'max_batch, allowed_roots, drain_timeout_s, trusted_proxies, image_decode_budget_mb)']),
     'negative value': (GOOD + 'server:\n  max_batch: -4\n', [
         ':7: server.max_batch: out of range: -4 (expected an integer >= 1)']),
     'zero ranks': (GOOD + '    train_group: {ranks: 0}\n', [

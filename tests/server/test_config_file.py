@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -277,3 +278,121 @@ def test_initialize_http_server_groups_place_every_model(tmp_path, tiny_model_di
     monkeypatch.delenv('TWINKLE_SERVER_CONFIG', raising=False)
     with pytest.raises(InvalidInputError, match='TWINKLE_SERVER_CONFIG'):
         ServerRuntime().start(groups=[])
+
+
+# ---- malformed files: the same line-numbered error from `config check` and `start` ----------------------------------
+BOMB = ''.join([f'x0: &x0 [{", ".join(["lol"] * 10)}]\n'] +
+               [f'x{i}: &x{i} [{", ".join([f"*x{i - 1}"] * 10)}]\n' for i in range(1, 9)])
+MALFORMED = {
+    'an alias inside its own list': (GOOD + 'server: {allowed_roots: &a [*a, *a]}\n',
+                                     ':6: server.allowed_roots[0]: an alias refers to a value that contains it'),
+    'an alias inside its own mapping': (GOOD + 'limits: &l {default: *l}\n',
+                                        ':6: limits.default: an alias refers to a value that contains it'),
+    'a mapping merged into itself': (GOOD + 'limits: &l {<<: *l}\n',
+                                     ':6: limits: a merge key (<<) refers to a mapping that contains it'),
+    'an alias bomb': (GOOD + BOMB, ':10: x4: the file expands to more than 100000 values'),
+    'nested too deeply': (GOOD + 'limits: ' + '[' * 100 + ']' * 100 + '\n',
+                          ':6: limits: nested more than 64 levels deep'),
+    'nested past the parser': (GOOD + 'limits: ' + '[' * 2000 + ']' * 2000 + '\n',
+                               ':6: not valid YAML: nested more than 64 levels deep'),
+    'an unterminated ${': ('server: {host: "${UNTERMINATED"}\n' + GOOD,
+                           ":1: server.host: unterminated ${ in '${UNTERMINATED' (expected ${NAME} or "
+                           '${NAME:-default}; $${ for a literal ${)'),
+    'an unset variable in a default that is used': (
+        GOOD.replace('./data', '${TWINKLE_TEST_UNSET:-${TWINKLE_TEST_UNSET_2}}'),
+        ':2: storage.data_dir: environment variable TWINKLE_TEST_UNSET_2 is not set'),
+    'an unsupported form': ('server: {host: "${HOST-x}"}\n' + GOOD,
+                            ":1: server.host: unsupported reference ${HOST-x} in '${HOST-x}'"),
+    'an empty reference': ('server: {host: "a${}b"}\n' + GOOD, ":1: server.host: unsupported reference ${}"),
+}
+
+
+@pytest.mark.parametrize('case', list(MALFORMED))
+def test_a_malformed_file_is_a_line_numbered_error_of_check_and_start(case, tmp_path, tiny_model_dir):
+    """Recursive aliases were a RecursionError traceback, `${A:-${B}}` and `${UNTERMINATED` were taken literally
+    (`start` made a directory named `${B}`): each is now `FILE:LINE: key: problem`, exit 2, from every command
+    that reads the file."""
+    from twinkle_server.launch import free_port
+    text, expected = MALFORMED[case]
+    path = write(tmp_path, text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('TWINKLE_TEST_UNSET')}
+    env['TINY'] = str(tiny_model_dir)
+    for command in (['config', 'check', str(path)], ['start', '--config', str(path), '--port', str(free_port())],
+                    ['keys', 'create', '--tenant', 'alice', '--config', str(path)]):
+        done = subprocess.run([str(TWINKLE), 'server', *command], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert (done.returncode, 'Traceback' in done.stderr) == (2, False), (command, done.stderr[-2000:])
+        assert f'{path}{expected}' in done.stderr, (command, done.stderr[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['server.yaml']  # nothing was created
+
+
+def test_nested_defaults_merge_keys_and_literal_dollar_braces(tmp_path, monkeypatch, tiny_model_dir):
+    """A default may hold references (read only when used); `$${` is a literal `${`; `<<: *anchor` merges with the
+    mapping's own keys winning (they were refused as duplicate keys)."""
+    monkeypatch.setenv('TINY', str(tiny_model_dir))
+    monkeypatch.setenv('TWINKLE_TEST_SET', 'from-env')
+    monkeypatch.delenv('TWINKLE_TEST_UNSET', raising=False)
+    path = write(tmp_path, '''
+        server:
+          host: ${TWINKLE_TEST_SET:-${TWINKLE_TEST_UNSET}}    # the default is not read: no error
+        storage:
+          data_dir: ${TWINKLE_TEST_UNSET:-${TWINKLE_TEST_UNSET:-./x}}
+        limits:
+          default: &base {max_adapters: 4, max_sessions: 2}
+          tenants:
+            alice: {max_sessions: 9, <<: *base}   # its own keys win, wherever the merge is
+        models:
+          - name: "$${NOT_A_VARIABLE}"
+            path: ${TINY}
+        ''')
+    config = load_server_config(path)
+    assert (config.host, config.data_dir) == ('from-env', str(tmp_path / 'x'))
+    assert (config.limits('alice').max_adapters, config.limits('alice').max_sessions) == (4, 9)
+    assert list(config.models) == ['${NOT_A_VARIABLE}']
+
+
+# ---- every command the examples and docs give ------------------------------------------------------------------------
+TWINKLE = Path(sys.executable).parent / 'twinkle'
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command) of each `twinkle ...` line in the examples' comments and in the docs' shell blocks about
+    them, without its trailing comment."""
+    found = [(p.name, m) for p in sorted(EXAMPLES.glob('*.yaml'))
+             for m in re.findall(r'^#\s+(twinkle .*)$', p.read_text(), re.M)]
+    for doc in sorted(DOCS.parent.glob('*.md')):
+        for block in re.findall(r'```(?:bash|sh)\n(.*?)```', doc.read_text(), re.S):
+            if 'examples/deploy/' in block:
+                found += [(doc.name, line) for line in block.splitlines() if line.startswith('twinkle ')]
+    return [(where, re.sub(r'\s+#\s.*$', '', command).strip()) for where, command in found]
+
+
+def test_every_documented_command_works(tmp_path, tiny_model_dir):
+    """`keys create --config FILE` in single_process.yaml's comment failed (keys took only --data-dir): every
+    `twinkle` command the examples and docs/deployment.md give runs as written (`start` lines: their flags parse;
+    a real start: test_a_server_starts_from_the_single_process_example)."""
+    from twinkle_core.cli.main import build_parser
+    commands = documented_commands()
+    assert any('config check' in c for _, c in commands) and any('keys create' in c and '--config' in c
+                                                                  for _, c in commands)
+    (tmp_path / 'examples').symlink_to(EXAMPLES.parent)  # commands name examples/deploy/... from the checkout
+    data = tmp_path / 'data'
+    env = {**os.environ, 'PATH': f'{TWINKLE.parent}{os.pathsep}{os.environ["PATH"]}', 'TWINKLE_DATA_DIR': str(data),
+           'TWINKLE_EXAMPLE_MODEL': str(tiny_model_dir), 'TWINKLE_EXAMPLE_MODEL_2': str(tiny_model_dir)}
+    created = 0
+    for where, command in commands:
+        if 'ray_' in command and not HAS_RAY:
+            continue
+        if command.startswith('twinkle server start'):
+            argv = re.sub(r'\[.*?\]', '', command).split()[1:]
+            build_parser(argv).parse_args(argv)  # exits 2 on an unknown flag
+            continue
+        done = subprocess.run(['bash', '-c', command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, (where, command, done.stderr[-2000:])
+        if ' keys create ' in command:
+            assert done.stdout.startswith('tml-'), (where, command, done.stdout)
+            created += 1
+    revoke = subprocess.run([str(TWINKLE), 'server', 'keys', 'revoke', '--tenant', 'alice', '--data-dir', str(data)],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert revoke.stdout.strip() == f"revoked {created} key(s) of tenant 'alice'"  # all went to TWINKLE_DATA_DIR

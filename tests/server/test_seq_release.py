@@ -45,7 +45,7 @@ REJECTIONS = {
     'negative learning_rate': (
         lambda http, m, s, limit: http.post('/optim_step', json={'model_id': m, 'seq_id': s,
                                                                  'adam_params': {'learning_rate': -1.0}}),
-        400, 'learning_rate must be a finite number >= 0'),
+        400, 'learning_rate must be a finite number in [0, 10]'),
     'beta1 out of range': (
         lambda http, m, s, limit: http.post('/optim_step', json={
             'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'beta1': 1.0}}),
@@ -53,7 +53,7 @@ REJECTIONS = {
     'eps zero': (
         lambda http, m, s, limit: http.post('/optim_step', json={
             'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'eps': 0.0}}),
-        400, 'eps must be a finite number > 0'),
+        400, 'eps must be a finite number in (0, 1]'),
     'optim_step missing a field': (
         lambda http, m, s, limit: http.post('/optim_step', json={'model_id': m, 'seq_id': s}),
         400, 'Field required'),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import logging
 
 import numpy as np
 import pytest
@@ -20,30 +19,11 @@ from tinker import types
 
 from test_tinker_sdk import _train
 from twinkle_core.fixtures.images import colour_image, colour_trajectories, image_bytes
+from vl_fixtures import VL, client, vl_server  # noqa: F401 (fixtures used by name)
 
-VL = 'tiny-vl'
 RANK, SEED = 4, 11
 ADAM = types.AdamParams(learning_rate=1e-2)
 TOKENS_PER_IMAGE = 16  # a 112x112 image is resized to 128x128: 8x8 patches of 16 px, merged 2x2 -> 16 tokens
-
-
-@pytest.fixture(scope='module')
-def vl_server(tmp_path_factory, tiny_vl_model_dir):
-    from twinkle_server import ServerConfig, TenantLimits, start_in_thread
-    from twinkle_server.auth import create_api_key
-    from twinkle_server.launch import free_port
-    logging.getLogger('tinker').setLevel(logging.ERROR)
-    config = ServerConfig(models={VL: str(tiny_vl_model_dir)}, data_dir=str(tmp_path_factory.mktemp('vl-data')),
-                          port=free_port(), default_limits=TenantLimits().merged({'max_adapters': 64}))
-    running = start_in_thread(config)
-    yield running, create_api_key(running.service.store, 'carol')
-    running.stop()
-
-
-@pytest.fixture(scope='module')
-def client(vl_server):
-    running, key = vl_server
-    return tinker.ServiceClient(base_url=running.base_url, api_key=key)
 
 
 @pytest.fixture(scope='module')

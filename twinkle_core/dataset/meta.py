@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import NoReturn, Sequence, Union
 
 from twinkle_core.errors import InvalidInputError
 
@@ -65,12 +65,20 @@ class DatasetMeta:
             return list(range(min(s, num_rows)))
         if isinstance(s, slice):
             return list(range(*s.indices(num_rows)))
+        if isinstance(s, range):  # bounds first, from its ends: never build a list of an out-of-range range
+            ends = sorted({s[0], s[-1]}) if s else []
+            if ends and not (-num_rows <= ends[0] and ends[-1] < num_rows):
+                self._out_of_range(f'{ends[0]}..{ends[-1]} ({s})', num_rows)
+            return [i % num_rows for i in s]
         rows = list(s)
         bad = [i for i in rows if not isinstance(i, int) or not -num_rows <= i < num_rows]
         if bad:
-            raise InvalidInputError(f'data_slice of {self.name} selects row(s) {bad[:5]} but the data set has '
-                                    f'{num_rows} rows (valid: 0..{num_rows - 1}).')
+            self._out_of_range(str(bad[:5]), num_rows)
         return [i % num_rows for i in rows]
+
+    def _out_of_range(self, rows: str, num_rows: int) -> NoReturn:
+        raise InvalidInputError(f'data_slice of {self.name} selects row(s) {rows} but the data set has {num_rows} '
+                                f'rows (valid: 0..{num_rows - 1}, or -{num_rows}..-1 from the end).')
 
     def __hash__(self) -> int:
         s = self.data_slice

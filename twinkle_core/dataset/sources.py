@@ -3,7 +3,8 @@
 A source is any callable ``source(meta, cache_dir=None) -> datasets.Dataset`` registered in the entry-point group
 ``twinkle.dataset_source`` under its scheme name: ``local`` (files and directories), ``ms`` (ModelScope via
 ``MsDataset``), ``hf`` (Hugging Face via ``datasets.load_dataset``). `load_meta` picks one by ``meta.scheme``
-and then applies ``meta.data_slice``.
+and then applies ``meta.data_slice``. A hub id is only ever fetched through the hub clients (`hub_repo`): never
+one that would resolve to a local path.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from twinkle_core.dataset.meta import DatasetMeta
-from twinkle_core.errors import InvalidInputError
+from twinkle_core.errors import HubError, InvalidInputError
+from twinkle_core.hub.ref import HubRef
 
 # File suffix -> `datasets` builder name.
 FILE_BUILDERS: dict[str, str] = {
@@ -63,13 +65,13 @@ def local_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
 def hf_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """``hf://org/name[@revision]`` via `datasets.load_dataset` (honours ``HF_DATASETS_OFFLINE`` and its cache)."""
     import datasets
-    repo, revision = _repo_and_revision(meta)
+    repo, revision = hub_repo(meta.dataset_id_or_path)
     return datasets.load_dataset(repo, meta.subset_name, split=meta.split, revision=revision, cache_dir=cache_dir)
 
 
 def ms_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """``ms://org/name[@revision]`` via ModelScope's `MsDataset`, converted to a Hugging Face `Dataset`."""
-    repo, revision = _repo_and_revision(meta)
+    repo, revision = hub_repo(meta.dataset_id_or_path)
     try:
         from modelscope.msdatasets import MsDataset
     except ImportError as exc:
@@ -81,10 +83,22 @@ def ms_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     return _only_split(data, meta)
 
 
-def _repo_and_revision(meta: DatasetMeta) -> tuple[str, str | None]:
-    """``'hf://org/name@rev'`` -> ``('org/name', 'rev')``."""
-    rest = meta.dataset_id_or_path.split('://', 1)[1]
-    repo, _, revision = rest.partition('@')
-    if repo.count('/') != 1 or not all(repo.split('/')):
-        raise InvalidInputError(f'{meta.dataset_id_or_path!r}: expected "{meta.scheme}://org/name[@revision]".')
-    return repo, revision or None
+def hub_repo(dataset_id: str) -> tuple[str, str | None]:
+    """``'hf://org/name@rev'`` -> ``('org/name', 'rev')``: a hub id, never a local path.
+
+    Refuses an id that is not of the ``org/name`` form (``.`` / ``..`` segments included) and one that exists
+    relative to the working directory: the hub clients would read that path instead of the hub.
+    """
+    scheme = dataset_id.partition('://')[0]
+    try:
+        ref = HubRef.parse(dataset_id)
+    except HubError:
+        ref = None
+    if ref is None or ref.name:
+        raise InvalidInputError(f'{dataset_id!r}: expected "{scheme}://org/name[@revision]" (org and name: letters, '
+                                f'digits, ".", "_", "-", starting with a letter or digit).')
+    if os.path.lexists(ref.repo_id):
+        raise InvalidInputError(f'{dataset_id!r}: {ref.repo_id!r} exists on this server (relative to the working '
+                                f'directory), and a hub id is never read from disk; name a local data set by its '
+                                f'path, without {scheme}://.')
+    return ref.repo_id, ref.revision

@@ -38,8 +38,7 @@ class HubRef:
             raise HubError(f'Hub reference {text!r} must start with ms:// or hf:// (form: {FORM}).')
         path, _, name = rest.partition(':')
         path, at, revision = path.partition('@')
-        parts = path.split('/')
-        if len(parts) != 2 or not all(_SEGMENT.match(p) for p in parts):
+        if not is_repo_id(path):
             raise HubError(f'Hub reference {text!r}: {path!r} is not "org/repo" (letters, digits, ".", "_", "-"; '
                            f'form: {FORM}).')
         if at and (not _REVISION.match(revision) or '..' in revision.split('/') or revision.endswith('/')):
@@ -47,7 +46,8 @@ class HubRef:
         if ':' in rest and not _NAME.match(name):
             raise HubError(f'Hub reference {text!r}: component name {name!r} is empty or not an identifier '
                            f'(form: {FORM}).')
-        return cls(scheme, parts[0], parts[1], revision or None, name or None)
+        org, repo = path.split('/')
+        return cls(scheme, org, repo, revision or None, name or None)
 
     @property
     def repo_id(self) -> str:
@@ -73,6 +73,13 @@ class HubRef:
         if self.name:
             out += f':{self.name}'
         return out
+
+
+def is_repo_id(text: object) -> bool:
+    """True for a bare hub id ``org/repo``: two segments of letters, digits, ".", "_", "-", each starting with a
+    letter or digit (so never ``.`` or ``..``)."""
+    parts = text.split('/') if isinstance(text, str) else ()
+    return len(parts) == 2 and all(_SEGMENT.fullmatch(p) for p in parts)
 
 
 def is_hub_ref(text: object) -> bool:

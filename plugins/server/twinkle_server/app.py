@@ -20,7 +20,7 @@ from twinkle_server import logs, metrics
 from twinkle_server.config import ServerConfig
 from twinkle_server.deployment import build_engines
 from twinkle_server.engine import Engine
-from twinkle_server.errors import ApiError
+from twinkle_server.errors import ApiError, as_api_error, is_disk_full
 from twinkle_server.drain import DrainGate
 from twinkle_server.guard import RequestGuard
 from twinkle_server.service import Service
@@ -35,7 +35,8 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # the metadata database first: an unreachable one fails the start before any model loads
-        store = Store.open(config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}')
+        store = Store.open(config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}',
+                           write_behind=True)
         try:
             loaded = engines if engines is not None else build_engines(config, device)
             app.state.service = Service(config, loaded, asyncio.get_running_loop(), store=store)
@@ -83,6 +84,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @app.exception_handler(OSError)
+    async def disk_full(request: Request, exc: OSError) -> JSONResponse:
+        """A full disk is 507 (retryable), answered here so the keep-alive connection stays open (the catch-all
+        below answers and then re-raises, which makes the server close it)."""
+        if not is_disk_full(exc):
+            raise exc
+        err = as_api_error(exc)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,17 @@ def parse_path(path: str) -> CheckpointPath:
 
 
 MAX_NAME_CHARS = 128
+_CONTROL = ('Cc', 'Zl', 'Zp')  # control characters, line and paragraph separators
 
 
 def validate_name(name: str) -> str:
-    if not name or '/' in name or '\\' in name or '\x00' in name or name.startswith('.'):
-        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: use a non-empty name without "/", '
-                          f'"\\" or NUL that does not start with "."')
+    """`name` when it can name a checkpoint directory (and be shown in a listing); else a 400 naming the rule."""
+    if not name.strip() or any(unicodedata.category(c) in _CONTROL for c in name):
+        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not be blank and must not '
+                          f'contain control characters (newlines, tabs, NUL, escapes)')
+    if '/' in name or '\\' in name or name.startswith('.'):
+        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not contain "/" or "\\" '
+                          f'and must not start with "."')
     if len(name) > MAX_NAME_CHARS:
         raise bad_request(f'checkpoint name of {len(name)} characters is too long (at most {MAX_NAME_CHARS})')
     return name
@@ -79,6 +85,10 @@ class CheckpointFiles:
         for p in stale:
             shutil.rmtree(p, ignore_errors=True)
         return len(stale)
+
+    def free_bytes(self) -> int:
+        """Space left for checkpoints (what an unprivileged writer may still use)."""
+        return shutil.disk_usage(self.root).free
 
     def directory(self, tenant: str, path: CheckpointPath) -> Path:
         return self.root / tenant / path.run_id / path.segment / path.name

@@ -6,6 +6,7 @@
     twinkle server keys create --tenant alice --data-dir ./server-data      # prints tml-...
     twinkle server keys revoke --tenant alice --data-dir ./server-data
     twinkle server keys create --tenant alice --data-dir ./d --database-url postgresql://twinkle@db/twinkle
+    twinkle server keys create --tenant alice --config server.yaml         # the store the file's storage names
 """
 from __future__ import annotations
 
@@ -52,7 +53,11 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
                        help="how long a model's request may wait for a missing earlier seq_id before it is failed "
                             '(default 120)')
     start.add_argument('--max-failed-logins', type=int, metavar='N',
-                       help='failed logins per minute from one address before it is answered 429 (default 30)')
+                       help='failed logins per minute, per client address and key id, before further tries are '
+                            'answered 429 (default 30)')
+    start.add_argument('--trusted-proxy', action='append', metavar='ADDR',
+                       help='a reverse proxy (IP address or CIDR network) whose X-Forwarded-For names the client '
+                            'address; repeatable. Without it the header is ignored')
     start.add_argument('--backend', metavar='NAME',
                        help='the training backend, by registry name (kind model): MultiLoraTransformersModel '
                             '(default: many adapters, mixed passes) or any installed model backend')
@@ -85,7 +90,9 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
                                  ('revoke', 'revoke every key of a tenant', _revoke_keys)):
         p = keys_sub.add_parser(action, help=helptext)
         p.add_argument('--tenant', required=True)
-        p.add_argument('--data-dir', required=True)
+        p.add_argument('--config', metavar='FILE', help="the server's config file: its storage section names the "
+                                                        'store (--data-dir / --database-url given override it)')
+        p.add_argument('--data-dir', help='the server\'s --data-dir. Required without --config.')
         p.add_argument('--database-url', default=None, metavar='URL',
                        help="the server's metadata database when it is not SQLite in --data-dir: "
                             'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH')
@@ -140,7 +147,8 @@ def _config_from_flags(args: argparse.Namespace) -> 'ServerConfig':
         given['max_body_bytes'] = int(args.max_body_mb * 1024 * 1024)
     return ServerConfig(models=models, data_dir=args.data_dir, database_url=args.database_url,
                         default_limits=default, tenant_limits=per_tenant,
-                        allowed_roots=tuple(args.allow_path or ()), backend_args=backend_args,
+                        allowed_roots=tuple(args.allow_path or ()), trusted_proxies=tuple(args.trusted_proxy or ()),
+                        backend_args=backend_args,
                         sampler_args=sampler_args, **given)
 
 
@@ -151,8 +159,8 @@ def _config_from_file(args: argparse.Namespace) -> 'ServerConfig':
     server = {key: value for key, value in (
         ('host', args.host), ('port', args.port), ('max_body_mb', args.max_body_mb),
         ('max_queued_samples', args.max_queued_samples), ('seq_gap_timeout_s', args.seq_gap_timeout),
-        ('max_failed_logins_per_minute', args.max_failed_logins), ('allowed_roots', args.allow_path))
-        if value is not None}
+        ('max_failed_logins_per_minute', args.max_failed_logins), ('allowed_roots', args.allow_path),
+        ('trusted_proxies', args.trusted_proxy)) if value is not None}
     model: dict = {key: value for key, value in (('backend', args.backend), ('sampler', args.sampler),
                                                  ('device', args.device)) if value is not None}
     for key, text, option in (('backend_args', args.backend_args, '--backend-args'),
@@ -220,11 +228,20 @@ def _revoke_keys(args: argparse.Namespace) -> int:
 
 
 def _open_store(args: argparse.Namespace, action: str) -> Any:
-    """The server's metadata store (`--database-url`, else SQLite in `--data-dir`); None after printing why it
-    cannot be opened."""
+    """The server's metadata store (`--database-url`, else SQLite in `--data-dir`; with `--config`, the file's
+    storage section under the flags given); None after printing why it cannot be opened."""
+    from twinkle_server.config_file import ConfigError, load_storage
     from twinkle_server.store import DatabaseError, Store
+    data_dir, database_url = args.data_dir, args.database_url
     try:
-        return Store.open(args.database_url, args.data_dir)
-    except DatabaseError as exc:
+        if args.config:
+            given = {'data_dir': data_dir, 'database_url': database_url}
+            data_dir, database_url = load_storage(args.config, {k: v for k, v in given.items() if v is not None})
+        elif not data_dir:
+            raise ValueError('--data-dir is required (or give the server\'s config file with --config)')
+        return Store.open(database_url, data_dir)
+    except ConfigError as exc:
+        print(f'twinkle server keys {action}: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
+    except (DatabaseError, ValueError) as exc:
         print(f'twinkle server keys {action}: {exc}', file=sys.stderr)
-        return None
+    return None

@@ -12,11 +12,14 @@ the built-in table, and a tenant's entry only the keys it names in the (overridd
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from twinkle_core.template.images import MAX_IMAGE_PIXELS
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class TenantLimits:
     max_rows_per_request: int | None = 1024  # datums of one forward_backward
     max_num_samples: int | None = 64  # num_samples of one sample request
     max_sample_tokens: int | None = 4096  # max_tokens of one sample request (also bounded by the context)
+    # pixels of one image, read from its header; never above the decoder's own MAX_IMAGE_PIXELS (8192 x 8192)
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS
+    # memory decoding a request's images takes, summed (width x height x 16 bytes each, tinker/images.py): 32 Mi pixels
+    max_image_bytes_per_request: int | None = 512 * 1024 * 1024
     # ---- per tenant ----
     max_adapters: int | None = 8  # live training models at once (not waitable: 403)
     max_lora_rank: int | None = 128
@@ -53,6 +60,15 @@ class TenantLimits:
     def from_dict(cls, d: dict[str, Any]) -> 'TenantLimits':
         """The built-in defaults with `d`'s keys replaced."""
         return cls().merged(d)
+
+
+def is_ip_or_network(text: str) -> bool:
+    """An IP address, or a CIDR network without host bits (how uvicorn's proxy-header check reads it)."""
+    try:
+        ipaddress.ip_network(text) if '/' in text else ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 DEVICE_TYPES = ('cpu', 'cuda')
@@ -172,14 +188,21 @@ class ServerConfig:
     host: str = '127.0.0.1'
     port: int = 8000
     max_body_bytes: int = 64 * 1024 * 1024
+    #: memory for decoding images at once, server-wide (an image holds width x height x 16 bytes of it while it is
+    #: decoded and processed, tinker/images.py): one that does not fit waits, then its request is answered 429; one
+    #: larger than all of it is a 413. None = unbounded
+    image_decode_budget_bytes: int | None = 1024 * 1024 * 1024
     long_poll_s: float = 30.0
     max_queued_samples: int = 256
     max_batch: int = 16
     session_ttl_s: float = 30 * 60
     #: how long work of a training model may wait for a missing earlier seq_id before it is failed
     seq_gap_timeout_s: float = 120.0
-    #: failed logins from one address within a minute before that address is answered 429
+    #: failed logins within a minute, per client address and key id (`auth.LoginThrottle`), before 429
     max_failed_logins_per_minute: int = 30
+    #: reverse proxies (IP addresses or CIDR networks) whose `X-Forwarded-For` names the client address; from
+    #: any other peer the header is ignored (none by default)
+    trusted_proxies: tuple[str, ...] = ()
     #: on SIGTERM/SIGINT, how long accepted work may finish before what is left is failed (docs/server.md)
     drain_timeout_s: float = 60.0
     #: directories (besides each hosted model's own) whose files native calls may name (e.g. set_template)
@@ -206,6 +229,10 @@ class ServerConfig:
     hub_push: HubPushConfig | None = None
 
     def __post_init__(self) -> None:
+        for proxy in self.trusted_proxies:
+            if not is_ip_or_network(proxy):
+                raise ValueError(f'trusted proxy {proxy!r} is not an IP address or network (e.g. 10.0.0.5, '
+                                 f'10.0.0.0/8)')
         if not self.model_specs:
             self.model_specs = {name: ModelSpec(name, path, backend=self.backend, backend_args=dict(self.backend_args),
                                                 sampler=self.sampler, sampler_args=dict(self.sampler_args),

@@ -21,10 +21,11 @@ from typing import Any, Sequence
 from twinkle_server.config import (DeploymentConfig, GroupSpec, HubPushConfig, ModelSpec, RayConfig, ServerConfig,
                                    TenantLimits)
 from twinkle_server.config_schema import (AMOUNT, AUTH, DEPLOYMENT, HUB_PUSH, LIMIT, LIMITS, MESH, MODEL, RAY,
-                                          SAMPLER_GROUP, SERVER, STORAGE, TOP, TRAIN_GROUP, Rule, text_rule)
+                                          PROXY, SAMPLER_GROUP, SERVER, STORAGE, TOP, TRAIN_GROUP, Rule,
+                                          text_rule)
 from twinkle_server.config_yaml import ConfigError, Document, KeyPath, read_document
 
-__all__ = ['ConfigError', 'describe', 'load_server_config']
+__all__ = ['ConfigError', 'describe', 'load_server_config', 'load_storage']
 
 
 def load_server_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ServerConfig:
@@ -34,6 +35,19 @@ def load_server_config(path: str | os.PathLike[str], overrides: dict[str, Any] |
     doc = read_document(path)
     doc.apply(overrides)
     return _Checker(doc, Path(path).resolve().parent).build()
+
+
+def load_storage(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> tuple[str, str | None]:
+    """(data_dir, database_url) of the file's `storage` section, read and checked as `load_server_config` reads it,
+    with `overrides` (``{'data_dir': ..., 'database_url': ...}``, command-line values) laid over it; the rest of the
+    file is not checked (`twinkle server keys --config FILE` needs only the store). Raises `ConfigError`."""
+    doc = read_document(path)
+    doc.apply({'storage': overrides} if overrides else None)
+    checker = _Checker(doc, Path(path).resolve().parent)
+    storage = checker.storage(checker.top().get('storage'))
+    if checker.errors:
+        raise ConfigError(sorted(checker.errors, key=_line_of))
+    return storage['data_dir'], storage.get('database_url')
 
 
 def describe(config: ServerConfig) -> str:
@@ -54,20 +68,24 @@ class _Checker:
         self.doc, self.base_dir, self.errors = doc, base_dir, []
         self._resolved: dict[tuple[str, str], tuple[str, str] | None] = {}
 
-    def build(self) -> ServerConfig:
+    def top(self) -> dict[str, Any]:
+        """The file's known top-level sections; raises `ConfigError` for an empty file."""
         if self.doc.values is None:
             raise ConfigError([self.doc.message((), 'the file is empty', 'a mapping with at least storage and models')])
-        top = self.mapping(self.doc.values, (), TOP, required=True)
+        return self.mapping(self.doc.values, (), TOP, required=True)
+
+    def build(self) -> ServerConfig:
+        top = self.top()
         server = self.fields(top.get('server'), ('server',), SERVER)
-        if 'max_body_mb' in server:
-            server['max_body_bytes'] = int(server.pop('max_body_mb') * 1024 * 1024)
+        for mb, field in (('max_body_mb', 'max_body_bytes'), ('image_decode_budget_mb', 'image_decode_budget_bytes')):
+            if mb in server:
+                server[field] = _mib(server.pop(mb))
         if 'allowed_roots' in server:
             server['allowed_roots'] = tuple(self.directories(server['allowed_roots'], ('server', 'allowed_roots')))
-        storage = self.fields(top.get('storage'), ('storage',), STORAGE, required=('data_dir',))
-        if 'data_dir' in storage:
-            storage['data_dir'] = self.local_path(storage['data_dir'], ('storage', 'data_dir'))
-        if storage.get('database_url'):
-            storage['database_url'] = self.database_url(storage['database_url'], ('storage', 'database_url'))
+        if 'trusted_proxies' in server:
+            server['trusted_proxies'] = tuple(proxy for i, proxy in enumerate(server['trusted_proxies'])
+                                              if self.check(proxy, ('server', 'trusted_proxies', i), PROXY))
+        storage = self.storage(top.get('storage'))
         self.fields(top.get('auth'), ('auth',), AUTH)
         default, tenants = self.limits(top.get('limits'), ('limits',))
         deployment = self.deployment(top.get('deployment'), ('deployment',))
@@ -124,6 +142,15 @@ class _Checker:
         return str((base / os.path.expanduser(value)).resolve())
 
     # ---- sections ------------------------------------------------------------------------------------------------
+    def storage(self, value: Any) -> dict[str, Any]:
+        """`storage`: data_dir (required, made absolute) and database_url (a relative SQLite path made absolute)."""
+        storage = self.fields(value, ('storage',), STORAGE, required=('data_dir',))
+        if 'data_dir' in storage:
+            storage['data_dir'] = self.local_path(storage['data_dir'], ('storage', 'data_dir'))
+        if storage.get('database_url'):
+            storage['database_url'] = self.database_url(storage['database_url'], ('storage', 'database_url'))
+        return storage
+
     def directories(self, values: list[Any], path: KeyPath) -> list[str]:
         out = []
         for i, item in enumerate(values):
@@ -317,6 +344,11 @@ def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
                 f'an installed {what}: {", ".join(installed) or "none is installed"}')
     except Exception as exc:  # noqa: BLE001 - a broken plugin or untrusted hub code: report, don't crash the check
         return f'{name!r} cannot be loaded: ' + ' '.join(f'{type(exc).__name__}: {exc}'.split()), f'a loadable {what}'
+
+
+def _mib(value: float | None) -> int | None:
+    """A size in MiB as the file gives it -> bytes (null stays null)."""
+    return None if value is None else int(value * 1024 * 1024)
 
 
 def _line_of(message: str) -> int:

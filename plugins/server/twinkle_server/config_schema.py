@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from twinkle_server.config import DEVICE_TYPES, HUBS, MESH_KEYS
+from twinkle_server.config import DEVICE_TYPES, HUBS, MESH_KEYS, is_ip_or_network
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ def text_rule(expected: str = 'a non-empty string', pattern: str = r'.+', nullab
 BOOL = Rule((bool,), 'true or false')
 MAPPING = Rule((dict,), 'a mapping of names to values')
 LIST = Rule((list,), 'a list of directories')
+ADDRESSES = Rule((list,), 'a list of IP addresses or networks')
+PROXY = Rule((str,), 'an IP address or network, e.g. 10.0.0.5 or 10.0.0.0/8', is_ip_or_network,
+             problem='not an IP address or network')
 POSITIVE = number_rule(0, inclusive=False)
 DEVICE_TYPE = choice_rule(*DEVICE_TYPES, 'gpu', nullable=True, fold=True)
 RESOURCES = {'num_cpus': number_rule(0, inclusive=False, nullable=True), 'num_gpus': number_rule(0, True, nullable=True),
@@ -58,7 +61,9 @@ SERVER: dict[str, Rule] = {
     'long_poll_s': Rule((int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)',
                          lambda v: 0 < v < 45),
     'session_ttl_s': POSITIVE, 'seq_gap_timeout_s': POSITIVE, 'max_failed_logins_per_minute': int_rule(1),
-    'max_queued_samples': int_rule(1), 'max_batch': int_rule(1), 'allowed_roots': LIST, 'drain_timeout_s': POSITIVE}
+    'max_queued_samples': int_rule(1), 'max_batch': int_rule(1), 'allowed_roots': LIST, 'drain_timeout_s': POSITIVE,
+    'trusted_proxies': ADDRESSES,
+    'image_decode_budget_mb': number_rule(0, inclusive=False, nullable=True)}
 STORAGE: dict[str, Rule] = {
     'data_dir': text_rule('a directory for metadata and checkpoints'),
     'database_url': text_rule('a database URL or null', nullable=True)}

@@ -3,8 +3,11 @@
 - `read_document(path)` -> `Document`: the values (dicts, lists, scalars) and `lines`, which maps each key path
   (e.g. ``('models', 0, 'path')``) to the line it is written on. Duplicate keys are errors, not silently merged.
 - String values may use environment variables: ``${VAR}`` (an error when unset) and ``${VAR:-default}`` (the default
-  when VAR is unset or empty). An unquoted value is read again after expansion, so ``port: ${PORT:-8000}`` is a
-  number; quote it (``"${PORT:-8000}"``) to keep a string.
+  when VAR is unset or empty; it may itself hold references, ``${A:-${B:-x}}``, read only when used, and cannot
+  hold ``}``). ``$${`` is a literal ``${``; any other ``${`` is an error. An unquoted value is read again after
+  expansion, so ``port: ${PORT:-8000}`` is a number; quote it (``"${PORT:-8000}"``) to keep a string.
+- Anchors, aliases and ``<<: *anchor`` merge keys work (a mapping's own keys override merged ones); an alias inside
+  the value it names, and a file that expands to more than MAX_VALUES values or MAX_DEPTH levels, are errors.
 - `Document.apply(overrides)` lays command-line values over the file: mappings merge key by key, anything else
   replaces; under ``models``, a mapping (not a list) applies to every model entry. Overridden keys have line 0.
 
@@ -23,7 +26,12 @@ import yaml
 
 KeyPath = tuple[str | int, ...]
 COMMAND_LINE = 0  # the "line" of a value given on the command line
-_VAR = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}')
+_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
+_FORMS = '${NAME} or ${NAME:-default}; $${ for a literal ${'
+_MERGE = 'tag:yaml.org,2002:merge'
+MAX_VALUES = 100_000  # values a file may expand to (aliases repeat values: an alias bomb stops here)
+MAX_DEPTH = 64  # nesting levels of mappings and lists
+_TOO_DEEP = f'nested more than {MAX_DEPTH} levels deep'
 
 
 class ConfigError(ValueError):
@@ -110,14 +118,28 @@ def read_document(path: str | os.PathLike[str]) -> Document:
         raise ConfigError([f'{file}{line}: not valid YAML: {exc.problem or exc.context}']) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f'{file}: not valid YAML: {exc}']) from None
+    except RecursionError:
+        raise ConfigError([f'{file}:{loader.get_mark().line + 1}: not valid YAML: {_TOO_DEEP} (expected at most '
+                           f'{MAX_DEPTH} levels of mappings and lists)']) from None
     doc = Document(file, None, {(): 1})
     errors: list[str] = []
     if node is not None:
-        doc.values = _Reader(loader, doc, errors).read(node, ())
+        try:
+            doc.values = _Reader(loader, doc, errors).read(node, ())
+        except _TooBig as exc:
+            errors.append(str(exc))
     loader.dispose()
     if errors:
         raise ConfigError(errors)
     return doc
+
+
+class _TooBig(Exception):
+    """The file expands past MAX_VALUES or MAX_DEPTH (the message is the finished error line)."""
+
+
+class _Unterminated(Exception):
+    """A ``${`` without its ``}``."""
 
 
 @dataclass
@@ -125,48 +147,97 @@ class _Reader:
     loader: yaml.SafeLoader
     doc: Document
     errors: list[str]
+    values: int = 0
+    open: set[int] = field(default_factory=set)  # ids of the nodes being read: an alias to one of them is a cycle
+    merged: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = field(default_factory=dict)  # pairs() by node
+    merging: set[int] = field(default_factory=set)  # ids of the mappings whose pairs are being collected
 
     def read(self, node: yaml.Node, path: KeyPath) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            self.loader.flatten_mapping(node)  # `<<: *anchor` merge keys
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    self.errors.append(f'{self.doc.file}:{key_node.start_mark.line + 1}: {key_text(path)}: '
-                                       f'a key must be a plain name (expected name: value)')
-                    continue
-                key = str(key_node.value)
-                sub = path + (key,)
-                if key in out:
-                    self.errors.append(f'{self.doc.file}:{key_node.start_mark.line + 1}: {key_text(sub)}: duplicate '
-                                       f'key, first on line {self.doc.lines[sub]} (expected each key once per mapping)')
-                    continue
-                self.doc.lines[sub] = key_node.start_mark.line + 1
-                out[key] = self.read(value_node, sub)
-            return out
-        if isinstance(node, yaml.SequenceNode):
+        self.values += 1
+        if len(path) > MAX_DEPTH:
+            raise _TooBig(self.doc.message(path[:1], _TOO_DEEP, f'at most {MAX_DEPTH} levels of mappings and lists'))
+        if self.values > MAX_VALUES:
+            raise _TooBig(self.doc.message(path[:1], f'the file expands to more than {MAX_VALUES} values',
+                                           note='each alias repeats the value it names: is one repeated many times?'))
+        if isinstance(node, yaml.ScalarNode):
+            return self.scalar(node, path)
+        if id(node) in self.open:
+            self.errors.append(self.doc.message(path, 'an alias refers to a value that contains it',
+                                                'an alias outside the anchored value'))
+            return None
+        self.open.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self.mapping(node, path)
             items = []
             for i, item in enumerate(node.value):
                 self.doc.lines[path + (i,)] = item.start_mark.line + 1
                 items.append(self.read(item, path + (i,)))
             return items
+        finally:
+            self.open.discard(id(node))
+
+    def mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, (key_node, value_node) in self.pairs(node, path).items():
+            self.doc.lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = self.read(value_node, path + (key,))
+        return out
+
+    def pairs(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """Key -> (key node, value node) of `node`: its own keys over its `<<` merges (the first listed wins)."""
+        if id(node) in self.merged:
+            return self.merged[id(node)]
+        self.merging.add(id(node))
+        merged: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        own: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == _MERGE:
+                for key, pair in self.merge(value_node, path, line).items():
+                    if key not in own:
+                        merged.setdefault(key, pair)
+            elif not isinstance(key_node, yaml.ScalarNode):
+                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a key must be a plain name '
+                                   f'(expected name: value)')
+            elif str(key_node.value) in own:
+                key = str(key_node.value)
+                self.errors.append(f'{self.doc.file}:{line}: {key_text(path + (key,))}: duplicate key, first on '
+                                   f'line {own[key]} (expected each key once per mapping)')
+            else:
+                own[str(key_node.value)] = line
+                merged[str(key_node.value)] = (key_node, value_node)
+        self.merging.discard(id(node))
+        self.merged[id(node)] = merged
+        return merged
+
+    def merge(self, value: yaml.Node, path: KeyPath, line: int) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """The pairs a ``<<: *a`` / ``<<: [*a, *b]`` brings in (earlier mappings win)."""
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for source in reversed(sources):
+            if not isinstance(source, yaml.MappingNode):
+                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) takes a mapping '
+                                   f'(expected <<: *anchor or <<: [*a, *b])')
+            elif id(source) in self.merging:
+                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) refers to a '
+                                   f'mapping that contains it (expected a merge of another mapping)')
+            else:
+                out.update(self.pairs(source, path))
+        return out
+
+    def scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
         value = self.loader.construct_object(node)
         if isinstance(value, str) and '${' in value:
             value = self._expand(value, path, plain=node.style is None)
         return value
 
     def _expand(self, text: str, path: KeyPath, plain: bool) -> Any:
-        def substitute(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            value = os.environ.get(name)
-            if default is not None and not value:
-                return default
-            if value is None:
-                self.errors.append(self.doc.message(path, f'environment variable {name} is not set',
-                                                    note=f'set it, or write ${{{name}:-default}}'))
-                return ''
-            return value
-        expanded = _VAR.sub(substitute, text)
+        try:
+            expanded, _ = self._scan(text, 0, path, nested=False, used=True)
+        except _Unterminated:
+            self.errors.append(self.doc.message(path, f'unterminated ${{ in {text!r}', _FORMS))
+            return text
         if plain:  # an unquoted value keeps YAML's typing after expansion (numbers, booleans, null)
             try:
                 retyped = yaml.safe_load(expanded)
@@ -175,3 +246,46 @@ class _Reader:
             if retyped is None or isinstance(retyped, (bool, int, float, str)):
                 return retyped
         return expanded
+
+    def _scan(self, text: str, i: int, path: KeyPath, *, nested: bool, used: bool) -> tuple[str, int]:
+        """`text` from `i` with its references expanded, up to its end (or, `nested`, the ``}`` closing a default):
+        (the expansion, where it stopped). Unset variables are reported only when `used`."""
+        out: list[str] = []
+        while i < len(text):
+            if text.startswith('$${', i):
+                out.append('${')
+                i += 3
+            elif text.startswith('${', i):
+                value, i = self._reference(text, i, path, used)
+                out.append(value)
+            elif nested and text[i] == '}':
+                return ''.join(out), i
+            else:
+                out.append(text[i])
+                i += 1
+        if nested:
+            raise _Unterminated
+        return ''.join(out), i
+
+    def _reference(self, text: str, i: int, path: KeyPath, used: bool) -> tuple[str, int]:
+        """The value of the ``${...}`` at `i` and the index after it."""
+        match = _NAME.match(text, i + 2)
+        end = match.end() if match else i + 2
+        if match and text.startswith('}', end):
+            return self._variable(match.group(), path, used), end + 1
+        if match and text.startswith(':-', end):
+            value = os.environ.get(match.group())
+            default, close = self._scan(text, end + 2, path, nested=True, used=used and not value)
+            return (value if value else default), close + 1
+        if end >= len(text) or '}' not in text[end:]:
+            raise _Unterminated
+        form = text[i:text.index('}', end) + 1]
+        self.errors.append(self.doc.message(path, f'unsupported reference {form} in {text!r}', _FORMS))
+        return form, i + len(form)
+
+    def _variable(self, name: str, path: KeyPath, used: bool) -> str:
+        value = os.environ.get(name)
+        if value is None and used:
+            self.errors.append(self.doc.message(path, f'environment variable {name} is not set',
+                                                note=f'set it, or write ${{{name}:-default}}'))
+        return value or ''

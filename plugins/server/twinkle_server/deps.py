@@ -8,8 +8,8 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from twinkle_server import logs
-from twinkle_server.auth import Tenant, authenticate, key_from_headers
-from twinkle_server.errors import ApiError, bad_request
+from twinkle_server.auth import Tenant, key_from_headers
+from twinkle_server.errors import bad_request
 from twinkle_server.service import Service
 
 M = TypeVar('M', bound=BaseModel)
@@ -20,18 +20,14 @@ def service(request: Request) -> Service:
 
 
 def tenant(request: Request) -> Tenant:
-    """Authenticate `X-API-Key` (or `Authorization: Bearer`), throttle failed logins per address and apply the
+    """Authenticate `X-API-Key` (or `Authorization: Bearer`), throttle failed logins (`auth.LoginThrottle`: per
+    client address and key id; the address a trusted proxy forwarded, see `launch.py`) and apply the
     tenant's request-rate limit. The tenant is recorded on the request (`request.state.tenant`: the request
     guard frees a rejected request's seq_id only for the model's own tenant) and in its log context."""
     key = key_from_headers(request.headers.get('x-api-key'), request.headers.get('authorization'))
     svc = service(request)
     address = request.client.host if request.client else 'unknown'
-    svc.logins.check(address)
-    try:
-        who = authenticate(svc.store, key)
-    except ApiError:
-        svc.logins.failed(address)
-        raise
+    who = svc.logins.authenticate(svc.store, key, address)
     request.state.tenant = who.name
     logs.annotate(tenant=who.name)
     svc.quotas.check_rate(who.name)

@@ -39,7 +39,9 @@ class FutureTable:
         self.store = store
         self.loop = loop
         self._pending: dict[str, _Pending] = {}
-        self._unsaved: dict[str, FutureRow] = {}  # results the store could not record (disk full), newest last
+        # results the store refused outright (its write-behind for a full disk is full too, or the database is
+        # unreachable), newest last
+        self._unsaved: dict[str, FutureRow] = {}
         self._lock = threading.Lock()
 
     def recover(self) -> int:
@@ -97,7 +99,7 @@ class FutureTable:
             claimed.answered = True
         try:
             self.store.finish_future(request_id, state, content_type, body)
-        except Exception:  # noqa: BLE001 - e.g. the disk is full: the client must still get its answer
+        except Exception:  # noqa: BLE001 - the client must still get its answer
             logger.exception('could not record the result of %s; keeping it in memory', request_id)
             with self._lock:
                 pending = self._pending.get(request_id)

@@ -2,7 +2,10 @@
 
 - **Body limit.** A declared `Content-Length` over `max_body_bytes` is answered 413 before the body is read; a
   chunked body is counted as it streams and refused (413) the moment it passes the limit, so nothing larger than
-  the limit is ever buffered.
+  the limit is ever buffered. The 413 goes out at once, then the rest of the body is read and discarded (at most
+  `drain_budget(limit)` bytes within `DRAIN_S`, giving up after `DRAIN_IDLE_S` without a byte) before the
+  connection closes: a client still sending (httpx, the tinker SDK) reads the 413 once its body is out, instead of
+  a reset connection it would retry for minutes; a client that sent only the headers has its answer at once.
 - **seq_id release.** A training model runs its requests strictly in `seq_id` order, so a request refused before
   its seq_id was queued (any non-retryable 4xx: bad JSON, a bad field, an over-limit body, ...) would leave a
   hole every later request of that model waits on. When such a refusal goes out, the guard reads
@@ -13,9 +16,11 @@
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+import time
 from typing import Any, Awaitable, Callable
 
 from twinkle_server.auth import authenticate, key_from_headers
@@ -31,6 +36,14 @@ Send = Callable[[Message], Awaitable[None]]
 PEEK_BYTES = 64 * 1024  # model_id and seq_id are always within the first bytes of a body
 _JSON_MODEL = re.compile(rb'"model_id"\s*:\s*"([^"\\]{1,512})"')
 _JSON_SEQ = re.compile(rb'"seq_id"\s*:\s*(\d{1,18})\b')
+DRAIN_S = 30.0  # the longest an over-limit body is read (and discarded) after its 413
+DRAIN_IDLE_S = 5.0  # ... or until no byte of it came for this long
+MIN_DRAIN_BYTES = 64 * 1024 * 1024
+
+
+def drain_budget(limit: int) -> int:
+    """The most body bytes read from a request refused for its size: enough for anything the SDK sends."""
+    return max(MIN_DRAIN_BYTES, 16 * limit)
 
 
 class BodyTooLarge(ApiError):
@@ -57,18 +70,38 @@ class RequestGuard:
         body = _Body(receive, service.config.max_body_bytes)
         declared = _header(scope, b'content-length')
         if declared is not None and declared.isdigit() and int(declared) > body.limit:
-            await body.peek()
-            _release(service, scope, body.prefix, _tenant_from_key(service, scope))
-            await send_error(send, BodyTooLarge(int(declared), body.limit))
+            await _refuse_declared(service, scope, body, send, int(declared))
             return
 
         async def guarded_send(message: Message) -> None:
-            if message['type'] == 'http.response.start' and _frees_seq_id(message['status']):
-                await body.peek()
-                _release(service, scope, body.prefix, scope.get('state', {}).get('tenant'))
+            if message['type'] == 'http.response.start':
+                if _frees_seq_id(message['status']):
+                    await body.peek()
+                    _release(service, scope, body.prefix, scope.get('state', {}).get('tenant'))
+                if body.over:  # (peek may have read past the limit)
+                    message = _closing(message)
+            elif message['type'] == 'http.response.body' and body.over and not message.get('more_body'):
+                # the last body message of a refusal: drain the request before the response ends
+                await send({**message, 'more_body': True})
+                await body.drain()
+                message = {'type': 'http.response.body', 'body': b''}
             await send(message)
 
         await self.app(scope, body.receive, guarded_send)
+
+
+async def _refuse_declared(service: Any, scope: Scope, body: '_Body', send: Send, declared: int) -> None:
+    """Answer 413 before reading the body, then read it (bounded): its first bytes name the seq_id to free."""
+    await send_error(send, BodyTooLarge(declared, body.limit), more_body=True)
+    await body.drain(PEEK_BYTES)
+    _release(service, scope, body.prefix, _tenant_from_key(service, scope))
+    await body.drain()
+    await send({'type': 'http.response.body', 'body': b''})
+
+
+def _closing(start: Message) -> Message:
+    """`start` (an `http.response.start`) with `connection: close`."""
+    return {**start, 'headers': [*start.get('headers', ()), (b'connection', b'close')]}
 
 
 class _Body:
@@ -80,20 +113,28 @@ class _Body:
         self.prefix = bytearray()
         self.size = 0
         self.complete = False
+        self._drain_until: float | None = None  # when draining must stop (set by the first `drain`)
+
+    @property
+    def over(self) -> bool:
+        return self.size > self.limit
 
     async def receive(self) -> Message:
         message = await self._receive()
+        self._count(message)
+        if self.over:
+            raise BodyTooLarge(f'more than {self.limit}', self.limit)
+        return message
+
+    def _count(self, message: Message) -> None:
         if message['type'] == 'http.request':
             chunk = message.get('body', b'')
             self.size += len(chunk)
             if len(self.prefix) < PEEK_BYTES:
                 self.prefix += chunk[:PEEK_BYTES - len(self.prefix)]
             self.complete = not message.get('more_body', False)
-            if self.size > self.limit:
-                raise BodyTooLarge(f'more than {self.limit}', self.limit)
         elif message['type'] == 'http.disconnect':
             self.complete = True
-        return message
 
     async def peek(self) -> None:
         """Read on (if the app has not) until PEEK_BYTES are known or the body ends."""
@@ -102,6 +143,22 @@ class _Body:
                 await self.receive()
             except BodyTooLarge:
                 return
+
+    async def drain(self, upto: int | None = None) -> None:
+        """Read and discard the body until `upto` bytes (None: all of it) came or it ended — within the drain
+        bounds (`drain_budget`, `DRAIN_S`, `DRAIN_IDLE_S`; module docstring), past which it stops for good."""
+        if self._drain_until is None:
+            self._drain_until = time.monotonic() + DRAIN_S
+        budget = drain_budget(self.limit)
+        upto = budget if upto is None else min(upto, budget)
+        while not self.complete and self.size < upto:
+            wait = max(0.0, min(DRAIN_IDLE_S, self._drain_until - time.monotonic()))
+            try:
+                message = await asyncio.wait_for(self._receive(), wait)
+            except asyncio.TimeoutError:
+                self._drain_until = 0.0  # a client that stalls once is not waited for again
+                return
+            self._count(message)
 
 
 def _frees_seq_id(status: int) -> bool:
@@ -182,11 +239,13 @@ def _tenant_from_key(service: Any, scope: Scope) -> str | None:
         return None
 
 
-async def send_error(send: Send, err: ApiError) -> None:
-    """Answer `err` directly (the project's JSON error body and headers) and close the connection."""
+async def send_error(send: Send, err: ApiError, *, more_body: bool = False) -> None:
+    """Answer `err` directly (the project's JSON error body and headers) and close the connection. With
+    `more_body` the response is complete for the client (its Content-Length) but open for the server, which
+    ends it with an empty `http.response.body` once it has drained the request."""
     payload = json.dumps(err.body()).encode()
     headers = [(b'content-type', b'application/json'), (b'content-length', str(len(payload)).encode()),
                (b'connection', b'close')]
     headers += [(k.encode(), v.encode()) for k, v in err.headers().items()]
     await send({'type': 'http.response.start', 'status': err.status, 'headers': headers})
-    await send({'type': 'http.response.body', 'body': payload})
+    await send({'type': 'http.response.body', 'body': payload, 'more_body': more_body})

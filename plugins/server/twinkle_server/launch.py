@@ -40,8 +40,7 @@ def serve(config: ServerConfig, device: str | None = None, log_format: str = 'te
     cannot shut down torch under a running call."""
     logs.configure(log_format)
     app = create_app(config, device=device)
-    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level='info',
-                                           log_config=None, access_log=False, timeout_keep_alive=75,
+    server = DrainingServer(uvicorn_config(app, config, log_level='info', log_config=None, access_log=False,
                                            timeout_graceful_shutdown=GRACEFUL_CLOSE_S), app)
     try:
         server.run()
@@ -56,6 +55,15 @@ def serve(config: ServerConfig, device: str | None = None, log_format: str = 'te
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def uvicorn_config(app: FastAPI, config: ServerConfig, **options: Any) -> uvicorn.Config:
+    """uvicorn's settings for `config`. `X-Forwarded-For` sets the client address (which the failed-login throttle
+    counts by) only on a connection from one of `config.trusted_proxies`: uvicorn's own default trusts 127.0.0.1,
+    which would let any local caller pick a fresh address for every guess."""
+    return uvicorn.Config(app, host=config.host, port=config.port, timeout_keep_alive=75,
+                          proxy_headers=bool(config.trusted_proxies),
+                          forwarded_allow_ips=list(config.trusted_proxies), **options)
 
 
 class DrainingServer(uvicorn.Server):
@@ -104,10 +112,8 @@ class RunningServer:
 def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None,
                     timeout_s: float = 120.0) -> RunningServer:
     """Start uvicorn on `config.host:config.port` in a daemon thread and wait until it serves requests."""
-    import uvicorn
     app = create_app(config, engines=engines, device=device)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level='warning',
-                                           timeout_keep_alive=75))
+    server = uvicorn.Server(uvicorn_config(app, config, log_level='warning'))
     thread = threading.Thread(target=server.run, name='twinkle-server', daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -27,6 +27,7 @@ from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.service_checkpoints import CheckpointMethods
 from twinkle_server.store import SamplingSessionRow, Store
+from twinkle_server.tinker.images import DecodeBudget, ImagePolicy
 from twinkle_server.tinker.lora import lora_targets
 
 logger = logging.getLogger(__name__)
@@ -48,9 +49,11 @@ class LiveModel:
 class Service(CheckpointMethods):
     def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
                  store: Store | None = None) -> None:
-        """`store`: an open metadata store (default: `Store.open(config.database_url, config.data_dir)`)."""
+        """`store`: an open metadata store (default: `Store.open(config.database_url, config.data_dir)`, keeping
+        the writes a full disk refuses in memory until there is room)."""
         self.config = config
-        self.store = store if store is not None else Store.open(config.database_url, config.data_dir)
+        self.store = store if store is not None else Store.open(config.database_url, config.data_dir,
+                                                                write_behind=True)
         self.files = CheckpointFiles(config.data_dir)
         self.pusher = HubPusher(self.store, config.data_dir,
                                 {name: spec.hub_push for name, spec in config.model_specs.items()})
@@ -64,6 +67,7 @@ class Service(CheckpointMethods):
         self.drain = Drain(self.workers, self.futures, config.drain_timeout_s)
         self.quotas = Quotas(config, self.store)
         self.logins = LoginThrottle(config.max_failed_logins_per_minute)
+        self.image_budget = DecodeBudget(config.image_decode_budget_bytes)
         self.models: dict[str, LiveModel] = {}
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
@@ -94,6 +98,11 @@ class Service(CheckpointMethods):
         """Per-request caps of a forward_backward (`lengths`: tokens per datum), checked before decoding."""
         context = self.engine(self.model(tenant, model_id).base_model).max_context_length
         self.quotas.check_train_request(tenant, lengths, context)
+
+    def image_policy(self, tenant: str) -> ImagePolicy:
+        """What decoding the images of one of `tenant`'s requests may cost: its limits, this server's budget."""
+        limits = self.config.limits(tenant)
+        return ImagePolicy(limits.max_image_pixels, limits.max_image_bytes_per_request, self.image_budget)
 
     def _check_new_adapter(self, tenant: str, rank: int, base_model: str) -> None:
         self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from twinkle_server.checkpoints import CheckpointPath, parse_path, validate_name
 from twinkle_server.engine.base import Engine
-from twinkle_server.errors import not_found
+from twinkle_server.errors import not_found, out_of_disk
 from twinkle_server.hub_push import client_metadata
 from twinkle_server.store import CheckpointRow, SamplingSessionRow
 
@@ -27,11 +27,14 @@ class CheckpointMethods:
              post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True,
              hub_push: bool = False) -> str:
         """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`). Once written it
-        is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in)."""
+        is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in). Refused
+        507 (retryable) while the disk is full; one that runs out of space while writing fails its future 507."""
         m = self.model(tenant, model_id)
         push = self.pusher.wanted(m.base_model, user_metadata, hub_push, listed)
         user_metadata = client_metadata(user_metadata)
         cp = CheckpointPath(model_id, 'sampler_weights' if sampler else 'weights', validate_name(name or ''), scheme)
+        if self.files.free_bytes() == 0:  # after the checks of the request: bad input is still a 4xx
+            raise out_of_disk('saving a checkpoint needs disk space and none is left')
         final = self.files.directory(tenant, cp)
         meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
                 'run_id': model_id, 'kind': cp.kind, 'optimizer': bool(optimizer and not sampler)}

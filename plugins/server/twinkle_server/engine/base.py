@@ -77,15 +77,36 @@ class AdamStep:
     grad_clip_norm: float = 0.0  # 0 = no clipping
 
     def validate(self) -> None:
-        """Raise a 400 naming the first bad field: a NaN/Inf/negative learning rate (or a beta outside [0, 1),
-        eps <= 0, ...) would permanently break the adapter's weights and optimizer state."""
-        checks = (('learning_rate', self.learning_rate >= 0, '>= 0'), ('beta1', 0 <= self.beta1 < 1, 'in [0, 1)'),
-                  ('beta2', 0 <= self.beta2 < 1, 'in [0, 1)'), ('eps', self.eps > 0, '> 0'),
-                  ('weight_decay', self.weight_decay >= 0, '>= 0'), ('grad_clip_norm', self.grad_clip_norm >= 0, '>= 0'))
-        for name, ok, rule in checks:
+        """Raise a 400 naming the first bad field and its range (`ADAM_RANGES`): a NaN/Inf/negative or huge
+        learning rate (or a beta outside [0, 1), eps <= 0, ...) would permanently break the adapter's weights and
+        optimizer state, or fail the step inside the optimizer (a learning rate past float32's range)."""
+        for name, allowed in ADAM_RANGES.items():
             value = getattr(self, name)
-            if not math.isfinite(value) or not ok:
-                raise ApiError(400, f'adam_params.{name} must be a finite number {rule}, got {value!r}')
+            if not math.isfinite(value) or not allowed.contains(value):
+                raise ApiError(400, f'adam_params.{name} must be a finite number {allowed}, got {value!r}')
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of numbers: ``[low, high]``, either end open."""
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        return f'in {"(" if self.low_open else "["}{self.low:g}, {self.high:g}{")" if self.high_open else "]"}'
+
+
+#: the AdamParams an optimizer step accepts (wider than any sensible run, narrow enough to keep float32 finite)
+ADAM_RANGES: dict[str, Range] = {
+    'learning_rate': Range(0, 10), 'beta1': Range(0, 1, high_open=True), 'beta2': Range(0, 1, high_open=True),
+    'eps': Range(0, 1, low_open=True), 'weight_decay': Range(0, 10), 'grad_clip_norm': Range(0, 1e30)}
 
 
 @dataclass

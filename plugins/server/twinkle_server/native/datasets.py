@@ -5,29 +5,40 @@ model's template, and return the encoded rows.
                                 steps: [["set_template", name, {model_id?, ...}], ["map", name, {init_args?}],
                                         ["encode", {batched?, add_generation_prompt?}]]}  -> {rows: [...]}
 
-Sources: ``ms://`` / ``hf://`` data sets (fetched by the hub clients, offline-capable), or a file inside a root
-the operator allowed (``--allow-path``) -- never another server path. Components are registered names (hub code
-named by a client never runs). A template's ``model_id`` names a hosted base model (its public name, with or
-without ``ms://``/``hf://``); by default the first hosted model. The rows come back whole (bounded by
-``max_dataset_rows``); the client batches them (`twinkle_client.dataloader.DataLoader`).
+Sources: ``ms://org/name`` / ``hf://org/name`` data sets (fetched by the hub clients, offline-capable; an id that
+is not of that form or exists as a local path is refused, `twinkle_core.dataset.sources.hub_repo`), or a file or
+directory inside a root the operator allowed (``--allow-path``; symlinks resolved, a directory with everything
+below it) -- never another server path. Step arguments that name local paths obey the same roots (or a hosted
+model's directory; `twinkle_server.native.paths`). Components are registered names (hub code named by a client
+never runs). A template's ``model_id`` names a hosted base model (its public name, with or without
+``ms://``/``hf://``); by default the first hosted model. The rows come back whole (bounded by
+``max_dataset_rows``); the client batches them (`twinkle_client.dataloader.DataLoader`). A ``data_slice`` range
+travels as ``{start, stop, step}`` and is bounds-checked from its ends before any row index is built.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.utils.json import to_json
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, service, tenant
 from twinkle_server.errors import ApiError, bad_request
+from twinkle_server.native.paths import first_outside, refuse_foreign_paths, refuse_hub_refs, roots_of
 from twinkle_server.service import Service
+
+if TYPE_CHECKING:
+    from twinkle_core.dataset import DatasetMeta
 
 router = APIRouter(prefix='/twinkle/v1')
 MAX_DATASET_ROWS = 100_000
 STEPS = ('set_template', 'map', 'encode')
+META_FIELDS = ('dataset_id_or_path', 'subset_name', 'split', 'data_slice')
+OUTSIDE = ('a server-side dataset loads from ms:// / hf:// or from a root the operator allowed (--allow-path), not '
+           'from another path on the server')
 
 
 @router.post('/datasets')
@@ -41,11 +52,11 @@ async def build_dataset(request: Request, who: Tenant = Depends(tenant), svc: Se
 
 
 def _build(svc: Service, meta: dict[str, Any], steps: list[Any]) -> list[dict[str, Any]]:
-    from twinkle_core.dataset import Dataset, DatasetMeta
-    _check_source(svc, str(meta.get('dataset_id_or_path', '')))
+    from twinkle_core.dataset import Dataset
+    source = _dataset_meta(svc, meta)
     plan = [_step(svc, step) for step in steps]  # every step checked before anything is loaded
     try:
-        dataset = Dataset(DatasetMeta(**_meta_fields(meta)))
+        dataset = Dataset(source)
         for op, name, kwargs in plan:
             if op == 'set_template':
                 dataset.set_template(name, **kwargs)
@@ -72,20 +83,45 @@ def _step(svc: Service, step: Any) -> tuple[str, str | None, dict[str, Any]]:
     if op == 'encode':
         return op, None, args[0] if args and isinstance(args[0], dict) else {}
     name, kwargs = _named(args, op)
+    model_id = kwargs.pop('model_id', None) if op == 'set_template' else None
+    refuse_hub_refs(kwargs)
+    refuse_foreign_paths(roots_of(*svc.config.allowed_roots, *(e.model_dir for e in svc.engines.values())),
+                         OUTSIDE, kwargs)
     if op == 'set_template':
-        kwargs['model_id'] = _model_dir(svc, kwargs.get('model_id'))
+        kwargs['model_id'] = _model_dir(svc, model_id)
     return op, name, kwargs
 
 
-def _meta_fields(meta: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(meta) - {'dataset_id_or_path', 'subset_name', 'split', 'data_slice'}
+def _dataset_meta(svc: Service, meta: dict[str, Any]) -> DatasetMeta:
+    """The request's `DatasetMeta`, validated (400) and its source checked (`_check_source`)."""
+    from twinkle_core.dataset import DatasetMeta
+    unknown = set(meta) - set(META_FIELDS)
     if unknown:
         raise bad_request(f'unknown dataset meta field(s) {sorted(unknown)}')
-    fields = dict(meta)
-    if isinstance(fields.get('data_slice'), dict):  # {"start", "stop", "step"}: a range
-        r = fields['data_slice']
-        fields['data_slice'] = range(int(r.get('start', 0)), int(r['stop']), int(r.get('step', 1)))
-    return fields
+    fields = {**meta, 'data_slice': _data_slice(meta.get('data_slice'))}
+    try:
+        dataset_meta = DatasetMeta(fields.pop('dataset_id_or_path', None), **fields)
+    except InvalidInputError as exc:
+        raise bad_request(str(exc)) from None
+    _check_source(svc, dataset_meta)
+    return dataset_meta
+
+
+def _data_slice(value: Any) -> Any:
+    """A JSON ``data_slice``: ``{"start", "stop", "step"}`` -> a range (O(1): never a list of its indices); any
+    other value as is (`DatasetMeta` validates it)."""
+    if not isinstance(value, dict):
+        return value
+    unknown = set(value) - {'start', 'stop', 'step'}
+    if unknown:
+        raise bad_request(f'unknown data_slice field(s) {sorted(unknown)}; a range is {{"start", "stop", "step"}}')
+    bounds = {'start': value.get('start', 0), 'stop': value.get('stop'), 'step': value.get('step', 1)}
+    for key, bound in bounds.items():
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise bad_request(f'data_slice.{key} must be an integer, got {bound!r}')
+    if bounds['step'] == 0:
+        raise bad_request('data_slice.step must not be 0')
+    return range(bounds['start'], bounds['stop'], bounds['step'])
 
 
 def _named(args: list[Any], op: str) -> tuple[str, dict[str, Any]]:
@@ -97,14 +133,22 @@ def _named(args: list[Any], op: str) -> tuple[str, dict[str, Any]]:
     return name, dict(kwargs)
 
 
-def _check_source(svc: Service, source: str) -> None:
-    if source.startswith(('ms://', 'hf://')):
-        return
-    where = Path(source).expanduser().resolve()
-    roots = [Path(r).resolve() for r in svc.config.allowed_roots]
-    if not any(where == r or where.is_relative_to(r) for r in roots):
-        raise ApiError(403, f'{source!r}: a server-side dataset loads from ms:// / hf:// or from a root the operator '
-                            f'allowed (--allow-path), not from another path on the server')
+def _check_source(svc: Service, meta: DatasetMeta) -> None:
+    """A hub id must reach only the hub (400 otherwise); a local source, with everything below a directory, must
+    resolve inside an allowed root (403 otherwise)."""
+    from twinkle_core.dataset.sources import hub_repo
+    source = meta.dataset_id_or_path
+    if meta.scheme in ('ms', 'hf'):
+        try:
+            hub_repo(source)
+        except InvalidInputError as exc:
+            raise bad_request(str(exc)) from None
+    elif '://' in source:
+        raise bad_request(f'{source!r}: a server-side dataset loads from ms://org/name, hf://org/name or a path '
+                          f'under a root the operator allowed (--allow-path)')
+    elif (outside := first_outside(source, roots_of(*svc.config.allowed_roots))) is not None:
+        through = '' if outside == source else f' (it reaches {outside!r})'
+        raise ApiError(403, f'{source!r}{through}: {OUTSIDE}')
 
 
 def _model_dir(svc: Service, model_id: Any) -> str:

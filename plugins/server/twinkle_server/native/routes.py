@@ -12,7 +12,8 @@ server supplies `adapter_name` (a tenant only ever touches its own adapter). `sa
 service's checkpoint store (`twinkle://` paths, atomic, tenant-scoped). Component names in arguments must be
 registered names: hub references (`ms://`, `hf://`) named by a client are refused (docs/hub.md: code from the
 hub runs only when the operator pinned or trusted it), and a file path in an argument (e.g. `set_template`'s
-`model_id`) must lie inside the hosted model's own directory or a root the operator allow-listed.
+`model_id_or_tokenizer`) -- a path form, or a bare name that exists relative to the server's working directory --
+must resolve inside the hosted model's own directory or a root the operator allow-listed (`native.paths`).
 Calls are synchronous: the route waits for the queued work (it still runs on the model's worker thread, in
 order, fairly scheduled with every other tenant).
 """
@@ -37,6 +38,7 @@ from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.engine.base import ALL_LINEAR, LoraSpec, SampleJob
 from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
+from twinkle_server.native.paths import refuse_foreign_paths, refuse_hub_refs, roots_of
 from twinkle_server.service import Service
 
 router = APIRouter(prefix='/twinkle/v1')
@@ -46,6 +48,8 @@ router = APIRouter(prefix='/twinkle/v1')
 MODEL_METHODS = frozenset(remote_methods(Model)) - {'add_adapter_to_model', 'list_adapters', 'remove_adapter'}
 SAMPLER_METHODS = frozenset(remote_methods(Sampler))
 _CHECKPOINT_METHODS = {'save', 'load'}
+OUTSIDE = ("native calls may only name files inside the hosted model's directory or a root the operator allowed "
+           "(--allow-path); use a registered component name")
 
 
 @router.post('/models')
@@ -81,19 +85,18 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
     svc.model(who.name, model_id)
     svc.store.touch_session(model_id.split(':train:')[0])
     if method == 'save':
-        name = args[0] if args else kwargs.pop('name', None)
-        rid = svc.save(who.name, model_id, None, str(name or ''), sampler=False,
-                       optimizer=bool(kwargs.get('save_optimizer', False)),
+        name, save_optimizer, hub_push = _save_args(args, kwargs)
+        rid = svc.save(who.name, model_id, None, name, sampler=False, optimizer=save_optimizer,
                        post=lambda uri: {'result': uri}, scheme='twinkle://',
-                       hub_push=kwargs.get('hub_push') is True)  # per-request opt-in (docs/server.md)
+                       hub_push=hub_push)  # per-request opt-in (docs/server.md)
         return await _wait(svc, who.name, rid)
     if method == 'load':
         path = args[0] if args else kwargs.pop('path', None)
         rid = svc.load_into_model(who.name, model_id, None, str(path or ''), bool(kwargs.get('load_optimizer')))
         await _wait(svc, who.name, rid)
         return {'result': None}
-    _refuse_hub_refs(args, kwargs)
-    _refuse_foreign_paths(svc, model_id, args, kwargs)
+    refuse_hub_refs(args, kwargs)
+    refuse_foreign_paths(_roots(svc, model_id), OUTSIDE, args, kwargs)
     rid = svc.call(who.name, model_id, lambda e: {'result': to_json(e.native_call(model_id, method, args, kwargs))})
     return await _wait(svc, who.name, rid)
 
@@ -101,10 +104,11 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
 @router.post('/samplers')
 async def create_sampler(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     body = await json_body(request)
+    base, path = body.get('base_model'), body.get('model_path')
+    if not isinstance(base, (str, type(None))) or not isinstance(path, (str, type(None))):
+        raise bad_request('a sampler body is {"base_model": NAME} or {"model_path": "twinkle://..."} (strings)')
     session_id = _native_session(svc, who.name)
-    base = body.get('base_model')
-    sid = svc.create_sampling_session(who.name, session_id, 0, body.get('model_path'),
-                                      svc.hosted_name(base) if isinstance(base, str) else base)
+    sid = svc.create_sampling_session(who.name, session_id, 0, path, svc.hosted_name(base) if base else None)
     return {'sampler_id': sid}
 
 
@@ -168,6 +172,29 @@ def _lora_spec(config: dict[str, Any], seed: Any, accumulation: Any = 1) -> Lora
     return LoraSpec(rank, float(alpha), tuple(targets), seed, options, accumulation)
 
 
+#: the keyword arguments of a remote `save` (adapter_name is the model's own; the server chooses the directory)
+SAVE_KWARGS = ('name', 'save_optimizer', 'hub_push')
+
+
+def _save_args(args: list[Any], kwargs: dict[str, Any]) -> tuple[str, bool, bool]:
+    """(name, save_optimizer, hub_push) of a remote `save(name, *, save_optimizer=False, hub_push=False)`; a 400
+    naming any other argument (e.g. output_dir, or a hub token the server would otherwise silently ignore)."""
+    unknown = sorted(set(kwargs) - set(SAVE_KWARGS))
+    if unknown:
+        raise bad_request(f'save: unknown keyword argument(s) {", ".join(unknown)}; a remote save accepts '
+                          f'{", ".join(SAVE_KWARGS)} (the server chooses where checkpoints are written)')
+    if len(args) > 1 or (args and 'name' in kwargs):
+        raise bad_request('save takes one positional argument, the checkpoint name')
+    name = args[0] if args else kwargs.get('name')
+    if not isinstance(name, str):
+        raise bad_request(f'save needs a checkpoint name (a string), got {name!r}')
+    flags = {key: kwargs.get(key, False) for key in ('save_optimizer', 'hub_push')}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise bad_request(f'save: {key} must be true or false, got {value!r}')
+    return name, flags['save_optimizer'], flags['hub_push']
+
+
 def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     """`args` and `kwargs` of a call body, with packed float arrays (`twinkle_core.utils.arrays`) unpacked."""
     args, kwargs = body.get('args', []), body.get('kwargs', {})
@@ -179,31 +206,9 @@ def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         raise bad_request(str(exc)) from None
 
 
-def _refuse_hub_refs(*values: Any) -> None:
-    for v in values:
-        if isinstance(v, str) and '://' in v:
-            raise ApiError(403, f'{v!r}: this server does not load components named by hub reference from a client '
-                                f'request; use a registered component name')
-        if isinstance(v, dict):
-            _refuse_hub_refs(*v.values())
-        elif isinstance(v, (list, tuple)):
-            _refuse_hub_refs(*v)
-
-
-def _refuse_foreign_paths(svc: Service, model_id: str, *values: Any) -> None:
-    """A string that looks like a file path must resolve inside the model's directory or an allowed root."""
-    roots = [Path(svc.engine(svc.models[model_id].base_model).model_dir).resolve(),
-             *(Path(r).resolve() for r in svc.config.allowed_roots)]
-    for v in values:
-        if isinstance(v, str) and (v.startswith(('/', '~', '.')) or '/' in v or '\\' in v):
-            where = Path(v).expanduser().resolve()
-            if not any(where == r or where.is_relative_to(r) for r in roots):
-                raise ApiError(403, f'{v!r}: native calls may only name files inside the hosted model\'s directory '
-                                    f'or a root the operator allowed (--allow-path); use a registered component name')
-        elif isinstance(v, dict):
-            _refuse_foreign_paths(svc, model_id, *v.values())
-        elif isinstance(v, (list, tuple)):
-            _refuse_foreign_paths(svc, model_id, *v)
+def _roots(svc: Service, model_id: str) -> list[Path]:
+    """Where a native call's file paths may lie: the hosted model's directory and the allowed roots."""
+    return roots_of(svc.engine(svc.models[model_id].base_model).model_dir, *svc.config.allowed_roots)
 
 
 async def _wait(svc: Service, tenant_name: str, request_id: str) -> Any:

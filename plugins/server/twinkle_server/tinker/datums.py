@@ -17,7 +17,7 @@ import numpy as np
 
 from twinkle_core.types import IGNORE_INDEX, TOKEN_TYPE_FIELD
 from twinkle_server.errors import unprocessable
-from twinkle_server.tinker.images import ImageEncoder, ModelTokens
+from twinkle_server.tinker.images import ImageEncoder, ImagePolicy, ModelTokens
 from twinkle_server.tinker.losses import tinker_loss
 from twinkle_server.tinker.wire import WireDatum, check_lengths
 
@@ -25,8 +25,10 @@ from twinkle_server.tinker.wire import WireDatum, check_lengths
 FIELD_NAMES = {'weights': 'weights', 'logprobs': 'old_logps', 'advantages': 'advantages'}
 
 
-def to_rows(data: list[WireDatum], loss_fn: str, encoder: ImageEncoder) -> list[dict[str, Any]]:
-    """One row per datum; `encoder` (the served model's) expands image chunks and refuses bad ones (400)."""
+def to_rows(data: list[WireDatum], loss_fn: str, encoder: ImageEncoder,
+            policy: ImagePolicy | None = None) -> list[dict[str, Any]]:
+    """One row per datum; `encoder` (the served model's) expands image chunks within `policy` and refuses bad
+    ones (4xx)."""
     required = tinker_loss(loss_fn).inputs
     rows = []
     for i, d in enumerate(data):
@@ -34,7 +36,7 @@ def to_rows(data: list[WireDatum], loss_fn: str, encoder: ImageEncoder) -> list[
         if missing:
             raise unprocessable(f'datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(required)}, '
                                 f'missing {missing}')
-        model = encoder.expand(d.chunks, f'datum {i}')
+        model = encoder.expand(d.chunks, f'datum {i}', policy)
         if d.has_images:
             check_lengths(d.inputs, len(model.tokens), f'datum {i}')
         rows.append(_row(model, d.inputs, loss_fn, encoder))

@@ -19,6 +19,7 @@ from twinkle_server.hub_push import listing_fields, listing_metadata
 from twinkle_server.store import CheckpointRow, PushRow, TrainingRunRow
 
 router = APIRouter(prefix='/api/v1')
+MAX_OFFSET = 2 ** 62  # list offsets are SQL integers (64-bit)
 
 
 @router.post('/save_weights')
@@ -77,7 +78,7 @@ async def weights_info(request: Request, who: Tenant = Depends(tenant), svc: Ser
 
 
 @router.get('/training_runs')
-async def training_runs(limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0),
+async def training_runs(limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0, le=MAX_OFFSET),
                         who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     runs, total = svc.store.training_runs(who.name, limit, offset)
     return {'training_runs': [_run(svc, who.name, r) for r in runs],
@@ -101,7 +102,7 @@ async def run_checkpoints(run_id: str, who: Tenant = Depends(tenant), svc: Servi
 
 
 @router.get('/checkpoints')
-async def checkpoints(limit: int = Query(100, ge=1, le=10000), offset: int = Query(0, ge=0),
+async def checkpoints(limit: int = Query(100, ge=1, le=10000), offset: int = Query(0, ge=0, le=MAX_OFFSET),
                       who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     rows, pushes = svc.store.checkpoints(who.name), svc.store.pushes(who.name)
     return {'checkpoints': [_checkpoint(c, pushes) for c in rows[offset:offset + limit]],

@@ -48,7 +48,8 @@ async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service 
     encoder = images.encoder_for(base, engine.model_dir)
     chunks = _chunks(req.prompt)
     if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
-        prompt = await run_in_threadpool(_image_prompt, encoder, chunks, engine.max_context_length)
+        prompt = await run_in_threadpool(_image_prompt, encoder, chunks, engine.max_context_length,
+                                         svc.image_policy(who.name))
     else:
         prompt = encoder.expand(chunks, 'prompt')
     job = SampleJob(prompt=prompt.tokens, params=_params(req.sampling_params), num_samples=req.num_samples,
@@ -78,14 +79,16 @@ def _chunks(prompt: types.ModelInput) -> list[images.Chunk]:
     return chunks
 
 
-def _image_prompt(encoder: images.ImageEncoder, chunks: list[images.Chunk], context: int) -> images.ModelTokens:
+def _image_prompt(encoder: images.ImageEncoder, chunks: list[images.Chunk], context: int,
+                  policy: images.ImagePolicy) -> images.ModelTokens:
     """A prompt for a vision-language model, sized from its image headers (and refused when it cannot fit the
-    context) before any pixel is decoded."""
-    length = encoder.measure(chunks, 'prompt')
-    if length >= context:
-        raise unprocessable(f'the prompt has {length} tokens (images counted) but the context length of '
+    context or `policy`) before any pixel is decoded."""
+    sized = encoder.measure(chunks, 'prompt', policy)
+    if sized.tokens >= context:
+        raise unprocessable(f'the prompt has {sized.tokens} tokens (images counted) but the context length of '
                             f'{encoder.base_model!r} is {context}')
-    return encoder.expand(chunks, 'prompt')
+    policy.check_request([sized])
+    return encoder.expand(chunks, 'prompt', policy)
 
 
 def _params(p: Any) -> SamplingParams:

@@ -16,12 +16,21 @@ from twinkle_server.service import Service
 router = APIRouter(prefix='/api/v1')
 
 
+#: share of the body limit the SDK may fill with one forward_backward chunk (its size is an estimate)
+CHUNK_SHARE_OF_BODY_LIMIT = 0.75
+#: the SDK's own default chunk size (tinker.types.ClientConfigResponse.fwdbwd_max_chunk_bytes_count)
+SDK_DEFAULT_CHUNK_BYTES = 5_000_000
+
+
 @router.post('/client/config')
-async def client_config(who: Tenant = Depends(tenant)) -> dict[str, Any]:
-    # Every flag the SDK knows defaults off or to plain HTTP; say so explicitly for the ones that matter.
+async def client_config(who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict[str, Any]:
+    # Every flag the SDK knows defaults off or to plain HTTP; say so explicitly for the ones that matter. The SDK
+    # splits forward_backward into chunks below the body limit (its default, 5 MB, ignores --max-body-mb).
+    chunk_bytes = int(svc.config.max_body_bytes * CHUNK_SHARE_OF_BODY_LIMIT)
     return {'pjwt_auth_enabled': False, 'use_pyqwest_transport': False, 'proto_compress_fwdbwd': False,
             'sample_use_retrieve_futures': False, 'custom_loss_server_side': False,
-            'sample_join_sampling_session': False, 'parallel_fwdbwd_chunks': True}
+            'sample_join_sampling_session': False, 'parallel_fwdbwd_chunks': True,
+            'fwdbwd_max_chunk_bytes_count': min(chunk_bytes, SDK_DEFAULT_CHUNK_BYTES)}
 
 
 @router.post('/client/dynamic_config')

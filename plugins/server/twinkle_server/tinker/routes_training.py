@@ -75,11 +75,14 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
 def _image_rows(svc: Service, tenant_name: str, call: wire.ForwardBackwardCall, encoder: images.ImageEncoder
                 ) -> list[dict[str, Any]]:
     """Rows of a request to a vision-language model: every datum is sized from its image headers and checked
-    against the request caps before any pixel is decoded (and checked again once decoded: a processor that cannot
-    count from a header leaves the client's expected_tokens in the first count)."""
-    lengths = [encoder.measure(d.chunks, f'datum {i}') for i, d in enumerate(call.data)]
-    svc.check_train_request(tenant_name, call.model_id, lengths)
-    rows = datums.to_rows(call.data, call.loss_fn, encoder)
+    against the request caps (tokens, image pixels and decoding memory) before any pixel is decoded (and checked
+    again once decoded: a processor that cannot count from a header leaves the client's expected_tokens in the
+    first count)."""
+    policy = svc.image_policy(tenant_name)
+    sized = [encoder.measure(d.chunks, f'datum {i}', policy) for i, d in enumerate(call.data)]
+    svc.check_train_request(tenant_name, call.model_id, [s.tokens for s in sized])
+    policy.check_request(sized)
+    rows = datums.to_rows(call.data, call.loss_fn, encoder, policy)
     svc.check_train_request(tenant_name, call.model_id, [len(r['input_ids']) - 1 for r in rows])
     return rows
 
