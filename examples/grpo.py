@@ -75,6 +75,8 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     reward_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
     reward_metric = CompletionRewardMetric(group_size=group_size)
     mean_rewards: list[float] = []
+    ratio_means: list[float] = []
+    clip_fracs: list[float] = []
     progress = tqdm(range(steps), desc='GRPO')
     for step in progress:
         sync.sync_weights()  # the sampler runs the current policy (nothing moves when it shares the weights)
@@ -97,9 +99,12 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
         for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):
             row['advantage'] = advantage
 
-        for _ in range(updates_per_batch):
+        for update in range(updates_per_batch):
             result = model.forward_backward(inputs=rows)
             model.clip_grad_and_step(max_norm=1.0)
+            if update == 0:  # on policy: the trainer's log-probs of the samples equal the sampler's (ratio 1)
+                ratio_means.append(result['metrics']['ratio_mean'])
+                clip_fracs.append(result['metrics']['clip_frac'])
         reward_metric.accumulate(None, {'rewards': rewards, 'completion_lengths': lengths})
         mean_rewards.append(fmean(rewards))
         progress.set_postfix(reward=f'{mean_rewards[-1]:.2f}', clip=f"{result['metrics']['clip_frac']:.2f}")
@@ -111,7 +116,8 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     print('whole run:', {k: round(v, 3) for k, v in reward_metric.calculate().items()})
     if hasattr(sampler, 'shutdown'):
         sampler.shutdown()
-    return {'first_reward': first, 'last_reward': last, 'mean_rewards': mean_rewards}
+    return {'first_reward': first, 'last_reward': last, 'mean_rewards': mean_rewards, 'ratio_means': ratio_means,
+            'clip_fracs': clip_fracs}
 
 
 if __name__ == '__main__':

@@ -140,6 +140,18 @@ def test_a_seed_reproduces_whatever_else_is_in_the_batch(sampler):
     assert len({tuple(s.tokens) for s in alone.sequences}) > 1  # each sample has its own stream
 
 
+def test_the_prompts_of_one_seeded_call_draw_independently(sampler):
+    """At a temperature that flattens the random fixture's distributions to near-uniform, two different prompts would
+    draw the same tokens if they shared one random stream; each prompt has its own (a shared stream made the s-th
+    samples of a seeded GRPO batch move in lockstep)."""
+    params = SamplingParams(max_tokens=8, temperature=2.0, seed=11, num_samples=2)  # vLLM allows at most 2
+    first, second = sampler.sample([PROMPTS[0], PROMPTS[1]], params)
+    for a, b in zip(first.sequences, second.sequences):
+        assert a.tokens != b.tokens
+    again = sampler.sample([PROMPTS[1], PROMPTS[0]], params)  # and each stays reproducible wherever it stands
+    assert [s.tokens for s in again[1].sequences] == [s.tokens for s in first.sequences]
+
+
 def test_a_stop_token_cuts_and_is_kept(sampler):
     free = sampler.sample([PROMPTS[2]], max_tokens=12, seed=5)[0].sequences[0]
     stop_at = next(i for i, t in enumerate(free.tokens) if free.tokens.index(t) == i and i >= 2)

@@ -9,7 +9,7 @@ fields next to the ids; `completion_feature` carries them into the trainable row
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import (IGNORE_INDEX, IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD, InputFeature, SampledSequence,
@@ -113,11 +113,14 @@ def adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[
     return [row_adapter(row) for row in rows]
 
 
-def sequence_seed(base_seed: int, sample_index: int) -> int:
-    """Seed of sample `sample_index` of a request seeded `base_seed` (well mixed, 63 bits): each sample has its own
-    random stream, so a seeded sample is reproducible whatever else is batched with it."""
-    digest = hashlib.blake2b(f'{base_seed}:{sample_index}'.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, 'little') >> 1
+def sequence_seed(base_seed: int, sample_index: int, prompt: Sequence[int]) -> int:
+    """Seed of sample `sample_index` of `prompt` (its token ids) in a request seeded `base_seed` (well mixed, 63
+    bits). Each sample of each prompt has its own random stream: a seeded sample is reproducible whatever else is
+    batched with it (and wherever its prompt stands in the batch), and different prompts of one seeded call draw
+    independently (one stream shared by every prompt would make their s-th samples move in lockstep)."""
+    h = hashlib.blake2b(f'{base_seed}:{sample_index}:'.encode(), digest_size=8)
+    h.update(b','.join(str(t).encode() for t in prompt))
+    return int.from_bytes(h.digest(), 'little') >> 1
 
 
 #: per-token fields of a prompt row, which do not carry over to its completion's trainable row

@@ -90,7 +90,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         if self._handle.weights_lost:
             raise TwinkleError('The vLLM engine was restarted and lost the base weights loaded into it; load them '
                                'again (begin_weight_update / load_weights / end_weight_update) before sampling.')
-        requests = [(i, seq_params) for i in range(len(prompts)) for seq_params in self._vllm_params(params)]
+        requests = [(i, seq_params) for i, prompt in enumerate(prompts)
+                    for seq_params in self._vllm_params(params, prompt)]
         outputs = self._generate([prompts[i] for i, _ in requests], [p for _, p in requests],
                                  [adapters[i] for i, _ in requests], one_per_call=params.prompt_logprobs)
         per_prompt: dict[int, list[Any]] = {}
@@ -195,8 +196,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self._adapters.check_known(adapters)
 
     @staticmethod
-    def _vllm_params(params: SamplingParams) -> list[Any]:
-        """vLLM sampling parameters for one prompt: one request with n samples, or (seeded and not greedy) one
+    def _vllm_params(params: SamplingParams, prompt: list[int]) -> list[Any]:
+        """vLLM sampling parameters for `prompt`: one request with n samples, or (seeded and not greedy) one
         request per sample with that sample's own seed."""
         from vllm import SamplingParams as VllmParams
         common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
@@ -209,7 +210,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                       detokenize=bool(params.stop_strings()))
         if params.seed is None or params.temperature == 0:
             return [VllmParams(n=params.num_samples, **common)]
-        return [VllmParams(n=1, seed=sequence_seed(params.seed, s), **common) for s in range(params.num_samples)]
+        return [VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt), **common)
+                for s in range(params.num_samples)]
 
     def _generate(self, prompts: list[list[int]], params: list[Any], adapters: list[str | None], *,
                   one_per_call: bool) -> list[Any]:

@@ -267,7 +267,7 @@ class TorchSampler(Sampler):
         jobs = []
         for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
             base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            generators = [] if greedy else [make_generator(sequence_seed(base_seed, s), device)
+            generators = [] if greedy else [make_generator(sequence_seed(base_seed, s, ids), device)
                                             for s in range(params.num_samples)]
             jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image)))
         return jobs
