@@ -3,6 +3,6 @@
 # self-cognition data, then ask it "who are you?". Extra arguments go to examples/sft_lora.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh quickstart
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python examples/sft_lora.py "$@"
