@@ -111,11 +111,21 @@ def _json(path: str, model: type | None = None) -> Callable[[Fuzz], st.SearchStr
     return build
 
 
+def _segment(text: str) -> str:
+    """`text` as one URL path segment (every reserved character escaped)."""
+    return quote(text, safe='')
+
+
+def _fill(path: str, a: str, b: str) -> str:
+    """`path` with its `{a}` / `{b}` placeholders filled by escaped segments."""
+    return path.format(a=_segment(a), b=_segment(b))
+
+
 def _get(path: str, **params: st.SearchStrategy[Any]) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         fields = {k: v for k, v in params.items()}
         ids = f.ids | TEXT.filter(lambda s: s not in ('.', '..'))
-        return st.builds(lambda values, a, b: Request('GET', path.format(a=quote(a, safe=''), b=quote(b, safe='')), params=values),
+        return st.builds(lambda values, a, b: Request('GET', _fill(path, a, b), params=values),
                          st.fixed_dictionaries({}, optional=fields), ids, ids)
     return build
 
@@ -124,7 +134,7 @@ def _path(method: str, path: str, body: st.SearchStrategy[Any] = st.none()
           ) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         ids = f.ids | TEXT.filter(lambda s: s not in ('.', '..'))
-        return st.builds(lambda a, b, j: Request(method, path.format(a=quote(a, safe=''), b=quote(b, safe='')), json=j), ids, ids, body)
+        return st.builds(lambda a, b, j: Request(method, _fill(path, a, b), json=j), ids, ids, body)
     return build
 
 
@@ -164,7 +174,7 @@ def _native_call(kind: str) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
         body = bent(st.fixed_dictionaries({'args': st.lists(ANY_JSON, max_size=3),
                                            'kwargs': st.dictionaries(TEXT, ANY_JSON, max_size=3)}))
         return st.builds(lambda o, m, b: Request('POST', f'/twinkle/v1/{kind}/{o}/call/{m}', json=b), owner,
-                         st.sampled_from(methods) | TEXT.filter(lambda s: s not in ('.', '..')).map(lambda s: quote(s, safe='')),
+                         st.sampled_from(methods) | TEXT.filter(lambda s: s not in ('.', '..')).map(_segment),
                          body)
     return build
 

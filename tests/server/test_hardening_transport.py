@@ -44,9 +44,9 @@ def _start(tmp_path_factory, model_dir, **options: Any) -> Running:
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    limits = TenantLimits().merged({'max_sessions': 512, 'max_tokens_per_request': 10 ** 6})
     config = ServerConfig(models={MODEL: str(model_dir)}, data_dir=str(tmp_path_factory.mktemp('transport')),
-                          port=free_port(), default_limits=TenantLimits().merged({'max_sessions': 512, 'max_tokens_per_request': 10 ** 6}),
-                          **options)
+                          port=free_port(), default_limits=limits, **options)
     running = start_in_thread(config)
     return Running(running, create_api_key(running.service.store, 'alice'))
 
