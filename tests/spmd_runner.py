@@ -2,6 +2,9 @@
 
 Workers: `distributed/train_worker.py` (the default: DDP / FSDP2 / TP of TransformersModel) and
 `megatron/megatron_worker.py`. Every worker takes ``--model DIR --out DIR`` and writes ``OUT/result.json``.
+
+`WorkerPool` runs the same jobs through fork servers (fork_server.py): the ranks import everything once per session
+and fork a fresh child per run, instead of paying the imports in new processes every time.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from twinkle_core.utils.net import free_port
@@ -29,3 +33,49 @@ def run_worker(model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert proc.returncode == 0, f'{" ".join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}'
     return json.loads((Path(out) / 'result.json').read_text())
+
+
+class WorkerPool:
+    """`run_worker` with one `fork_server.ForkServer` per (worker, nproc), started on first use and kept until
+    `close`. Same arguments, result and failure (an AssertionError with the ranks' output) as `run_worker`; it falls
+    back to `run_worker` where forking is unsafe or unavailable: CUDA visible (the servers must never initialise
+    it), not Linux, ``TWINKLE_TESTS_FORK_SERVER=0``, or servers that do not start cleanly (with a warning)."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = Path(logdir)
+        self.servers: dict[tuple[str, int], object] = {}
+        self.enabled = (os.environ.get('TWINKLE_TESTS_FORK_SERVER', '1') != '0' and sys.platform.startswith('linux')
+                        and not _cuda_available())
+
+    def run_worker(self, model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (),
+                   worker: Path = WORKER) -> dict:
+        if not self.enabled:
+            return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
+        from fork_server import ForkServer, ForkServerError
+        key = (str(worker), nproc)
+        server = self.servers.get(key)
+        if server is None or not server.alive:
+            try:
+                logdir = self.logdir / f'{Path(worker).stem}-{nproc}-{len(self.servers)}'
+                server = self.servers[key] = ForkServer(Path(worker), nproc, logdir)
+            except ForkServerError as e:
+                warnings.warn(f'running {Path(worker).name} without a fork server: {e}')
+                self.enabled = False
+                return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
+        args = ['--model', str(model_dir), '--out', str(out), *extra]
+        ok, report = server.run(args, port=free_port() if nproc > 1 else None)
+        assert ok, f'{Path(worker).name} {" ".join(args)} ({nproc} rank(s), fork server) failed: {report}'
+        return json.loads((Path(out) / 'result.json').read_text())
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

@@ -1,16 +1,18 @@
-"""Megatron tests: every run is a subprocess (Megatron keeps its process groups in module state), shared through
-`megatron_run`, which caches each distinct run for the session."""
+"""Megatron tests: every run is a separate process (Megatron keeps its process groups in module state), shared
+through `megatron_run`, which caches each distinct run for the session. The runs are forked from per-session fork
+servers (spmd_runner.WorkerPool) that import torch, megatron-core and transformers once per rank instead of once per
+run; ``TWINKLE_TESTS_FORK_SERVER=0`` starts each run under torchrun instead."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
 pytest.importorskip('megatron.core')
 pytest.importorskip('twinkle_megatron')
 
-from spmd_runner import run_worker  # noqa: E402
+from spmd_runner import WorkerPool  # noqa: E402
 
 WORKER = Path(__file__).with_name('megatron_worker.py')
 
@@ -33,17 +35,19 @@ def peft_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope='session')
-def megatron_runner(tmp_path_factory) -> Callable[..., dict]:
+def megatron_runner(tmp_path_factory) -> Iterator[Callable[..., dict]]:
     """`run(model_dir, nproc, *args)` -> the worker's result.json; each distinct run happens once per session."""
     cache: dict[tuple, dict] = {}
+    pool = WorkerPool(tmp_path_factory.mktemp('megatron_fork_servers'))
 
     def run(model_dir: Path, nproc: int, *args: str) -> dict:
         key = (str(model_dir), nproc, *map(str, args))
         if key not in cache:
             out = tmp_path_factory.mktemp('megatron_run')
-            cache[key] = run_worker(model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
+            cache[key] = pool.run_worker(model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
         return cache[key]
-    return run
+    yield run
+    pool.close()
 
 
 @pytest.fixture(scope='session')
