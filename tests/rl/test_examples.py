@@ -25,8 +25,9 @@ def reward_rise(mean_rewards: list[float]) -> float:
     return fmean(mean_rewards[half:]) / max(fmean(mean_rewards[:half]), 1e-9)
 
 
-#: the bar every run clears (docs/rl.md: 1.4-1.8x measured over five seeds per sampler)
-GRPO_REWARD_RISE = 1.25
+#: the bar every run clears with room: 1.26x-1.99x measured over seeds 0-4 with each sampler (docs/rl.md); a run
+#: that does not learn stays near 1.0x
+GRPO_REWARD_RISE = 1.15
 
 
 @pytest.mark.slow
