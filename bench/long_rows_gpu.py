@@ -15,9 +15,9 @@ import random
 import statistics
 
 import torch
-
 from megatron_backend import parameter_count, step_fn
 from sft_throughput import report, time_interleaved
+
 from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
 
 

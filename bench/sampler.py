@@ -73,6 +73,7 @@ def main() -> None:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     from twinkle_core.types import SamplingParams
     from twinkle_transformers.sampler import TorchSampler

@@ -73,6 +73,7 @@ def main() -> None:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     from twinkle_core.registry import resolve
     from twinkle_core.types import SamplingParams
@@ -108,12 +109,13 @@ def main() -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for label, (prompts, params, stops) in workloads.items():
         engines = {
-            'vLLM': lambda: count_tokens(vllm_sampler.sample(prompts, params)),
-            'TorchSampler': lambda: count_tokens(torch_sampler.sample(prompts, params)),
-            'HF generate': lambda: hf_generate(hf, prompts, params, pad, stops, chunk=64),
+            'vLLM': lambda prompts=prompts, params=params: count_tokens(vllm_sampler.sample(prompts, params)),
+            'TorchSampler': lambda prompts=prompts, params=params: count_tokens(torch_sampler.sample(prompts, params)),
+            'HF generate': lambda prompts=prompts, params=params, stops=stops: hf_generate(
+                hf, prompts, params, pad, stops, chunk=64),
         }
         rates: dict[str, list[float]] = {name: [] for name in engines}
-        for name, fn in engines.items():  # warm-up
+        for fn in engines.values():  # warm-up
             fn()
         for _ in range(args.repeats):
             for name, fn in engines.items():

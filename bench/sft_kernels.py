@@ -17,6 +17,7 @@ import tempfile
 
 import torch
 from sft_throughput import build_batches, parse_args, report, time_interleaved, twinkle_step_fn
+
 from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
 
 VARIANTS = {'no kernels': (), 'RMSNorm': ('RMSNorm',), 'RMSNorm + SwiGLUMLP': ('RMSNorm', 'SwiGLUMLP')}

@@ -44,6 +44,7 @@ def main() -> None:
         server, args.api_key = start_local_server(args.base_model)
         args.base_url = server.base_url
     from transformers import AutoTokenizer  # tokenizers only; no torch needed for the client itself
+
     from twinkle_core.fixtures import data_path
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or str(ensure_tiny_model('tiny')))

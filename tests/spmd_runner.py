@@ -59,7 +59,7 @@ class WorkerPool:
                 logdir = self.logdir / f'{Path(worker).stem}-{nproc}-{len(self.servers)}'
                 server = self.servers[key] = ForkServer(Path(worker), nproc, logdir)
             except ForkServerError as e:
-                warnings.warn(f'running {Path(worker).name} without a fork server: {e}')
+                warnings.warn(f'running {Path(worker).name} without a fork server: {e}', stacklevel=2)
                 self.enabled = False
                 return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
         args = ['--model', str(model_dir), '--out', str(out), *extra]

@@ -44,7 +44,7 @@ class DeviceMesh:
     @classmethod
     def from_sizes(cls, *, dp_size: int | None = None, fsdp_size: int = 1, tp_size: int = 1, pp_size: int = 1,
                    cp_size: int = 1, ep_size: int = 1, world_size: int | None = None,
-                   device_type: str | None = None) -> 'DeviceMesh':
+                   device_type: str | None = None) -> DeviceMesh:
         """Sizes default to 1; `dp_size=None` with `world_size` given takes whatever ranks are left over.
         `device_type`: default CUDA when available, else CPU; 'GPU' means 'cuda'."""
         fixed = {'pp': pp_size, 'fsdp': fsdp_size, 'cp': cp_size, 'tp': tp_size}

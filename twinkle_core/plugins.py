@@ -6,7 +6,7 @@ its distribution, for that name alone.
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from typing import Any
 
@@ -20,7 +20,7 @@ def entry_points_of(kind: str) -> tuple[metadata.EntryPoint, ...]:
     return entry_points_of_group(GROUP_PREFIX + kind)
 
 
-@lru_cache(maxsize=None)
+@cache
 def entry_points_of_group(group: str) -> tuple[metadata.EntryPoint, ...]:
     return tuple(sorted(metadata.entry_points(group=group), key=lambda ep: ep.name))
 

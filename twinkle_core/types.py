@@ -61,7 +61,7 @@ class InputFeature(BaseModel):
     position_ids: list[int] | None = None
 
     @model_validator(mode='after')
-    def _lengths_match(self) -> 'InputFeature':
+    def _lengths_match(self) -> InputFeature:
         n = len(self.input_ids)
         if n == 0:
             raise ValueError('input_ids is empty')

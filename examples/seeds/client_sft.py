@@ -8,16 +8,17 @@
 import os
 
 import dotenv
+
 dotenv.load_dotenv('.env')
 
 from peft import LoraConfig
 
-from twinkle_core import get_logger
-from twinkle_core.dataset import DatasetMeta
 from twinkle_client import init_twinkle_client
 from twinkle_client.dataloader import DataLoader
 from twinkle_client.dataset import Dataset
 from twinkle_client.model import MultiLoraTransformersModel
+from twinkle_core import get_logger
+from twinkle_core.dataset import DatasetMeta
 
 BASE_MODEL = os.environ['TWINKLE_SEED_BASE_MODEL']
 DATA = os.environ['TWINKLE_SEED_DATA']

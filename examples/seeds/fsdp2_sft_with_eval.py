@@ -100,7 +100,7 @@ def train():
             if loss_metric > float(metrics['loss']):
                 model.save(f'checkpoint-{step}')
                 loss_metric = float(metrics['loss'])
-    model.save(f'last-checkpoint')
+    model.save('last-checkpoint')
 
 
 if __name__ == '__main__':

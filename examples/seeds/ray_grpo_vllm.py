@@ -10,22 +10,23 @@
 # (examples/grpo.py learns a real task on the native sampler).
 # Launch: python examples/seeds/ray_grpo_vllm.py   (local Ray; needs twinkle-vllm)
 import os
-from typing import List, Dict, Any
+from typing import Any
+
 from peft import LoraConfig
+
 import twinkle_core as twinkle
-from twinkle_core import DeviceMesh, DeviceGroup, get_device_placement, get_logger
+from twinkle_core import DeviceGroup, DeviceMesh, get_device_placement, get_logger
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.checkpoint_engine import CheckpointEngineManager
 from twinkle_core.data_format import SamplingParams
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset, DatasetMeta
+from twinkle_core.metric import CompletionRewardMetric
 from twinkle_core.model import TransformersModel
+from twinkle_core.preprocessor.llm import GSM8KProcessor
 from twinkle_core.processor import InputProcessor
 from twinkle_core.reward import GSM8KAccuracyReward, GSM8KFormatReward
 from twinkle_core.sampler import vLLMSampler
-from twinkle_core.template import Template
-from twinkle_core.metric import CompletionRewardMetric
-from twinkle_core.preprocessor.llm import GSM8KProcessor
 
 logger = get_logger()
 
@@ -53,7 +54,7 @@ def create_gsm8k_dataset():
     dataset.encode(add_generation_prompt=True)
     return dataset
 
-def compute_rewards(trajectories: List[Dict[str, Any]]):
+def compute_rewards(trajectories: list[dict[str, Any]]):
     accuracy_reward_fn = GSM8KAccuracyReward()
     format_reward_fn = GSM8KFormatReward()
     accuracy_rewards = accuracy_reward_fn(trajectories)

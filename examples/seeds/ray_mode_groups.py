@@ -10,7 +10,7 @@
 import os
 
 import twinkle_core as twinkle
-from twinkle_core import DeviceMesh, DeviceGroup
+from twinkle_core import DeviceGroup, DeviceMesh
 from twinkle_core.model import TransformersModel
 from twinkle_core.sampler import vLLMSampler
 
@@ -41,7 +41,7 @@ def train():
         remote_group='model',
         device_mesh=model_mesh
     )
-    
+
     sampler = vLLMSampler(
         model_id=MODEL,
         device_mesh=sampler_mesh,

@@ -9,8 +9,9 @@
 import os
 
 from peft import LoraConfig
+
 import twinkle_core as twinkle
-from twinkle_core import DeviceMesh, DeviceGroup
+from twinkle_core import DeviceGroup, DeviceMesh
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset, DatasetMeta
 from twinkle_core.model import TransformersModel
@@ -66,7 +67,7 @@ def train():
             # Print metric
             metric = model.calculate_metric(is_training=True)
             print(f'Current is step {step} of {len(dataloader)}, metric: {metric}')
-    model.save(f'last-checkpoint')
+    model.save('last-checkpoint')
 
 
 if __name__ == '__main__':

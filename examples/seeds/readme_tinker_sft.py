@@ -8,8 +8,10 @@
 # - the placeholders 'your-base-url' / 'your-api-key' -> TWINKLE_SEED_BASE_URL / TWINKLE_SEED_API_KEY;
 # - sizes for 2 cores: data_slice range(500) -> range(120) (the whole local file).
 import os
-from tqdm import tqdm
+
 from tinker import types
+from tqdm import tqdm
+
 from twinkle_core import init_tinker_client
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset, DatasetMeta

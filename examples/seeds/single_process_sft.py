@@ -9,9 +9,9 @@
 # Run: python examples/seeds/single_process_sft.py
 import os
 
-from twinkle_core.model import TransformersModel
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset, DatasetMeta
+from twinkle_core.model import TransformersModel
 
 DATA = os.environ.get('TWINKLE_SEED_DATA') or str(__import__(
     'twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl'))
@@ -22,10 +22,10 @@ def train():
     dataset = Dataset(dataset_meta=DatasetMeta(DATA))
     dataset.set_template('Template', model_id=MODEL)
     dataset.encode()
-    
+
     dataloader = DataLoader(dataset=dataset, batch_size=8)
     model = TransformersModel(model_id=MODEL)
-    
+
     for batch in dataloader:
         model.forward_backward(inputs=batch)
         model.clip_grad_and_step()

@@ -4,10 +4,10 @@
 # - `twinkle` -> `twinkle_core` in imports;
 # - GPU counts -> CPU ranks: fsdp_size=4, dp_size=2 (8 GPUs) -> fsdp_size=2, dp_size=1 (2 CPU ranks).
 # Launch: torchrun --nproc_per_node=2 examples/seeds/torchrun_sft.py
+import single_process_sft  # the "Single GPU" listing of the same document, beside this file
+
 import twinkle_core as twinkle
 from twinkle_core import DeviceMesh
-
-import single_process_sft  # the "Single GPU" listing of the same document, beside this file
 
 # Construct device mesh: FSDP=2, DP=1
 device_mesh = DeviceMesh.from_sizes(fsdp_size=2, dp_size=1)

@@ -10,10 +10,9 @@ import json
 import pytest
 import torch
 
+from tests.contract.implementations import installed, release
 from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.registry import resolve
-
-from tests.contract.implementations import installed, release
 
 ROWS = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},
         {'input_ids': [100, 200, 300, 400], 'labels': [-100, 200, 300, 400]}]

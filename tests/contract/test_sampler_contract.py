@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.contract.implementations import build_sampler, installed
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
-
-from tests.contract.implementations import build_sampler, installed
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [100, 200, 300, 400, 500, 600, 700]]
 TARGETS = ['q_proj', 'v_proj', 'down_proj']

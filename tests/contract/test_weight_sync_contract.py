@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
-from twinkle_core.types import SamplingParams
-
-from twinkle_transformers.export import ModuleWeights
-
 from tests.contract.implementations import build_sampler, installed, release
 from tests.contract.test_sampler_contract import forward_logprobs
+from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
+from twinkle_core.types import SamplingParams
+from twinkle_transformers.export import ModuleWeights
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
 TARGETS = ['q_proj', 'v_proj', 'up_proj']

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from core_helpers import run_python, run_twinkle
 from uninstalled_index import UNINSTALLED_DIST, UNINSTALLED_KIND, UNINSTALLED_NAME, index_with_uninstalled, installed
+
 from twinkle_core.cli import main as cli
 
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from core_helpers import PATCH_HF, PATCH_MS, PATCH_REPO, loss_repo, run_twinkle, write_repo
+
 from twinkle_core import resolve
 from twinkle_core.errors import HubError, IntegrityError, UntrustedRemoteCodeError
 from twinkle_core.hub import HubRef, folder_sha256, read_manifest
@@ -213,8 +213,8 @@ def test_publish_pull_and_load_via_local_hub_root(tmp_path: Path) -> None:
     assert sha in pulled.stdout and 'pinned: no' in pulled.stdout and 'EchoLoss' in pulled.stdout
     code = ("from twinkle_core import resolve; "
             "print(resolve('loss', 'ms://me/echo@v2:EchoLoss', trust_remote_code=True).tag)")
-    import subprocess
     import os
+    import subprocess
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=60)
     assert done.stdout.strip() == 'published', done.stderr
@@ -262,6 +262,7 @@ def test_publish_calls_the_real_upload_apis(tmp_path: Path, monkeypatch) -> None
     import types
 
     import huggingface_hub
+
     from twinkle_core.hub.publish import IGNORE, publish
     monkeypatch.delenv('TWINKLE_HUB_ROOT', raising=False)
     src = loss_repo(tmp_path / 'src', 'up')

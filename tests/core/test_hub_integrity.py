@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from core_helpers import PATCH_HF, PATCH_MS, PATCH_REPO, loss_repo, run_python, write_repo
+
 from twinkle_core import resolve
 from twinkle_core.errors import HubError, IntegrityError
 from twinkle_core.hub import folder_sha256

@@ -6,13 +6,13 @@ import enum
 import json
 
 import pytest
+from core_helpers import run_python
 from pydantic import BaseModel
 
-from core_helpers import run_python
 from twinkle_core.utils.json import is_json_plain, to_json
 
 
-class Color(str, enum.Enum):
+class Color(str, enum.Enum):  # noqa: UP042 - the str-mixin form, as user code writes it
     RED = 'red'
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from core_helpers import REPO_ROOT, run_twinkle
+
 from twinkle_core.errors import IntegrityError, InvalidInputError, UntrustedRemoteCodeError
 from twinkle_core.fixtures.hub_cache import FIRST_PARTY_KERNELS, install_first_party_kernels, populate_hf_cache
 from twinkle_core.hub.integrity import file_hashes

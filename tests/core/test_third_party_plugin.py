@@ -8,7 +8,6 @@ import textwrap
 import uuid
 
 import pytest
-
 from core_helpers import run_python, run_twinkle
 
 SUFFIX = uuid.uuid4().hex[:8]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from core_helpers import run_twinkle
 from uninstalled_index import UNINSTALLED_DIST, UNINSTALLED_INDEX, UNINSTALLED_KIND, UNINSTALLED_NAME
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from twinkle_core.utils.net import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / 'examples' / 'sft_lora.py'

@@ -7,7 +7,7 @@ the checkpoint path.
 ``old_logps``, DPO's pairs and reference log-probs, GKD's teacher). ``--resume-after K`` also saves a resumable
 checkpoint after step K, loads it into a fresh model and trains the remaining steps again (``resumed_losses``,
 ``resumed_after``). ``--neighbour`` trains a second adapter beside the first (``--adapter``), one step of it after
-each step of the first, on other rows with another optimizer: the first adapter's run must not change.""" 
+each step of the first, on other rows with another optimizer: the first adapter's run must not change."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,6 @@ from pathlib import Path
 from twinkle_core.mesh import DeviceMesh, split_for_dp
 from twinkle_core.registry import resolve
 from twinkle_core.runtime.distributed import destroy_process_group, env_rank, env_world_size
-
 
 PRELOAD = ('torch', 'torch.distributed', 'torch._dynamo', 'numpy', 'transformers', 'peft', 'accelerate',
            'megatron.core', 'twinkle_core.loss', 'twinkle_core.processor', 'twinkle_core.template',

@@ -51,6 +51,7 @@ def test_single_process_listing_runs_as_written(tiny_model_dir, monkeypatch, cap
     without set_optimizer. It converts the chat layout, announces the default optimizer, and the model it loaded
     has a lower loss on its data afterwards."""
     import importlib.util
+
     from twinkle_core import hooks
     from twinkle_core.dataset import Dataset, DatasetMeta
     from twinkle_core.fixtures import data_path
@@ -89,6 +90,7 @@ def test_readme_ray_sft(tmp_path, tiny_model_dir):
     pytest.importorskip('ray')
     import peft
     from transformers import AutoModelForCausalLM
+
     from twinkle_core.dataset import Dataset, DatasetMeta
     from twinkle_core.fixtures import data_path
     output = run([sys.executable, str(SEEDS / 'readme_ray_sft.py')], tmp_path,
@@ -232,12 +234,12 @@ def test_twinkle_client_sft_with_a_server_side_dataset(tmp_path, tiny_model_dir)
 
 
 def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path, tiny_model_dir):
+    from twinkle_client import init_twinkle_client
+    from twinkle_client.dataset import Dataset
     from twinkle_core.dataset import DatasetMeta
     from twinkle_core.errors import TwinkleError
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
-    from twinkle_client import init_twinkle_client
-    from twinkle_client.dataset import Dataset
     secret, allowed = tmp_path / 'secret.jsonl', tmp_path / 'allowed' / 'data.jsonl'
     allowed.parent.mkdir()
     for path in (secret, allowed):
@@ -268,8 +270,8 @@ def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
     import time
     import urllib.request
     pytest.importorskip('ray')
-    from twinkle_server.store import Store
     from twinkle_server.auth import create_api_key
+    from twinkle_server.store import Store
     port, data_dir = free_port(), tmp_path / 'data'
     (tmp_path / 'server.yaml').write_text(
         f'server: {{port: {port}}}\nstorage: {{data_dir: {data_dir}}}\n'

@@ -85,6 +85,7 @@ def sft_data(tokenizer):
 def postgres():
     """A throw-away PostgreSQL server for the session (`postgres_server.py`); skips where none can run."""
     from postgres_server import PostgresServer, why_unavailable
+
     from twinkle_server.launch import free_port
     reason = why_unavailable()
     if reason:

@@ -16,10 +16,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 import tinker
-from tinker import types
-
 from bounded import small_tmpfs, within
 from conftest import MODEL
+from tinker import types
 
 ADAM = types.AdamParams(learning_rate=5e-3)
 BOUND_S = 60  # any SDK call that needs longer is stuck (e.g. retrying a 500 for minutes)
@@ -86,12 +85,12 @@ def test_a_full_disk_refuses_only_saves_and_recovers_by_itself(small_disk, tiny_
         tc_b2 = within(BOUND_S, lambda: bob2.create_lora_training_client(base_model=MODEL, rank=4, seed=2).result(),
                        'a new training client (create_session + create_model) on a full disk')
         for tc in (tc_b2, tc_b, tc_a):
-            assert within(BOUND_S, lambda: _step(tc, sft_data), 'forward_backward + optim_step on a full disk') > 0
+            assert within(BOUND_S, lambda tc=tc: _step(tc, sft_data), 'forward_backward + optim_step on a full disk') > 0
         prompt = types.ModelInput.from_ints(tokenizer.encode('User: Who are you?\nAssistant:'))
         params = types.SamplingParams(max_tokens=4, seed=0)
         for make in (lambda: alice.create_sampling_client(model_path=sampler_path),
                      lambda: bob2.create_sampling_client(base_model=MODEL)):
-            res = within(BOUND_S, lambda: make().result().sample(prompt, num_samples=2, sampling_params=params)
+            res = within(BOUND_S, lambda make=make: make().result().sample(prompt, num_samples=2, sampling_params=params)
                          .result(), 'sampling on a full disk')
             assert len(res.sequences) == 2
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 import raw_http
 from conftest import MODEL
+from test_operations import _scrape
+
 from twinkle_server.drain import SHUTDOWN_QUEUED, SHUTDOWN_RUNNING
 from twinkle_server.engine.base import Engine
-from test_operations import _scrape
 
 
 # ---- the drain ----------------------------------------------------------------------------------------------------
@@ -104,6 +104,7 @@ def test_drain_finishes_accepted_work_and_fails_the_rest_clearly(tmp_path):
 def test_a_signal_drains_and_a_second_one_stops_at_once(tmp_path):
     """`DrainingServer` (what `serve` runs) in a thread, its signal handler called as the signal would call it."""
     import uvicorn
+
     from twinkle_server import ServerConfig, create_app
     from twinkle_server.launch import DrainingServer, free_port
     config = ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port(), drain_timeout_s=60)

@@ -5,10 +5,9 @@ import time
 
 import httpx
 import pytest
-from tinker import types
-
 from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, new_model, result
+from tinker import types
 
 
 @pytest.fixture(autouse=True)

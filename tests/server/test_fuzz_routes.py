@@ -20,19 +20,18 @@ import os
 import struct
 import time
 import zlib
-from urllib.parse import quote
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
-from tinker import types
-
 from conftest import MODEL
 from fuzz_strategies import ANY_JSON, EXTREME_NUMBERS, TEXT, bent, from_json_schema
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 from raw_http import PROTO, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from tinker import types
 
 DEADLINE_S = 30.0
 EXAMPLES = int(os.environ.get('TWINKLE_FUZZ_EXAMPLES', '30'))

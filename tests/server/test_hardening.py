@@ -12,11 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from uninstalled_index import index_with_uninstalled
-
 from bounded import small_tmpfs
 from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from uninstalled_index import index_with_uninstalled
 
 
 @pytest.fixture()

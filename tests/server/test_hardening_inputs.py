@@ -8,9 +8,8 @@ import time
 
 import pytest
 import tinker
-from tinker import types
-
 from conftest import MODEL
+from tinker import types
 
 #: names no checkpoint may have: blank, or with control characters (they would name odd directories and garble
 #: listings and terminals)

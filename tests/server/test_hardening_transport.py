@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 import tinker
-
 from bounded import within
 from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body
@@ -229,9 +228,9 @@ def test_a_trusted_proxy_forwards_the_client_address(behind_proxy):
 
 # ---- the option ------------------------------------------------------------------------------------------------------
 def test_trusted_proxy_option_from_flags_and_file(tmp_path, tiny_model_dir):
+    from twinkle_core.cli.main import build_parser
     from twinkle_server.cli import config_from_args
     from twinkle_server.config_yaml import ConfigError
-    from twinkle_core.cli.main import build_parser
 
     def args(*argv: str):
         return build_parser(['server', 'start', *argv]).parse_args(['server', 'start', *argv])

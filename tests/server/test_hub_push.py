@@ -192,6 +192,7 @@ def test_uploads_never_hold_up_the_models_queue(hub, sft_data):
 # ---- naming, configuration and the hub clients (no server) ----------------------------------------------------------
 def test_a_push_cut_short_by_shutdown_is_recorded_failed(tmp_path):
     import threading
+
     from twinkle_server.config import HubPushConfig
     from twinkle_server.hub_push import HubPusher
     from twinkle_server.store import CheckpointRow, Store
@@ -236,6 +237,7 @@ def test_upload_uses_the_hub_clients_with_private_repo_token_and_subfolder(tmp_p
     import types
 
     import huggingface_hub
+
     from twinkle_core.hub.publish import upload_folder
     from twinkle_core.hub.ref import HubRef
     monkeypatch.delenv('TWINKLE_HUB_ROOT', raising=False)

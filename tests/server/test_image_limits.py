@@ -18,9 +18,8 @@ import psutil
 import pytest
 import tinker
 from PIL import Image
-from tinker import types
-
 from raw_http import PROTO, assert_refused, fwdbwd_body, new_model, result
+from tinker import types
 from vl_fixtures import VL, client, serve_vl, vl_server  # noqa: F401 (fixtures used by name)
 
 SDK_TIMEOUT_S = 60  # a 5xx is retried by the SDK for minutes: a result not in time is the failure
@@ -111,7 +110,7 @@ def decodes(monkeypatch):
 class PeakRss:
     """The largest growth of this process's resident memory while the block runs (sampled every 5 ms)."""
 
-    def __enter__(self) -> 'PeakRss':
+    def __enter__(self) -> PeakRss:
         self._process = psutil.Process()
         self.base = self.peak = self._process.memory_info().rss
         self._done = threading.Event()

@@ -4,8 +4,6 @@ from __future__ import annotations
 import httpx
 import pytest
 import tinker
-from tinker import types
-
 from conftest import MODEL
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import tinker
-
 from conftest import MODEL
+
 from twinkle_server.config import TenantLimits
 
 

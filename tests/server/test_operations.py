@@ -16,10 +16,10 @@ import time
 
 import httpx
 import pytest
-from tinker import types
-
 import raw_http
 from conftest import MODEL
+from tinker import types
+
 from twinkle_server import logs
 from twinkle_server.metrics import Family
 

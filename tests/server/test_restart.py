@@ -8,9 +8,8 @@ import subprocess
 import httpx
 import pytest
 import tinker
-from tinker import types
-
 from conftest import MODEL
+from tinker import types
 
 
 def _start(data_dir, model_dir, port: int) -> subprocess.Popen:

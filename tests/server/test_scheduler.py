@@ -9,9 +9,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import MODEL
 from tinker import types
 
-from conftest import MODEL
 from twinkle_server.engine.base import TrainBatch, TrainResult
 from twinkle_server.scheduler import ModelWorker, Work
 
@@ -103,7 +103,7 @@ def test_concurrent_tenants_mix_on_the_real_engine_with_solo_results(server, ali
     before = worker.stats['mixed_train_passes']
     for _ in range(2):
         gate = threading.Event()  # hold the worker so both tenants' requests are queued together
-        worker.submit(Work('holder', on_done=lambda r: None, on_error=lambda e: None, call=lambda e: gate.wait()))
+        worker.submit(Work('holder', on_done=lambda r: None, on_error=lambda e: None, call=lambda e, gate=gate: gate.wait()))
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(lambda tc: tc.forward(sft_data, 'cross_entropy').result(), tc) for tc in clients]
             _wait_for(lambda: worker.queued() >= 2)

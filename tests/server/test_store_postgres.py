@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MODEL
 
 BACKENDS = ['sqlite', 'postgres']
@@ -327,6 +326,7 @@ def test_keys_cli_takes_a_database_url(postgres_url, tmp_path, capsys):
 def test_postgres_backed_server_restarts_without_losing_runs(postgres_url, tmp_path, tiny_model_dir, sft_data):
     import tinker
     from tinker import types
+
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port

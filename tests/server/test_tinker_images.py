@@ -15,11 +15,11 @@ import pytest
 import tinker
 import torch
 from PIL import Image
-from tinker import types
-
 from test_tinker_sdk import _train
-from twinkle_core.fixtures.images import colour_image, colour_trajectories, image_bytes
+from tinker import types
 from vl_fixtures import VL, client, vl_server  # noqa: F401 (fixtures used by name)
+
+from twinkle_core.fixtures.images import colour_image, colour_trajectories, image_bytes
 
 RANK, SEED = 4, 11
 ADAM = types.AdamParams(learning_rate=1e-2)

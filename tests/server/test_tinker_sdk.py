@@ -6,9 +6,8 @@ import math
 import numpy as np
 import pytest
 import tinker
-from tinker import types
-
 from conftest import MODEL
+from tinker import types
 
 ADAM = types.AdamParams(learning_rate=5e-3)
 

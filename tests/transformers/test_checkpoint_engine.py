@@ -99,6 +99,7 @@ def test_merge_and_sync_puts_merged_weights_in_the_base(tiny_model_dir):
 
 def test_full_parameter_sync(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     from twinkle_transformers.sampler import TorchSampler
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from twinkle_core.utils.net import free_port
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
@@ -32,8 +33,9 @@ def odd_tensors() -> dict[str, torch.Tensor]:
 def sender(port: int, out: Path, model_dir: str) -> None:
     import peft
     from transformers import AutoModelForCausalLM
-    from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
+
     from twinkle_core.checkpoint_engine.base import BASE
+    from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
     from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
     from twinkle_transformers.export import ModuleWeights
 

@@ -7,12 +7,12 @@ import logging
 
 import pytest
 import torch
-
 from row_helpers import labelled_rows
+
 from twinkle_core import hooks
+from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
-from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

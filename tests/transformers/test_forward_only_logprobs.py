@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from twinkle_core.errors import InvalidInputError
 from tests.transformers.row_helpers import labelled_rows
+from twinkle_core.errors import InvalidInputError
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from test_multi_lora_helpers import text_rows
+
 from twinkle_core.loss.base import Loss
 from twinkle_transformers.multi_lora import MixedStepError, MultiLoraTransformersModel, TenantStepError
 

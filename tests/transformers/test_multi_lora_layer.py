@@ -6,11 +6,16 @@ import copy
 
 import pytest
 import torch
-
 from test_multi_lora_helpers import peft_state, random_peft_model
+
 from twinkle_core.errors import InvalidInputError
-from twinkle_transformers.multi_lora import (AdapterRouter, LoraWeights, MultiLoraLinear, MultiLoraManager,
-                                             adapter_indices)
+from twinkle_transformers.multi_lora import (
+    AdapterRouter,
+    LoraWeights,
+    MultiLoraLinear,
+    MultiLoraManager,
+    adapter_indices,
+)
 
 
 def _layer_with_adapters(ranks: dict[int, int]):

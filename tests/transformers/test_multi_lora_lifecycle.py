@@ -8,8 +8,8 @@ import weakref
 
 import pytest
 import torch
-
 from test_multi_lora_helpers import peft_state, random_peft_model, text_rows
+
 from twinkle_core.errors import InvalidInputError
 from twinkle_transformers.multi_lora import MultiLoraLinear, MultiLoraTransformersModel
 

@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-
 from test_multi_lora_helpers import peft_grads, peft_state, random_peft_model, reference_loss, text_rows
 
 TENANTS = {  # different ranks, alphas, targets, rslora -- and different data and losses

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_multi_lora_helpers import text_rows
+
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -66,7 +66,7 @@ def test_planned_passes_agree_with_one_mixed_pass(tiny_model_dir, rows, kwargs):
             assert out[name]['loss'] == pytest.approx(ref[name]['loss'], rel=1e-5, abs=1e-6), (step, name)
             for got, want in zip(out[name]['logprobs'], ref[name]['logprobs']):
                 torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5,
-                                           rtol=1e-5, msg=lambda m: f'{step} {name}: {m}')
+                                           rtol=1e-5, msg=lambda m, step=step, name=name: f'{step} {name}: {m}')
             got, want = _grads(planned, name), _grads(mixed, name)
             for key in want:
                 diff, scale = (got[key] - want[key]).norm(), want[key].norm()  # relative to the tensor's norm

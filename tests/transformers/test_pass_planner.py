@@ -9,8 +9,13 @@ import math
 
 import pytest
 
-from twinkle_transformers.multi_lora.pass_planner import (PassCostModel, PassPlanner, TenantSize, partition,
-                                                          pass_cost_tokens)
+from twinkle_transformers.multi_lora.pass_planner import (
+    PassCostModel,
+    PassPlanner,
+    TenantSize,
+    partition,
+    pass_cost_tokens,
+)
 
 
 def _sizes(*shapes: tuple[int, int]) -> list[TenantSize]:

@@ -185,6 +185,7 @@ def test_registered_under_sampler_kind(tiny_model_dir):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_cuda_logprobs_match_forward(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     from twinkle_transformers.sampler import TorchSampler
     sampler = TorchSampler(tiny_model_dir, device='cuda', dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.contract.test_sampler_contract import forward_logprobs, peft_adapter
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
-
-from tests.contract.test_sampler_contract import forward_logprobs, peft_adapter
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [100, 200, 300, 400, 500, 600, 700]]
 
@@ -82,6 +81,7 @@ def test_per_row_adapter_field_is_used(sampler):
 
 def test_adapter_from_tensors_needs_config_and_replaces_in_place(tiny_model_dir, adapters):
     import peft
+
     from twinkle_transformers.sampler import TorchSampler
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     _, reference = adapters['beta']
@@ -102,6 +102,7 @@ def test_adapter_from_tensors_needs_config_and_replaces_in_place(tiny_model_dir,
 
 def test_load_base_weights_in_place(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     from twinkle_transformers.sampler import TorchSampler
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     other = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -118,6 +119,7 @@ def test_load_base_weights_in_place(tiny_model_dir):
 
 def test_shared_plain_model_refuses_adapter_injection(tiny_model_dir, adapters):
     from transformers import AutoModelForCausalLM
+
     from twinkle_transformers.sampler import TorchSampler
     shared = TorchSampler(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
     with pytest.raises(InvalidInputError, match='shares a model'):
@@ -127,6 +129,7 @@ def test_shared_plain_model_refuses_adapter_injection(tiny_model_dir, adapters):
 def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapters):
     """A sampler sharing a PEFT model (as with a LoRA TransformersModel) routes rows through PEFT's mixed batches."""
     import peft
+
     from twinkle_transformers.sampler import TorchSampler
     reference = make_peft(tiny_model_dir, seed=5)
     shared = TorchSampler(model=reference)

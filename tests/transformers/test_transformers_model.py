@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-
 from row_helpers import labelled_rows
+
 from twinkle_core.errors import ComponentNotFoundError, InvalidInputError
 from twinkle_core.hooks import hook, register_hooks
 from twinkle_core.registry import resolve

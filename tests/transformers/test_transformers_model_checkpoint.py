@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from row_helpers import labelled_rows
+
 from twinkle_core.errors import InvalidInputError
 from twinkle_transformers.model import TransformersModel
 

@@ -207,6 +207,7 @@ def test_peft_vision_adapters_that_cannot_be_routed_are_refused(tiny_vl_model_di
     adapter (PEFT's plain forward) works with images, another adapter on the vision tower is refused."""
     import peft
     from transformers import AutoModelForImageTextToText
+
     from twinkle_transformers.sampler import TorchSampler
     base = AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, dtype=torch.float32)
     model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=['qkv']))  # 'default', active

@@ -29,9 +29,9 @@ def call_until_detected(sampler, prompt):
 @pytest.mark.slow
 def test_a_dead_engine_is_restarted_with_its_adapters_and_refuses_lost_weights(tiny_model_dir):
     from transformers import AutoModelForCausalLM
-    from twinkle_vllm.sampler import vLLMSampler
 
     from tests.contract.test_sampler_contract import peft_adapter
+    from twinkle_vllm.sampler import vLLMSampler
 
     sampler = vLLMSampler(tiny_model_dir, engine_args={'max_model_len': 256, 'max_lora_rank': 16})
     try:

@@ -33,6 +33,7 @@ def vllm_server(tmp_path_factory, tiny_model_dir, vllm_sampler):
 
 def test_tinker_sdk_samples_a_trained_adapter_through_vllm(vllm_server, tiny_model_dir):
     from transformers import AutoTokenizer
+
     from twinkle_server.auth import create_api_key
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     client = tinker.ServiceClient(base_url=vllm_server.base_url,

@@ -72,9 +72,8 @@ def test_import_twinkle_core_and_the_plugin_do_not_import_vllm():
 def test_greedy_outputs_equal_torch_samplers_on_the_same_weights(vllm_sampler, tiny_model_dir):
     """vLLM and TorchSampler side by side: greedy tokens are identical and their logprobs agree (1e-4), for the
     base model and for the same adapter, several adapters mixed in one call."""
-    from twinkle_core.registry import resolve
-
     from tests.contract.test_sampler_contract import PROMPTS, peft_adapter
+    from twinkle_core.registry import resolve
     torch_sampler = resolve('sampler', 'TorchSampler', model_id=str(tiny_model_dir), device='cpu')
     _, config, tensors = peft_adapter(tiny_model_dir, seed=7)
     for s in (vllm_sampler, torch_sampler):

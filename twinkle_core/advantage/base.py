@@ -27,7 +27,7 @@ class Advantage(ABC):
         ``num_generations=``); returns len(rewards) advantages."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[..., list[float]], **init_args: Any) -> 'Advantage':
+    def from_callable(cls, fn: Callable[..., list[float]], **init_args: Any) -> Advantage:
         return _CallableAdvantage(fn, init_args)
 
 

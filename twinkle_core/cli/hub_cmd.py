@@ -52,9 +52,9 @@ def _pin_tables(published: Any, folder: str, files: bool) -> str:
 
 
 def pull_command(args: argparse.Namespace) -> int:
+    from twinkle_core.errors import IntegrityError
     from twinkle_core.hub import download
     from twinkle_core.hub.integrity import verified_sha256
-    from twinkle_core.errors import IntegrityError
     from twinkle_core.hub.loader import find_pin, verify_pin
     from twinkle_core.hub.manifest import read_manifest
     from twinkle_core.hub.ref import HubRef

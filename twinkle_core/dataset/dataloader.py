@@ -55,7 +55,7 @@ class DataLoader(metaclass=HostedComponentMeta):
             self.shard(*data_shard_of(device_mesh, rank))
 
     # ---- configuration -----------------------------------------------------------------------------------------
-    def shard(self, data_rank: int, data_world_size: int) -> 'DataLoader':
+    def shard(self, data_rank: int, data_world_size: int) -> DataLoader:
         """Yield only this rank's slice of every global batch."""
         if not isinstance(data_world_size, int) or data_world_size < 1:
             raise InvalidInputError(f'data_world_size must be a positive integer, got {data_world_size!r}.')

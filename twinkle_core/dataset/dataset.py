@@ -50,7 +50,7 @@ class Dataset:
         self._setup({m: load_meta(m, cache_dir) for m in metas}, mix)
 
     @classmethod
-    def from_hf(cls, data: Any, name: str = 'in-memory') -> 'Dataset':
+    def from_hf(cls, data: Any, name: str = 'in-memory') -> Dataset:
         """Wrap a `datasets.Dataset` (or a list of row dicts) already in memory; `name` appears in messages."""
         import datasets
         if isinstance(data, list):
@@ -67,7 +67,7 @@ class Dataset:
     # ---- pipeline steps ----------------------------------------------------------------------------------------
     def map(self, preprocessor: Any, init_args: dict[str, Any] | None = None, *,
             dataset_meta: MetaSpec | None = None, num_proc: int | None = None,
-            load_from_cache_file: bool | None = None) -> 'Dataset':
+            load_from_cache_file: bool | None = None) -> Dataset:
         """Turn every row into a `Trajectory` dict with `preprocessor` (a name, class, instance or function).
 
         The row's original columns are replaced by the preprocessor's output. `dataset_meta` restricts the step
@@ -85,7 +85,7 @@ class Dataset:
         return self._changed()
 
     def filter(self, predicate: Callable[[dict[str, Any]], bool], init_args: dict[str, Any] | None = None, *,
-               dataset_meta: MetaSpec | None = None, num_proc: int | None = None) -> 'Dataset':
+               dataset_meta: MetaSpec | None = None, num_proc: int | None = None) -> Dataset:
         """Keep rows for which `predicate(row)` (a `Filter` or any callable) is true."""
         from twinkle_core.preprocessor.base import Filter
         if not callable(predicate):
@@ -97,7 +97,7 @@ class Dataset:
                 desc=f'{_name_of(predicate, fn)} on {meta.name}')
         return self._changed()
 
-    def set_template(self, template: Any, model_id: Any = None, **init_args: Any) -> 'Dataset':
+    def set_template(self, template: Any, model_id: Any = None, **init_args: Any) -> Dataset:
         """Choose the template `encode` uses: a name (``'Template'``, ``'Qwen3Template'``, ...), class or instance.
 
         `model_id` (a local model dir, ``ms://``/``hf://`` ref or a tokenizer) and `init_args` (``max_length``,
@@ -110,7 +110,7 @@ class Dataset:
         return self
 
     def encode(self, batched: bool = True, *, add_generation_prompt: bool = False, num_proc: int | None = None,
-               load_from_cache_file: bool | None = None) -> 'Dataset':
+               load_from_cache_file: bool | None = None) -> Dataset:
         """Rows -> `InputFeature` dicts (``input_ids``, ``labels``, plus the trajectories' extra fields).
 
         ``add_generation_prompt=True`` encodes RL prompts (no labels). Cached under the template's fingerprint.
@@ -209,7 +209,7 @@ class Dataset:
         known = [m.dataset_id_or_path for m in self._parts]
         raise InvalidInputError(f'{dataset_meta!r} is not one of this Dataset\'s data sets: {known}.')
 
-    def _changed(self) -> 'Dataset':
+    def _changed(self) -> Dataset:
         self._combined = None
         return self
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import NoReturn, Sequence, Union
+from typing import NoReturn, Sequence
 
 from twinkle_core.errors import InvalidInputError
 
-DataSlice = Union[int, range, slice, Sequence[int], None]
+DataSlice = int | range | slice | Sequence[int] | None
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class DatasetMeta:
                      tuple(s) if isinstance(s, list) else (s.start, s.stop, s.step) if isinstance(s, slice) else s))
 
 
-def as_meta(spec: 'DatasetMeta | str | os.PathLike[str]') -> DatasetMeta:
+def as_meta(spec: DatasetMeta | str | os.PathLike[str]) -> DatasetMeta:
     if isinstance(spec, DatasetMeta):
         return spec
     if isinstance(spec, (str, os.PathLike)):

@@ -30,7 +30,7 @@ class HubRef:
     name: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> 'HubRef':
+    def parse(cls, text: str) -> HubRef:
         if not isinstance(text, str):
             raise HubError(f'A hub reference must be a string like {FORM!r}, got {text!r}.')
         scheme, sep, rest = text.partition('://')
@@ -63,7 +63,7 @@ class HubRef:
     def effective_revision(self) -> str:
         return self.revision or DEFAULT_REVISION[self.scheme]
 
-    def with_revision(self, revision: str | None) -> 'HubRef':
+    def with_revision(self, revision: str | None) -> HubRef:
         return HubRef(self.scheme, self.org, self.repo, revision, self.name)
 
     def __str__(self) -> str:

@@ -39,7 +39,7 @@ class Loss(ABC):
         """Compute the loss of one (micro-)batch."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[..., Any], **init_args: Any) -> 'Loss':
+    def from_callable(cls, fn: Callable[..., Any], **init_args: Any) -> Loss:
         """Wrap ``fn(inputs, outputs, **kwargs) -> tensor | LossOutput`` as a Loss."""
         return _CallableLoss(fn, **init_args)
 

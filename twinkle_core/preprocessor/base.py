@@ -19,7 +19,7 @@ class Preprocessor(ABC):
         """One raw row -> one `Trajectory` dict. Raise `InvalidInputError` naming the missing field."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[[dict[str, Any]], dict[str, Any]], **init_args: Any) -> 'Preprocessor':
+    def from_callable(cls, fn: Callable[[dict[str, Any]], dict[str, Any]], **init_args: Any) -> Preprocessor:
         return _CallablePreprocessor(fn, init_args)
 
 
@@ -31,7 +31,7 @@ class Filter(ABC):
         """True keeps the row."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[..., bool], **init_args: Any) -> 'Filter':
+    def from_callable(cls, fn: Callable[..., bool], **init_args: Any) -> Filter:
         return _CallableFilter(fn, init_args)
 
 

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from twinkle_core.reward.answers import (answers_match, completion_text, extract_boxed, extract_gsm8k_marker,
-                                         extract_last_number, extract_tag, ground_truth)
+from twinkle_core.reward.answers import (
+    answers_match,
+    completion_text,
+    extract_boxed,
+    extract_gsm8k_marker,
+    extract_last_number,
+    extract_tag,
+    ground_truth,
+)
 from twinkle_core.reward.base import Reward
 
 DEFAULT_ANSWER_FIELDS = ('ground_truth', 'answer', 'solution')

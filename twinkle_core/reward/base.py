@@ -11,7 +11,7 @@ class Reward(ABC):
         """Score each trajectory (a `Trajectory` dict whose last message is the completion)."""
 
     @classmethod
-    def from_callable(cls, fn: Callable[..., Sequence[float]], **init_args: Any) -> 'Reward':
+    def from_callable(cls, fn: Callable[..., Sequence[float]], **init_args: Any) -> Reward:
         return _CallableReward(fn, init_args)
 
 

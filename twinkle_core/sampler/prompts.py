@@ -12,8 +12,16 @@ import hashlib
 from typing import Any, Callable, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import (IGNORE_INDEX, IMAGE_ROW_FIELDS, TOKEN_TYPE_FIELD, InputFeature, SampledSequence,
-                                SamplingParams, Trajectory, as_list)
+from twinkle_core.types import (
+    IGNORE_INDEX,
+    IMAGE_ROW_FIELDS,
+    TOKEN_TYPE_FIELD,
+    InputFeature,
+    SampledSequence,
+    SamplingParams,
+    Trajectory,
+    as_list,
+)
 
 #: What a chat encoder returns for a Trajectory: its prompt ids, or an encoded row (``input_ids`` + image fields).
 EncodeChat = Callable[[Trajectory], 'list[int] | Mapping[str, Any]']

@@ -20,7 +20,6 @@ from typing import Any, Sequence
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import IGNORE_INDEX
 
-
 _GENERATION_TAG = re.compile(r'\{%-?\s*generation\s*-?%\}')
 
 

@@ -5,10 +5,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from twinkle_core.errors import TwinkleError
 from twinkle_client.http import Connection
+from twinkle_core.errors import TwinkleError
 
-_default: 'TwinkleClient | None' = None
+_default: TwinkleClient | None = None
 
 
 class Record(BaseModel):

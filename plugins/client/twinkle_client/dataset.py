@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle_core.errors import InvalidInputError
 from twinkle_client.client import TwinkleClient, default_client
+from twinkle_core.errors import InvalidInputError
 
 
 class Dataset:
@@ -24,17 +24,17 @@ class Dataset:
         self.client = client
         self._rows: list[dict[str, Any]] | None = None
 
-    def set_template(self, template: str, model_id: str | None = None, **init_args: Any) -> 'Dataset':
+    def set_template(self, template: str, model_id: str | None = None, **init_args: Any) -> Dataset:
         """`model_id`: a base model the server hosts (its public name, ``ms://`` prefix allowed)."""
         self._step('set_template', _name(template, 'set_template'), {**init_args, 'model_id': model_id})
         return self
 
-    def map(self, preprocessor: str, init_args: dict[str, Any] | None = None, **kwargs: Any) -> 'Dataset':
+    def map(self, preprocessor: str, init_args: dict[str, Any] | None = None, **kwargs: Any) -> Dataset:
         """`kwargs` (``load_from_cache_file``, ...) are for local datasets and ignored here: the server caches."""
         self._step('map', _name(preprocessor, 'map'), {'init_args': dict(init_args or {})})
         return self
 
-    def encode(self, batched: bool = True, *, add_generation_prompt: bool = False, **kwargs: Any) -> 'Dataset':
+    def encode(self, batched: bool = True, *, add_generation_prompt: bool = False, **kwargs: Any) -> Dataset:
         self._step('encode', {'batched': batched, 'add_generation_prompt': add_generation_prompt})
         return self
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from twinkle_client.client import TwinkleClient, default_client
+from twinkle_client.proxy import build_methods, plain, remote_call
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.model.base import Model
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.types import SampleResponse
-from twinkle_client.client import TwinkleClient, default_client
-from twinkle_client.proxy import build_methods, plain, remote_call
 
 
 class _RemoteModel:
@@ -65,7 +65,7 @@ class _RemoteModel:
         return self._adapters[self._name(adapter_name)]
 
     @contextlib.contextmanager
-    def adapter(self, adapter_name: str) -> Iterator['_RemoteModel']:
+    def adapter(self, adapter_name: str) -> Iterator[_RemoteModel]:
         self._name(adapter_name)
         self._current.append(adapter_name)
         try:

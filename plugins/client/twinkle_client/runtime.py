@@ -10,7 +10,6 @@ from typing import Any
 
 from twinkle_core.runtime.base import Runtime
 
-
 SERVER_RUNTIME = 'http_server'
 
 
@@ -32,9 +31,9 @@ class HttpRuntime(Runtime):
 
     def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
               device_mesh: Any = None) -> Any:
+        from twinkle_client import remote
         from twinkle_core.model.base import Model
         from twinkle_core.sampler.base import Sampler
-        from twinkle_client import remote
         if issubclass(cls, Model):
             return remote.RemoteModel(*args, client=self.client, **kwargs)
         if issubclass(cls, Sampler):

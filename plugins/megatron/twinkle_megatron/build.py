@@ -18,9 +18,9 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_megatron import convert
+from twinkle_megatron.architecture import Architecture, Layout, padded_vocab_size, transformer_config_kwargs
 from twinkle_megatron.attention import SDPAttention
 from twinkle_megatron.cpu_compat import define_missing_te_gemm, tensors_as_cuda
-from twinkle_megatron.architecture import Architecture, Layout, padded_vocab_size, transformer_config_kwargs
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -29,7 +29,7 @@ class RMSNorm(torch.nn.RMSNorm):
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         if config.sequence_parallel:
-            setattr(self.weight, 'sequence_parallel', True)
+            self.weight.sequence_parallel = True
 
 
 def layer_spec(arch: Architecture, num_layers: int) -> Any:

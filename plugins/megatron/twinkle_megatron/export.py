@@ -26,6 +26,11 @@ def _cat(dim: int | None) -> Join:
     return (lambda shards: shards[0]) if dim is None else (lambda shards: torch.cat(shards, dim=dim))
 
 
+def _vocab_cat(vocab_size: int) -> Join:
+    """Join vocab-parallel output shards and drop Megatron's vocab padding."""
+    return lambda shards: torch.cat(shards)[:vocab_size]
+
+
 def _order(name: str) -> tuple[int, int, str]:
     """Model order: embedding, layers by index, then the final norm and the output layer."""
     if name.startswith('embedding.'):
@@ -120,9 +125,7 @@ def lora_items(chunks: list, arch: Architecture, adapter: str) -> dict[str, tupl
     vocab padding)."""
     items = {}
     for key, param, dim, part in lora.factors(chunks, adapter):
-        join = _cat(dim)
-        if part == lora.OUTPUT and dim == 0:
-            join = (lambda shards: torch.cat(shards)[:arch.vocab_size])
+        join = _vocab_cat(arch.vocab_size) if part == lora.OUTPUT and dim == 0 else _cat(dim)
         items[key] = (param, join)
     return items
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from twinkle_core.errors import MeshError
 from twinkle_core.runtime import distributed
-from twinkle_megatron.architecture import Layout
 from twinkle_core.utils.net import free_port
+from twinkle_megatron.architecture import Layout
 
 _active: Layout | None = None
 _owns_world = False  # this module started the (one-rank) default process group

@@ -109,7 +109,7 @@ class AdapterFactors(nn.Module):
             sharded = self.lora_A[part] if kind == 'row' else self.lora_B[part]
             set_tensor_model_parallel_attributes(sharded, is_parallel=True, dim=1 if kind == 'row' else 0, stride=1)
             if kind == 'column' and sequence_parallel:  # partial per rank; finalize_model_grads sums it over tp
-                setattr(self.lora_A[part], 'sequence_parallel', True)
+                self.lora_A[part].sequence_parallel = True
 
 
 class LoraParallelLinear(nn.Module):

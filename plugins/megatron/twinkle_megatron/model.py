@@ -30,13 +30,13 @@ import torch
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
+from twinkle_core.mesh import split_for_dp
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.loss_step import micro_batch_shares
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
 from twinkle_core.model.train_state import FULL
 from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
-from twinkle_core.mesh import split_for_dp
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
 from twinkle_core.types import as_input_features

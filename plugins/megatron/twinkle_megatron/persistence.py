@@ -12,11 +12,16 @@ import torch.distributed as dist
 
 from twinkle_core.checkpoint_engine.weights import Bucket, bucketed
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.checkpoint_dir import (load_training_state, read_metadata, save_training_state,
-                                               set_rng_state, write_metadata)
+from twinkle_core.model.checkpoint_dir import (
+    load_training_state,
+    read_metadata,
+    save_training_state,
+    set_rng_state,
+    write_metadata,
+)
 from twinkle_core.model.train_state_methods import reports_failure
-from twinkle_megatron import checkpoint as ckpt
 from twinkle_megatron import build, export
+from twinkle_megatron import checkpoint as ckpt
 from twinkle_megatron.lora import part_rows
 
 

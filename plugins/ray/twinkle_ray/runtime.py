@@ -100,7 +100,7 @@ class RayRuntime(Runtime):
             self._owns_ray = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _proxy_class(cls: type) -> type:
     from twinkle_ray.proxy import make_proxy_class
     return make_proxy_class(cls)

@@ -13,8 +13,8 @@ import os
 import traceback
 from typing import Any
 
-from twinkle_ray.errors import RemoteCallError
 from twinkle_core.utils.net import free_port
+from twinkle_ray.errors import RemoteCallError
 
 
 class GroupWorker:

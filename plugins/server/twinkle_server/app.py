@@ -19,9 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from twinkle_server import logs, metrics
 from twinkle_server.config import ServerConfig
 from twinkle_server.deployment import build_engines
+from twinkle_server.drain import DrainGate
 from twinkle_server.engine import Engine
 from twinkle_server.errors import ApiError, as_api_error, is_disk_full
-from twinkle_server.drain import DrainGate
 from twinkle_server.guard import RequestGuard
 from twinkle_server.service import Service
 from twinkle_server.store import Store
@@ -60,8 +60,13 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
     app.include_router(metrics.router)
     from twinkle_server.native import datasets as native_datasets
     from twinkle_server.native import routes as native
-    from twinkle_server.tinker import (routes_checkpoints, routes_futures, routes_sampling, routes_service,
-                                       routes_training)
+    from twinkle_server.tinker import (
+        routes_checkpoints,
+        routes_futures,
+        routes_sampling,
+        routes_service,
+        routes_training,
+    )
     for module in (routes_service, routes_training, routes_checkpoints, routes_sampling, routes_futures, native,
                    native_datasets):
         app.include_router(module.router)

@@ -118,13 +118,13 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def config_from_args(args: argparse.Namespace) -> 'ServerConfig':
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The `ServerConfig` of parsed `twinkle server start` arguments: the --config file with every flag given laid
     over it, or the flags alone. Raises ValueError (a `ConfigError` for the file), OSError or TwinkleError."""
     return _config_from_file(args) if args.config else _config_from_flags(args)
 
 
-def _config_from_flags(args: argparse.Namespace) -> 'ServerConfig':
+def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
     """Without --config: every model from --model, served with the same backend and sampler."""
     from twinkle_core.registry import resolve_class
     from twinkle_server.config import ServerConfig
@@ -152,7 +152,7 @@ def _config_from_flags(args: argparse.Namespace) -> 'ServerConfig':
                         sampler_args=sampler_args, **given)
 
 
-def _config_from_file(args: argparse.Namespace) -> 'ServerConfig':
+def _config_from_file(args: argparse.Namespace) -> ServerConfig:
     """--config FILE with every flag given laid over it (`config_file.load_server_config` overrides)."""
     from twinkle_server.config import ServerConfig
     from twinkle_server.config_file import load_server_config

@@ -46,7 +46,7 @@ class TenantLimits:
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
-    def merged(self, overrides: dict[str, Any], where: str = 'limits') -> 'TenantLimits':
+    def merged(self, overrides: dict[str, Any], where: str = 'limits') -> TenantLimits:
         """A copy with only the keys named in `overrides` replaced (each a non-negative int or null)."""
         unknown = sorted(set(overrides) - set(self.names()))
         if unknown:
@@ -57,7 +57,7 @@ class TenantLimits:
         return dataclasses.replace(self, **overrides)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> 'TenantLimits':
+    def from_dict(cls, d: dict[str, Any]) -> TenantLimits:
         """The built-in defaults with `d`'s keys replaced."""
         return cls().merged(d)
 

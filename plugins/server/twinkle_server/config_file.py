@@ -18,11 +18,34 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from twinkle_server.config import (DeploymentConfig, GroupSpec, HubPushConfig, ModelSpec, RayConfig, ServerConfig,
-                                   TenantLimits)
-from twinkle_server.config_schema import (AMOUNT, AUTH, DEPLOYMENT, HUB_PUSH, LIMIT, LIMITS, MESH, MODEL, RAY,
-                                          PROXY, SAMPLER_GROUP, SERVER, STORAGE, TOP, TRAIN_GROUP, Rule,
-                                          text_rule)
+from twinkle_server.config import (
+    DeploymentConfig,
+    GroupSpec,
+    HubPushConfig,
+    ModelSpec,
+    RayConfig,
+    ServerConfig,
+    TenantLimits,
+)
+from twinkle_server.config_schema import (
+    AMOUNT,
+    AUTH,
+    DEPLOYMENT,
+    HUB_PUSH,
+    LIMIT,
+    LIMITS,
+    MESH,
+    MODEL,
+    PROXY,
+    RAY,
+    SAMPLER_GROUP,
+    SERVER,
+    STORAGE,
+    TOP,
+    TRAIN_GROUP,
+    Rule,
+    text_rule,
+)
 from twinkle_server.config_yaml import ConfigError, Document, KeyPath, read_document
 
 __all__ = ['ConfigError', 'describe', 'load_server_config', 'load_storage']

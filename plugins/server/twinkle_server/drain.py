@@ -38,7 +38,7 @@ POLL_S = 0.05
 class Drain:
     """The drain of one service: `serving` -> `draining` -> `drained`. Its methods run on the event loop."""
 
-    def __init__(self, workers: dict[str, 'ModelWorker'], futures: 'FutureTable', timeout_s: float) -> None:
+    def __init__(self, workers: dict[str, ModelWorker], futures: FutureTable, timeout_s: float) -> None:
         self.workers = workers
         self.futures = futures
         self.timeout_s = timeout_s

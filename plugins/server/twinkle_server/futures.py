@@ -123,7 +123,7 @@ class FutureTable:
         if pending is not None and pending.tenant == tenant:
             try:
                 await asyncio.wait_for(pending.event.wait(), timeout=timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         with self._lock:
             unsaved = self._unsaved.get(request_id)

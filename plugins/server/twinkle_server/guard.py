@@ -90,7 +90,7 @@ class RequestGuard:
         await self.app(scope, body.receive, guarded_send)
 
 
-async def _refuse_declared(service: Any, scope: Scope, body: '_Body', send: Send, declared: int) -> None:
+async def _refuse_declared(service: Any, scope: Scope, body: _Body, send: Send, declared: int) -> None:
     """Answer 413 before reading the body, then read it (bounded): its first bytes name the seq_id to free."""
     await send_error(send, BodyTooLarge(declared, body.limit), more_body=True)
     await body.drain(PEEK_BYTES)
@@ -155,7 +155,7 @@ class _Body:
             wait = max(0.0, min(DRAIN_IDLE_S, self._drain_until - time.monotonic()))
             try:
                 message = await asyncio.wait_for(self._receive(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._drain_until = 0.0  # a client that stalls once is not waited for again
                 return
             self._count(message)

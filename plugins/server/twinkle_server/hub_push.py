@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -249,4 +249,4 @@ def _describe(exc: BaseException) -> str:
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
+    return datetime.fromtimestamp(t, tz=UTC).isoformat()

@@ -18,11 +18,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from twinkle_core.utils.net import free_port
 from twinkle_server import logs
 from twinkle_server.app import create_app
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine import Engine
-from twinkle_core.utils.net import free_port
 
 __all__ = ['DrainingServer', 'RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
 #: after a drain, how long uvicorn waits for open responses before cancelling them (they all end at once: every

@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Awaitable, Callable, Iterator
 
 __all__ = ['ContextFilter', 'JsonFormatter', 'RequestContext', 'RequestIdMiddleware', 'TextFormatter', 'annotate',
@@ -116,7 +116,7 @@ class JsonFormatter(logging.Formatter):
     `exc` (the formatted traceback) when the record has exception info."""
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = datetime.fromtimestamp(record.created, timezone.utc)
+        ts = datetime.fromtimestamp(record.created, UTC)
         out: dict[str, Any] = {
             'ts': ts.strftime('%Y-%m-%dT%H:%M:%S.') + f'{ts.microsecond // 1000:03d}Z', 'level': record.levelname,
             'logger': record.name, 'msg': record.getMessage(), 'request_id': getattr(record, 'request_id', None),

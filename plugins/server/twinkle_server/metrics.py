@@ -39,7 +39,7 @@ class Family:
     help: str
     samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
 
-    def add(self, labels: dict[str, str], value: float, suffix: str = '') -> 'Family':
+    def add(self, labels: dict[str, str], value: float, suffix: str = '') -> Family:
         self.samples.append((suffix, labels, value))
         return self
 
@@ -130,7 +130,7 @@ class Metrics:
         return [calls, items, tokens, http]
 
 
-def render(service: 'Service') -> str:
+def render(service: Service) -> str:
     """The whole exposition: the service's gauges, then its counters and histograms, then process memory."""
     queue = Family('twinkle_queue_depth', 'gauge',
                    'Accepted engine work not yet running (queued, or waiting for an earlier seq_id), by base model '

@@ -23,9 +23,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from twinkle_core.hooks import emit_failure
 from twinkle_server import logs
 from twinkle_server.engine.base import Engine, SampleJob, TrainBatch
-from twinkle_core.hooks import emit_failure
 from twinkle_server.errors import ApiError
 from twinkle_server.metrics import Metrics
 

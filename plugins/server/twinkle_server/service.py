@@ -13,9 +13,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from twinkle_server import logs
 from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles
-from twinkle_server import logs
 from twinkle_server.config import ServerConfig
 from twinkle_server.drain import Drain
 from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch

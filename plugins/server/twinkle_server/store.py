@@ -130,7 +130,7 @@ class Store:
 
     @classmethod
     def open(cls, database_url: str | None, data_dir: str | Path, owner: str | None = None,
-             write_behind: bool = False) -> 'Store':
+             write_behind: bool = False) -> Store:
         """The store at `database_url` (None: SQLite in `data_dir`; ``sqlite:///PATH``; ``postgresql://...``),
         migrated. Raises `DatabaseError` (URL shown with its password masked) when it cannot be opened."""
         return cls(database=open_database(database_url, data_dir), owner=owner, write_behind=write_behind)

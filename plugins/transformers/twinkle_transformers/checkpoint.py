@@ -25,10 +25,19 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
+
 # the backend-neutral half (atomic directories, metadata, training state), used through this module as `ckpt.*`
-from twinkle_core.model.checkpoint_dir import (METADATA_FILE, TRAINING_STATE_FILE, atomic_directory,  # noqa: F401
-                                               load_training_state, read_metadata, rng_state, save_training_state,
-                                               set_rng_state, write_metadata)
+from twinkle_core.model.checkpoint_dir import (  # noqa: F401
+    METADATA_FILE,
+    TRAINING_STATE_FILE,
+    atomic_directory,
+    load_training_state,
+    read_metadata,
+    rng_state,
+    save_training_state,
+    set_rng_state,
+    write_metadata,
+)
 
 
 # ---- LoRA --------------------------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from twinkle_core.checkpoint_engine.weights import (Bucket, bucketed, canonical_name, is_lora_name,
-                                                    lora_adapter_key)
+from twinkle_core.checkpoint_engine.weights import Bucket, bucketed, canonical_name, is_lora_name, lora_adapter_key
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.utils.json import to_json
 

@@ -33,20 +33,20 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, reject_unknown_kwargs
+from twinkle_core.model.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.model.train_state import FULL, TrainState
+from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel, vision
 from twinkle_transformers.export import WeightExportMethods
-from twinkle_core.model.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
 from twinkle_transformers.forward import forward_logps
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_transformers.loading import load_causal_lm, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
-from twinkle_core.model.train_state import FULL, TrainState
-from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,14 @@ from typing import Any, Iterable, Mapping
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
-from twinkle_core.sampler.prompts import (adapters_per_prompt, as_sampling_params, encode_prompt_row, prompt_rows,
-                                          sampled_sequence, sequence_seed)
+from twinkle_core.sampler.prompts import (
+    adapters_per_prompt,
+    as_sampling_params,
+    encode_prompt_row,
+    prompt_rows,
+    sampled_sequence,
+    sequence_seed,
+)
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine import EngineHandle
@@ -120,7 +126,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         if not self._updating:
             self._refuse_partial_layers()
         for blob in serialized_buckets(ready, self.bucket_bytes):
-            self._handle.call('load_weights', lambda llm: llm.collective_rpc('twinkle_load_weights', args=(blob,)))
+            self._handle.call('load_weights', lambda llm, blob=blob: llm.collective_rpc('twinkle_load_weights', args=(blob,)))
             self._handle.base_loaded = True
         self._loaded.update(name for layer in ready for name, _ in layer)
         if not self._updating:
@@ -223,7 +229,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             return list(self._handle.call('sample', lambda llm: llm.generate(batch, params, lora_request=lora,
                                                                              use_tqdm=False)))
         return [out for j in range(len(batch))
-                for out in self._handle.call('sample', lambda llm: llm.generate(
+                for out in self._handle.call('sample', lambda llm, j=j: llm.generate(
                     batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1], use_tqdm=False))]
 
     def _response(self, row: Any, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:

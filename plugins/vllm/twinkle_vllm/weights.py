@@ -10,9 +10,9 @@ stand alone) is complete, and a bucket never splits a layer.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from collections import defaultdict
 from typing import Any, Iterable, Iterator
 
 from twinkle_core.checkpoint_engine.weights import canonical_name
@@ -27,7 +27,7 @@ class CheckpointLayout:
     tied: frozenset[str]
 
     @classmethod
-    def read(cls, model_dir: str) -> 'CheckpointLayout':
+    def read(cls, model_dir: str) -> CheckpointLayout:
         from safetensors import safe_open
         shapes: dict[str, tuple[int, ...]] = {}
         for file in sorted(Path(model_dir).glob('*.safetensors')):

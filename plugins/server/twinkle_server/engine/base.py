@@ -18,7 +18,6 @@ from typing import Any
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_server.errors import ApiError
 
-
 ALL_LINEAR = 'all-linear'
 
 
@@ -38,7 +37,7 @@ class LoraSpec:
                 'options': dict(self.options), 'gradient_accumulation_steps': self.gradient_accumulation_steps}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> 'LoraSpec':
+    def from_dict(cls, d: dict[str, Any]) -> LoraSpec:
         return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'), d.get('options') or {},
                    int(d.get('gradient_accumulation_steps', 1)))
 

@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class WireImage:
 
 
 #: one chunk of a model input: token ids, or an image
-Chunk = Union[list[int], WireImage]
+Chunk = list[int] | WireImage
 #: (width, height) of an image, as its header gives it
 Size = tuple[int, int]
 

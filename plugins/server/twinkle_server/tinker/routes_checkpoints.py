@@ -4,7 +4,7 @@ A refused request frees its seq_id through the request guard (`guard.py`); route
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,8 +14,8 @@ from twinkle_server.auth import Tenant
 from twinkle_server.checkpoints import CheckpointPath
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.errors import bad_request, not_found, unprocessable
-from twinkle_server.service import Service
 from twinkle_server.hub_push import listing_fields, listing_metadata
+from twinkle_server.service import Service
 from twinkle_server.store import CheckpointRow, PushRow, TrainingRunRow
 
 router = APIRouter(prefix='/api/v1')
@@ -119,7 +119,7 @@ async def delete_checkpoint(run_id: str, checkpoint_id: str, who: Tenant = Depen
 
 
 def _time(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
+    return datetime.fromtimestamp(t, tz=UTC).isoformat()
 
 
 def _checkpoint(c: CheckpointRow, pushes: dict[tuple[str, str], PushRow] | None = None) -> dict[str, Any]:

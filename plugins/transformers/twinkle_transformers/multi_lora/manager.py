@@ -62,7 +62,7 @@ class MultiLoraManager:
         model.__dict__[_ATTR] = self  # plain attribute: not a submodule, not in state_dict
 
     @classmethod
-    def attach(cls, model: nn.Module, *, freeze_base: bool = True) -> 'MultiLoraManager':
+    def attach(cls, model: nn.Module, *, freeze_base: bool = True) -> MultiLoraManager:
         """The model's manager, created (and the base frozen) on first use."""
         existing = getattr(model, _ATTR, None)
         return existing if existing is not None else cls(model, freeze_base=freeze_base)

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
-from twinkle_transformers.forward import forward_logps
 from twinkle_core.model.step_errors import TenantStepError
+from twinkle_core.model.train_state import TrainState
+from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.pass_planner import PassPlanner, TenantSize, pass_cost_tokens
 from twinkle_transformers.multi_lora.tenant_batch import slice_outputs, slice_rows
-from twinkle_core.model.train_state import TrainState
 
 INDEX_FIELD = 'adapter_index'
 
@@ -58,7 +58,7 @@ class _LossNeeds:
     chunk_tokens: int | None
 
     @classmethod
-    def of(cls, losses: list[Any]) -> '_LossNeeds':
+    def of(cls, losses: list[Any]) -> _LossNeeds:
         chunks = [c for c in (getattr(loss, 'chunk_tokens', None) for loss in losses) if c]
         return cls(any(getattr(loss, 'needs_logits', False) for loss in losses),
                    all(getattr(loss, 'logps_from_hidden_states', False) for loss in losses),

@@ -32,22 +32,28 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.model.row_keywords import with_row_keywords
+from twinkle_core.model.step_errors import MixedStepError, TenantStepError
+from twinkle_core.model.train_state import TrainState
+from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
-from twinkle_transformers.vision import language_config
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_transformers.loading import load_causal_lm, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
-from twinkle_core.model.step_errors import MixedStepError, TenantStepError
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.mixed_pass import (MixedPass, TenantWork, as_tenant_error, group_by_processor,
-                                                      planned_passes, run_tenants)
+from twinkle_transformers.multi_lora.mixed_pass import (
+    MixedPass,
+    TenantWork,
+    as_tenant_error,
+    group_by_processor,
+    planned_passes,
+    run_tenants,
+)
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, PassPlanner
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
-from twinkle_core.model.train_state import TrainState
-from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_transformers.vision import language_config
 
 
 class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
@@ -121,7 +127,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         return self.manager.adapter_names
 
     @contextlib.contextmanager
-    def adapter(self, adapter_name: str) -> Iterator['MultiLoraTransformersModel']:
+    def adapter(self, adapter_name: str) -> Iterator[MultiLoraTransformersModel]:
         """Per-tenant calls inside the block default to ``adapter_name``."""
         self._state(adapter_name)
         self._current.append(adapter_name)

@@ -43,7 +43,7 @@ class TenantSize:
     tokens: int
 
     @classmethod
-    def of(cls, lengths: Sequence[int]) -> 'TenantSize':
+    def of(cls, lengths: Sequence[int]) -> TenantSize:
         return cls(len(lengths), max(lengths, default=0), sum(lengths))
 
 

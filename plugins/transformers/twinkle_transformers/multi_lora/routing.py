@@ -30,7 +30,7 @@ class SegmentPlan:
     e.g. a packed batch): layers then read the tokens as a view instead of gathering a copy.
     """
     uniform_slot: int | None
-    order: 'torch.Tensor | None'
+    order: torch.Tensor | None
     segments: tuple[tuple[int, int, int], ...]
     offset: int | None = None
 
@@ -48,10 +48,10 @@ class AdapterRouter:
     def active(self) -> bool:
         return self._uniform is not None or self._index is not None
 
-    def state(self) -> tuple[int | None, 'torch.Tensor | None']:
+    def state(self) -> tuple[int | None, torch.Tensor | None]:
         return self._uniform, self._index
 
-    def restore(self, state: tuple[int | None, 'torch.Tensor | None']) -> None:
+    def restore(self, state: tuple[int | None, torch.Tensor | None]) -> None:
         self._uniform, self._index = state
         self._plans = {}
 
@@ -61,7 +61,7 @@ class AdapterRouter:
             self._validate_slots([slot])
         self._uniform, self._index, self._plans = slot, None, {}
 
-    def set_index(self, index: 'torch.Tensor') -> None:
+    def set_index(self, index: torch.Tensor) -> None:
         """Route by an integer tensor: per row ``[B]`` or per token ``[B, T]`` (packed: ``[1, T]``).
 
         Values are adapter slots or `BASE_ONLY` (-1). Unknown slots raise here, before any forward runs.
@@ -78,7 +78,7 @@ class AdapterRouter:
             self._validate_slots(torch.unique(index).tolist())
         self._uniform, self._index, self._plans = None, index, {}
 
-    def plan_for(self, x: 'torch.Tensor') -> SegmentPlan | None:
+    def plan_for(self, x: torch.Tensor) -> SegmentPlan | None:
         """The segment plan for activations `x` of shape ``[..., features]``; None when routing is off."""
         if self._uniform is not None:
             return SegmentPlan(self._uniform, None, ())
@@ -91,7 +91,7 @@ class AdapterRouter:
             plan = self._plans[key] = _build_plan(self._expand(lead).to(x.device))
         return plan
 
-    def _expand(self, lead: tuple[int, ...]) -> 'torch.Tensor':
+    def _expand(self, lead: tuple[int, ...]) -> torch.Tensor:
         index = self._index
         if tuple(index.shape) == lead:
             return index
@@ -101,7 +101,7 @@ class AdapterRouter:
                          f'shape {lead}: pass one index per row [B] or one per token {list(lead)}.')
 
 
-def _build_plan(index: 'torch.Tensor') -> SegmentPlan:
+def _build_plan(index: torch.Tensor) -> SegmentPlan:
     import torch
     flat = index.reshape(-1)
     sorted_slots, order = torch.sort(flat, stable=True)

@@ -25,8 +25,12 @@ import torch
 from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
 from twinkle_transformers.sampler.stopping import StopCondition, StopReason
-from twinkle_transformers.sampler.vision_inputs import (PromptImages, placeholder_token_ids, prefill_inputs,
-                                                         step_positions)
+from twinkle_transformers.sampler.vision_inputs import (
+    PromptImages,
+    placeholder_token_ids,
+    prefill_inputs,
+    step_positions,
+)
 
 # adapter name per batch row (None = base weights) -> (context, extra forward kwargs) running rows that way
 Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]]

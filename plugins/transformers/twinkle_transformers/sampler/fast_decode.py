@@ -32,7 +32,7 @@ class StaticKVCache:
     length: int
 
     @classmethod
-    def from_dynamic(cls, cache: Any, rows: torch.Tensor, capacity: int) -> 'StaticKVCache':
+    def from_dynamic(cls, cache: Any, rows: torch.Tensor, capacity: int) -> StaticKVCache:
         """Copy a prefilled HF `DynamicCache` (rows picked by `rows`, e.g. fanned out per sample)."""
         keys, values = [], []
         for layer in cache.layers:
@@ -64,15 +64,15 @@ class FastDecoder:
     def prepare(self, positions: int) -> None:
         """Set up the decode that follows (positions below `positions`): resolve each layer's projections (fused
         or per module) and tabulate RoPE. Weights and modules must not be swapped until it ends."""
-        self._projections = [(Projection([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]),
-                              Projection([l.mlp.gate_proj, l.mlp.up_proj])) for l in self.body.layers]
+        self._projections = [(Projection([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                              Projection([layer.mlp.gate_proj, layer.mlp.up_proj])) for layer in self.body.layers]
         embed = self.body.embed_tokens.weight
         all_positions = torch.arange(positions, device=embed.device)[None]
         cos, sin = self.body.rotary_emb(embed[:1][None], all_positions)  # same values as per-step calls
         self._rope_table = (cos[0], sin[0])
 
     @classmethod
-    def for_model(cls, model: nn.Module, *, fuse: bool) -> 'FastDecoder | None':
+    def for_model(cls, model: nn.Module, *, fuse: bool) -> FastDecoder | None:
         """A decoder for `model`, or None when it is not a plain Llama-family causal LM. `fuse`: fuse projection
         weights in place (only for a model the caller owns: parameters are replaced by views)."""
         config = getattr(model, 'config', None)

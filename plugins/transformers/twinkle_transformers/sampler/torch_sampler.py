@@ -31,11 +31,18 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.kernel import apply_kernels
 from twinkle_core.sampler.base import Sampler
 from twinkle_core.sampler.codec import TextCodec
-from twinkle_core.kernel import apply_kernels
-from twinkle_core.sampler.prompts import (IMAGE_FIELDS, adapters_per_prompt, as_sampling_params, encode_prompt_row,
-                                         prompt_rows, sampled_sequence, sequence_seed)
+from twinkle_core.sampler.prompts import (
+    IMAGE_FIELDS,
+    adapters_per_prompt,
+    as_sampling_params,
+    encode_prompt_row,
+    prompt_rows,
+    sampled_sequence,
+    sequence_seed,
+)
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
