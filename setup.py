@@ -5,6 +5,7 @@ this tree) carry a copy as the data folder ``twinkle_core/_registry/``, which `t
 reads when the repo-root folder is not there (i.e. in a non-editable install). Editable installs read
 registry/ directly, so edits show up without a rebuild.
 """
+
 import shutil
 from pathlib import Path
 

@@ -5,6 +5,7 @@ with ``--device cuda``. Same values and gradients are checked in tests/transform
 
     python bench/chunked_ce_memory.py --tokens 4096 --vocab 65536 --hidden 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden: int, device: str)
     import torch
 
     from twinkle_transformers.forward import compute_logps, compute_logps_from_hidden
+
     torch.manual_seed(0)
     h = torch.randn(tokens, hidden, device=device, requires_grad=True)
     w = torch.randn(vocab, hidden, device=device) * 0.02
@@ -33,8 +35,11 @@ def run_variant(variant: str, tokens: int, vocab: int, hidden: int, device: str)
     else:
         logps, _ = compute_logps_from_hidden(h, w, targets)
     (-logps.mean()).backward()
-    peak = (torch.cuda.max_memory_allocated() if device == 'cuda'
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device == 'cuda'
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     return {'variant': variant, 'peak_mib': (peak - base) / 2**20, 'loss': float(-logps.mean())}
 
 
@@ -51,16 +56,34 @@ def main() -> None:
         return
     results = []
     for variant in ('full_logits', 'chunked_from_hidden'):
-        out = subprocess.run([sys.executable, __file__, '--variant', variant, '--tokens', str(args.tokens),
-                              '--vocab', str(args.vocab), '--hidden', str(args.hidden), '--device', args.device],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                '--variant',
+                variant,
+                '--tokens',
+                str(args.tokens),
+                '--vocab',
+                str(args.vocab),
+                '--hidden',
+                str(args.hidden),
+                '--device',
+                args.device,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     full, chunked = results
-    print(f'tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, device {args.device} '
-          f'(one fp32 [T, V] logits tensor: {args.tokens * args.vocab * 4 / 2**20:.0f} MiB)')
+    print(
+        f'tokens {args.tokens}, vocab {args.vocab}, hidden {args.hidden}, device {args.device} '
+        f'(one fp32 [T, V] logits tensor: {args.tokens * args.vocab * 4 / 2**20:.0f} MiB)'
+    )
     for r in results:
-        print(f"{r['variant']:<22} peak +{r['peak_mib']:.0f} MiB   loss {r['loss']:.6f}")
-    print(f"chunked / full peak memory: {chunked['peak_mib'] / full['peak_mib']:.2f}x")
+        print(f'{r["variant"]:<22} peak +{r["peak_mib"]:.0f} MiB   loss {r["loss"]:.6f}')
+    print(f'chunked / full peak memory: {chunked["peak_mib"] / full["peak_mib"]:.2f}x')
 
 
 if __name__ == '__main__':

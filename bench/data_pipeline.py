@@ -5,6 +5,7 @@
 
 Run: .venv/bin/python bench/data_pipeline.py [--rows 2000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,7 @@ def bench_label_paths(model_dir: str, trajectories: list[dict]) -> None:
     from transformers import AutoTokenizer
 
     from twinkle_core.template.chat_template import ChatTemplate
+
     markers = ChatTemplate(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = tok.chat_template.replace('{%- generation %}', '').replace('{%- endgeneration %}', '')
@@ -39,23 +41,29 @@ def bench_label_paths(model_dir: str, trajectories: list[dict]) -> None:
     t_prefix = _best_of(lambda: prefix.encode_batch(trajectories))
     n = len(trajectories)
     print(f'labels via generation mask: {n / t_markers:8.0f} rows/s')
-    print(f'labels via prefix rendering: {n / t_prefix:7.0f} rows/s  '
-          f'(ratio prefix/mask time = {t_prefix / t_markers:.2f})')
+    print(
+        f'labels via prefix rendering: {n / t_prefix:7.0f} rows/s  '
+        f'(ratio prefix/mask time = {t_prefix / t_markers:.2f})'
+    )
 
 
 def bench_encode_cache(model_dir: str, path: str) -> None:
     from twinkle_core.dataset import Dataset
 
     with tempfile.TemporaryDirectory() as cache:
+
         def run() -> float:
             start = time.perf_counter()
             ds = Dataset(path, cache_dir=cache).map('MessagesProcessor')
             ds.set_template('Template', model_id=model_dir, max_length=512).encode()
             assert len(ds) > 0
             return time.perf_counter() - start
+
         first, second = run(), run()
-    print(f'load+map+encode, first run: {first:.2f}s; second run (cached): {second:.2f}s; '
-          f'ratio first/second = {first / second:.1f}x')
+    print(
+        f'load+map+encode, first run: {first:.2f}s; second run (cached): {second:.2f}s; '
+        f'ratio first/second = {first / second:.1f}x'
+    )
 
 
 def main() -> None:
@@ -63,6 +71,7 @@ def main() -> None:
 
     from twinkle_core.fixtures import data_path
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rows', type=int, default=2000)
     args = parser.parse_args()
@@ -71,6 +80,7 @@ def main() -> None:
     base = [json.loads(line) for line in data_path('sharegpt_sample.jsonl').read_text().splitlines()]
     rows = [base[i % len(base)] for i in range(args.rows)]
     from twinkle_core.preprocessor.conversation import MessagesProcessor
+
     bench_label_paths(model_dir, [MessagesProcessor()(r) for r in rows[:500]])
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, 'conversations.jsonl')

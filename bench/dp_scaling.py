@@ -10,6 +10,7 @@ global batch; the N-process run is started from this script with torch.multiproc
 uses). Each process is limited to one intra-op thread so that N processes use N cores, as a 1-core-per-rank
 launch would. The first `--warmup` steps are not timed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,10 @@ from typing import Any
 
 def token_rows(num_rows: int, seq_len: int, vocab: int, seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{'input_ids': (ids := [rng.randrange(3, vocab) for _ in range(seq_len)]), 'labels': list(ids)}
-            for _ in range(num_rows)]
+    return [
+        {'input_ids': (ids := [rng.randrange(3, vocab) for _ in range(seq_len)]), 'labels': list(ids)}
+        for _ in range(num_rows)
+    ]
 
 
 def _free_port() -> int:
@@ -39,9 +42,11 @@ def _free_port() -> int:
 def train_and_time(rank: int, world: int, args: argparse.Namespace, port: int, out: str) -> None:
     """One rank: build the model on a dp=`world` mesh, train, write rank 0's timing to `out`."""
     import torch
+
     torch.set_num_threads(args.threads)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port)
+    )
     import twinkle_core
     from twinkle_core.dataset import DataLoader
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
@@ -78,6 +83,7 @@ def train_and_time(rank: int, world: int, args: argparse.Namespace, port: int, o
 
 def run(world: int, args: argparse.Namespace) -> dict[str, float]:
     import torch.multiprocessing as mp
+
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / 'result.json')
         port = _free_port()
@@ -105,6 +111,7 @@ def gpu_fsdp_vs_plain(args: argparse.Namespace) -> None:
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     from twinkle_transformers.model import TransformersModel
     from twinkle_transformers.parallel import _apply_fsdp
+
     if not torch.cuda.is_available():
         raise SystemExit('--gpu needs a CUDA device.')
     os.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
@@ -120,7 +127,7 @@ def gpu_fsdp_vs_plain(args: argparse.Namespace) -> None:
         params = sum(p.numel() for p in model.model.parameters())
         vocab = model.model.config.vocab_size
         rows = token_rows(args.batch_size * (args.warmup + args.steps), args.seq_len, vocab)
-        batches = [rows[i:i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
+        batches = [rows[i : i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
         for i, batch in enumerate(batches):
             if i == args.warmup:
                 torch.cuda.synchronize()
@@ -159,11 +166,15 @@ def main() -> None:
     base = run(1, args)
     scaled = run(args.nproc, args)
     for r in (base, scaled):
-        print(f'{r["world"]} process(es): {r["tokens_per_second"]:9.0f} tokens/s ({r["tokens"]:.0f} tokens in '
-              f'{r["seconds"]:.2f} s)')
+        print(
+            f'{r["world"]} process(es): {r["tokens_per_second"]:9.0f} tokens/s ({r["tokens"]:.0f} tokens in '
+            f'{r["seconds"]:.2f} s)'
+        )
     ratio = scaled['tokens_per_second'] / base['tokens_per_second']
-    print(f'DDP scaling {args.nproc} vs 1 process: {ratio:.2f}x tokens/s (ideal {args.nproc:.0f}x; efficiency '
-          f'{ratio / args.nproc:.0%})')
+    print(
+        f'DDP scaling {args.nproc} vs 1 process: {ratio:.2f}x tokens/s (ideal {args.nproc:.0f}x; efficiency '
+        f'{ratio / args.nproc:.0%})'
+    )
 
 
 if __name__ == '__main__':

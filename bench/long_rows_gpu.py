@@ -7,6 +7,7 @@ not in 6N; their share is printed separately (6 x layers x seq_len x heads x hea
     python bench/long_rows_gpu.py --model medium --seq-len 2048 --rows 16      # on one CUDA GPU
     python bench/long_rows_gpu.py --model tiny --seq-len 64 --rows 2 --steps 1 --rounds 1 --warmup 1   # CPU dry run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,13 +49,18 @@ def main() -> None:
     args = parse_args()
     model_dir = str(ensure_tiny_model(args.model)) if args.model in SPECS else args.model
     from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(model_dir)
     gpu = torch.cuda.is_available()
     dtype = 'bfloat16' if gpu else 'float32'
-    batches = [token_rows(config.vocab_size, args.seq_len, args.rows, seed)
-               for seed in range(args.warmup + args.steps * args.rounds)]
-    print(f'model {args.model}, {args.rows} rows x {args.seq_len} tokens per step, {dtype}, '
-          f'{torch.cuda.get_device_name() if gpu else "CPU"}, torch {torch.__version__}')
+    batches = [
+        token_rows(config.vocab_size, args.seq_len, args.rows, seed)
+        for seed in range(args.warmup + args.steps * args.rounds)
+    ]
+    print(
+        f'model {args.model}, {args.rows} rows x {args.seq_len} tokens per step, {dtype}, '
+        f'{torch.cuda.get_device_name() if gpu else "CPU"}, torch {torch.__version__}'
+    )
     variants = {}
     for backend in args.backends.split(','):
         try:
@@ -64,7 +70,9 @@ def main() -> None:
     rates = time_interleaved(variants, batches, args.warmup, args.steps, args.rounds)
     report(rates, next(iter(rates)))
     params = parameter_count(model_dir)
-    heads_dim = config.num_attention_heads * getattr(config, 'head_dim', config.hidden_size // config.num_attention_heads)
+    heads_dim = config.num_attention_heads * getattr(
+        config, 'head_dim', config.hidden_size // config.num_attention_heads
+    )
     attention_per_token = 6 * config.num_hidden_layers * args.seq_len * heads_dim
     results = {}
     for name, values in rates.items():

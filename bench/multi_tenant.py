@@ -24,6 +24,7 @@ Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small] [--tenants 1 4 
      .venv/bin/python bench/multi_tenant.py --grid [--model small] [--tenants 1 4 16 64]
      [--shapes 1x16 4x64 8x256] [--ranks 8 32] [--max-step-tokens 16384]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ LR = 1e-4
 
 def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
     import torch
+
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n_rows):
@@ -60,6 +62,7 @@ def _rank(i: int, ranks: list[int]) -> int:
 
 def _engine(model_dir: str, n: int, ranks: list[int], **engine_kwargs):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     engine = MultiLoraTransformersModel(model_dir, device='cpu', **engine_kwargs)
     for i in range(n):
         r = _rank(i, ranks)
@@ -72,17 +75,21 @@ def _peft_models(model_dir: str, n: int, ranks: list[int]):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     models = []
     for i in range(n):
-        m = get_peft_model(base if i == n - 1 else copy.deepcopy(base),
-                           LoraConfig(r=_rank(i, ranks), lora_alpha=2 * _rank(i, ranks), target_modules='all-linear'))
+        m = get_peft_model(
+            base if i == n - 1 else copy.deepcopy(base),
+            LoraConfig(r=_rank(i, ranks), lora_alpha=2 * _rank(i, ranks), target_modules='all-linear'),
+        )
         models.append((m, torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=LR)))
     return models
 
 
 def _padded(rows: list[dict]):
     import torch
+
     width = max(len(r['input_ids']) for r in rows)
     ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows])
     labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows])
@@ -105,6 +112,7 @@ def sequential_step(engine, data: dict[str, list[dict]]) -> None:
 
 def peft_step(models, batches) -> None:
     import torch
+
     for (model, optim), (ids, mask, labels) in zip(models, batches):
         model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -134,17 +142,36 @@ def child(kind: str, model_dir: str, n: int, rows: int, tokens: int, ranks: list
 
 
 def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float:
-    out = subprocess.run([sys.executable, __file__, '--child', kind, '--n', str(n), '--model-dir', model_dir,
-                          '--rows', str(args.rows), '--tokens', str(args.tokens), '--threads', str(args.threads),
-                          '--ranks', *map(str, args.ranks)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            '--child',
+            kind,
+            '--n',
+            str(n),
+            '--model-dir',
+            model_dir,
+            '--rows',
+            str(args.rows),
+            '--tokens',
+            str(args.tokens),
+            '--threads',
+            str(args.threads),
+            '--ranks',
+            *map(str, args.ranks),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_rss_mb']
 
 
 def adapter_train_mb(model_dir: str, ranks: list[int]) -> float:
     engine = _engine(model_dir, 1, ranks)
     params = sum(p.numel() for p in engine.manager.parameters('t0'))
-    return params * 4 * 4 / 2 ** 20  # fp32 weight + grad + exp_avg + exp_avg_sq
+    return params * 4 * 4 / 2**20  # fp32 weight + grad + exp_avg + exp_avg_sq
 
 
 # ---- (b) throughput, in this process --------------------------------------------------------------------
@@ -186,10 +213,15 @@ def throughput(model_dir: str, n: int, rows: int, tokens: int, args: argparse.Na
     chosen_engine = _engine(model_dir, n, args.ranks)  # the default: pass_strategy='auto'
     settle(chosen_engine, data)
     models, batches = _peft_models(model_dir, n, args.ranks), [_padded(rs) for rs in data.values()]
-    seconds = _median_times({'mixed': lambda: mixed_step(mixed_engine, data),
-                             'sequential': lambda: sequential_step(mixed_engine, data),
-                             'peft': lambda: peft_step(models, batches),
-                             'chosen': lambda: mixed_step(chosen_engine, data)}, args.repeats)
+    seconds = _median_times(
+        {
+            'mixed': lambda: mixed_step(mixed_engine, data),
+            'sequential': lambda: sequential_step(mixed_engine, data),
+            'peft': lambda: peft_step(models, batches),
+            'chosen': lambda: mixed_step(chosen_engine, data),
+        },
+        args.repeats,
+    )
     out: dict[str, float | str] = {name: n / t for name, t in seconds.items()}
     out['strategy'] = describe(chosen_engine.planner.last_plan)
     return out
@@ -197,19 +229,27 @@ def throughput(model_dir: str, n: int, rows: int, tokens: int, args: argparse.Na
 
 def print_throughput(args: argparse.Namespace, model_dir: str) -> None:
     print('\n(b) throughput (tenant-steps/s, median), same process; best = max(sequential, peft)')
-    print(f'{"N":>3} {"rows x tokens":>13} {"mixed":>8} {"sequential":>10} {"peft xN":>8} {"chosen":>8} '
-          f'{"strategy":>16} {"chosen/best":>11} {"mixed/sequential":>16}')
+    print(
+        f'{"N":>3} {"rows x tokens":>13} {"mixed":>8} {"sequential":>10} {"peft xN":>8} {"chosen":>8} '
+        f'{"strategy":>16} {"chosen/best":>11} {"mixed/sequential":>16}'
+    )
     for n in args.tenants:
         for rows, tokens in args.shapes:
             if n * rows * tokens > args.max_step_tokens:
-                print(f'{n:>3} {f"{rows} x {tokens}":>13}   skipped: {n * rows * tokens} tokens per step > '
-                      f'--max-step-tokens {args.max_step_tokens}', flush=True)
+                print(
+                    f'{n:>3} {f"{rows} x {tokens}":>13}   skipped: {n * rows * tokens} tokens per step > '
+                    f'--max-step-tokens {args.max_step_tokens}',
+                    flush=True,
+                )
                 continue
             r = throughput(model_dir, n, rows, tokens, args)
             best = max(r['sequential'], r['peft'])
-            print(f'{n:>3} {f"{rows} x {tokens}":>13} {r["mixed"]:>8.2f} {r["sequential"]:>10.2f} '
-                  f'{r["peft"]:>8.2f} {r["chosen"]:>8.2f} {r["strategy"]:>16} {r["chosen"] / best:>11.2f} '
-                  f'{r["mixed"] / r["sequential"]:>16.2f}', flush=True)
+            print(
+                f'{n:>3} {f"{rows} x {tokens}":>13} {r["mixed"]:>8.2f} {r["sequential"]:>10.2f} '
+                f'{r["peft"]:>8.2f} {r["chosen"]:>8.2f} {r["strategy"]:>16} {r["chosen"] / best:>11.2f} '
+                f'{r["mixed"] / r["sequential"]:>16.2f}',
+                flush=True,
+            )
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -227,12 +267,22 @@ def main() -> None:
     parser.add_argument('--rows', type=int, default=2, help='rows per tenant per step')
     parser.add_argument('--tokens', type=int, default=32, help='tokens per row')
     parser.add_argument('--ranks', type=int, nargs='+', default=[8], help='LoRA ranks, dealt round-robin')
-    parser.add_argument('--grid', action='store_true', help='throughput over tenants x --shapes (implies '
-                        '--skip-memory)')
-    parser.add_argument('--shapes', type=_shape, nargs='+', default=None,
-                        help='ROWSxTOKENS per tenant for --grid (default 1x16 4x64 8x256)')
-    parser.add_argument('--max-step-tokens', type=int, default=16384, help='skip grid cells with more tokens per '
-                        'step (the mixed baseline holds them all in one pass)')
+    parser.add_argument(
+        '--grid', action='store_true', help='throughput over tenants x --shapes (implies --skip-memory)'
+    )
+    parser.add_argument(
+        '--shapes',
+        type=_shape,
+        nargs='+',
+        default=None,
+        help='ROWSxTOKENS per tenant for --grid (default 1x16 4x64 8x256)',
+    )
+    parser.add_argument(
+        '--max-step-tokens',
+        type=int,
+        default=16384,
+        help='skip grid cells with more tokens per step (the mixed baseline holds them all in one pass)',
+    )
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads (1: stable on shared CPUs)')
     parser.add_argument('--skip-memory', action='store_true')
@@ -242,10 +292,12 @@ def main() -> None:
     parser.add_argument('--model-dir', help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
+
     torch.set_num_threads(args.threads)
     if args.child:
         return child(args.child, args.model_dir, args.n, args.rows, args.tokens, args.ranks)
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
     model_dir = str(ensure_tiny_model(args.model))
     if args.grid:
         args.skip_memory = True
@@ -253,20 +305,27 @@ def main() -> None:
     else:
         args.shapes = [(args.rows, args.tokens)]
         args.max_step_tokens = max(args.max_step_tokens, max(args.tenants) * args.rows * args.tokens)
-    print(f'model={args.model} tenants={args.tenants} shapes (rows x tokens per tenant)='
-          f'{[f"{r}x{t}" for r, t in args.shapes]} ranks={args.ranks} all-linear, AdamW; torch {torch.__version__}, '
-          f'{torch.get_num_threads()} threads, CPU')
+    print(
+        f'model={args.model} tenants={args.tenants} shapes (rows x tokens per tenant)='
+        f'{[f"{r}x{t}" for r, t in args.shapes]} ranks={args.ranks} all-linear, AdamW; torch {torch.__version__}, '
+        f'{torch.get_num_threads()} threads, CPU'
+    )
     if not args.skip_memory:
         adapter = adapter_train_mb(model_dir, args.ranks)
         print(f'\n(a) peak RSS (MB), fresh process each; one adapter trains with {adapter:.1f} MB')
-        print(f'{"N":>3} {"engine":>9} {"peft xN":>9} {"base(N)":>9} {"budget":>9} {"engine/budget":>14} '
-              f'{"peft/engine":>12}')
+        print(
+            f'{"N":>3} {"engine":>9} {"peft xN":>9} {"base(N)":>9} {"budget":>9} {"engine/budget":>14} '
+            f'{"peft/engine":>12}'
+        )
         for n in args.tenants:
             ours, peft = measure_rss('engine', model_dir, n, args), measure_rss('peft', model_dir, n, args)
             base = measure_rss('one_adapter', model_dir, n, args)
             budget = (base + (n - 1) * adapter) * 1.10
-            print(f'{n:>3} {ours:>9.1f} {peft:>9.1f} {base:>9.1f} {budget:>9.1f} {ours / budget:>14.2f} '
-                  f'{peft / ours:>12.2f}', flush=True)
+            print(
+                f'{n:>3} {ours:>9.1f} {peft:>9.1f} {base:>9.1f} {budget:>9.1f} {ours / budget:>14.2f} '
+                f'{peft / ours:>12.2f}',
+                flush=True,
+            )
     if args.skip_throughput:
         return
     print_throughput(args, model_dir)

@@ -11,6 +11,7 @@ vLLMSampler is compared with both in bench/sampler_vllm.py.
 Run: .venv/bin/python bench/sampler.py [--model tiny|small] [--batch 16] [--new-tokens 64] [--repeats 5]
                                       [--threads 1] [--shared]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,24 +26,28 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
     from twinkle_core.fixtures import data_path
+
     rows = [json.loads(line) for line in data_path('self_cognition.jsonl').read_text().splitlines() if line.strip()]
     prompts = []
     for row in rows[:count]:
         messages = [{'role': 'user', 'content': row['query']}]
-        prompts.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=False)))
+        prompts.append(
+            list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        )
     return prompts
 
 
 def hf_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, sampling: dict) -> list[list[int]]:
     import torch
+
     length = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (length - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
     kwargs = dict(do_sample=True, **sampling) if sampling['temperature'] > 0 else dict(do_sample=False)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, pad_token_id=pad,
-                         **kwargs)[:, length:].tolist()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, pad_token_id=pad, **kwargs)[
+        :, length:
+    ].tolist()
     eos = model.generation_config.eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
     return [_until_eos(row, eos) for row in out]
@@ -51,7 +56,7 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, sam
 def _until_eos(row: list[int], eos: set[int]) -> list[int]:
     for i, t in enumerate(row):
         if t in eos:
-            return row[:i + 1]
+            return row[: i + 1]
     return row
 
 
@@ -64,11 +69,18 @@ def main() -> None:
     parser.add_argument('--temperature', type=float, default=0.8)
     parser.add_argument('--top-k', type=int, default=50)
     parser.add_argument('--top-p', type=float, default=0.95)
-    parser.add_argument('--threads', type=int, default=1,
-                        help='torch intra-op threads for both sides (1 = stable timings on a shared machine)')
-    parser.add_argument('--shared', action='store_true',
-                        help='sampler shares the baseline model object (no in-place q/k/v fusion) instead of '
-                             'loading its own copy of the same weights')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=1,
+        help='torch intra-op threads for both sides (1 = stable timings on a shared machine)',
+    )
+    parser.add_argument(
+        '--shared',
+        action='store_true',
+        help='sampler shares the baseline model object (no in-place q/k/v fusion) instead of '
+        'loading its own copy of the same weights',
+    )
     args = parser.parse_args()
 
     import torch
@@ -82,14 +94,16 @@ def main() -> None:
     model_dir = ensure_tiny_model(args.model)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sampler = (TorchSampler(model=model, tokenizer=tokenizer, max_batch_size=args.batch) if args.shared
-               else TorchSampler(model_dir, device='cpu', max_batch_size=args.batch))
+    sampler = (
+        TorchSampler(model=model, tokenizer=tokenizer, max_batch_size=args.batch)
+        if args.shared
+        else TorchSampler(model_dir, device='cpu', max_batch_size=args.batch)
+    )
     prompts = chat_prompts(tokenizer, args.batch)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
     greedy_hf = hf_generate(model, tokenizer, prompts, args.new_tokens, dict(sampling, temperature=0.0))
-    greedy_ours = [r.sequences[0].tokens for r in sampler.sample(prompts, max_tokens=args.new_tokens,
-                                                                 temperature=0.0)]
+    greedy_ours = [r.sequences[0].tokens for r in sampler.sample(prompts, max_tokens=args.new_tokens, temperature=0.0)]
     same = sum(a == b for a, b in zip(greedy_hf, greedy_ours))
     print(f'greedy check: {same}/{len(prompts)} sequences identical to HF generate')
 
@@ -103,8 +117,10 @@ def main() -> None:
         responses = sampler.sample(prompts, params)
         our_rates.append(sum(len(r.sequences[0].tokens) for r in responses) / (time.perf_counter() - start))
     hf, ours = statistics.median(hf_rates), statistics.median(our_rates)
-    print(f'model={args.model} batch={args.batch} new_tokens={args.new_tokens} {sampling} '
-          f'threads={torch.get_num_threads()} repeats={args.repeats} shared={args.shared}')
+    print(
+        f'model={args.model} batch={args.batch} new_tokens={args.new_tokens} {sampling} '
+        f'threads={torch.get_num_threads()} repeats={args.repeats} shared={args.shared}'
+    )
     print(f'HF generate:  {hf:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in hf_rates)})')
     print(f'TorchSampler: {ours:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in our_rates)})')
     print(f'ratio TorchSampler / HF generate = {ours / hf:.2f}x')

@@ -12,6 +12,7 @@ The two are timed alternately step by step (so load from other processes hits bo
 (= served throughput relative to in-process; target >= 0.85). Then p50/p99 latency of forward_backward with
 `clients` concurrent SDK clients (each its own LoRA; the server mixes them into shared passes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,14 @@ from twinkle_server.launch import start_process
 
 def make_rows(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[list[int]]:
     import random
+
     rng = random.Random(seed)
     return [[rng.randrange(5, vocab) for _ in range(seq_len)] for _ in range(batch)]
 
 
 def in_process_step(model_dir: str, seqs: list[list[int]]) -> Callable[[], None]:
     from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
+
     model = MultiLoraTransformersModel(model_id=model_dir, device='cpu')
     model.add_adapter_to_model('bench', {'r': 8, 'lora_alpha': 32, 'target_modules': 'all-linear'})
     model.set_optimizer('AdamW', lr=1e-4, adapter_name='bench')
@@ -45,20 +48,31 @@ def in_process_step(model_dir: str, seqs: list[list[int]]) -> Callable[[], None]
     def step() -> None:
         model.forward_backward(inputs=rows, adapter_name='bench')
         model.clip_grad_and_step(None, adapter_name='bench')
+
     return step
 
 
 def datums(seqs: list[list[int]]):
     from tinker import types
-    return [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
-                        loss_fn_inputs={'target_tokens': s[1:], 'weights': [1.0] * (len(s) - 1)}) for s in seqs]
+
+    return [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(s[:-1]),
+            loss_fn_inputs={'target_tokens': s[1:], 'weights': [1.0] * (len(s) - 1)},
+        )
+        for s in seqs
+    ]
 
 
 def served_step(url: str, key: str, seqs: list[list[int]]) -> Callable[[], None]:
     import tinker
     from tinker import types
-    tc = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
-        base_model='bench', rank=8, seed=0).result()
+
+    tc = (
+        tinker.ServiceClient(base_url=url, api_key=key)
+        .create_lora_training_client(base_model='bench', rank=8, seed=0)
+        .result()
+    )
     data = datums(seqs)
     adam = types.AdamParams(learning_rate=1e-4)
 
@@ -66,6 +80,7 @@ def served_step(url: str, key: str, seqs: list[list[int]]) -> Callable[[], None]
         fwd, opt = tc.forward_backward(data, 'cross_entropy'), tc.optim_step(adam)
         fwd.result()
         opt.result()
+
     return step
 
 
@@ -77,6 +92,7 @@ def timed(fn: Callable[[], None]) -> float:
 
 def concurrent_latency(url: str, key: str, seqs: list[list[int]], clients: int, requests: int) -> list[float]:
     import tinker
+
     service = tinker.ServiceClient(base_url=url, api_key=key)
     tcs = [service.create_lora_training_client(base_model='bench', rank=8, seed=i).result() for i in range(clients)]
     data = datums(seqs)
@@ -94,8 +110,13 @@ def concurrent_latency(url: str, key: str, seqs: list[list[int]], clients: int, 
 
 
 def start_server(model_dir: str, data_dir: str, port: int, threads: int) -> subprocess.Popen:
-    return start_process({'bench': model_dir}, data_dir, port, extra_args=('--device', 'cpu'),
-                         env={'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)})
+    return start_process(
+        {'bench': model_dir},
+        data_dir,
+        port,
+        extra_args=('--device', 'cpu'),
+        env={'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)},
+    )
 
 
 def main() -> None:
@@ -109,9 +130,11 @@ def main() -> None:
     ap.add_argument('--threads', type=int, default=1, help='torch threads in the bench and the server process')
     args = ap.parse_args()
     import torch
+
     torch.set_num_threads(args.threads)
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     import logging
+
     logging.getLogger('tinker').setLevel(logging.ERROR)
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     from twinkle_server.auth import create_api_key
@@ -120,6 +143,7 @@ def main() -> None:
 
     model_dir = str(ensure_tiny_model(args.model))
     from transformers import AutoTokenizer
+
     seqs = make_rows(len(AutoTokenizer.from_pretrained(model_dir)), args.batch, args.seq_len)
     local_step = in_process_step(model_dir, seqs)
 
@@ -148,8 +172,10 @@ def main() -> None:
     print(f'in-process : median {local * 1000:.0f} ms/step ({1 / local:.3f} steps/s)')
     print(f'served     : median {remote * 1000:.0f} ms/step ({1 / remote:.3f} steps/s, tinker SDK -> 127.0.0.1)')
     print(f'ratio served/in-process throughput = {local / remote:.3f} (target >= 0.85)')
-    print(f'forward_backward latency, {args.clients} concurrent clients x {args.requests}: '
-          f'p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms')
+    print(
+        f'forward_backward latency, {args.clients} concurrent clients x {args.requests}: '
+        f'p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms'
+    )
 
 
 if __name__ == '__main__':

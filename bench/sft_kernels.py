@@ -9,6 +9,7 @@ backward in one forward, per variant.
     python bench/sft_kernels.py                          # small fixture model, CPU
     OMP_NUM_THREADS=1 python bench/sft_kernels.py --model tiny --rounds 5
 """
+
 from __future__ import annotations
 
 import os
@@ -30,15 +31,19 @@ def main() -> None:
     cache = tempfile.mkdtemp(prefix='twinkle-kernel-cache-')
     os.environ.update(HF_HUB_CACHE=cache, HF_HUB_OFFLINE='1')
     from twinkle_core.fixtures.hub_cache import install_first_party_kernels
+
     install_first_party_kernels(cache)
     model_dir = str(ensure_tiny_model(args.model)) if args.model in SPECS else args.model
     torch.manual_seed(args.seed)
     n_batches = args.warmup + args.steps * args.rounds
     batches = build_batches(model_dir, n_batches, args.batch_size, args.max_turns, args.seed)
-    print(f'model {args.model}, {n_batches} batches of {args.batch_size} rows, '
-          f'{statistics.mean(sum(len(r["input_ids"]) for r in b) for b in batches) / args.batch_size:.0f} '
-          f'tokens/row on average, threads {torch.get_num_threads()}')
+    print(
+        f'model {args.model}, {n_batches} batches of {args.batch_size} rows, '
+        f'{statistics.mean(sum(len(r["input_ids"]) for r in b) for b in batches) / args.batch_size:.0f} '
+        f'tokens/row on average, threads {torch.get_num_threads()}'
+    )
     import importlib.util
+
     chosen = dict(VARIANTS)
     if torch.cuda.is_available() and importlib.util.find_spec('liger_kernel') is not None:
         chosen.update(LIGER)
@@ -57,6 +62,7 @@ def saved_for_backward(model_dir: str, kernels: tuple[str, ...]) -> int:
     from transformers import AutoModelForCausalLM
 
     from twinkle_core.kernel import apply_kernels
+
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     apply_kernels(model, kernels, device=device)

@@ -8,6 +8,7 @@ interleaved (order rotated each round) after a warmup, and the median over round
     python bench/sft_throughput.py                       # small fixture model, CPU
     OMP_NUM_THREADS=1 python bench/sft_throughput.py --model tiny --rounds 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,7 @@ def parse_args(description: str | None = None) -> argparse.Namespace:
 def build_batches(model_dir: str, n_batches: int, batch_size: int, max_turns: int, seed: int) -> list[list[dict]]:
     """Encoded multi-turn self-cognition rows (lengths vary ~max_turns-fold), grouped into batches."""
     from twinkle_core.registry import resolve
+
     template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     pairs = [json.loads(line) for line in data_path('self_cognition.jsonl').read_text().splitlines() if line]
     rng = random.Random(seed)
@@ -56,8 +58,10 @@ def build_batches(model_dir: str, n_batches: int, batch_size: int, max_turns: in
         for _ in range(batch_size):
             messages = []
             for pair in rng.sample(pairs, rng.randint(1, max_turns)):
-                messages += [{'role': 'user', 'content': fill(pair['query'])},
-                             {'role': 'assistant', 'content': fill(pair['response'])}]
+                messages += [
+                    {'role': 'user', 'content': fill(pair['query'])},
+                    {'role': 'assistant', 'content': fill(pair['response'])},
+                ]
             rows.append(template.encode({'messages': messages}))
         batches.append(rows)
     return batches
@@ -67,6 +71,7 @@ def raw_step_fn(model_dir: str) -> Callable[[list[dict]], None]:
     """The baseline: transformers + peft, right-padded batches, the model's own loss, AdamW."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(task_type='CAUSAL_LM', **LORA))
     model.train()
@@ -87,9 +92,9 @@ def raw_step_fn(model_dir: str) -> Callable[[list[dict]], None]:
     return step
 
 
-def twinkle_step_fn(model_dir: str, padding_free: bool,
-                    kernels: tuple[str, ...] = ()) -> Callable[[list[dict]], None]:
+def twinkle_step_fn(model_dir: str, padding_free: bool, kernels: tuple[str, ...] = ()) -> Callable[[list[dict]], None]:
     from twinkle_transformers.model import TransformersModel
+
     model = TransformersModel(model_dir, dtype='float32', kernels=kernels)
     if kernels:
         print(f'  kernels {" + ".join(kernels)}: replaced {model.kernels}')
@@ -112,9 +117,11 @@ def main() -> None:
     batches = build_batches(model_dir, n_batches, args.batch_size, args.max_turns, args.seed)
     real = [sum(len(r['input_ids']) for r in b) for b in batches]
     padded = [len(b) * max(len(r['input_ids']) for r in b) for b in batches]
-    print(f'model {args.model}, {n_batches} batches of {args.batch_size} rows, '
-          f'{statistics.mean(real) / args.batch_size:.0f} tokens/row on average, '
-          f'padding overhead {sum(padded) / sum(real):.2f}x, threads {torch.get_num_threads()}')
+    print(
+        f'model {args.model}, {n_batches} batches of {args.batch_size} rows, '
+        f'{statistics.mean(real) / args.batch_size:.0f} tokens/row on average, '
+        f'padding overhead {sum(padded) / sum(real):.2f}x, threads {torch.get_num_threads()}'
+    )
 
     variants: dict[str, Callable[[list[dict]], None]] = {
         'raw transformers+peft (padded)': raw_step_fn(model_dir),
@@ -125,8 +132,9 @@ def main() -> None:
     report(rates, next(iter(variants)))
 
 
-def time_interleaved(variants: dict[str, Callable[[list[dict]], None]], batches: list[list[dict]], warmup: int,
-                     steps: int, rounds: int) -> dict[str, list[float]]:
+def time_interleaved(
+    variants: dict[str, Callable[[list[dict]], None]], batches: list[list[dict]], warmup: int, steps: int, rounds: int
+) -> dict[str, list[float]]:
     """Real tokens/s of each variant per round: `warmup` untimed batches each, then `rounds` rounds of `steps`
     batches, every variant on the same batches, the order rotated each round."""
     names = list(variants)
@@ -136,9 +144,9 @@ def time_interleaved(variants: dict[str, Callable[[list[dict]], None]], batches:
     rates: dict[str, list[float]] = {name: [] for name in names}
     progress = tqdm(total=rounds * len(names), desc='rounds x variants')
     for r in range(rounds):
-        timed = batches[warmup + r * steps: warmup + (r + 1) * steps]
+        timed = batches[warmup + r * steps : warmup + (r + 1) * steps]
         tokens = sum(sum(len(row['input_ids']) for row in b) for b in timed)
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order every round
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order every round
             start = time.perf_counter()
             for b in timed:
                 variants[name](b)

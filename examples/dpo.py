@@ -12,6 +12,7 @@ one a wrong number. The loop, top to bottom:
     python examples/dpo.py
     python examples/dpo.py --loss-type ipo
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ def preference_pairs(rng: random.Random, n: int) -> list[dict[str, Any]]:
     for _ in range(n):
         a, b = rng.randint(0, 4), rng.randint(0, 4)
         wrong = rng.choice([x for x in range(10) if x != a + b])
-        pairs.append({'prompt': [{'role': 'user', 'content': f'{a}+{b}='}], 'chosen': str(a + b),
-                      'rejected': str(wrong)})
+        pairs.append(
+            {'prompt': [{'role': 'user', 'content': f'{a}+{b}='}], 'chosen': str(a + b), 'rejected': str(wrong)}
+        )
     return pairs
 
 
@@ -46,8 +48,14 @@ def encode_pairs(template: Any, pairs: list[dict[str, Any]]) -> list[dict[str, A
     return rows
 
 
-def main(steps: int = 40, pairs_per_step: int = 8, beta: float = 0.1, loss_type: str = 'sigmoid',
-         lr: float = 2e-3, seed: int = 0) -> dict[str, Any]:
+def main(
+    steps: int = 40,
+    pairs_per_step: int = 8,
+    beta: float = 0.1,
+    loss_type: str = 'sigmoid',
+    lr: float = 2e-3,
+    seed: int = 0,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     model.add_adapter_to_model('dpo', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear'})
@@ -69,12 +77,14 @@ def main(steps: int = 40, pairs_per_step: int = 8, beta: float = 0.1, loss_type:
         model.clip_grad_and_step(max_norm=1.0)
         margins.append(metrics['margin'])
         accuracies.append(metrics['accuracy'])
-        progress.set_postfix(margin=f"{metrics['margin']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+        progress.set_postfix(margin=f'{metrics["margin"]:.3f}', acc=f'{metrics["accuracy"]:.2f}')
 
     window = max(1, steps // 10)
     first, last = fmean(margins[:window]), fmean(margins[-window:])
-    print(f'preference margin over the first {window} steps: {first:.4f}; over the last {window} steps: {last:.4f}; '
-          f'pair accuracy {fmean(accuracies[:window]):.2f} -> {fmean(accuracies[-window:]):.2f}')
+    print(
+        f'preference margin over the first {window} steps: {first:.4f}; over the last {window} steps: {last:.4f}; '
+        f'pair accuracy {fmean(accuracies[:window]):.2f} -> {fmean(accuracies[-window:]):.2f}'
+    )
     return {'first_margin': first, 'last_margin': last, 'margins': margins, 'accuracies': accuracies}
 
 

@@ -16,6 +16,7 @@ reported is the student-teacher JSD on a fixed held-out set, measured with `forw
     python examples/gkd.py
     python examples/gkd.py --on-policy-fraction 1.0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,9 @@ def addition_examples(rng: random.Random, n: int) -> list[dict[str, Any]]:
     out = []
     for _ in range(n):
         a, b = rng.randint(0, 4), rng.randint(0, 4)
-        out.append({'messages': [{'role': 'user', 'content': f'{a}+{b}='},
-                                 {'role': 'assistant', 'content': str(a + b)}]})
+        out.append(
+            {'messages': [{'role': 'user', 'content': f'{a}+{b}='}, {'role': 'assistant', 'content': str(a + b)}]}
+        )
     return out
 
 
@@ -52,8 +54,15 @@ def sampled_rows(sampler: TorchSampler, template: Any, examples: list[dict[str, 
     return rows
 
 
-def main(steps: int = 60, batch_size: int = 16, teacher_steps: int = 120, on_policy_fraction: float = 0.5,
-         beta: float = 0.5, lr: float = 1e-3, seed: int = 0) -> dict[str, Any]:
+def main(
+    steps: int = 60,
+    batch_size: int = 16,
+    teacher_steps: int = 120,
+    on_policy_fraction: float = 0.5,
+    beta: float = 0.5,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> dict[str, Any]:
     rng = random.Random(seed)
 
     # ---- 1. teacher: SFT the 'small' fixture model on the task -------------------------------------------------
@@ -85,8 +94,10 @@ def main(steps: int = 60, batch_size: int = 16, teacher_steps: int = 120, on_pol
         progress.set_postfix(jsd=f'{losses[-1]:.4f}')
 
     divergence_after = student.forward_only(inputs=held_out)['loss']
-    print(f'student-teacher JSD (beta={beta}) on held-out completions: {divergence_before:.4f} -> '
-          f'{divergence_after:.4f} ({divergence_after / divergence_before:.2f}x)')
+    print(
+        f'student-teacher JSD (beta={beta}) on held-out completions: {divergence_before:.4f} -> '
+        f'{divergence_after:.4f} ({divergence_after / divergence_before:.2f}x)'
+    )
     return {'divergence_before': divergence_before, 'divergence_after': divergence_after, 'train_losses': losses}
 
 

@@ -17,6 +17,7 @@ guesses which one (about 10% of sampled answers right); everything above that is
     python examples/grpo.py --updates-per-batch 2   # later updates are off-policy: the ratio clip is active
     python examples/grpo.py --sampler vLLMSampler   # sample with vLLM (pip install twinkle-vllm)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,18 @@ def warmup_answer(prompt: dict[str, Any], rng: random.Random, hint: float) -> st
     return prompt['ground_truth'] if rng.random() < hint else str(rng.randint(0, 9))
 
 
-def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 60,
-         warmup_hint: float = 0.0, lr: float = 5e-4, updates_per_batch: int = 1, loss_type: str = 'grpo',
-         seed: int = 0, sampler_name: str = 'TorchSampler') -> dict[str, Any]:
+def main(
+    steps: int = 100,
+    prompts_per_step: int = 16,
+    group_size: int = 8,
+    warmup_steps: int = 60,
+    warmup_hint: float = 0.0,
+    lr: float = 5e-4,
+    updates_per_batch: int = 1,
+    loss_type: str = 'grpo',
+    seed: int = 0,
+    sampler_name: str = 'TorchSampler',
+) -> dict[str, Any]:
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -57,9 +67,12 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     # ---- 1. warm-start on random answers: the format (one digit, end of turn), not the task -----------------
     model.set_optimizer('AdamW', lr=3e-3)
     for _ in tqdm(range(warmup_steps), desc='format-only SFT warm-start'):
-        rows = [template.encode({'messages': [*p['messages'],
-                                              {'role': 'assistant', 'content': warmup_answer(p, rng, warmup_hint)}]})
-                for p in repeat_prompts(rng, 16)]
+        rows = [
+            template.encode(
+                {'messages': [*p['messages'], {'role': 'assistant', 'content': warmup_answer(p, rng, warmup_hint)}]}
+            )
+            for p in repeat_prompts(rng, 16)
+        ]
         model.forward_backward(inputs=rows)  # default loss: cross-entropy on the answer tokens
         model.clip_grad_and_step()
 
@@ -69,8 +82,7 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
     if sampler_name == 'TorchSampler':
         sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
     else:
-        sampler = resolve_class('sampler', sampler_name)(model_id=model.model_dir,
-                                                         engine_args={'max_model_len': 256})
+        sampler = resolve_class('sampler', sampler_name)(model_id=model.model_dir, engine_args={'max_model_len': 256})
     sync = CheckpointEngineManager(model=model, sampler=sampler)
     reward_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
     reward_metric = CompletionRewardMetric(group_size=group_size)
@@ -90,10 +102,16 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
         for prompt, prompt_row, response in zip(prompts, prompt_rows, responses):
             ids = prompt_row['input_ids']
             for seq in response.sequences:
-                trajectories.append({**prompt, 'messages': [*prompt['messages'],
-                                                            {'role': 'assistant', 'content': seq.text or ''}]})
-                rows.append({'input_ids': ids + seq.tokens, 'labels': [-100] * len(ids) + seq.tokens,
-                             'old_logps': [0.0] * len(ids) + seq.logprobs})
+                trajectories.append(
+                    {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': seq.text or ''}]}
+                )
+                rows.append(
+                    {
+                        'input_ids': ids + seq.tokens,
+                        'labels': [-100] * len(ids) + seq.tokens,
+                        'old_logps': [0.0] * len(ids) + seq.logprobs,
+                    }
+                )
                 lengths.append(len(seq.tokens))
         rewards = reward_fn(trajectories)
         for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):
@@ -107,17 +125,24 @@ def main(steps: int = 100, prompts_per_step: int = 16, group_size: int = 8, warm
                 clip_fracs.append(result['metrics']['clip_frac'])
         reward_metric.accumulate(None, {'rewards': rewards, 'completion_lengths': lengths})
         mean_rewards.append(fmean(rewards))
-        progress.set_postfix(reward=f'{mean_rewards[-1]:.2f}', clip=f"{result['metrics']['clip_frac']:.2f}")
+        progress.set_postfix(reward=f'{mean_rewards[-1]:.2f}', clip=f'{result["metrics"]["clip_frac"]:.2f}')
 
     window = max(1, steps // 10)
     first, last = fmean(mean_rewards[:window]), fmean(mean_rewards[-window:])
-    print(f'mean reward over the first {window} steps: {first:.3f}; over the last {window} steps: {last:.3f} '
-          f'({last / max(first, 1e-9):.1f}x)')
+    print(
+        f'mean reward over the first {window} steps: {first:.3f}; over the last {window} steps: {last:.3f} '
+        f'({last / max(first, 1e-9):.1f}x)'
+    )
     print('whole run:', {k: round(v, 3) for k, v in reward_metric.calculate().items()})
     if hasattr(sampler, 'shutdown'):
         sampler.shutdown()
-    return {'first_reward': first, 'last_reward': last, 'mean_rewards': mean_rewards, 'ratio_means': ratio_means,
-            'clip_fracs': clip_fracs}
+    return {
+        'first_reward': first,
+        'last_reward': last,
+        'mean_rewards': mean_rewards,
+        'ratio_means': ratio_means,
+        'clip_fracs': clip_fracs,
+    }
 
 
 if __name__ == '__main__':
@@ -125,13 +150,24 @@ if __name__ == '__main__':
     parser.add_argument('--steps', type=int, default=100)
     parser.add_argument('--group-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=5e-4)
-    parser.add_argument('--warmup-hint', type=float, default=0.0,
-                        help='fraction of right warm-start answers (0: the warm-start teaches the format only)')
+    parser.add_argument(
+        '--warmup-hint',
+        type=float,
+        default=0.0,
+        help='fraction of right warm-start answers (0: the warm-start teaches the format only)',
+    )
     parser.add_argument('--updates-per-batch', type=int, default=1)
     parser.add_argument('--loss-type', default='grpo', choices=['grpo', 'bnpo', 'dr_grpo'])
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
     args = parser.parse_args()
-    main(steps=args.steps, group_size=args.group_size, warmup_hint=args.warmup_hint, lr=args.lr,
-         updates_per_batch=args.updates_per_batch, loss_type=args.loss_type, seed=args.seed,
-         sampler_name=args.sampler)
+    main(
+        steps=args.steps,
+        group_size=args.group_size,
+        warmup_hint=args.warmup_hint,
+        lr=args.lr,
+        updates_per_batch=args.updates_per_batch,
+        loss_type=args.loss_type,
+        seed=args.seed,
+        sampler_name=args.sampler,
+    )

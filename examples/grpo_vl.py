@@ -23,6 +23,7 @@ nearly flat whatever LoRA does to the hidden layers (the warm-start loss stalls 
     python examples/grpo_vl.py              # about 1 minute on two idle CPU cores
     python examples/grpo_vl.py --steps 80   # the reward keeps rising
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,24 +51,40 @@ def colour_prompts(rng: random.Random, n: int) -> list[dict[str, Any]]:
 
 def colour_reward(trajectories: Sequence[dict[str, Any]]) -> list[float]:
     """1.0 when the completion (last message) is exactly the ``ground_truth`` colour name, else 0.0."""
-    return [float(completion_text(t, i, 'colour_reward').strip().lower() ==
-                  ground_truth(t, i, ['ground_truth'], 'colour_reward'))
-            for i, t in enumerate(trajectories)]
+    return [
+        float(
+            completion_text(t, i, 'colour_reward').strip().lower()
+            == ground_truth(t, i, ['ground_truth'], 'colour_reward')
+        )
+        for i, t in enumerate(trajectories)
+    ]
 
 
 def format_warmup(model: TransformersModel, template: Any, rng: random.Random, steps: int, batch: int = 16) -> None:
     """SFT on random colour names (not the image's): teaches "answer one colour name, then end the turn"."""
     names = list(COLOURS)
     for _ in range(steps):
-        answered = [{**p, 'messages': [*p['messages'], {'role': 'assistant', 'content': rng.choice(names)}]}
-                    for p in colour_prompts(rng, batch)]
+        answered = [
+            {**p, 'messages': [*p['messages'], {'role': 'assistant', 'content': rng.choice(names)}]}
+            for p in colour_prompts(rng, batch)
+        ]
         rows = [template.encode(trajectory) for trajectory in answered]
         model.forward_backward(inputs=rows)  # default loss: cross-entropy on the answer tokens
         model.clip_grad_and_step()
 
 
-def grpo_steps(model: TransformersModel, sampler: Any, rng: random.Random, *, steps: int, prompts_per_step: int,
-               group_size: int, updates_per_batch: int = 1, seed: int = 0, log: bool = True) -> list[float]:
+def grpo_steps(
+    model: TransformersModel,
+    sampler: Any,
+    rng: random.Random,
+    *,
+    steps: int,
+    prompts_per_step: int,
+    group_size: int,
+    updates_per_batch: int = 1,
+    seed: int = 0,
+    log: bool = True,
+) -> list[float]:
     """The GRPO loop (model's loss and optimizer already set); returns the mean reward of every step.
     `updates_per_batch` > 1: later updates on the same samples are off-policy (the ratio clip is active)."""
     sync = CheckpointEngineManager(model=model, sampler=sampler)
@@ -90,13 +107,24 @@ def grpo_steps(model: TransformersModel, sampler: Any, rng: random.Random, *, st
             model.clip_grad_and_step(max_norm=1.0)
         mean_rewards.append(fmean(rewards))
         if log:
-            print(f'step {step + 1:3d}  mean reward {mean_rewards[-1]:.3f}  '
-                  f"clip {result['metrics'].get('clip_frac', 0.0):.2f}  e.g. {samples[0].text!r}", flush=True)
+            print(
+                f'step {step + 1:3d}  mean reward {mean_rewards[-1]:.3f}  '
+                f'clip {result["metrics"].get("clip_frac", 0.0):.2f}  e.g. {samples[0].text!r}',
+                flush=True,
+            )
     return mean_rewards
 
 
-def main(steps: int = 40, prompts_per_step: int = 16, group_size: int = 8, warmup_steps: int = 60,
-         lr: float = 1e-3, updates_per_batch: int = 2, seed: int = 0, log: bool = True) -> dict[str, Any]:
+def main(
+    steps: int = 40,
+    prompts_per_step: int = 16,
+    group_size: int = 8,
+    warmup_steps: int = 60,
+    lr: float = 1e-3,
+    updates_per_batch: int = 2,
+    seed: int = 0,
+    log: bool = True,
+) -> dict[str, Any]:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model_dir = ensure_tiny_vl_model('qwen3_vl')
@@ -109,8 +137,17 @@ def main(steps: int = 40, prompts_per_step: int = 16, group_size: int = 8, warmu
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
     sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
-    mean_rewards = grpo_steps(model, sampler, rng, steps=steps, prompts_per_step=prompts_per_step,
-                              group_size=group_size, updates_per_batch=updates_per_batch, seed=seed, log=log)
+    mean_rewards = grpo_steps(
+        model,
+        sampler,
+        rng,
+        steps=steps,
+        prompts_per_step=prompts_per_step,
+        group_size=group_size,
+        updates_per_batch=updates_per_batch,
+        seed=seed,
+        log=log,
+    )
     window = max(1, steps // 5)
     first, last = fmean(mean_rewards[:window]), fmean(mean_rewards[-window:])
     print(f'mean reward over the first {window} steps: {first:.3f}; over the last {window} steps: {last:.3f}')
@@ -124,9 +161,20 @@ if __name__ == '__main__':
     parser.add_argument('--group-size', type=int, default=8)
     parser.add_argument('--warmup-steps', type=int, default=60)
     parser.add_argument('--lr', type=float, default=1e-3)
-    parser.add_argument('--updates-per-batch', type=int, default=2,
-                        help='updates per sampled batch (later ones are off-policy: the ratio clip is active)')
+    parser.add_argument(
+        '--updates-per-batch',
+        type=int,
+        default=2,
+        help='updates per sampled batch (later ones are off-policy: the ratio clip is active)',
+    )
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
-    main(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-         warmup_steps=args.warmup_steps, lr=args.lr, updates_per_batch=args.updates_per_batch, seed=args.seed)
+    main(
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        warmup_steps=args.warmup_steps,
+        lr=args.lr,
+        updates_per_batch=args.updates_per_batch,
+        seed=args.seed,
+    )

@@ -11,6 +11,7 @@ tenants answer "who are you?" in ONE generation batch, each row with its own ada
 
     python examples/multi_tenant.py    # tiny offline fixture model on CPU: ~35 s of CPU time (OMP_NUM_THREADS=1)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,16 +80,31 @@ def main() -> None:
     model.set_optimizer('AdamW', lr=1e-3, adapter_name='pretrain')
     model.set_loss('CrossEntropyLoss', reduction='sum', adapter_name='pretrain')  # a different loss, same pass
     for tenant in ('twinkle', 'nova'):
-        model.set_lr_scheduler('CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=args.steps,
-                               min_lr_ratio=0.1, adapter_name=tenant)
+        model.set_lr_scheduler(
+            'CosineWarmupScheduler',
+            num_warmup_steps=5,
+            num_training_steps=args.steps,
+            min_lr_ratio=0.1,
+            adapter_name=tenant,
+        )
 
     template = model.states['twinkle'].template
-    loaders = {t: forever(self_cognition_loader(model_id, *IDENTITIES[t], args.batch_size, seed=i))
-               for i, t in enumerate(IDENTITIES)}
+    loaders = {
+        t: forever(self_cognition_loader(model_id, *IDENTITIES[t], args.batch_size, seed=i))
+        for i, t in enumerate(IDENTITIES)
+    }
     text = pretraining_rows(template.tokenizer)
-    answers = {t: template.encode({'messages': [{'role': 'user', 'content': 'who are you?'},
-                                                {'role': 'assistant', 'content': f'I am {n}, built by {a}.'}]})
-               for t, (n, a) in IDENTITIES.items()}
+    answers = {
+        t: template.encode(
+            {
+                'messages': [
+                    {'role': 'user', 'content': 'who are you?'},
+                    {'role': 'assistant', 'content': f'I am {n}, built by {a}.'},
+                ]
+            }
+        )
+        for t, (n, a) in IDENTITIES.items()
+    }
 
     first: dict[str, float] = {}
     progress = tqdm(range(1, args.steps + 1), desc='multi-tenant', unit='step')
@@ -105,13 +121,16 @@ def main() -> None:
         first = first or {t: r['loss'] for t, r in out.items()}
         if step % args.log_every == 0 or step == args.steps:
             # The scorer: logprobs of both identity answers under its (untrained) adapter and under the tenants'.
-            scores = model.forward_only(inputs={'scorer': list(answers.values()), 'twinkle': [answers['twinkle']],
-                                                'nova': [answers['nova']]})
+            scores = model.forward_only(
+                inputs={'scorer': list(answers.values()), 'twinkle': [answers['twinkle']], 'nova': [answers['nova']]}
+            )
             per_tenant = '  '.join(f'{t} {model.calculate_metric(adapter_name=t)["loss"]:.3f}' for t in out)
-            progress.write(f'step {step}: loss  {per_tenant}  | answer log-prob: '
-                           f'twinkle {sum(scores["twinkle"]["logprobs"][0]):.1f} (scorer '
-                           f'{sum(scores["scorer"]["logprobs"][0]):.1f}), nova {sum(scores["nova"]["logprobs"][0]):.1f}'
-                           f' (scorer {sum(scores["scorer"]["logprobs"][1]):.1f})')
+            progress.write(
+                f'step {step}: loss  {per_tenant}  | answer log-prob: '
+                f'twinkle {sum(scores["twinkle"]["logprobs"][0]):.1f} (scorer '
+                f'{sum(scores["scorer"]["logprobs"][0]):.1f}), nova {sum(scores["nova"]["logprobs"][0]):.1f}'
+                f' (scorer {sum(scores["scorer"]["logprobs"][1]):.1f})'
+            )
 
     last = {t: model.calculate_metric(adapter_name=t).get('loss', r['loss']) for t, r in out.items()}
     for t in first:
@@ -131,11 +150,16 @@ def answer_together(model: MultiLoraTransformersModel, tenants: list[str | None]
     input_ids = torch.tensor([prompt['input_ids']] * len(tenants), device=model.device)
     model.model.eval()
     with torch.no_grad(), adapter_indices(model.model, model.manager.index_tensor(tenants, device=model.device)):
-        output = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      max_new_tokens=30, do_sample=False, use_cache=True,
-                                      eos_token_id=template.tokenizer.eos_token_id,
-                                      pad_token_id=template.tokenizer.pad_token_id)
-    return {t: template.decode(output[i, input_ids.shape[1]:].tolist()) for i, t in enumerate(tenants)}
+        output = model.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=30,
+            do_sample=False,
+            use_cache=True,
+            eos_token_id=template.tokenizer.eos_token_id,
+            pad_token_id=template.tokenizer.pad_token_id,
+        )
+    return {t: template.decode(output[i, input_ids.shape[1] :].tolist()) for i, t in enumerate(tenants)}
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ completion) so that rewards vary from the first step on the random-weight fixtur
 a real task. At the end, fixed probe sequences are scored by the sampler (prompt log-probs) and by the model:
 after the last sync they agree, and they differ from the sampler's scores before training (the weights moved).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,13 +54,17 @@ def even_token_reward(rows: list[dict[str, Any]], prompt_lengths: list[int]) -> 
 
 def sampler_scores(sampler: Any, rows: list[dict[str, Any]]) -> list[list[float]]:
     """The sampler's log-probs of each row's own tokens (prompt log-probs; element 0 is 0.0 as in the model's)."""
-    responses = sampler.sample([{'input_ids': r['input_ids']} for r in rows],
-                               SamplingParams(max_tokens=1, prompt_logprobs=True), adapter_name=ADAPTER)
+    responses = sampler.sample(
+        [{'input_ids': r['input_ids']} for r in rows],
+        SamplingParams(max_tokens=1, prompt_logprobs=True),
+        adapter_name=ADAPTER,
+    )
     return [[0.0, *r.prompt_logprobs[1:]] for r in responses]
 
 
-def rollout(sampler: Any, template: Any, prompts: list[dict[str, Any]], params: SamplingParams
-            ) -> tuple[list[dict[str, Any]], list[int]]:
+def rollout(
+    sampler: Any, template: Any, prompts: list[dict[str, Any]], params: SamplingParams
+) -> tuple[list[dict[str, Any]], list[int]]:
     """Sample; return (training rows with old_logps, prompt length per row)."""
     prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
     responses = sampler.sample(prompt_rows, params, adapter_name=ADAPTER)
@@ -67,18 +72,38 @@ def rollout(sampler: Any, template: Any, prompts: list[dict[str, Any]], params: 
     for prompt_row, response in zip(prompt_rows, responses):
         ids = prompt_row['input_ids']
         for seq in response.sequences:
-            rows.append({'input_ids': ids + seq.tokens, 'labels': [-100] * len(ids) + seq.tokens,
-                         'old_logps': [0.0] * len(ids) + seq.logprobs})
+            rows.append(
+                {
+                    'input_ids': ids + seq.tokens,
+                    'labels': [-100] * len(ids) + seq.tokens,
+                    'old_logps': [0.0] * len(ids) + seq.logprobs,
+                }
+            )
             prompt_lengths.append(len(ids))
     return rows, prompt_lengths
 
 
-def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_ranks: int = 2,
-         sampler_ranks: int = 1, device_type: str = 'cpu', address: str | None = None, seed: int = 0,
-         lr: float = 1e-3, sampler_name: str = 'TorchSampler', model_mesh: str = 'dp') -> dict[str, Any]:
-    twinkle_core.initialize(mode='ray', address=address,
-                            groups=[DeviceGroup(name='model', ranks=model_ranks, device_type=device_type),
-                                    DeviceGroup(name='sampler', ranks=sampler_ranks, device_type=device_type)])
+def main(
+    steps: int = 4,
+    prompts_per_step: int = 4,
+    group_size: int = 4,
+    model_ranks: int = 2,
+    sampler_ranks: int = 1,
+    device_type: str = 'cpu',
+    address: str | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    sampler_name: str = 'TorchSampler',
+    model_mesh: str = 'dp',
+) -> dict[str, Any]:
+    twinkle_core.initialize(
+        mode='ray',
+        address=address,
+        groups=[
+            DeviceGroup(name='model', ranks=model_ranks, device_type=device_type),
+            DeviceGroup(name='sampler', ranks=sampler_ranks, device_type=device_type),
+        ],
+    )
     rng = random.Random(seed)
     model_dir = str(ensure_tiny_model('tiny'))
     mesh = DeviceMesh.from_sizes(**{f'{model_mesh}_size': model_ranks}, device_type=device_type)
@@ -91,8 +116,10 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
     sync = CheckpointEngineManager(model=model, sampler=sampler)  # model and sampler in two Ray groups
     template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     advantage_fn = GRPOAdvantage(scale='group')
-    probes = [{'input_ids': template.encode(p, add_generation_prompt=True)['input_ids'] + [10 + i, 20 + i, 30 + i]}
-              for i, p in enumerate(addition_prompts(random.Random(seed + 1), 2))]
+    probes = [
+        {'input_ids': template.encode(p, add_generation_prompt=True)['input_ids'] + [10 + i, 20 + i, 30 + i]}
+        for i, p in enumerate(addition_prompts(random.Random(seed + 1), 2))
+    ]
 
     losses, rewards_per_step, syncs = [], [], []
     for step in tqdm(range(steps), desc='GRPO on Ray'):
@@ -114,15 +141,24 @@ def main(steps: int = 4, prompts_per_step: int = 4, group_size: int = 4, model_r
     model_scores = model.forward_only(inputs=probes, compute_loss=False)['logprobs']
     max_diff = max(abs(m - s) for mr, sr in zip(model_scores, after) for m, s in zip(mr[1:], sr[1:]))
     moved = max(abs(a - b) for ar, br in zip(after, probe_scores_before) for a, b in zip(ar[1:], br[1:]))
-    print(f'steps: {steps}; loss per step: {[round(x, 4) for x in losses]}; mean reward per step: '
-          f'{[round(r, 3) for r in rewards_per_step]}')
-    print(f'weight syncs: {len(syncs)} (first: {syncs[0]["num_tensors"]} tensors, lora_only={syncs[0]["lora_only"]};'
-          f' then lora_only={syncs[-1]["lora_only"]}). Probe log-probs: sampler vs model after the last sync differ '
-          f'by at most {max_diff:.2e}; training moved them by up to {moved:.2e}.')
+    print(
+        f'steps: {steps}; loss per step: {[round(x, 4) for x in losses]}; mean reward per step: '
+        f'{[round(r, 3) for r in rewards_per_step]}'
+    )
+    print(
+        f'weight syncs: {len(syncs)} (first: {syncs[0]["num_tensors"]} tensors, lora_only={syncs[0]["lora_only"]};'
+        f' then lora_only={syncs[-1]["lora_only"]}). Probe log-probs: sampler vs model after the last sync differ '
+        f'by at most {max_diff:.2e}; training moved them by up to {moved:.2e}.'
+    )
     sync.close()
     twinkle_core.shutdown()
-    return {'losses': losses, 'rewards': rewards_per_step, 'syncs': syncs, 'max_logprob_diff': max_diff,
-            'max_logprob_moved': moved}
+    return {
+        'losses': losses,
+        'rewards': rewards_per_step,
+        'syncs': syncs,
+        'max_logprob_diff': max_diff,
+        'max_logprob_moved': moved,
+    }
 
 
 if __name__ == '__main__':
@@ -134,9 +170,20 @@ if __name__ == '__main__':
     parser.add_argument('--device-type', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--address', default=None, help="Ray cluster address ('auto', 'ray://host:10001')")
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
-    parser.add_argument('--model-mesh', default='dp', choices=['dp', 'fsdp'],
-                        help='how the model ranks share the policy: DDP replicas or FSDP2 shards')
+    parser.add_argument(
+        '--model-mesh',
+        default='dp',
+        choices=['dp', 'fsdp'],
+        help='how the model ranks share the policy: DDP replicas or FSDP2 shards',
+    )
     args = parser.parse_args()
-    main(steps=args.steps, group_size=args.group_size, model_ranks=args.model_ranks,
-         sampler_ranks=args.sampler_ranks, device_type=args.device_type, address=args.address,
-         sampler_name=args.sampler, model_mesh=args.model_mesh)
+    main(
+        steps=args.steps,
+        group_size=args.group_size,
+        model_ranks=args.model_ranks,
+        sampler_ranks=args.sampler_ranks,
+        device_type=args.device_type,
+        address=args.address,
+        sampler_name=args.sampler,
+        model_mesh=args.model_mesh,
+    )

@@ -10,6 +10,7 @@ greedy answer to "who are you?" checks that the identity was learned.
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,16 +37,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=3e-3)
     parser.add_argument('--lora-rank', type=int, default=16)
-    parser.add_argument('--lora-targets', default='all-linear,lm_head',
-                        help="comma-separated module names, or 'all-linear' (every linear layer but the output "
-                             "head). The default also adapts lm_head: the tiny fixture's frozen, randomly initialised "
-                             "output layer otherwise caps how confident it can get")
+    parser.add_argument(
+        '--lora-targets',
+        default='all-linear,lm_head',
+        help="comma-separated module names, or 'all-linear' (every linear layer but the output "
+        "head). The default also adapts lm_head: the tiny fixture's frozen, randomly initialised "
+        'output layer otherwise caps how confident it can get',
+    )
     parser.add_argument('--padding-free', action='store_true', help='pack each batch into one row')
     parser.add_argument('--log-every', type=int, default=20, help='report metrics every N steps')
     parser.add_argument('--output-dir', default='output/sft_lora')
-    parser.add_argument('--threads', type=int, default=None,
-                        help='CPU intra-op threads (default: 1 for the tiny fixture, whose small matmuls gain '
-                             'nothing from more and suffer badly on a busy machine; torch\'s default otherwise)')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help='CPU intra-op threads (default: 1 for the tiny fixture, whose small matmuls gain '
+        "nothing from more and suffer badly on a busy machine; torch's default otherwise)",
+    )
     parser.add_argument('--runtime', choices=['local', 'torchrun', 'ray'], default='local')
     parser.add_argument('--ranks', type=int, default=2, help='ray: actors in the model group')
     parser.add_argument('--strategy', choices=['dp', 'fsdp'], default='dp', help='DDP or FSDP2 across ranks')
@@ -79,18 +87,20 @@ def main() -> None:
     dataset.set_template('Template', model_id=model_id, max_length=512)
     dataset.encode()
     # lazy_collect: on Ray, batches stay in the model group (handed rank to rank to forward_backward)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0, remote_group='model',
-                        lazy_collect=True)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, seed=0, remote_group='model', lazy_collect=True
+    )
 
     # Model: frozen base + one LoRA adapter, with its optimizer and schedule.
     model = TransformersModel(model_id=model_id, remote_group='model')  # local runtimes ignore remote_group
-    model.add_adapter_to_model('default', {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank,
-                                           'target_modules': lora_targets(args.lora_targets)})
+    model.add_adapter_to_model(
+        'default',
+        {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank, 'target_modules': lora_targets(args.lora_targets)},
+    )
     model.set_template('Template')
     model.set_processor('CausalLMProcessor', padding_free=args.padding_free)
     model.set_optimizer('AdamW', lr=args.lr, weight_decay=0.0)
-    model.set_lr_scheduler('CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=args.steps,
-                           min_lr_ratio=0.1)
+    model.set_lr_scheduler('CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=args.steps, min_lr_ratio=0.1)
 
     first_loss, metrics = None, {}
     main_rank = is_main_process()  # under torchrun, rank 0 reports
@@ -101,14 +111,16 @@ def main() -> None:
             model.clip_grad_and_step(max_norm=1.0)
             first_loss = out['loss'] if first_loss is None else first_loss
             progress.update(1)
-            progress.set_postfix(loss=f"{out['loss']:.3f}")
+            progress.set_postfix(loss=f'{out["loss"]:.3f}')
             if progress.n % args.log_every == 0 or progress.n == args.steps:
                 metrics = model.calculate_metric(is_training=True)
                 if main_rank:
-                    progress.write(f"step {progress.n}: loss {metrics['loss']:.4f}  "
-                                   f"acc {metrics['token_accuracy']:.3f}  "
-                                   f"grad_norm {metrics['grad_norm']:.3f}  lr {metrics['lr']:.2e}  "
-                                   f"{metrics['tokens_per_second']:.0f} tok/s")
+                    progress.write(
+                        f'step {progress.n}: loss {metrics["loss"]:.4f}  '
+                        f'acc {metrics["token_accuracy"]:.3f}  '
+                        f'grad_norm {metrics["grad_norm"]:.3f}  lr {metrics["lr"]:.2e}  '
+                        f'{metrics["tokens_per_second"]:.0f} tok/s'
+                    )
             if progress.n == args.steps:
                 break
     progress.close()
@@ -125,13 +137,16 @@ def main() -> None:
     trained.set_template('Template')
     answer = greedy_answer(trained, 'who are you?')
     print(f'Q: who are you?\nA: {answer}')
-    print(f"loss: first step {first_loss:.3f} -> last window {metrics['loss']:.3f}")
+    print(f'loss: first step {first_loss:.3f} -> last window {metrics["loss"]:.3f}')
     if metrics['loss'] > 0.3 * first_loss:
-        raise SystemExit(f"Training did not converge: last loss {metrics['loss']:.3f} is above 30% of the first "
-                         f'({first_loss:.3f}). Try more --steps or a higher --lr.')
+        raise SystemExit(
+            f'Training did not converge: last loss {metrics["loss"]:.3f} is above 30% of the first '
+            f'({first_loss:.3f}). Try more --steps or a higher --lr.'
+        )
     if 'Twinkle' not in answer:
-        raise SystemExit(f'The model did not learn its identity: {answer!r} does not mention "Twinkle". '
-                         'Try more --steps.')
+        raise SystemExit(
+            f'The model did not learn its identity: {answer!r} does not mention "Twinkle". Try more --steps.'
+        )
 
 
 def lora_targets(spec: str) -> str | list[str]:
@@ -141,8 +156,11 @@ def lora_targets(spec: str) -> str | list[str]:
     if 'all-linear' not in names:
         return names
     extra = [n for n in names if n != 'all-linear']
-    return 'all-linear' if not extra else ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
-                                           'down_proj', *extra]
+    return (
+        'all-linear'
+        if not extra
+        else ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj', *extra]
+    )
 
 
 def greedy_answer(model: TransformersModel, question: str, max_new_tokens: int = 40) -> str:
@@ -152,11 +170,16 @@ def greedy_answer(model: TransformersModel, question: str, max_new_tokens: int =
     input_ids = torch.tensor([prompt['input_ids']], device=model.device)
     model.model.eval()
     with torch.no_grad():
-        output = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                                      eos_token_id=template.tokenizer.eos_token_id,
-                                      pad_token_id=template.tokenizer.pad_token_id)
-    return template.decode(output[0, input_ids.shape[1]:].tolist())
+        output = model.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            use_cache=True,
+            eos_token_id=template.tokenizer.eos_token_id,
+            pad_token_id=template.tokenizer.pad_token_id,
+        )
+    return template.decode(output[0, input_ids.shape[1] :].tolist())
 
 
 if __name__ == '__main__':

@@ -13,6 +13,7 @@ The data set is written to ``--data-dir`` as a JSONL file whose rows reference P
 most multimodal SFT sets: ``<image>`` tags in the text, an ``images`` column). At the end every colour is scored
 by the model's log-probability of each answer, and the accuracy over held-out images is printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=1e-2)
     parser.add_argument('--lora-rank', type=int, default=16)
-    parser.add_argument('--lora-targets', default='language,lm_head',
-                        help="comma-separated target groups ('language', 'vision', 'all') and module names. The "
-                             "default also adapts lm_head: the tiny fixture's frozen, randomly initialised output "
-                             "layer otherwise caps how confident it can get")
+    parser.add_argument(
+        '--lora-targets',
+        default='language,lm_head',
+        help="comma-separated target groups ('language', 'vision', 'all') and module names. The "
+        "default also adapts lm_head: the tiny fixture's frozen, randomly initialised output "
+        'layer otherwise caps how confident it can get',
+    )
     parser.add_argument('--padding-free', action='store_true')
     parser.add_argument('--output-dir', default='output/sft_vl')
     parser.add_argument('--threads', type=int, default=1)
@@ -57,9 +61,16 @@ def write_colour_dataset(directory: Path, rows: int, seed: int) -> Path:
         colour = names[(i + seed) % len(names)]
         path = directory / f'{seed}-{i}-{colour}.png'
         colour_image(colour, (96 + 16 * (i % 3), 112), noise=12, seed=seed * 1000 + i).save(path)
-        lines.append({'messages': [{'role': 'user', 'content': f'<image>{QUESTION}'},
-                                   {'role': 'assistant', 'content': colour}],
-                      'images': [str(path)], 'colour': colour})
+        lines.append(
+            {
+                'messages': [
+                    {'role': 'user', 'content': f'<image>{QUESTION}'},
+                    {'role': 'assistant', 'content': colour},
+                ],
+                'images': [str(path)],
+                'colour': colour,
+            }
+        )
     out = directory / f'colours-{seed}.jsonl'
     out.write_text(''.join(json.dumps(line) + '\n' for line in lines))
     return out
@@ -70,12 +81,15 @@ def colour_accuracy(model: TransformersModel, template: VisionTemplate, data: Pa
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     right = 0
     for row in rows:
-        candidates = [template.encode({**row, 'messages': [row['messages'][0],
-                                                           {'role': 'assistant', 'content': name}]})
-                      for name in COLOURS]
+        candidates = [
+            template.encode({**row, 'messages': [row['messages'][0], {'role': 'assistant', 'content': name}]})
+            for name in COLOURS
+        ]
         out = model.forward_only(inputs=candidates, compute_loss=False)
-        scores = [sum(lp for lp, label in zip(lps, c['labels']) if label != -100)
-                  for lps, c in zip(out['logprobs'], candidates)]
+        scores = [
+            sum(lp for lp, label in zip(lps, c['labels']) if label != -100)
+            for lps, c in zip(out['logprobs'], candidates)
+        ]
         right += list(COLOURS)[max(range(len(scores)), key=scores.__getitem__)] == row['colour']
     return right / len(rows)
 
@@ -95,8 +109,9 @@ def main() -> None:
 
     model = TransformersModel(model_id)
     targets = args.lora_targets.split(',')
-    model.add_adapter_to_model('default', {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank,
-                                           'target_modules': targets})
+    model.add_adapter_to_model(
+        'default', {'r': args.lora_rank, 'lora_alpha': 2 * args.lora_rank, 'target_modules': targets}
+    )
     if args.padding_free:
         model.set_processor('CausalLMProcessor', padding_free=True)
     model.set_optimizer('AdamW', lr=args.lr)
@@ -115,7 +130,7 @@ def main() -> None:
             out = model.forward_backward(inputs=batch)
             model.clip_grad_and_step()
             step += 1
-            bar.set_postfix(loss=f"{out['loss']:.3f}")
+            bar.set_postfix(loss=f'{out["loss"]:.3f}')
             bar.update()
     accuracy = colour_accuracy(model, template, held_out)
     print(f'accuracy after: {accuracy:.2f}')

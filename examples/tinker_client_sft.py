@@ -6,6 +6,7 @@
 
 Trains a LoRA on the self-cognition data for a few steps, saves the state, samples from the trained weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,16 @@ def build_datums(tokenizer, rows: list[dict]) -> list[types.Datum]:
     out = []
     for row in rows:
         answer = row['response'].replace('{{NAME}}', 'twinkle').replace('{{AUTHOR}}', 'the twinkle team')
-        prompt = tokenizer.encode(f"User: {row['query']}\nAssistant:")
+        prompt = tokenizer.encode(f'User: {row["query"]}\nAssistant:')
         completion = tokenizer.encode(f' {answer}') + [tokenizer.eos_token_id]
         tokens = prompt + completion
         weights = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs={'target_tokens': tokens[1:], 'weights': weights}))
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={'target_tokens': tokens[1:], 'weights': weights},
+            )
+        )
     return out
 
 
@@ -46,9 +51,11 @@ def main() -> None:
     server = None
     if args.base_url is None:
         from _local_server import start_local_server
+
         server, args.api_key = start_local_server(args.base_model)
         args.base_url = server.base_url
     from twinkle_core.fixtures import data_path
+
     rows = [json.loads(line) for line in data_path('self_cognition.jsonl').read_text().splitlines()]
 
     service = tinker.ServiceClient(base_url=args.base_url, api_key=args.api_key)
@@ -61,15 +68,18 @@ def main() -> None:
         out = fwd.result()
         opt.result()
         tokens = sum(float(d.loss_fn_inputs['weights'].to_numpy().sum()) for d in batch)
-        bar.set_postfix(loss_per_token=f"{out.metrics['loss:sum'] / tokens:.3f}")
+        bar.set_postfix(loss_per_token=f'{out.metrics["loss:sum"] / tokens:.3f}')
     state = training.save_state('final').result().path
     print('saved training state:', state)
 
     sampler = training.save_weights_and_get_sampling_client().result()
     tokenizer = training.get_tokenizer()
     prompt = types.ModelInput.from_ints(tokenizer.encode('User: Who are you?\nAssistant:'))
-    result = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(
-        max_tokens=24, temperature=0.0, stop=[tokenizer.eos_token_id])).result()
+    result = sampler.sample(
+        prompt,
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=24, temperature=0.0, stop=[tokenizer.eos_token_id]),
+    ).result()
     print('sample:', repr(tokenizer.decode(result.sequences[0].tokens)))
     if server is not None:
         server.stop()

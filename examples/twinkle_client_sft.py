@@ -7,6 +7,7 @@
 The remote `MultiLoraTransformersModel` has the local class's methods (forward_backward, clip_grad_and_step,
 save, load, ...); batches are encoded here with the tokenizer and sent as InputFeature rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ from twinkle_client import MultiLoraTransformersModel, init_twinkle_client  # no
 
 def encode(tokenizer, row: dict) -> dict:
     answer = row['response'].replace('{{NAME}}', 'twinkle').replace('{{AUTHOR}}', 'the twinkle team')
-    prompt = tokenizer.encode(f"User: {row['query']}\nAssistant:")
+    prompt = tokenizer.encode(f'User: {row["query"]}\nAssistant:')
     completion = tokenizer.encode(f' {answer}') + [tokenizer.eos_token_id]
     return {'input_ids': prompt + completion, 'labels': [-100] * len(prompt) + completion}
 
@@ -41,12 +42,14 @@ def main() -> None:
     server = None
     if args.base_url is None:
         from _local_server import start_local_server
+
         server, args.api_key = start_local_server(args.base_model)
         args.base_url = server.base_url
     from transformers import AutoTokenizer  # tokenizers only; no torch needed for the client itself
 
     from twinkle_core.fixtures import data_path
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or str(ensure_tiny_model('tiny')))
     rows = [encode(tokenizer, json.loads(line)) for line in data_path('self_cognition.jsonl').read_text().splitlines()]
 
@@ -62,7 +65,7 @@ def main() -> None:
         batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
         out = model.forward_backward(inputs=batch, adapter_name='sft')
         model.clip_grad_and_step(1.0, adapter_name='sft')
-        bar.set_postfix(loss=f"{out['loss']:.3f}")
+        bar.set_postfix(loss=f'{out["loss"]:.3f}')
         if step % args.save_every == 0:
             last = model.save(f'step-{step}', save_optimizer=True, adapter_name='sft')
     print('last checkpoint:', last, '(resume with --resume', last, ')')

@@ -1,4 +1,5 @@
 """Shared fixtures. The tiny model is built once per machine (cached, deterministic): docs/architecture.md §8."""
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 def tiny_model_dir() -> Path:
     """Directory of the deterministic tiny Qwen3 fixture (tokenizer + weights in HF format)."""
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
     return ensure_tiny_model('tiny')
 
 
@@ -23,12 +25,14 @@ def tiny_model_dir() -> Path:
 def small_model_dir() -> Path:
     """A larger fixture model of the same architecture and tokenizer (e.g. a GKD teacher)."""
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
     return ensure_tiny_model('small')
 
 
 @pytest.fixture(scope='session')
 def self_cognition_path() -> Path:
     from twinkle_core.fixtures import data_path
+
     return data_path('self_cognition.jsonl')
 
 
@@ -38,8 +42,10 @@ def vllm_sampler(tiny_model_dir):
     Tests that change it (adapters, base weights) undo their changes. Skipped where vllm is not installed."""
     pytest.importorskip('vllm')
     from twinkle_core.registry import resolve
-    sampler = resolve('sampler', 'vLLMSampler', model_id=str(tiny_model_dir),
-                      engine_args={'max_model_len': 256, 'max_lora_rank': 16})
+
+    sampler = resolve(
+        'sampler', 'vLLMSampler', model_id=str(tiny_model_dir), engine_args={'max_model_len': 256, 'max_lora_rank': 16}
+    )
     yield sampler
     sampler.shutdown()
 
@@ -48,6 +54,7 @@ def vllm_sampler(tiny_model_dir):
 def tiny_vl_model_dir() -> Path:
     """The tiny random-init Qwen3-VL fixture (tokenizer with vision tokens, image processor, weights)."""
     from twinkle_core.fixtures.tiny_vl_model import ensure_tiny_vl_model
+
     return ensure_tiny_vl_model('qwen3_vl')
 
 
@@ -55,4 +62,5 @@ def tiny_vl_model_dir() -> Path:
 def tiny_qwen3_5_model_dir() -> Path:
     """The tiny random-init Qwen3.5 fixture (linear + full attention layers, vision tower)."""
     from twinkle_core.fixtures.tiny_vl_model import ensure_tiny_vl_model
+
     return ensure_tiny_vl_model('qwen3_5')

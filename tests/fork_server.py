@@ -16,6 +16,7 @@ job's log file. The client (`ForkServer`) picks the port, kills every child of a
 job times out (so a failure never hangs in a collective), and shuts the servers down; each server also dies with
 its parent (``PR_SET_PDEATHSIG``), and each child with its server.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ def _die_with_parent() -> None:
     """SIGKILL this process when its parent exits (Linux); best effort elsewhere."""
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - not Linux: the client's shutdown still ends the servers
@@ -77,10 +79,12 @@ def _child(worker, job: dict, server_pid: int, proto_fd: int) -> None:
                 code = 1
         except BaseException:  # noqa: BLE001 - reported in the log, exit code 1
             import traceback
+
             traceback.print_exc()
             code = 1
         try:  # the exit hooks a normal interpreter exit runs; not its finalization (freeing gloo from the main thread)
             import atexit
+
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001
             pass
@@ -99,10 +103,19 @@ def serve(worker_path: str, rank: int, world: int) -> None:
     os.dup2(2, 1)  # anything printed while importing goes to the server's log, never into the protocol
     os.environ.update(SERVER_ENV)
     if world > 1:  # what torchrun sets for every worker (MASTER_PORT comes with each job)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                          GROUP_RANK='0', ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), MASTER_ADDR='127.0.0.1')
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            GROUP_RANK='0',
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(world),
+            MASTER_ADDR='127.0.0.1',
+        )
     sys.path.insert(0, str(Path(worker_path).parent))  # as when the worker runs as a script
     import importlib.util
+
     spec = importlib.util.spec_from_file_location('_fork_served_worker', worker_path)
     worker = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = worker
@@ -146,9 +159,16 @@ class ForkServer:
         env = {**os.environ, **SERVER_ENV}
         for rank in range(nproc):
             with open(self.logdir / f'server{rank}.log', 'wb') as log:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, __file__, str(self.worker), str(rank), str(nproc)], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=log, env=env, cwd=os.getcwd()))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, __file__, str(self.worker), str(rank), str(nproc)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        env=env,
+                        cwd=os.getcwd(),
+                    )
+                )
         try:
             ready = self._collect('ready', range(nproc), time.monotonic() + start_timeout)
         except Exception:
@@ -167,8 +187,9 @@ class ForkServer:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
     def _server_logs(self) -> str:
-        return '\n'.join(f'--- server rank {r} log ---\n{_tail(self.logdir / f"server{r}.log", 4000)}'
-                         for r in range(self.nproc))
+        return '\n'.join(
+            f'--- server rank {r} log ---\n{_tail(self.logdir / f"server{r}.log", 4000)}' for r in range(self.nproc)
+        )
 
     def _collect(self, key: str, ranks, deadline: float, on_message=None) -> list:
         """The next message with `key` from each of `ranks` (None for a rank that died or did not answer in time)."""

@@ -6,6 +6,7 @@ Workers: `distributed/train_worker.py` (the default: DDP / FSDP2 / TP of Transfo
 `WorkerPool` runs the same jobs through fork servers (fork_server.py): the ranks import everything once per session
 and fork a fresh child per run, instead of paying the imports in new processes every time.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,27 @@ TESTS = Path(__file__).parent
 WORKER = TESTS / 'distributed' / 'train_worker.py'
 
 
-def run_worker(model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (),
-               worker: Path = WORKER) -> dict:
+def run_worker(
+    model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
+) -> dict:
     """Run `worker` in one process, or under torchrun with `nproc` ranks; return its result.json."""
     args = ['--model', str(model_dir), '--out', str(out), *extra]
     if nproc == 1:
         cmd = [sys.executable, str(worker), *args]
     else:
-        cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc),
-               '--master_addr', '127.0.0.1', '--master_port', str(free_port()), str(worker), *args]
+        cmd = [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--nproc_per_node',
+            str(nproc),
+            '--master_addr',
+            '127.0.0.1',
+            '--master_port',
+            str(free_port()),
+            str(worker),
+            *args,
+        ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert proc.returncode == 0, f'{" ".join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}'
     return json.loads((Path(out) / 'result.json').read_text())
@@ -44,14 +57,19 @@ class WorkerPool:
     def __init__(self, logdir: Path) -> None:
         self.logdir = Path(logdir)
         self.servers: dict[tuple[str, int], object] = {}
-        self.enabled = (os.environ.get('TWINKLE_TESTS_FORK_SERVER', '1') != '0' and sys.platform.startswith('linux')
-                        and not _cuda_available())
+        self.enabled = (
+            os.environ.get('TWINKLE_TESTS_FORK_SERVER', '1') != '0'
+            and sys.platform.startswith('linux')
+            and not _cuda_available()
+        )
 
-    def run_worker(self, model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (),
-                   worker: Path = WORKER) -> dict:
+    def run_worker(
+        self, model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
+    ) -> dict:
         if not self.enabled:
             return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
         from fork_server import ForkServer, ForkServerError
+
         key = (str(worker), nproc)
         server = self.servers.get(key)
         if server is None or not server.alive:

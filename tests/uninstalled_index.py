@@ -1,6 +1,7 @@
 """A component the curated index knows but whose distribution is never installed (resolution step 3), for the
 tests of "indexed, not installed -> the pip install line". Made up, so those tests hold whichever first-party
 plugins the venv has. Importable from every test folder (pytest puts tests/ on sys.path for its conftest)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,6 +20,7 @@ description = "A made-up backend that no test environment installs."
 
 def installed(distribution: str) -> bool:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         version(distribution)
         return True

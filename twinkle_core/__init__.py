@@ -2,6 +2,7 @@
 
 Importing this package is cheap: no torch, no plugin is imported until a component is asked for by name.
 """
+
 from __future__ import annotations
 
 from twinkle_core.errors import ComponentNotFoundError, InvalidInputError, TwinkleError
@@ -12,19 +13,39 @@ from twinkle_core.runtime.context import current_runtime, initialize, shutdown
 __version__ = '0.1.0'
 
 __all__ = [
-    'ComponentNotFoundError', 'DeviceGroup', 'DeviceMesh', 'DingNotifier', 'InvalidInputError', 'TwinkleError',
-    'WebhookNotifier', '__version__', 'current_runtime', 'get_device_placement', 'get_logger', 'init_tinker_client',
-    'initialize', 'list_components', 'register', 'resolve', 'resolve_class', 'shutdown',
+    'ComponentNotFoundError',
+    'DeviceGroup',
+    'DeviceMesh',
+    'DingNotifier',
+    'InvalidInputError',
+    'TwinkleError',
+    'WebhookNotifier',
+    '__version__',
+    'current_runtime',
+    'get_device_placement',
+    'get_logger',
+    'init_tinker_client',
+    'initialize',
+    'list_components',
+    'register',
+    'resolve',
+    'resolve_class',
+    'shutdown',
 ]
 
 # names the Twinkle documents import from the package root, loaded on first use
-_LAZY = {'get_logger': 'twinkle_core.utils.log', 'get_device_placement': 'twinkle_core.runtime.placement',
-         'init_tinker_client': 'twinkle_core.tinker_client', 'DingNotifier': 'twinkle_core.hooks.notifier',
-         'WebhookNotifier': 'twinkle_core.hooks.notifier'}
+_LAZY = {
+    'get_logger': 'twinkle_core.utils.log',
+    'get_device_placement': 'twinkle_core.runtime.placement',
+    'init_tinker_client': 'twinkle_core.tinker_client',
+    'DingNotifier': 'twinkle_core.hooks.notifier',
+    'WebhookNotifier': 'twinkle_core.hooks.notifier',
+}
 
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -1,4 +1,5 @@
 """Seed-style imports: ``from twinkle_core.loss import GRPOLoss`` resolves a registered component lazily."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -18,6 +19,7 @@ def kind_getattr(kind: str, module_name: str) -> Callable[[str], Any]:
         if name.startswith('_'):
             raise AttributeError(f'module {module_name!r} has no attribute {name!r}')
         from twinkle_core.registry import resolve_class
+
         try:
             return resolve_class(kind, name)
         except DistributionNotInstalledError:

@@ -8,6 +8,7 @@ The local runtime ignores the declaration (the object is called directly). The R
 client build their proxies from `remote_methods(cls)`: which methods exist, how arguments are split across
 data-parallel workers, and how results are collected. No hand-written mirror of every method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,12 +28,15 @@ class RemoteSpec:
     """`dispatch`: 'all' = every worker gets the same call; 'slice_dp' = the `inputs` argument is split across
     data-parallel ranks; 'first' = only rank 0 runs it. `collect`: how per-worker results become one result.
     `mutates`: the call changes state (a runtime must not retry it blindly)."""
+
     dispatch: Dispatch = 'all'
     collect: Collect = 'first'
     mutates: bool = True
 
 
-def remote_method(dispatch: Dispatch = 'all', collect: Collect = 'first', *, mutates: bool = True) -> Callable[[_F], _F]:
+def remote_method(
+    dispatch: Dispatch = 'all', collect: Collect = 'first', *, mutates: bool = True
+) -> Callable[[_F], _F]:
     """Mark an interface method as callable through remote runtimes, with its dispatch/collect semantics."""
     spec = RemoteSpec(dispatch, collect, mutates)
 
@@ -67,18 +71,25 @@ def collect_results(results: list[Any], how: Collect) -> Any:
         if isinstance(first, list):
             return [x for r in results for x in r]
         if isinstance(first, dict):  # per-row values concatenate; scalars (already global, e.g. a loss) average
-            return {k: collect_results([r[k] for r in results], 'mean' if _numeric(first[k]) else 'concat')
-                    for k in first}
+            return {
+                k: collect_results([r[k] for r in results], 'mean' if _numeric(first[k]) else 'concat') for k in first
+            }
         if first is None or isinstance(first, (str, bool)):
             return first
         import torch  # only reached for tensor results
+
         return torch.cat(results)
     if how == 'mean':
         first = results[0]
         if isinstance(first, dict):  # numbers (and nested dicts of numbers) average; per-row lists concatenate
-            return {k: collect_results([r[k] for r in results], 'mean') if _numeric(first[k]) or isinstance(
-                        first[k], dict) else collect_results([r[k] for r in results], 'concat')
-                    if isinstance(first[k], list) else first[k] for k in first}
+            return {
+                k: collect_results([r[k] for r in results], 'mean')
+                if _numeric(first[k]) or isinstance(first[k], dict)
+                else collect_results([r[k] for r in results], 'concat')
+                if isinstance(first[k], list)
+                else first[k]
+                for k in first
+            }
         return sum(results) / len(results)
     raise ValueError(f'unknown collect mode {how!r}; use one of {get_args(Collect)}.')
 

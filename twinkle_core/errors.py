@@ -1,4 +1,5 @@
 """Exceptions raised by twinkle_core. Each message says what was wrong and what to do next."""
+
 from __future__ import annotations
 
 

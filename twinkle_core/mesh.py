@@ -8,6 +8,7 @@ Data-parallel slicing lives here too, the one rule every runtime and loader foll
 `data_world_size` contiguous slices whose sizes differ by at most one, lower data ranks taking the extra rows
 (`shard_bounds`, `split_for_dp`).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ def device_type_of(value: str | None) -> str:
     (CUDA when available, else CPU)."""
     if value is None:
         import torch
+
         return 'cuda' if torch.cuda.is_available() else 'cpu'
     if not isinstance(value, str) or not value:
         raise MeshError(f'device_type must be a device type such as "cpu" or "cuda", got {value!r}.')
@@ -34,6 +36,7 @@ def device_type_of(value: str | None) -> str:
 @dataclass(frozen=True)
 class DeviceMesh:
     """A mesh of `world_size` ranks. Build it with `DeviceMesh.from_sizes(...)`."""
+
     sizes: dict[str, int]
     ep_size: int = 1
     device_type: str | None = None  # default: CUDA when available, else CPU (`device_type_of`)
@@ -42,9 +45,18 @@ class DeviceMesh:
         object.__setattr__(self, 'device_type', device_type_of(self.device_type))
 
     @classmethod
-    def from_sizes(cls, *, dp_size: int | None = None, fsdp_size: int = 1, tp_size: int = 1, pp_size: int = 1,
-                   cp_size: int = 1, ep_size: int = 1, world_size: int | None = None,
-                   device_type: str | None = None) -> DeviceMesh:
+    def from_sizes(
+        cls,
+        *,
+        dp_size: int | None = None,
+        fsdp_size: int = 1,
+        tp_size: int = 1,
+        pp_size: int = 1,
+        cp_size: int = 1,
+        ep_size: int = 1,
+        world_size: int | None = None,
+        device_type: str | None = None,
+    ) -> DeviceMesh:
         """Sizes default to 1; `dp_size=None` with `world_size` given takes whatever ranks are left over.
         `device_type`: default CUDA when available, else CPU; 'GPU' means 'cuda'."""
         fixed = {'pp': pp_size, 'fsdp': fsdp_size, 'cp': cp_size, 'tp': tp_size}
@@ -63,8 +75,10 @@ class DeviceMesh:
             raise MeshError(f'dp_size must be a positive integer, got {dp_size!r}.')
         total = dp_size * others
         if world_size is not None and world_size != total:
-            raise MeshError(f'world_size={world_size} but pp*dp*fsdp*cp*tp = {pp_size}*{dp_size}*{fsdp_size}*'
-                            f'{cp_size}*{tp_size} = {total}.')
+            raise MeshError(
+                f'world_size={world_size} but pp*dp*fsdp*cp*tp = {pp_size}*{dp_size}*{fsdp_size}*'
+                f'{cp_size}*{tp_size} = {total}.'
+            )
         if (dp_size * fsdp_size) % ep_size:
             raise MeshError(f'ep_size={ep_size} must divide dp_size*fsdp_size={dp_size * fsdp_size}.')
         sizes = {'pp': pp_size, 'dp': dp_size, 'fsdp': fsdp_size, 'cp': cp_size, 'tp': tp_size}
@@ -141,6 +155,7 @@ class DeviceMesh:
     def to_torch(self) -> Any:
         """A `torch.distributed.DeviceMesh` over the non-trivial dimensions (requires an initialised process group)."""
         from torch.distributed.device_mesh import init_device_mesh
+
         dims = [d for d in DIMS if self.sizes[d] > 1] or ['dp']
         return init_device_mesh(self.device_type, tuple(self.sizes[d] for d in dims), mesh_dim_names=tuple(dims))
 
@@ -160,6 +175,7 @@ class DeviceMesh:
 @dataclass(frozen=True)
 class DeviceGroup:
     """A named group of ranks (e.g. 'model' on ranks 0-1, 'sampler' on rank 2) of one device type."""
+
     name: str
     ranks: list[int] | int
     device_type: str | None = None  # default: CUDA when available, else CPU; 'GPU' means 'cuda'

@@ -3,6 +3,7 @@
 One broken plugin never breaks discovery: a failing import raises `PluginLoadError` naming the entry point and
 its distribution, for that name alone.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,7 +44,8 @@ def load_entry_point(kind: str, ep: metadata.EntryPoint) -> Any:
         except Exception as exc:  # noqa: BLE001 - re-raised with context
             raise PluginLoadError(
                 f'Plugin {kind} {ep.name!r} ({ep.value}) from distribution {distribution_of(ep)!r} failed to '
-                f'import: {type(exc).__name__}: {exc}') from exc
+                f'import: {type(exc).__name__}: {exc}'
+            ) from exc
     return _loaded[key]
 
 

@@ -11,6 +11,7 @@ hit wins (docs/architecture.md §1):
 
 An unknown name raises `ComponentNotFoundError`, listing close matches and every provider of that kind.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -22,8 +23,22 @@ from twinkle_core import plugins
 from twinkle_core.errors import ComponentNotFoundError, TwinkleError
 
 KINDS: tuple[str, ...] = (
-    'model', 'sampler', 'loss', 'advantage', 'reward', 'metric', 'template', 'preprocessor', 'processor',
-    'patch', 'kernel', 'runtime', 'checkpoint_engine', 'optimizer', 'lr_scheduler', 'dataset_source',
+    'model',
+    'sampler',
+    'loss',
+    'advantage',
+    'reward',
+    'metric',
+    'template',
+    'preprocessor',
+    'processor',
+    'patch',
+    'kernel',
+    'runtime',
+    'checkpoint_engine',
+    'optimizer',
+    'lr_scheduler',
+    'dataset_source',
 )
 
 # The interface of each kind ("module:attr"), imported only when a plain function must be wrapped.
@@ -51,6 +66,7 @@ _HUB_SCHEMES = ('ms://', 'hf://')
 @dataclass(frozen=True)
 class ComponentInfo:
     """One resolvable name: its kind, where it comes from and the distribution (or hub repo) providing it."""
+
     name: str
     kind: str
     provider: str
@@ -61,8 +77,8 @@ class ComponentInfo:
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
         close = difflib.get_close_matches(kind, KINDS, n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ''
-        raise TwinkleError(f"Unknown component kind {kind!r}.{hint} Kinds: {', '.join(KINDS)}.")
+        hint = f' Did you mean {", ".join(repr(c) for c in close)}?' if close else ''
+        raise TwinkleError(f'Unknown component kind {kind!r}.{hint} Kinds: {", ".join(KINDS)}.')
 
 
 def register(kind: str, name: str | None = None, *, override: bool = False) -> Callable[[_T], _T]:
@@ -98,6 +114,7 @@ def resolve_class(kind: str, name: str, *, trust_remote_code: bool | None = None
         raise TwinkleError(f'A {kind} name must be a non-empty string, got {name!r}.')
     if name.startswith(_HUB_SCHEMES):
         from twinkle_core.hub.loader import load_hub_component
+
         return load_hub_component(kind, name, trust_remote_code=trust_remote_code)
     if name in _local[kind]:
         return _local[kind][name]
@@ -105,6 +122,7 @@ def resolve_class(kind: str, name: str, *, trust_remote_code: bool | None = None
     if entry is not None:
         return plugins.load_entry_point(kind, entry)
     from twinkle_core import registry_index
+
     indexed = registry_index.lookup(kind, name)
     if indexed is not None:
         return indexed.load(trust_remote_code=trust_remote_code)
@@ -137,6 +155,7 @@ def list_components(kind: str | None = None) -> list[ComponentInfo]:
     kinds = [kind] if kind else list(KINDS)
     out: list[ComponentInfo] = []
     from twinkle_core import registry_index
+
     for k in kinds:
         check_kind(k)
         seen: set[str] = set()
@@ -165,7 +184,7 @@ def _not_found_message(kind: str, name: str) -> str:
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
     lines = [f'No {kind} named {name!r}.']
     if close:
-        lines.append(f"Did you mean: {', '.join(close)}?")
+        lines.append(f'Did you mean: {", ".join(close)}?')
     installed = [c for c in known if c.source != 'index']
     indexed = [c for c in known if c.source == 'index']
     if installed:
@@ -179,6 +198,8 @@ def _not_found_message(kind: str, name: str) -> str:
     if indexed:
         lines.append('Also known to the registry/ index (installable):')
         lines += [f'  {c.name}: {c.target}' for c in indexed]
-    lines.append(f'Register one with @register({kind!r}), an entry point in group "twinkle.{kind}", '
-                 f'or a hub reference such as "ms://org/repo:Name".')
+    lines.append(
+        f'Register one with @register({kind!r}), an entry point in group "twinkle.{kind}", '
+        f'or a hub reference such as "ms://org/repo:Name".'
+    )
     return '\n'.join(lines)

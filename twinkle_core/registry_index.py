@@ -8,6 +8,7 @@ The index directory is ``$TWINKLE_REGISTRY_DIR`` if set, else the copy shipped i
 truth; never edit the packaged copy. A project adds its own pins (e.g. of hub kernels) in lock files named by
 ``$TWINKLE_LOCK_FILE`` (`lock_files`).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,16 +55,20 @@ class IndexEntry:
         """Load the component this entry points at, or explain how to install it."""
         if self.hub:
             from twinkle_core.hub.loader import load_hub_component
+
             return load_hub_component(self.kind, self.target, trust_remote_code=trust_remote_code)
         try:
             metadata.distribution(self.distribution or '')
         except metadata.PackageNotFoundError:
             raise DistributionNotInstalledError(
                 f'{self.kind} {self.name!r} is provided by the distribution {self.distribution!r}, which is not '
-                f'installed. Run: pip install {self.distribution}') from None
-        raise TwinkleError(f'{self.kind} {self.name!r} should come from {self.distribution!r}, which is installed but '
-                           f'registers no such entry point in group "twinkle.{self.kind}". Reinstall it '
-                           f'(pip install --force-reinstall {self.distribution}) or check its version.')
+                f'installed. Run: pip install {self.distribution}'
+            ) from None
+        raise TwinkleError(
+            f'{self.kind} {self.name!r} should come from {self.distribution!r}, which is installed but '
+            f'registers no such entry point in group "twinkle.{self.kind}". Reinstall it '
+            f'(pip install --force-reinstall {self.distribution}) or check its version.'
+        )
 
 
 def index_dir() -> Path | None:
@@ -101,8 +106,10 @@ def _load_file(file: str) -> tuple[IndexEntry, ...]:
         except TypeError as exc:
             raise TwinkleError(f'{path}: component #{i} is malformed: {exc}') from exc
         if not entry.name or not entry.kind or bool(entry.distribution) == bool(entry.hub):
-            raise TwinkleError(f'{path}: component #{i} ({entry.name!r}) needs a name, a kind and exactly one '
-                               f'of "distribution" or "hub".')
+            raise TwinkleError(
+                f'{path}: component #{i} ({entry.name!r}) needs a name, a kind and exactly one '
+                f'of "distribution" or "hub".'
+            )
         out.append(entry)
     return tuple(out)
 

@@ -5,6 +5,7 @@ A twinkle server speaks the Tinker wire API, so the SDK needs no patching: this 
 installed and, when given, puts the server's address and key where the SDK reads its defaults
 (``TINKER_BASE_URL``, ``TINKER_API_KEY``), so ``ServiceClient()`` needs no arguments.
 """
+
 from __future__ import annotations
 
 import os

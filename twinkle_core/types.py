@@ -3,6 +3,7 @@
 Pipelines (HF `datasets` rows, DataLoader batches) carry plain dicts with exactly these fields; components accept
 either the model or its dict, and validate at the boundary with `as_input_features` / `Trajectory.model_validate`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -27,6 +28,7 @@ class Message(BaseModel):
     `content` is text, or a list of parts (``{'type': 'text', 'text': ...}``, ``{'type': 'image', 'image': ...}``)
     for multimodal turns; see `twinkle_core.template.images` for the image layouts a vision template reads.
     """
+
     model_config = ConfigDict(extra='allow', arbitrary_types_allowed=True)
     role: Role
     content: str | list[dict[str, Any]]
@@ -35,6 +37,7 @@ class Message(BaseModel):
 
 class Trajectory(BaseModel):
     """A conversation in the standard format, plus optional per-trajectory fields (reward inputs, answers...)."""
+
     model_config = ConfigDict(extra='allow')
     messages: list[Message]
     tools: list[dict[str, Any]] | None = None
@@ -54,6 +57,7 @@ class InputFeature(BaseModel):
     input_ids and -100 marks positions without loss (HF convention). Extra fields (advantages, old_logprobs,
     ref_logprobs, adapter_name, ...) are kept and reach the loss untouched.
     """
+
     model_config = ConfigDict(extra='allow', arbitrary_types_allowed=True)
     input_ids: list[int]
     labels: list[int] | None = None
@@ -108,16 +112,20 @@ def _sampled_rows(item: Any) -> list[Any]:
     else:
         return [item]
     if any(row is None for row in rows):
-        raise InvalidInputError('A SampleResponse in the batch has a sequence without new_input_feature; sample '
-                                'from prompt rows (not bare token lists) to get trainable rows.')
+        raise InvalidInputError(
+            'A SampleResponse in the batch has a sequence without new_input_feature; sample '
+            'from prompt rows (not bare token lists) to get trainable rows.'
+        )
     return rows
 
 
 def _listify(row: dict[str, Any]) -> dict[str, Any]:
     """The declared fields' tensors/arrays -> lists for validation only (rows themselves are passed on unchanged;
     extra fields such as ``pixel_values`` are not validated, so they are not converted)."""
-    return {k: as_list(v) if k in InputFeature.model_fields and callable(getattr(v, 'tolist', None)) else v
-            for k, v in row.items()}
+    return {
+        k: as_list(v) if k in InputFeature.model_fields and callable(getattr(v, 'tolist', None)) else v
+        for k, v in row.items()
+    }
 
 
 def as_list(values: Any) -> list[Any]:
@@ -128,6 +136,7 @@ def as_list(values: Any) -> list[Any]:
 
 class SamplingParams(BaseModel):
     """How to sample. `stop` takes strings or token ids; `None` stops at EOS only."""
+
     max_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_k: int = -1
@@ -188,6 +197,7 @@ class SampledSequence(BaseModel):
     completion, ``labels`` (-100 on the prompt), the prompt row's other fields (e.g. ``ground_truth``) and, when
     it had ``messages``, the completion appended as the assistant's message -- what `forward_backward` and the
     rewards take (GRPO)."""
+
     tokens: list[int]
     logprobs: list[float] | list[list[tuple[int, float]]] | None = None
     stop_reason: Literal['stop', 'length']
@@ -198,6 +208,6 @@ class SampledSequence(BaseModel):
 
 class SampleResponse(BaseModel):
     """All samples for one prompt. `prompt_logprobs[0]` is None (nothing predicts the first token)."""
+
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None
-

@@ -44,7 +44,9 @@ def train():
     # Prepare dataset
     dataset = Dataset(dataset_meta=DatasetMeta(DATA, data_slice=range(120)))
     dataset.set_template('Qwen3_5Template', model_id=BASE_MODEL, max_length=512)
-    dataset.map('SelfCognitionProcessor', init_args={'model_name': 'twinkle model', 'model_author': 'ModelScope Community'})
+    dataset.map(
+        'SelfCognitionProcessor', init_args={'model_name': 'twinkle model', 'model_author': 'ModelScope Community'}
+    )
     dataset.encode(batched=True)
     dataloader = DataLoader(dataset=dataset, batch_size=4)
 

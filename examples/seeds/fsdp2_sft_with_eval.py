@@ -25,10 +25,14 @@ def _local(env: str, default) -> str:
     return os.environ.get(env) or str(default())
 
 
-DATA = _local('TWINKLE_SEED_DATA', lambda: __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path(
-    'self_cognition.jsonl'))
-MODEL = _local('TWINKLE_SEED_MODEL', lambda: __import__('twinkle_core.fixtures.tiny_model',
-                                                        fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'))
+DATA = _local(
+    'TWINKLE_SEED_DATA',
+    lambda: __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl'),
+)
+MODEL = _local(
+    'TWINKLE_SEED_MODEL',
+    lambda: __import__('twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'),
+)
 
 # Build device_mesh: fsdp=2, dp=1, using 2 CPU ranks in total
 device_mesh = DeviceMesh.from_sizes(fsdp_size=2, dp_size=1)
@@ -76,7 +80,8 @@ def train():
     model.set_optimizer(optimizer_cls='AdamW', lr=1e-4)
     # Configure learning rate scheduler
     model.set_lr_scheduler(
-        scheduler_cls='CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=len(dataloader))
+        scheduler_cls='CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=len(dataloader)
+    )
     logger.info(get_device_placement())
     # Print training config
     logger.info(model.get_train_configs())

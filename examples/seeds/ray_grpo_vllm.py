@@ -30,15 +30,17 @@ from twinkle_core.sampler import vLLMSampler
 
 logger = get_logger()
 
-MODEL_ID = os.environ.get('TWINKLE_SEED_MODEL') or str(__import__(
-    'twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'))
-GSM8K = os.environ.get('TWINKLE_SEED_GSM8K') or str(__import__(
-    'twinkle_core.fixtures', fromlist=['data_path']).data_path('gsm8k_sample.jsonl'))
-MODEL_GPUS = 1      # 1 CPU rank for model training
-SAMPLER_GPUS = 1    # 1 CPU rank for vLLM sampling
+MODEL_ID = os.environ.get('TWINKLE_SEED_MODEL') or str(
+    __import__('twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny')
+)
+GSM8K = os.environ.get('TWINKLE_SEED_GSM8K') or str(
+    __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('gsm8k_sample.jsonl')
+)
+MODEL_GPUS = 1  # 1 CPU rank for model training
+SAMPLER_GPUS = 1  # 1 CPU rank for vLLM sampling
 NUM_GPUS = MODEL_GPUS + SAMPLER_GPUS
 
-NUM_GENERATIONS = 4     # 4 samples per group
+NUM_GENERATIONS = 4  # 4 samples per group
 MAX_NEW_TOKENS = 24
 LEARNING_RATE = 1e-5
 MAX_STEPS = 4
@@ -47,12 +49,14 @@ MINI_BATCH_SIZE = 8
 MICRO_BATCH_SIZE = 2
 ADAPTER_NAME = 'default'
 
+
 def create_gsm8k_dataset():
     dataset = Dataset(DatasetMeta(GSM8K, subset_name='main', split='train'))
     dataset.set_template('Qwen3_5Template', model_id=MODEL_ID, max_length=2048)
     dataset.map(GSM8KProcessor())
     dataset.encode(add_generation_prompt=True)
     return dataset
+
 
 def compute_rewards(trajectories: list[dict[str, Any]]):
     accuracy_reward_fn = GSM8KAccuracyReward()
@@ -61,6 +65,7 @@ def compute_rewards(trajectories: list[dict[str, Any]]):
     format_rewards = format_reward_fn(trajectories)
     total_rewards = [a + f for a, f in zip(accuracy_rewards, format_rewards)]
     return total_rewards, format_rewards, accuracy_rewards
+
 
 def main():
     # Assign model and sampler to separate CPU groups
@@ -182,6 +187,7 @@ def main():
 
     logger.info(f'Training completed. optim_steps={optim_step}')
     model.save('grpo-gsm8k-checkpoint')
+
 
 if __name__ == '__main__':
     main()

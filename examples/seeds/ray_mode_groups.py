@@ -14,8 +14,9 @@ from twinkle_core import DeviceGroup, DeviceMesh
 from twinkle_core.model import TransformersModel
 from twinkle_core.sampler import vLLMSampler
 
-MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(__import__(
-    'twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'))
+MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(
+    __import__('twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny')
+)
 
 # Define resource groups
 device_groups = [
@@ -28,26 +29,15 @@ model_mesh = DeviceMesh.from_sizes(world_size=1, dp_size=1)
 sampler_mesh = DeviceMesh.from_sizes(world_size=1, dp_size=1)
 
 # Initialize Ray mode
-twinkle.initialize(
-    mode='ray',
-    nproc_per_node=2,
-    groups=device_groups,
-    lazy_collect=False
-)
+twinkle.initialize(mode='ray', nproc_per_node=2, groups=device_groups, lazy_collect=False)
+
 
 def train():
-    model = TransformersModel(
-        model_id=MODEL,
-        remote_group='model',
-        device_mesh=model_mesh
-    )
+    model = TransformersModel(model_id=MODEL, remote_group='model', device_mesh=model_mesh)
 
-    sampler = vLLMSampler(
-        model_id=MODEL,
-        device_mesh=sampler_mesh,
-        remote_group='sampler'
-    )
+    sampler = vLLMSampler(model_id=MODEL, device_mesh=sampler_mesh, remote_group='sampler')
     ...
+
 
 if __name__ == '__main__':
     train()

@@ -17,12 +17,14 @@ from twinkle_core.dataset import Dataset, DatasetMeta
 from twinkle_core.model import TransformersModel
 from twinkle_core.preprocessor import SelfCognitionProcessor
 
-DATA = os.environ.get('TWINKLE_SEED_DATA') or str(__import__(
-    'twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl'))
-MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(__import__(
-    'twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'))
+DATA = os.environ.get('TWINKLE_SEED_DATA') or str(
+    __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl')
+)
+MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(
+    __import__('twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny')
+)
 
-device_group = [DeviceGroup(name='default',ranks=2,device_type='cpu')]
+device_group = [DeviceGroup(name='default', ranks=2, device_type='cpu')]
 device_mesh = DeviceMesh.from_sizes(fsdp_size=2, dp_size=1)
 # local for torchrun
 twinkle.initialize(mode='ray', groups=device_group, global_device_mesh=device_mesh)
@@ -44,11 +46,7 @@ def train():
     # Use a TransformersModel
     model = TransformersModel(model_id=base_model, remote_group='default')
 
-    lora_config = LoraConfig(
-        r=8,
-        lora_alpha=32,
-        target_modules='all-linear'
-    )
+    lora_config = LoraConfig(r=8, lora_alpha=32, target_modules='all-linear')
 
     # Add a lora to model, with name `default`
     # Comment this to use full-parameter training
@@ -56,8 +54,9 @@ def train():
     # Add Optimizer for lora `default`
     model.set_optimizer(optimizer_cls='AdamW', lr=1e-4)
     # Add LRScheduler for lora `default`
-    model.set_lr_scheduler(scheduler_cls='CosineWarmupScheduler', num_warmup_steps=5,
-                           num_training_steps=len(dataloader))
+    model.set_lr_scheduler(
+        scheduler_cls='CosineWarmupScheduler', num_warmup_steps=5, num_training_steps=len(dataloader)
+    )
     for step, batch in enumerate(dataloader):
         # Do forward and backward
         model.forward_backward(inputs=batch)

@@ -22,7 +22,8 @@ base_model = os.environ['TWINKLE_SEED_BASE_MODEL']
 base_url = os.environ['TWINKLE_SEED_BASE_URL']
 api_key = os.environ['TWINKLE_SEED_API_KEY']
 DATA = os.environ.get('TWINKLE_SEED_DATA') or str(
-    __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl'))
+    __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl')
+)
 
 # Use twinkle dataset to load the data
 dataset = Dataset(dataset_meta=DatasetMeta(DATA, data_slice=range(120)))
@@ -36,17 +37,17 @@ init_tinker_client()
 from tinker import ServiceClient
 
 service_client = ServiceClient(base_url=base_url, api_key=api_key)
-training_client = service_client.create_lora_training_client(base_model=base_model[len('ms://'):], rank=16)
+training_client = service_client.create_lora_training_client(base_model=base_model[len('ms://') :], rank=16)
 
 # Training loop: use input_feature_to_datum to transfer the input format
 for epoch in range(3):
     for step, batch in tqdm(enumerate(dataloader)):
         input_datum = [input_feature_to_datum(input_feature) for input_feature in batch]
 
-        fwdbwd_future = training_client.forward_backward(input_datum, "cross_entropy")
+        fwdbwd_future = training_client.forward_backward(input_datum, 'cross_entropy')
         optim_future = training_client.optim_step(types.AdamParams(learning_rate=1e-4))
 
         fwdbwd_result = fwdbwd_future.result()
         optim_result = optim_future.result()
 
-    training_client.save_state(f"twinkle-lora-{epoch}").result()
+    training_client.save_state(f'twinkle-lora-{epoch}').result()

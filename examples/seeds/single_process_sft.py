@@ -13,10 +13,13 @@ from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset, DatasetMeta
 from twinkle_core.model import TransformersModel
 
-DATA = os.environ.get('TWINKLE_SEED_DATA') or str(__import__(
-    'twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl'))
-MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(__import__(
-    'twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny'))
+DATA = os.environ.get('TWINKLE_SEED_DATA') or str(
+    __import__('twinkle_core.fixtures', fromlist=['data_path']).data_path('self_cognition.jsonl')
+)
+MODEL = os.environ.get('TWINKLE_SEED_MODEL') or str(
+    __import__('twinkle_core.fixtures.tiny_model', fromlist=['ensure_tiny_model']).ensure_tiny_model('tiny')
+)
+
 
 def train():
     dataset = Dataset(dataset_meta=DatasetMeta(DATA))
@@ -29,6 +32,7 @@ def train():
     for batch in dataloader:
         model.forward_backward(inputs=batch)
         model.clip_grad_and_step()
+
 
 if __name__ == '__main__':
     train()

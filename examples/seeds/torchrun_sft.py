@@ -15,9 +15,11 @@ device_mesh = DeviceMesh.from_sizes(fsdp_size=2, dp_size=1)
 # Initialize in local mode
 twinkle.initialize(mode='local', global_device_mesh=device_mesh)
 
+
 def train():
     # Same training code as single GPU
     single_process_sft.train()
+
 
 if __name__ == '__main__':
     train()

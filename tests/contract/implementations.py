@@ -1,6 +1,7 @@
 """Which implementations the contract suites run against: every installed one -- registry names of kind
 `sampler` / `model` provided by an installed distribution's entry point (index-only names, e.g. a backend that
 is not installed, are left out)."""
+
 from __future__ import annotations
 
 from twinkle_core.registry import list_components
@@ -15,6 +16,7 @@ def build_sampler(request, name: str, model_dir):
     if name == 'vLLMSampler':
         return request.getfixturevalue('vllm_sampler')
     from twinkle_core.registry import resolve
+
     kwargs = {'device': 'cpu'} if name == 'TorchSampler' else {}
     return resolve('sampler', name, model_id=str(model_dir), **kwargs)
 

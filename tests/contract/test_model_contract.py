@@ -3,6 +3,7 @@ MultiLoraTransformersModel, MegatronModel -- in this process, on its one-rank gl
 checkpoint in Hugging Face names, `export_adapter` is a PEFT
 adapter that plain PEFT loads and that scores exactly like the training model, and merging it into the exported
 base (`merge_peft`) scores the same again. Reference: plain transformers / PEFT forwards, fp32, 1e-4."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,10 @@ from tests.contract.implementations import installed, release
 from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.registry import resolve
 
-ROWS = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},
-        {'input_ids': [100, 200, 300, 400], 'labels': [-100, 200, 300, 400]}]
+ROWS = [
+    {'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},
+    {'input_ids': [100, 200, 300, 400], 'labels': [-100, 200, 300, 400]},
+]
 ATOL = 1e-4
 
 
@@ -54,6 +57,7 @@ def test_adapters_and_base_training_are_declared(trained):
 
 def test_export_base_is_the_checkpoint_in_hugging_face_names(trained, tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     exported = {n: t for bucket in trained.export_base(bucket_bytes=1 << 16) for n, t in bucket}
     assert exported.keys() == reference.keys()
@@ -66,6 +70,7 @@ def test_the_exported_adapter_loads_in_plain_peft_and_scores_like_the_model(trai
     import peft
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
+
     config, buckets = trained.export_adapter('policy', bucket_bytes=4096)
     tensors = {n: t.detach().clone() for bucket in buckets for n, t in bucket}
     assert tensors and all('.lora_A.' in n or '.lora_B.' in n for n in tensors)
@@ -79,6 +84,7 @@ def test_the_exported_adapter_loads_in_plain_peft_and_scores_like_the_model(trai
 
 def test_merged_weights_score_like_the_unmerged_model(trained, tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     config, buckets = trained.export_adapter('policy')
     adapter = {n: t for bucket in buckets for n, t in bucket}
     merged = {n: t for bucket in merge_peft(trained.export_base(), config, adapter) for n, t in bucket}
@@ -145,7 +151,6 @@ def test_gradients_equal_plain_peft_on_the_same_weights(trained, tiny_model_dir,
     assert any(g.abs().max() > 1e-4 for g in expected.values())  # a comparison of zeros would prove nothing
     for name, grad in expected.items():
         torch.testing.assert_close(before[name] - after[name], grad, atol=2e-6, rtol=1e-4, msg=name)
-
 
 
 def test_a_second_adapter_leaves_the_first_as_it_was(trained):

@@ -4,6 +4,7 @@ tensors or directories serve exactly their weights (a replaced adapter never ser
 prompt already in the prefix cache), streamed base weights replace the model's, and bad input changes nothing.
 References are plain Hugging Face / PEFT forwards in fp32; tolerance 1e-4 on logprobs (vLLM and HF run different
 kernels)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,7 @@ def sampler(request, tiny_model_dir):
 @pytest.fixture(scope='module')
 def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
@@ -33,6 +35,7 @@ def peft_adapter(model_dir, seed: int, rank: int = 4):
     """(PEFT model with a random non-zero adapter 'default', its adapter_config dict, its PEFT-format tensors)."""
     import peft
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
     torch.manual_seed(seed)
@@ -56,20 +59,23 @@ def assert_matches_forward(model, prompts, responses) -> None:
     for prompt, response in zip(prompts, responses):
         for seq in response.sequences:
             ref = forward_logprobs(model, prompt + seq.tokens)
-            torch.testing.assert_close(torch.tensor(seq.logprobs), ref[len(prompt) - 1:], atol=ATOL, rtol=0)
+            torch.testing.assert_close(torch.tensor(seq.logprobs), ref[len(prompt) - 1 :], atol=ATOL, rtol=0)
         if response.prompt_logprobs is not None:
             assert response.prompt_logprobs[0] is None
-            torch.testing.assert_close(torch.tensor(response.prompt_logprobs[1:]), ref[:len(prompt) - 1],
-                                       atol=ATOL, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(response.prompt_logprobs[1:]), ref[: len(prompt) - 1], atol=ATOL, rtol=0
+            )
 
 
 def test_logprobs_equal_the_training_forward(sampler, hf_model):
-    params = SamplingParams(max_tokens=10, temperature=0.9, top_k=50, top_p=0.9, seed=0, num_samples=2,
-                            prompt_logprobs=True)
+    params = SamplingParams(
+        max_tokens=10, temperature=0.9, top_k=50, top_p=0.9, seed=0, num_samples=2, prompt_logprobs=True
+    )
     responses = sampler.sample([{'input_ids': p} for p in PROMPTS], params)
     assert [len(r.sequences) for r in responses] == [2, 2, 2]
-    assert all(len(s.tokens) == len(s.logprobs) == 10 and s.stop_reason == 'length'
-               for r in responses for s in r.sequences)
+    assert all(
+        len(s.tokens) == len(s.logprobs) == 10 and s.stop_reason == 'length' for r in responses for s in r.sequences
+    )
     assert_matches_forward(hf_model, PROMPTS, responses)
 
 
@@ -81,7 +87,7 @@ def test_top_logprobs_and_the_trainable_row_of_each_sample(sampler, hf_model):
         for seq in response.sequences:
             full = prompt + seq.tokens
             with torch.no_grad():
-                logps = hf_model(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+                logps = hf_model(input_ids=torch.tensor([full])).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
             reference = logps.topk(3, dim=-1)
             assert len(seq.top_logprobs) == len(seq.tokens)
             for step, (values, indices) in enumerate(zip(reference.values, reference.indices)):
@@ -89,8 +95,7 @@ def test_top_logprobs_and_the_trainable_row_of_each_sample(sampler, hf_model):
                 got = torch.tensor([lp for _, lp in seq.top_logprobs[step]])
                 torch.testing.assert_close(got, values, atol=ATOL, rtol=0)
                 assert tokens == indices.tolist() or torch.allclose(values[:-1], values[1:], atol=ATOL)  # ties
-            assert seq.new_input_feature == {'input_ids': full,
-                                             'labels': [-100] * len(prompt) + seq.tokens}
+            assert seq.new_input_feature == {'input_ids': full, 'labels': [-100] * len(prompt) + seq.tokens}
     plain = sampler.sample(PROMPTS[:1], max_tokens=2)[0].sequences[0]
     assert plain.top_logprobs is None and plain.logprobs is not None
 
@@ -98,9 +103,12 @@ def test_top_logprobs_and_the_trainable_row_of_each_sample(sampler, hf_model):
 def test_logprobs_k_gives_the_twinkle_documents_pairs(sampler):
     """``SamplingParams(logprobs=k)`` (vLLM's and the Twinkle documents' form): per token ``[(sampled, lp), ...]``
     then the others among the k most likely; ``[lp[0][1] for lp in seq.logprobs]`` is the float form."""
-    floats, pairs = (sampler.sample(PROMPTS[:1], SamplingParams(max_tokens=6, seed=9, temperature=1.0,
-                                                              logprobs=form, top_logprobs=2))[0].sequences[0]
-                     for form in (True, 2))
+    floats, pairs = (
+        sampler.sample(
+            PROMPTS[:1], SamplingParams(max_tokens=6, seed=9, temperature=1.0, logprobs=form, top_logprobs=2)
+        )[0].sequences[0]
+        for form in (True, 2)
+    )
     assert pairs.tokens == floats.tokens
     assert [lp[0][0] for lp in pairs.logprobs] == pairs.tokens
     assert [lp[0][1] for lp in pairs.logprobs] == pytest.approx(floats.logprobs, abs=ATOL)
@@ -120,14 +128,15 @@ def test_the_trainable_row_carries_the_prompt_rows_fields(sampler, tiny_model_di
     feature = seq.new_input_feature
     assert feature['ground_truth'] == '5' and feature['messages'][:1] == row['messages']
     assert feature['messages'][-1] == {'role': 'assistant', 'content': seq.text}
-    assert feature['input_ids'][-len(seq.tokens):] == seq.tokens
+    assert feature['input_ids'][-len(seq.tokens) :] == seq.tokens
     assert feature['labels'] == [-100] * (len(feature['input_ids']) - len(seq.tokens)) + seq.tokens
 
 
 def test_greedy_tokens_are_the_models_argmax(sampler, hf_model):
     for prompt, response in zip(PROMPTS, sampler.sample(PROMPTS, max_tokens=8, temperature=0.0)):
-        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                     eos_token_id=None)[0, len(prompt):].tolist()
+        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None)[
+            0, len(prompt) :
+        ].tolist()
         assert response.sequences[0].tokens == expected
 
 
@@ -155,8 +164,8 @@ def test_a_stop_token_cuts_and_is_kept(sampler):
     free = sampler.sample([PROMPTS[2]], max_tokens=12, seed=5)[0].sequences[0]
     stop_at = next(i for i, t in enumerate(free.tokens) if free.tokens.index(t) == i and i >= 2)
     cut = sampler.sample([PROMPTS[2]], max_tokens=12, seed=5, stop=[free.tokens[stop_at]])[0].sequences[0]
-    assert cut.tokens == free.tokens[:stop_at + 1] and cut.stop_reason == 'stop'
-    assert cut.logprobs == pytest.approx(free.logprobs[:stop_at + 1], abs=ATOL)
+    assert cut.tokens == free.tokens[: stop_at + 1] and cut.stop_reason == 'stop'
+    assert cut.logprobs == pytest.approx(free.logprobs[: stop_at + 1], abs=ATOL)
 
 
 def test_adapters_serve_their_own_weights_mixed_in_one_call(sampler, tiny_model_dir, tmp_path, hf_model):
@@ -193,8 +202,9 @@ def test_a_replaced_adapter_never_serves_stale_results(sampler, tiny_model_dir):
         before = sampler.sample([long_prompt], max_tokens=6, temperature=0.0, adapter_name='tenant')
         assert_matches_forward(first, [long_prompt], before)
         sampler.add_adapter('tenant', config, second_tensors)  # same name, new weights
-        after = sampler.sample([long_prompt], max_tokens=6, temperature=0.0, prompt_logprobs=True,
-                               adapter_name='tenant')
+        after = sampler.sample(
+            [long_prompt], max_tokens=6, temperature=0.0, prompt_logprobs=True, adapter_name='tenant'
+        )
         assert_matches_forward(second, [long_prompt], after)
     finally:
         sampler.remove_adapter('tenant')
@@ -202,6 +212,7 @@ def test_a_replaced_adapter_never_serves_stale_results(sampler, tiny_model_dir):
 
 def test_streamed_base_weights_replace_the_model(sampler, tiny_model_dir, hf_model):
     from transformers import AutoModelForCausalLM
+
     changed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # every weight moves, the (tied) embedding included, as after full-parameter training
@@ -212,7 +223,7 @@ def test_streamed_base_weights_replace_the_model(sampler, tiny_model_dir, hf_mod
     try:
         sampler.begin_weight_update()
         for start in range(0, len(items), 7):  # several buckets, as a streamed update sends them
-            sampler.load_weights(items[start:start + 7])
+            sampler.load_weights(items[start : start + 7])
         sampler.end_weight_update()
         responses = sampler.sample(PROMPTS, max_tokens=6, temperature=0.0, prompt_logprobs=True)
         assert_matches_forward(changed, PROMPTS, responses)
@@ -223,10 +234,13 @@ def test_streamed_base_weights_replace_the_model(sampler, tiny_model_dir, hf_mod
     assert_matches_forward(hf_model, PROMPTS, sampler.sample(PROMPTS, max_tokens=4, temperature=0.0))
 
 
-@pytest.mark.parametrize('weights, message', [
-    ({'model.layers.0.self_attn.q_proj.weight': torch.zeros(3, 3)}, 'has shape'),
-    ({'model.layers.0.no_such.weight': torch.zeros(3)}, 'no base weight named'),
-])
+@pytest.mark.parametrize(
+    'weights, message',
+    [
+        ({'model.layers.0.self_attn.q_proj.weight': torch.zeros(3, 3)}, 'has shape'),
+        ({'model.layers.0.no_such.weight': torch.zeros(3)}, 'no base weight named'),
+    ],
+)
 def test_bad_base_weights_are_refused_and_change_nothing(sampler, hf_model, weights, message):
     good = dict(hf_model.state_dict())
     with pytest.raises(InvalidInputError, match=message):
@@ -234,13 +248,16 @@ def test_bad_base_weights_are_refused_and_change_nothing(sampler, hf_model, weig
     assert_matches_forward(hf_model, PROMPTS[:1], sampler.sample(PROMPTS[:1], max_tokens=4, temperature=0.0))
 
 
-@pytest.mark.parametrize('call, message', [
-    (lambda s: s.sample([[5, 6]], max_tokens=100_000), 'exceeds'),
-    (lambda s: s.sample([[5, 10**7]], max_tokens=2), 'outside the vocabulary'),
-    (lambda s: s.sample([[5, 6]], max_tokens=2, adapter_name='nobody'), 'Unknown adapter'),
-    (lambda s: s.add_adapter('x', {'r': 4}), 'exactly one of tensors= or path='),
-    (lambda s: s.remove_adapter('nobody'), 'Unknown adapter'),
-])
+@pytest.mark.parametrize(
+    'call, message',
+    [
+        (lambda s: s.sample([[5, 6]], max_tokens=100_000), 'exceeds'),
+        (lambda s: s.sample([[5, 10**7]], max_tokens=2), 'outside the vocabulary'),
+        (lambda s: s.sample([[5, 6]], max_tokens=2, adapter_name='nobody'), 'Unknown adapter'),
+        (lambda s: s.add_adapter('x', {'r': 4}), 'exactly one of tensors= or path='),
+        (lambda s: s.remove_adapter('nobody'), 'Unknown adapter'),
+    ],
+)
 def test_bad_input_is_refused_clearly(sampler, call, message):
     with pytest.raises(InvalidInputError, match=message):
         call(sampler)

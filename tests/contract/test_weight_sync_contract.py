@@ -1,6 +1,7 @@
 """CheckpointEngineManager into every installed sampler (in process): after a sync the sampler's logprobs equal
 the training model's -- base + LoRA first, LoRA only afterwards, and merged weights with merge_and_sync. The
 shared vLLM engine is restored to the fixture's weights afterwards."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,10 +25,12 @@ def sampler(request, tiny_model_dir):
 def lora_model(model_dir):
     import peft
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(0)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS,
-                                                      init_lora_weights=False))
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
+    )
     training_step(model, scale=20.0)
     return model.eval()
 
@@ -44,12 +47,13 @@ def assert_sampler_matches(sampler, model, adapter_name=None, seed=0):
     responses = sampler.sample(PROMPTS, SamplingParams(max_tokens=6, seed=seed), adapter_name=adapter_name)
     for prompt, response in zip(PROMPTS, responses):
         seq = response.sequences[0]
-        ref = forward_logprobs(model, prompt + seq.tokens)[len(prompt) - 1:]
+        ref = forward_logprobs(model, prompt + seq.tokens)[len(prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
 
 
 def restore_base(sampler, model_dir):
     from transformers import AutoModelForCausalLM
+
     original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sampler.begin_weight_update()
     sampler.load_weights(original)
@@ -86,6 +90,7 @@ def test_every_installed_backend_syncs_into_the_sampler(sampler, tiny_model_dir,
     """A real training model of each installed backend (two AdamW steps, then a third after the first sync):
     the sampler's logprobs equal the model's own `forward_only` after each sync (1e-4)."""
     from twinkle_core.registry import resolve
+
     rows = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]}]
     model = resolve('model', backend, model_id=str(tiny_model_dir), device='cpu')
     model.add_adapter_to_model('policy', {'r': 4, 'lora_alpha': 8, 'target_modules': TARGETS})
@@ -100,11 +105,13 @@ def test_every_installed_backend_syncs_into_the_sampler(sampler, tiny_model_dir,
         full = [{'input_ids': p + r.sequences[0].tokens} for p, r in zip(PROMPTS, responses)]
         reference = model.forward_only(inputs=full, compute_loss=False, adapter_name='policy')['logprobs']
         for prompt, response, ref in zip(PROMPTS, responses, reference):
-            torch.testing.assert_close(torch.tensor(response.sequences[0].logprobs),
-                                       torch.tensor(ref[len(prompt):]), atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(response.sequences[0].logprobs), torch.tensor(ref[len(prompt) :]), atol=1e-4, rtol=0
+            )
 
-    manager = CheckpointEngineManager(model=model, sampler=sampler, adapter_name='policy',
-                                      sampler_adapter_name='synced')
+    manager = CheckpointEngineManager(
+        model=model, sampler=sampler, adapter_name='policy', sampler_adapter_name='synced'
+    )
     try:
         train_step(), train_step()
         manager.sync_weights()

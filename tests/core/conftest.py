@@ -1,5 +1,6 @@
 """Fixtures for the core tests: offline hub caches laid out exactly as each hub client expects, component
 repos written on the fly, and an isolated registry/ index."""
+
 from __future__ import annotations
 
 import textwrap
@@ -29,12 +30,14 @@ def offline_hubs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, P
 @pytest.fixture
 def publish_to_cache(offline_hubs: dict[str, Path]) -> Callable[[str, Path], Path]:
     """publish_to_cache('hf://org/repo@rev', folder) -> the cached snapshot folder."""
+
     def publish(ref: str, src: Path) -> Path:
         scheme, _, rest = ref.partition('://')
         repo_id, _, revision = rest.partition('@')
         if scheme == 'hf':
             return populate_hf_cache(offline_hubs['hf'], repo_id, revision or 'main', src)
         return populate_ms_cache(offline_hubs['ms'], repo_id, revision or 'master', src)
+
     return publish
 
 

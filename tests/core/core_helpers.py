@@ -3,6 +3,7 @@
 Imported as a top-level module (pytest puts this folder on sys.path in its default "prepend" import mode), so
 tests run the same from any working directory.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,15 +15,22 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TWINKLE = str(Path(sys.executable).with_name('twinkle'))
 
+
 def run_twinkle(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the venv's `twinkle` console script."""
-    return subprocess.run([TWINKLE, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [TWINKLE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, '-c', textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def write_repo(folder: Path, files: dict[str, str]) -> Path:
@@ -40,13 +48,13 @@ PATCH_MS = 'ms://twinkle-community/qwen3-training-patches'
 PATCH_HF = 'hf://twinkle-community/qwen3-training-patches'
 
 LOSS_REPO = {
-    'twinkle.toml': '''
+    'twinkle.toml': """
         name = "EchoLoss"
         kind = "loss"
         entry = "loss:EchoLoss"
         version = "0.1.0"
-    ''',
-    'loss.py': '''
+    """,
+    'loss.py': """
         from twinkle_core.loss import Loss
         from .helpers import TAG
 
@@ -54,7 +62,7 @@ LOSS_REPO = {
             tag = TAG
             def __call__(self, inputs, outputs, **kwargs):
                 return {'loss': inputs}
-    ''',
+    """,
     'helpers.py': 'TAG = "{tag}"\n',
 }
 

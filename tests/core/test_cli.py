@@ -1,4 +1,5 @@
 """The `twinkle` CLI: plugins list/info, hub hash, the fixtures wiring, and fault tolerance."""
+
 from __future__ import annotations
 
 import json
@@ -31,21 +32,26 @@ def test_plugins_list_filters_and_json() -> None:
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert {r['kind'] for r in rows} == {'runtime'}
-    assert {'name': 'local', 'kind': 'runtime', 'provider': 'twinkle-core', 'source': 'entry_point',
-            'target': 'twinkle_core.runtime.local:LocalRuntime'} in rows
+    assert {
+        'name': 'local',
+        'kind': 'runtime',
+        'provider': 'twinkle-core',
+        'source': 'entry_point',
+        'target': 'twinkle_core.runtime.local:LocalRuntime',
+    } in rows
     bad = run_twinkle('plugins', 'list', '--kind', 'losss')
     assert bad.returncode == 1 and "Did you mean 'loss'" in bad.stderr and 'Traceback' not in bad.stderr
 
 
 def test_plugins_list_imports_no_plugin_and_no_torch() -> None:
-    out = run_python('''
+    out = run_python("""
         import io, sys, contextlib
         from twinkle_core.cli.main import main
         with contextlib.redirect_stdout(io.StringIO()):
             assert main(['plugins', 'list']) == 0
         print(sorted(m for m in ('torch', 'transformers', 'twinkle_core.runtime.local', 'twinkle_core.hooks.loggers',
                                  'pluggy') if m in sys.modules))
-    ''')
+    """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == '[]'
 

@@ -1,4 +1,5 @@
 """pluggy lifecycle hooks and the shipped metrics loggers (console, JSONL, TensorBoard)."""
+
 from __future__ import annotations
 
 import json
@@ -73,6 +74,7 @@ def test_tensorboard_logger(tmp_path: Path, monkeypatch) -> None:
     events = list((tmp_path / 'tb').glob('events.out.tfevents.*'))
     assert events and events[0].stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(tmp_path / 'tb'))
     acc.Reload()
     assert acc.Tags()['scalars'] == ['a/loss']

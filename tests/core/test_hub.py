@@ -1,5 +1,6 @@
 """Hub components offline, through the real huggingface_hub / modelscope download code (pre-populated caches,
 offline mode): references, manifests, trust, sha256 pins, unique module names, publish/pull."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,26 +18,32 @@ from twinkle_core.hub.loader import load_hub_component
 
 
 # ---- references and manifests ------------------------------------------------------------------------------
-@pytest.mark.parametrize('text, expected', [
-    ('ms://org/repo', HubRef('ms', 'org', 'repo')),
-    ('hf://Org-1/re.po_2@v1.0:MyLoss', HubRef('hf', 'Org-1', 're.po_2', 'v1.0', 'MyLoss')),
-    ('ms://org/repo:Name', HubRef('ms', 'org', 'repo', None, 'Name')),
-    ('hf://org/repo@refs/pr/1', HubRef('hf', 'org', 'repo', 'refs/pr/1', None)),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('ms://org/repo', HubRef('ms', 'org', 'repo')),
+        ('hf://Org-1/re.po_2@v1.0:MyLoss', HubRef('hf', 'Org-1', 're.po_2', 'v1.0', 'MyLoss')),
+        ('ms://org/repo:Name', HubRef('ms', 'org', 'repo', None, 'Name')),
+        ('hf://org/repo@refs/pr/1', HubRef('hf', 'org', 'repo', 'refs/pr/1', None)),
+    ],
+)
 def test_hubref_parses(text: str, expected: HubRef) -> None:
     assert HubRef.parse(text) == expected
     assert str(expected) == text
 
 
-@pytest.mark.parametrize('text, fragment', [
-    ('gh://org/repo', 'must start with ms:// or hf://'),
-    ('ms://repo', 'is not "org/repo"'),
-    ('ms://org/repo/extra', 'is not "org/repo"'),
-    ('ms://org/repo@', 'revision'),
-    ('ms://org/repo@v1/../../etc', 'revision'),
-    ('hf://org/repo@v1:', 'component name'),
-    ('hf://org/repo:1bad', 'component name'),
-])
+@pytest.mark.parametrize(
+    'text, fragment',
+    [
+        ('gh://org/repo', 'must start with ms:// or hf://'),
+        ('ms://repo', 'is not "org/repo"'),
+        ('ms://org/repo/extra', 'is not "org/repo"'),
+        ('ms://org/repo@', 'revision'),
+        ('ms://org/repo@v1/../../etc', 'revision'),
+        ('hf://org/repo@v1:', 'component name'),
+        ('hf://org/repo:1bad', 'component name'),
+    ],
+)
 def test_hubref_errors_say_what_is_wrong(text: str, fragment: str) -> None:
     with pytest.raises(HubError, match='form') as info:
         HubRef.parse(text)
@@ -44,7 +51,10 @@ def test_hubref_errors_say_what_is_wrong(text: str, fragment: str) -> None:
 
 
 def test_manifest_several_components_and_errors(tmp_path: Path) -> None:
-    repo = write_repo(tmp_path / 'multi', {'twinkle.toml': '''
+    repo = write_repo(
+        tmp_path / 'multi',
+        {
+            'twinkle.toml': """
         version = "1.0"
         [[component]]
         name = "A"
@@ -55,7 +65,9 @@ def test_manifest_several_components_and_errors(tmp_path: Path) -> None:
         kind = "loss"
         entry = "pkg.b:B"
         requires = ["definitely-not-installed-dist>=1"]
-    '''})
+    """
+        },
+    )
     manifest = read_manifest(repo)
     assert [(c.name, c.version, c.module) for c in manifest.components] == [('A', '1.0', 'a'), ('B', '1.0', 'pkg.b')]
     with pytest.raises(HubError, match='several loss components'):
@@ -72,6 +84,7 @@ def test_manifest_several_components_and_errors(tmp_path: Path) -> None:
 def test_shipped_pin_matches_hub_folder() -> None:
     """registry/hub.toml pins exactly the files in hub/qwen3-training-patches (re-pin with `twinkle hub hash`)."""
     from twinkle_core import registry_index
+
     pins = [e for e in registry_index.entries('patch') if e.hub in (PATCH_MS, PATCH_HF)]
     assert {e.hub for e in pins} == {PATCH_MS, PATCH_HF}
     sha = folder_sha256(PATCH_REPO)
@@ -87,6 +100,7 @@ def test_pinned_patch_loads_offline_without_trust(scheme: str, publish_to_cache)
     snapshot = publish_to_cache(f'{repo}@v0.1.0', PATCH_REPO)
     patch = resolve('patch', f'{repo}@v0.1.0:Qwen3RMSNormFP32')
     from twinkle_core.patch import Patch
+
     assert isinstance(patch, Patch) and type(patch).__name__ == 'Qwen3RMSNormFP32Patch'
     module = sys.modules[type(patch).__module__]
     assert module.__name__.startswith(f'_twinkle_hub_{scheme}_twinkle_community_qwen3_training_patches_v0_1_0_')
@@ -145,9 +159,13 @@ def test_hub_errors_are_actionable(publish_to_cache, tmp_path: Path, registry_di
         load_hub_component('loss', 'hf://nobody/missing@v1', trust_remote_code=True)
     with pytest.raises(HubError, match='offline'):
         load_hub_component('loss', 'ms://nobody/missing@v1', trust_remote_code=True)
-    src = write_repo(tmp_path / 'req', {
-        'twinkle.toml': 'name = "R"\nkind = "loss"\nentry = "r:R"\nrequires = ["twinkle-nope-dist>=2"]\n',
-        'r.py': 'raise SystemExit("must not run")\n'})
+    src = write_repo(
+        tmp_path / 'req',
+        {
+            'twinkle.toml': 'name = "R"\nkind = "loss"\nentry = "r:R"\nrequires = ["twinkle-nope-dist>=2"]\n',
+            'r.py': 'raise SystemExit("must not run")\n',
+        },
+    )
     publish_to_cache('hf://someone/req@v1', src)
     with pytest.raises(HubError, match='pip install "twinkle-nope-dist>=2"'):
         load_hub_component('loss', 'hf://someone/req@v1', trust_remote_code=True)
@@ -174,8 +192,14 @@ def test_qwen3_rmsnorm_fp32_patch_on_tiny_qwen3(publish_to_cache) -> None:
     publish_to_cache(f'{PATCH_MS}@v0.1.0', PATCH_REPO)
     patch = resolve('patch', 'Qwen3RMSNormFP32')
     torch.manual_seed(0)
-    config = transformers.Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+    config = transformers.Qwen3Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=256,
+    )
     model = transformers.Qwen3ForCausalLM(config)
     norm = model.model.layers[0].input_layernorm
     with torch.no_grad():
@@ -183,7 +207,7 @@ def test_qwen3_rmsnorm_fp32_patch_on_tiny_qwen3(publish_to_cache) -> None:
     model = model.to(torch.bfloat16)
     x = torch.randn(4, 16, 64).to(torch.bfloat16)
     xf = x.float()
-    reference = (norm.weight.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+    reference = norm.weight.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     reference = reference.to(torch.bfloat16)
     before = norm(x)
     assert not torch.equal(before, reference)  # stock Qwen3RMSNorm rounds twice in bf16
@@ -211,20 +235,26 @@ def test_publish_pull_and_load_via_local_hub_root(tmp_path: Path) -> None:
     pulled = run_twinkle('hub', 'pull', 'ms://me/echo@v2', env=env)
     assert pulled.returncode == 0, pulled.stderr
     assert sha in pulled.stdout and 'pinned: no' in pulled.stdout and 'EchoLoss' in pulled.stdout
-    code = ("from twinkle_core import resolve; "
-            "print(resolve('loss', 'ms://me/echo@v2:EchoLoss', trust_remote_code=True).tag)")
+    code = (
+        'from twinkle_core import resolve; '
+        "print(resolve('loss', 'ms://me/echo@v2:EchoLoss', trust_remote_code=True).tag)"
+    )
     import os
     import subprocess
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=60)
+
+    done = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ, **env}, timeout=60
+    )
     assert done.stdout.strip() == 'published', done.stderr
     bad = run_twinkle('hub', 'publish', str(tmp_path), '--repo', 'ms://me/echo', env=env)
     assert bad.returncode == 1 and 'has no twinkle.toml' in bad.stderr
 
 
 def test_subpackages_init_and_import_errors(publish_to_cache, tmp_path: Path) -> None:
-    src = write_repo(tmp_path / 'pkg', {
-        'twinkle.toml': '''
+    src = write_repo(
+        tmp_path / 'pkg',
+        {
+            'twinkle.toml': """
             [[component]]
             name = "Deep"
             kind = "loss"
@@ -241,12 +271,13 @@ def test_subpackages_init_and_import_errors(publish_to_cache, tmp_path: Path) ->
             name = "Raises"
             kind = "loss"
             entry = "boom:X"
-        ''',
-        '__init__.py': 'ROOT_MARK = "root"\n',
-        'inner/__init__.py': '',
-        'inner/deep.py': 'from .. import ROOT_MARK\nclass Deep:\n    mark = ROOT_MARK\n',
-        'boom.py': 'raise RuntimeError("import-time failure")\n',
-    })
+        """,
+            '__init__.py': 'ROOT_MARK = "root"\n',
+            'inner/__init__.py': '',
+            'inner/deep.py': 'from .. import ROOT_MARK\nclass Deep:\n    mark = ROOT_MARK\n',
+            'boom.py': 'raise RuntimeError("import-time failure")\n',
+        },
+    )
     publish_to_cache('hf://someone/pkg@v1', src)
     assert load_hub_component('loss', 'hf://someone/pkg@v1:Deep', trust_remote_code=True).mark == 'root'
     with pytest.raises(HubError, match="entry module 'missing' not found"):
@@ -264,6 +295,7 @@ def test_publish_calls_the_real_upload_apis(tmp_path: Path, monkeypatch) -> None
     import huggingface_hub
 
     from twinkle_core.hub.publish import IGNORE, publish
+
     monkeypatch.delenv('TWINKLE_HUB_ROOT', raising=False)
     src = loss_repo(tmp_path / 'src', 'up')
     calls = []
@@ -317,7 +349,7 @@ def test_publish_calls_the_real_upload_apis(tmp_path: Path, monkeypatch) -> None
 
 
 def test_several_pinned_revisions_need_an_explicit_one(registry_dir) -> None:
-    registry_dir('''
+    registry_dir("""
         [[component]]
         name = "A"
         kind = "loss"
@@ -330,8 +362,9 @@ def test_several_pinned_revisions_need_an_explicit_one(registry_dir) -> None:
         hub = "hf://org/two"
         revision = "v2"
         sha256 = "0000000000000000000000000000000000000000000000000000000000000002"
-    ''')
+    """)
     from twinkle_core.hub.loader import find_pin
+
     with pytest.raises(HubError, match=r'several revisions \(v1, v2\)'):
         find_pin(HubRef.parse('hf://org/two:A'))
     assert find_pin(HubRef.parse('hf://org/two@v2:A')).sha256.endswith('2')

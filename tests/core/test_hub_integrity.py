@@ -1,4 +1,5 @@
 """Hub component integrity: what the sha256 pin covers, and bytecode that is refused, never run, never written."""
+
 from __future__ import annotations
 
 import sys
@@ -38,8 +39,12 @@ def test_bytecode_is_listed_and_everything_else_importable_is_hashed(tmp_path: P
         (a / rel).write_bytes(b'junk')
     (a / '.git').mkdir()
     (a / '.git' / 'x.pyc').write_bytes(b'not importable: no module name starts with "."')
-    assert bytecode_files(a) == ['__pycache__/x.cpython-311.pyc', 'ghost.pyc', 'sub/__pycache__/notes.txt',
-                                 'sub/old.pyo']
+    assert bytecode_files(a) == [
+        '__pycache__/x.cpython-311.pyc',
+        'ghost.pyc',
+        'sub/__pycache__/notes.txt',
+        'sub/old.pyo',
+    ]
     assert folder_sha256(a) == sha  # bytecode is not part of the pin (the loader refuses it instead)
     (a / 'native.cpython-311-x86_64-linux-gnu.so').write_bytes(b'\x7fELF')  # importable: covered by the pin
     (a / 'data.bin').write_bytes(b'')
@@ -52,12 +57,18 @@ def plant_bytecode(source: Path, code: str) -> Path:
     default loader would run it instead of `source` without even looking at the source."""
     import importlib.util
     import py_compile
+
     pyc = Path(importlib.util.cache_from_source(str(source)))
     evil = source.parent.parent / f'evil-{source.name}'
     evil.write_text(code)
     pyc.parent.mkdir(exist_ok=True)
-    py_compile.compile(str(evil), cfile=str(pyc), dfile=str(source), doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    py_compile.compile(
+        str(evil),
+        cfile=str(pyc),
+        dfile=str(source),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
     evil.unlink()
     return pyc
 
@@ -84,7 +95,7 @@ def test_pinned_component_with_planted_bytecode_is_refused(scheme: str, publish_
 
 LAZY_REPO = {
     'twinkle.toml': 'name = "LazyLoss"\nkind = "loss"\nentry = "loss:LazyLoss"\n',
-    'loss.py': '''
+    'loss.py': """
         from twinkle_core.loss import Loss
         from .helpers import TAG
 
@@ -93,7 +104,7 @@ LAZY_REPO = {
             def __call__(self, inputs, outputs, **kwargs):
                 from .inner import lazy  # imported only when called, long after verification
                 return {'loss': lazy.VALUE}
-    ''',
+    """,
     'helpers.py': 'TAG = "source"\n',
     'inner/__init__.py': '',
     'inner/lazy.py': 'VALUE = 42\n',
@@ -105,8 +116,10 @@ def pycache_dirs(folder: Path) -> list[Path]:
 
 
 def test_verified_component_loads_without_writing_bytecode_and_loads_twice(
-        publish_to_cache, tmp_path: Path, registry_dir, monkeypatch) -> None:
+    publish_to_cache, tmp_path: Path, registry_dir, monkeypatch
+) -> None:
     from twinkle_core.hub import loader
+
     monkeypatch.setattr(sys, 'dont_write_bytecode', False)  # what a plain `python train.py` does
     src = write_repo(tmp_path / 'lazy', LAZY_REPO)
     snapshot = publish_to_cache('ms://someone/lazy@r1', src)
@@ -140,6 +153,7 @@ def test_hub_imports_never_read_bytecode(tmp_path: Path) -> None:
     """Bytecode planted after verification (or in a folder imported directly) is never used: hub modules are
     always compiled from their source, and a sourceless *.pyc is not importable."""
     from twinkle_core.hub.importer import import_entry
+
     folder = write_repo(tmp_path / 'lazy', LAZY_REPO)
     plant_bytecode(folder / 'helpers.py', 'TAG = "planted"\n')
     plant_bytecode(folder / 'inner' / 'lazy.py', 'VALUE = -1\n')

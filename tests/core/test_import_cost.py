@@ -1,4 +1,5 @@
 """`import twinkle_core` stays cheap: no torch, no transformers, no plugin module, no entry point loaded."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ from core_helpers import run_python
 
 
 def test_import_twinkle_core_is_cheap() -> None:
-    out = run_python('''
+    out = run_python("""
         import json, sys
         import twinkle_core
         from importlib import metadata
@@ -19,7 +20,7 @@ def test_import_twinkle_core_is_cheap() -> None:
             'loaded_entry_points': sorted(ep.value for ep in eps if ep.module in sys.modules),
             'num_entry_points': len(eps),
         }))
-    ''')
+    """)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result['heavy'] == []
@@ -29,11 +30,11 @@ def test_import_twinkle_core_is_cheap() -> None:
 
 
 def test_resolving_one_name_loads_only_that_entry_point() -> None:
-    out = run_python('''
+    out = run_python("""
         import sys
         from twinkle_core import resolve
         resolve('runtime', 'local')
         print('twinkle_core.runtime.local' in sys.modules, 'twinkle_core.hooks.loggers' in sys.modules,
               'torch' in sys.modules)
-    ''')
+    """)
     assert out.stdout.split() == ['True', 'False', 'False'], out.stderr

@@ -1,5 +1,6 @@
 """`twinkle_core.utils.json`: the one conversion to JSON-ready values (server results, client arguments,
 adapter configs, log context)."""
+
 from __future__ import annotations
 
 import enum
@@ -36,19 +37,24 @@ class Array:  # like a tensor / ndarray
 
 
 def test_to_json_converts_every_known_shape() -> None:
-    value = {1: (Level.HIGH, Point(x=1)), 'cfg': Config(), 'arr': Array(), 'set': frozenset({3, 1, 2}),
-             'other': object}
+    value = {1: (Level.HIGH, Point(x=1)), 'cfg': Config(), 'arr': Array(), 'set': frozenset({3, 1, 2}), 'other': object}
     out = to_json(value)
-    assert out == {'1': [3, {'x': 1, 'label': None}],
-                   'cfg': {'r': 8, 'targets': ['q_proj', 'v_proj'], 'task': 'red', 'dropout': None},
-                   'arr': [[1, 2], [3, 4]], 'set': [1, 2, 3], 'other': str(object)}
+    assert out == {
+        '1': [3, {'x': 1, 'label': None}],
+        'cfg': {'r': 8, 'targets': ['q_proj', 'v_proj'], 'task': 'red', 'dropout': None},
+        'arr': [[1, 2], [3, 4]],
+        'set': [1, 2, 3],
+        'other': str(object),
+    }
     assert type(out['cfg']['task']) is str
     json.dumps(out)
 
 
 def test_to_json_exclude_none_and_refusing_default() -> None:
     assert to_json([Point(x=1), Config()], exclude_none=True) == [
-        {'x': 1}, {'r': 8, 'targets': ['q_proj', 'v_proj'], 'task': 'red'}]
+        {'x': 1},
+        {'r': 8, 'targets': ['q_proj', 'v_proj'], 'task': 'red'},
+    ]
 
     def refuse(value: object) -> None:
         raise TypeError(type(value).__name__)
@@ -71,10 +77,12 @@ def test_module_is_torch_free() -> None:  # twinkle-client imports it and must n
 def test_float_arrays_pack_to_base64_and_back_exactly() -> None:
     np = pytest.importorskip('numpy')
     from twinkle_core.utils.arrays import ARRAY_KEY, pack_array, unpack_arrays
+
     pixels = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
-    rows = [{'input_ids': [1, 2], 'pixel_values': pixels, 'weights': np.ones(2, np.float32),
-             'grid': np.array([[1, 2, 3]])},
-            {'pixel_values': pixels.T.astype('>f8')}]  # non-contiguous and big-endian: still exact
+    rows = [
+        {'input_ids': [1, 2], 'pixel_values': pixels, 'weights': np.ones(2, np.float32), 'grid': np.array([[1, 2, 3]])},
+        {'pixel_values': pixels.T.astype('>f8')},
+    ]  # non-contiguous and big-endian: still exact
     body = json.loads(json.dumps(to_json(rows, pack=pack_array)))
     assert body[0]['pixel_values'][ARRAY_KEY] and body[0]['pixel_values']['shape'] == [6, 5]
     assert body[0]['weights'] == [1.0, 1.0] and body[0]['grid'] == [[1, 2, 3]]  # 1-D and integer arrays: lists
@@ -84,16 +92,20 @@ def test_float_arrays_pack_to_base64_and_back_exactly() -> None:
     assert back[0]['input_ids'] == [1, 2]
 
 
-@pytest.mark.parametrize('packed,match', [
-    ({'dtype': 'int64', 'shape': [1, 1]}, 'dtype'),
-    ({'dtype': 'float32', 'shape': [1, -1]}, 'shape'),
-    ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': '!!!'}, 'base64'),
-    ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': 'AAAAAA=='}, 'needs 16'),
-])
+@pytest.mark.parametrize(
+    'packed,match',
+    [
+        ({'dtype': 'int64', 'shape': [1, 1]}, 'dtype'),
+        ({'dtype': 'float32', 'shape': [1, -1]}, 'shape'),
+        ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': '!!!'}, 'base64'),
+        ({'dtype': 'float32', 'shape': [2, 2], '__ndarray__': 'AAAAAA=='}, 'needs 16'),
+    ],
+)
 def test_malformed_packed_arrays_are_refused(packed: dict, match: str) -> None:
     pytest.importorskip('numpy')
     from twinkle_core.errors import InvalidInputError
     from twinkle_core.utils.arrays import unpack_arrays
+
     with pytest.raises(InvalidInputError, match=match):
         unpack_arrays({'rows': [{'pixel_values': {'__ndarray__': 'AAAA', **packed}}]})
 

@@ -3,6 +3,7 @@ pre-filled cache (``kernels--org--repo``), twinkle verifies every file against i
 `kernels` library imports it and `kernelize` installs it. The kernelized tiny Qwen3 computes the same logits and
 gradients (fp32, 1e-6; measured: bit-identical); tampered, extra and bytecode files are refused before any of the
 kernel's code runs; an unpinned kernel needs trust; a kernel that replaces nothing is an error."""
+
 from __future__ import annotations
 
 import shutil
@@ -41,6 +42,7 @@ def tampered_copy(tmp_path: Path, change) -> Path:
 
 def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
@@ -53,6 +55,7 @@ def loss_and_grads(model):
 
 def test_the_pins_in_registry_are_the_hub_folders_file_by_file() -> None:
     from twinkle_core import registry_index
+
     pins = {e.hub: e for e in registry_index.entries('kernel')}
     for folder, repo in FIRST_PARTY_KERNELS.items():
         pin = pins[f'hf://{repo}']
@@ -85,16 +88,32 @@ def test_one_call_installs_one_set(kernel_cache, tiny_model_dir) -> None:
     assert mlp.forward.__func__ is type(mlp).forward  # the MLP got its own forward back
 
 
-@pytest.mark.parametrize('change, message', [
-    (lambda d: (d / 'build/torch-universal/twinkle_rmsnorm/layers.py').write_text(
-        "raise RuntimeError('tampered code ran')\n"), r'changed: build/torch-universal/twinkle_rmsnorm/layers\.py'),
-    (lambda d: (d / 'build/torch-universal/twinkle_rmsnorm/extra.py').write_text(
-        "raise RuntimeError('extra code ran')\n"), r'not in the pin \(extra\): .*extra\.py'),
-    (lambda d: (d / 'README.md').unlink(), 'missing: README.md'),
-    (lambda d: ((d / 'build/torch-universal/twinkle_rmsnorm/__pycache__').mkdir(),
-                (d / 'build/torch-universal/twinkle_rmsnorm/__pycache__/layers.cpython-311.pyc').write_bytes(b'x')),
-     'is Python bytecode'),
-], ids=['tampered', 'extra', 'missing', 'bytecode'])
+@pytest.mark.parametrize(
+    'change, message',
+    [
+        (
+            lambda d: (d / 'build/torch-universal/twinkle_rmsnorm/layers.py').write_text(
+                "raise RuntimeError('tampered code ran')\n"
+            ),
+            r'changed: build/torch-universal/twinkle_rmsnorm/layers\.py',
+        ),
+        (
+            lambda d: (d / 'build/torch-universal/twinkle_rmsnorm/extra.py').write_text(
+                "raise RuntimeError('extra code ran')\n"
+            ),
+            r'not in the pin \(extra\): .*extra\.py',
+        ),
+        (lambda d: (d / 'README.md').unlink(), 'missing: README.md'),
+        (
+            lambda d: (
+                (d / 'build/torch-universal/twinkle_rmsnorm/__pycache__').mkdir(),
+                (d / 'build/torch-universal/twinkle_rmsnorm/__pycache__/layers.cpython-311.pyc').write_bytes(b'x'),
+            ),
+            'is Python bytecode',
+        ),
+    ],
+    ids=['tampered', 'extra', 'missing', 'bytecode'],
+)
 def test_altered_kernel_files_are_refused_before_import(offline_hubs, tmp_path, change, message) -> None:
     src = tampered_copy(tmp_path, change)
     populate_hf_cache(offline_hubs['hf'], 'twinkle-community/rmsnorm-kernel', 'v1', src, repo_type='kernel')
@@ -104,23 +123,30 @@ def test_altered_kernel_files_are_refused_before_import(offline_hubs, tmp_path, 
     assert not [m for m in set(sys.modules) - before if 'rmsnorm' in m]  # nothing of it was imported
 
 
-def test_an_unpinned_kernel_needs_trust_and_says_how_to_pin_it(offline_hubs, tmp_path, tiny_model_dir,
-                                                               monkeypatch) -> None:
-    populate_hf_cache(offline_hubs['hf'], 'someone/fast-norm', 'v3', REPO_ROOT / 'hub' / 'rmsnorm-kernel',
-                      repo_type='kernel')
-    with pytest.raises(UntrustedRemoteCodeError, match=r'not pinned .*twinkle hub hash <folder> --repo hf://someone/fast-norm --revision v3'):
+def test_an_unpinned_kernel_needs_trust_and_says_how_to_pin_it(
+    offline_hubs, tmp_path, tiny_model_dir, monkeypatch
+) -> None:
+    populate_hf_cache(
+        offline_hubs['hf'], 'someone/fast-norm', 'v3', REPO_ROOT / 'hub' / 'rmsnorm-kernel', repo_type='kernel'
+    )
+    with pytest.raises(
+        UntrustedRemoteCodeError,
+        match=r'not pinned .*twinkle hub hash <folder> --repo hf://someone/fast-norm --revision v3',
+    ):
         resolve('kernel', 'hf://someone/fast-norm@v3:RMSNorm')
     trusted = resolve('kernel', 'hf://someone/fast-norm@v3:RMSNorm', trust_remote_code=True)
     assert apply_kernels(hf_model(tiny_model_dir), [trusted])['RMSNorm'] > 0
 
     # a project's lock file pins it, so no trust is needed (what `twinkle hub hash --repo` prints goes there)
-    out = run_twinkle('hub', 'hash', str(REPO_ROOT / 'hub' / 'rmsnorm-kernel'), '--repo', 'hf://someone/fast-norm',
-                      '--revision', 'v3')
+    out = run_twinkle(
+        'hub', 'hash', str(REPO_ROOT / 'hub' / 'rmsnorm-kernel'), '--repo', 'hf://someone/fast-norm', '--revision', 'v3'
+    )
     assert out.returncode == 0 and '[component.files]' in out.stdout
     lock = tmp_path / 'twinkle.lock'
     lock.write_text(out.stdout)  # valid TOML as printed
     monkeypatch.setenv('TWINKLE_LOCK_FILE', str(lock))
     from twinkle_core import registry_index
+
     registry_index.refresh()
     try:
         assert isinstance(resolve('kernel', 'hf://someone/fast-norm@v3:RMSNorm'), LayerKernel)
@@ -130,8 +156,11 @@ def test_an_unpinned_kernel_needs_trust_and_says_how_to_pin_it(offline_hubs, tmp
 
 def test_a_kernel_that_replaces_nothing_is_an_error_and_changes_nothing(kernel_cache) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU())
-    with pytest.raises(InvalidInputError, match=r"\['RMSNorm', 'SwiGLUMLP'\] would replace no module of "
-                                                r"Sequential .*classes \['Qwen3MLP'.*tags: none"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"\['RMSNorm', 'SwiGLUMLP'\] would replace no module of "
+        r"Sequential .*classes \['Qwen3MLP'.*tags: none",
+    ):
         apply_kernels(model, ['RMSNorm', 'SwiGLUMLP'])
     assert 'forward' not in model[0].__dict__
     with pytest.raises(InvalidInputError, match='mode must be one of'):
@@ -142,8 +171,10 @@ def test_a_kernel_that_replaces_nothing_is_an_error_and_changes_nothing(kernel_c
 
 def test_models_and_samplers_take_kernels_by_name(kernel_cache, tiny_model_dir) -> None:
     rows = [{'input_ids': IDS[0].tolist(), 'labels': IDS[0].tolist()}]
-    plain, fast = (resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), device='cpu', kernels=k)
-                   for k in ((), KERNELS))
+    plain, fast = (
+        resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), device='cpu', kernels=k)
+        for k in ((), KERNELS)
+    )
     layers = fast.model.config.num_hidden_layers
     assert fast.kernels == {'RMSNorm': 4 * layers + 1, 'SwiGLUMLP': layers}
     assert fast.get_train_configs()['kernels'] == fast.kernels
@@ -153,17 +184,23 @@ def test_models_and_samplers_take_kernels_by_name(kernel_cache, tiny_model_dir) 
         want, got = plain.forward_backward(inputs=rows)['loss'], fast.forward_backward(inputs=rows)['loss']
         assert abs(got - want) <= 1e-6
         plain.clip_grad_and_step(), fast.clip_grad_and_step()
-    sampler, reference = (resolve('sampler', 'TorchSampler', model_id=str(tiny_model_dir), device='cpu', kernels=k,
-                                  fast_decode=False) for k in (KERNELS, ()))
+    sampler, reference = (
+        resolve('sampler', 'TorchSampler', model_id=str(tiny_model_dir), device='cpu', kernels=k, fast_decode=False)
+        for k in (KERNELS, ())
+    )
     assert sampler.kernels == fast.kernels
     got = sampler.sample([[5, 6, 7]], max_tokens=6, temperature=0.0)[0].sequences[0]
     want = reference.sample([[5, 6, 7]], max_tokens=6, temperature=0.0)[0].sequences[0]
     assert got.tokens == want.tokens and got.logprobs == pytest.approx(want.logprobs, abs=1e-6)
-    multi = [resolve('model', 'MultiLoraTransformersModel', model_id=str(tiny_model_dir), device='cpu', kernels=k)
-             for k in ((), KERNELS)]
+    multi = [
+        resolve('model', 'MultiLoraTransformersModel', model_id=str(tiny_model_dir), device='cpu', kernels=k)
+        for k in ((), KERNELS)
+    ]
     assert multi[1].kernels == fast.kernels
     for m in multi:
-        m.add_adapter_to_model('a', {'r': 4, 'target_modules': 'all-linear'}, generator=torch.Generator().manual_seed(0))
+        m.add_adapter_to_model(
+            'a', {'r': 4, 'target_modules': 'all-linear'}, generator=torch.Generator().manual_seed(0)
+        )
     want, got = (m.forward_only(inputs=rows, adapter_name='a')['loss'] for m in multi)
     assert abs(got - want) <= 1e-6
     with pytest.raises(InvalidInputError, match='shares its module with a training model'):
@@ -174,27 +211,39 @@ def test_plugins_list_shows_kernels_and_where_they_come_from() -> None:
     out = run_twinkle('plugins', 'list', '--kind', 'kernel')
     assert out.returncode == 0, out.stderr
     lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
-    for name, source in (('RMSNorm', 'hf://twinkle-community/rmsnorm-kernel'),
-                         ('SwiGLUMLP', 'hf://twinkle-community/swiglu-kernel'),
-                         ('LigerRMSNorm', 'twinkle-transformers'), ('LigerSwiGLUMLP', 'twinkle-transformers')):
+    for name, source in (
+        ('RMSNorm', 'hf://twinkle-community/rmsnorm-kernel'),
+        ('SwiGLUMLP', 'hf://twinkle-community/swiglu-kernel'),
+        ('LigerRMSNorm', 'twinkle-transformers'),
+        ('LigerSwiGLUMLP', 'twinkle-transformers'),
+    ):
         assert source in lines[name], lines
 
 
 def test_publish_writes_the_kernels_layout_and_it_loads_back(tmp_path, tiny_model_dir) -> None:
     env = {'TWINKLE_HUB_ROOT': str(tmp_path / 'hubroot'), 'TWINKLE_TRUST_REMOTE_CODE': '1'}
-    out = run_twinkle('hub', 'publish', str(REPO_ROOT / 'hub' / 'swiglu-kernel'), '--repo', 'hf://me/swiglu',
-                      '--revision', 'v2', env=env)
+    out = run_twinkle(
+        'hub',
+        'publish',
+        str(REPO_ROOT / 'hub' / 'swiglu-kernel'),
+        '--repo',
+        'hf://me/swiglu',
+        '--revision',
+        'v2',
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     published = tmp_path / 'hubroot' / 'hf' / 'me' / 'swiglu' / 'v2'
     assert file_hashes(published) == file_hashes(REPO_ROOT / 'hub' / 'swiglu-kernel')
     assert '[component.files]' in out.stdout  # the pin printed for registry/ or a lock file
-    code = f'''
+    code = f"""
         from transformers import AutoModelForCausalLM
         from twinkle_core.kernel import apply_kernels
         m = AutoModelForCausalLM.from_pretrained({str(tiny_model_dir)!r})
         print(apply_kernels(m, ['hf://me/swiglu@v2:SwiGLUMLP']))
-    '''
+    """
     from core_helpers import run_python
+
     loaded = run_python(code, env=env, timeout=120)
     layers = hf_model(tiny_model_dir).config.num_hidden_layers
     assert loaded.returncode == 0 and f"{{'SwiGLUMLP': {layers}}}" in loaded.stdout, loaded.stderr

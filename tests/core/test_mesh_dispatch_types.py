@@ -1,4 +1,5 @@
 """DeviceMesh / DeviceGroup, dispatch helpers and data-format validation (pure Python, no torch)."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,12 +33,15 @@ def test_mesh_groups() -> None:
     assert 'tp=2' in repr(mesh)
 
 
-@pytest.mark.parametrize('kwargs, fragment', [
-    ({'tp_size': 0}, 'tp_size must be a positive integer'),
-    ({'world_size': 6, 'tp_size': 4}, 'not divisible'),
-    ({'world_size': 6, 'dp_size': 2, 'tp_size': 2}, 'world_size=6 but'),
-    ({'dp_size': 3, 'ep_size': 2}, 'ep_size=2 must divide'),
-])
+@pytest.mark.parametrize(
+    'kwargs, fragment',
+    [
+        ({'tp_size': 0}, 'tp_size must be a positive integer'),
+        ({'world_size': 6, 'tp_size': 4}, 'not divisible'),
+        ({'world_size': 6, 'dp_size': 2, 'tp_size': 2}, 'world_size=6 but'),
+        ({'dp_size': 3, 'ep_size': 2}, 'ep_size=2 must divide'),
+    ],
+)
 def test_mesh_validation(kwargs, fragment) -> None:
     with pytest.raises(MeshError, match=fragment):
         DeviceMesh.from_sizes(**kwargs)
@@ -78,8 +82,10 @@ def test_collect_results() -> None:
     assert collect_results([1, 2], 'list') == [1, 2]
     assert collect_results([1, 2], 'none') is None
     assert collect_results([1.0, 3.0], 'mean') == 2.0
-    assert collect_results([{'loss': 1.0, 'name': 'a'}, {'loss': 3.0, 'name': 'b'}], 'mean') == {'loss': 2.0,
-                                                                                               'name': 'a'}
+    assert collect_results([{'loss': 1.0, 'name': 'a'}, {'loss': 3.0, 'name': 'b'}], 'mean') == {
+        'loss': 2.0,
+        'name': 'a',
+    }
     assert collect_results([[1], [2, 3]], 'concat') == [1, 2, 3]
     assert collect_results([{'x': [1]}, {'x': [2]}], 'concat') == {'x': [1, 2]}
     with pytest.raises(ValueError, match='unknown collect mode'):
@@ -120,6 +126,7 @@ def test_types_validation_errors() -> None:
 
 def test_device_type_defaults_to_the_machine_and_gpu_means_cuda():
     import torch
+
     machine = 'cuda' if torch.cuda.is_available() else 'cpu'
     assert DeviceMesh.from_sizes(dp_size=2).device_type == machine
     assert DeviceGroup('model', 2).device_type == machine

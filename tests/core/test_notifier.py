@@ -1,5 +1,6 @@
 """`initialize(notifier=...)` alerts a webhook when the job fails: generic JSON and DingTalk robot formats,
 delivered over real HTTP to a receiver on 127.0.0.1; a job that dies of an uncaught exception alerts too."""
+
 from __future__ import annotations
 
 import base64
@@ -56,10 +57,11 @@ def receiver():
 
 def test_json_alert_for_a_failing_model_call_sent_once(receiver, tiny_model_dir):
     from twinkle_core.model import TransformersModel
+
     twinkle_core.initialize('local', notifier=receiver.url)
     model = TransformersModel(str(tiny_model_dir), device='cpu')
     with pytest.raises(Exception) as info:
-        model.forward_backward(inputs=[{'input_ids': [1, 2, 10 ** 7], 'labels': [-100, 2, 3]}])
+        model.forward_backward(inputs=[{'input_ids': [1, 2, 10**7], 'labels': [-100, 2, 3]}])
     assert len(receiver.posts) == 1
     path, body = receiver.posts[0]
     assert path == '/hook' and body['event'] == 'twinkle_failure'
@@ -73,8 +75,15 @@ def test_json_alert_for_a_failing_model_call_sent_once(receiver, tiny_model_dir)
 
 
 def test_dingtalk_alert_is_a_signed_markdown_message(receiver):
-    twinkle_core.initialize('local', notifier={'url': receiver.url + '?access_token=abc', 'format': 'dingtalk',
-                                               'secret': 'SECabc', 'title': 'sft job'})
+    twinkle_core.initialize(
+        'local',
+        notifier={
+            'url': receiver.url + '?access_token=abc',
+            'format': 'dingtalk',
+            'secret': 'SECabc',
+            'title': 'sft job',
+        },
+    )
     emit_failure(RuntimeError('loss is NaN'), {'adapter_name': 'alice'})
     path, body = receiver.posts[0]
     query = urllib.parse.parse_qs(urllib.parse.urlparse(path).query)
@@ -89,11 +98,13 @@ def test_dingtalk_alert_is_a_signed_markdown_message(receiver):
 
 def test_uncaught_exception_ending_the_script_alerts_and_still_prints(receiver, tmp_path):
     script = tmp_path / 'job.py'
-    script.write_text(textwrap.dedent(f'''
+    script.write_text(
+        textwrap.dedent(f"""
         import twinkle_core
         twinkle_core.initialize('local', notifier={receiver.url!r})
         raise RuntimeError('data file is corrupt')
-    '''))
+    """)
+    )
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and 'RuntimeError: data file is corrupt' in run.stderr  # the usual traceback
     assert len(receiver.posts) == 1

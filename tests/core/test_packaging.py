@@ -1,4 +1,5 @@
 """registry/ ships inside the wheel (twinkle_core/_registry/) and the index works from a non-editable install."""
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,26 @@ def test_wheel_carries_registry_and_index_works_installed(tmp_path: Path) -> Non
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
     shutil.copytree(REPO_ROOT / 'registry', src / 'registry', ignore=ignore)
     shutil.copytree(REPO_ROOT / 'twinkle_core', src / 'twinkle_core', ignore=ignore)
-    done = subprocess.run([sys.executable, '-m', 'pip', '--disable-pip-version-check', 'wheel', '-q', '--no-deps',
-                           '--no-build-isolation', '--no-index', str(src), '-w', str(tmp_path / 'dist')],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pip',
+            '--disable-pip-version-check',
+            'wheel',
+            '-q',
+            '--no-deps',
+            '--no-build-isolation',
+            '--no-index',
+            str(src),
+            '-w',
+            str(tmp_path / 'dist'),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     wheel = next((tmp_path / 'dist').glob('twinkle_core-*.whl'))
     names = zipfile.ZipFile(wheel).namelist()
@@ -34,18 +52,29 @@ def test_wheel_carries_registry_and_index_works_installed(tmp_path: Path) -> Non
     zipfile.ZipFile(wheel).extractall(site)  # a plain (non-editable) install of the package files
     # Read the shipped index through registry_index directly: resolve() would answer from installed entry points
     # first (step 2), and every first-party distribution the index names may be installed in the test venv.
-    code = ('import twinkle_core, twinkle_core.registry_index as ri\n'
-            'print(twinkle_core.__file__); print(ri.index_dir())\n'
-            'e = ri.lookup("model", "MegatronModel"); print(e.distribution, "|", e.target)\n'
-            'print(sorted((x.kind, x.name) for x in ri.entries()))\n')
+    code = (
+        'import twinkle_core, twinkle_core.registry_index as ri\n'
+        'print(twinkle_core.__file__); print(ri.index_dir())\n'
+        'e = ri.lookup("model", "MegatronModel"); print(e.distribution, "|", e.target)\n'
+        'print(sorted((x.kind, x.name) for x in ri.entries()))\n'
+    )
     env = {k: v for k, v in os.environ.items() if k not in ('TWINKLE_REGISTRY_DIR', 'TWINKLE_LOCK_FILE')}
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60,
-                         env={**env, 'PYTHONPATH': str(site)}, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, '-c', code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, 'PYTHONPATH': str(site)},
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     module_file, index, megatron, listed = out.stdout.splitlines()[:4]
     assert module_file.startswith(str(site))
     assert index == str(site / 'twinkle_core' / '_registry')
     assert megatron == 'twinkle-megatron | pip install twinkle-megatron'
-    in_repo = sorted((item['kind'], item['name']) for path in (REPO_ROOT / 'registry').glob('*.toml')
-                     for item in tomllib.loads(path.read_text()).get('component', []))
+    in_repo = sorted(
+        (item['kind'], item['name'])
+        for path in (REPO_ROOT / 'registry').glob('*.toml')
+        for item in tomllib.loads(path.read_text()).get('component', [])
+    )
     assert listed == str(in_repo)  # the whole shipped index is read, the same entries as registry/

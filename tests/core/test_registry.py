@@ -1,5 +1,6 @@
 """The resolver: @register, the four resolution steps of docs/architecture.md §1 in order, errors that say what
 to do."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,6 +45,7 @@ def test_register_resolve_and_override(clean_local) -> None:
 
 def test_resolve_instance_class_function() -> None:
     from twinkle_core.loss import Loss
+
     instance = object()
     assert resolve('loss', instance) is instance
     with pytest.raises(TwinkleError, match='already an instance'):
@@ -103,12 +105,12 @@ def test_step3_index_names_the_pip_install_line(registry_dir) -> None:
 
 
 def test_step3_installed_distribution_without_the_entry_point(registry_dir) -> None:
-    registry_dir('''
+    registry_dir("""
         [[component]]
         name = "GhostLoss"
         kind = "loss"
         distribution = "pluggy"
-    ''')
+    """)
     with pytest.raises(TwinkleError, match='installed but registers no such entry point'):
         resolve('loss', 'GhostLoss')
 
@@ -151,6 +153,7 @@ def test_unknown_name_lists_close_matches_and_providers(registry_dir) -> None:
 
 def test_unknown_name_when_nothing_provides_the_kind(monkeypatch, registry_dir) -> None:
     from twinkle_core import plugins
+
     registry_dir('')
     monkeypatch.setattr(plugins, 'entry_points_of', lambda kind: ())
     with pytest.raises(ComponentNotFoundError, match='No provider of kind .kernel. is installed'):
@@ -163,10 +166,12 @@ def test_seed_style_import(clean_local) -> None:
         return 0
 
     from twinkle_core.loss import seed_style_loss as imported
+
     assert imported is seed_style_loss
     with pytest.raises(ImportError):
         from twinkle_core.loss import NoSuchLoss  # noqa: F401
     import twinkle_core.loss as loss_module
+
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchLoss'"):
         getattr(loss_module, 'NoSuchLoss')  # noqa: B009 - the attribute access under test
     with pytest.raises(AttributeError):

@@ -17,6 +17,7 @@ here when the index lists a distribution ahead of its plugin; remove it once the
 and this test checks its entry points like the others. (The "indexed but not installed" behaviour itself is
 tested with a made-up component in an isolated index: tests/core/test_registry.py and friends.)
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -69,8 +70,11 @@ def test_entry_point_groups_are_known_kinds() -> None:
 
 def test_index_lists_exactly_the_plugins_component_entry_points() -> None:
     def plugin_components(listing: Listing) -> Listing:  # core, hooks, planned: checked by the tests below
-        return {key: names for key, names in listing.items()
-                if key[0] != CORE and key[0] not in PLANNED and key[1] not in NOT_COMPONENTS}
+        return {
+            key: names
+            for key, names in listing.items()
+            if key[0] != CORE and key[0] not in PLANNED and key[1] not in NOT_COMPONENTS
+        }
 
     declared, indexed = plugin_components(_entry_points()), plugin_components(_index())
     for key in sorted(declared.keys() | indexed.keys()):
@@ -78,7 +82,8 @@ def test_index_lists_exactly_the_plugins_component_entry_points() -> None:
         in_pyproject, in_index = declared.get(key, set()), indexed.get(key, set())
         assert in_pyproject == in_index, (
             f'{dist}, kind {kind!r}: entry points only {sorted(in_pyproject - in_index)}, registry/ only '
-            f'{sorted(in_index - in_pyproject)}; list every plugin component in both places')
+            f'{sorted(in_index - in_pyproject)}; list every plugin component in both places'
+        )
 
 
 def test_core_and_hooks_have_no_index_entries() -> None:
@@ -88,13 +93,21 @@ def test_core_and_hooks_have_no_index_entries() -> None:
 
 def test_index_names_no_distribution_outside_the_repo_but_the_planned_ones() -> None:
     in_repo = _distributions()
-    assert {CORE, 'twinkle-transformers', 'twinkle-ray', 'twinkle-client', 'twinkle-server',
-            'twinkle-megatron'} <= in_repo
+    assert {
+        CORE,
+        'twinkle-transformers',
+        'twinkle-ray',
+        'twinkle-client',
+        'twinkle-server',
+        'twinkle-megatron',
+    } <= in_repo
     assert not PLANNED & in_repo, f'{sorted(PLANNED & in_repo)} are in this repo now: remove them from PLANNED'
     outside = {dist for dist, _ in _index()} - in_repo
-    assert outside == PLANNED, (f'registry/ names distributions not in this repo: {sorted(outside - PLANNED)} '
-                                f'(a typo, or a new planned one to add to PLANNED); planned ones now in the repo '
-                                f'or no longer listed: {sorted(PLANNED - outside)} (remove them from PLANNED)')
+    assert outside == PLANNED, (
+        f'registry/ names distributions not in this repo: {sorted(outside - PLANNED)} '
+        f'(a typo, or a new planned one to add to PLANNED); planned ones now in the repo '
+        f'or no longer listed: {sorted(PLANNED - outside)} (remove them from PLANNED)'
+    )
 
 
 def test_no_name_is_registered_twice_for_one_kind() -> None:

@@ -1,5 +1,6 @@
 """A throwaway third-party plugin distribution, pip-installed into this venv for the module and removed after:
 its loss resolves by name, `twinkle plugins list` shows it, and its broken parts stay contained."""
+
 from __future__ import annotations
 
 import subprocess
@@ -47,10 +48,10 @@ FILES = {
             def __call__(self, inputs, outputs, **kwargs):
                 return {'loss': 2 * inputs['x']}
     ''',
-    f'{PKG}/broken.py': '''
+    f'{PKG}/broken.py': """
         raise RuntimeError('this plugin is broken on purpose')
-    ''',
-    f'{PKG}/cli.py': '''
+    """,
+    f'{PKG}/cli.py': """
         from twinkle_core.hooks import hook
 
 
@@ -64,7 +65,7 @@ FILES = {
             @hook
             def twinkle_cli(self, subparsers):
                 raise RuntimeError('cli hook broken on purpose')
-    ''',
+    """,
 }
 
 
@@ -76,29 +77,35 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
-    done = subprocess.run([*pip, 'install', '--no-deps', '--no-build-isolation', '--no-index', str(src)],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [*pip, 'install', '--no-deps', '--no-build-isolation', '--no-index', str(src)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     try:
         yield DIST
     finally:
         subprocess.run([*pip, 'uninstall', '-y', DIST], capture_output=True, timeout=120)
         from twinkle_core import plugins
+
         plugins.refresh()
 
 
 def test_resolve_loss_from_installed_plugin(installed_plugin) -> None:
-    out = run_python('''
+    out = run_python("""
         from twinkle_core import resolve
         loss = resolve('loss', 'ThatLoss')
         print(type(loss).__module__, loss({'x': 21}, {})['loss'])
-    ''')
+    """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [f'{PKG}.losses', '42']
 
 
 def test_resolve_in_process_after_refresh(installed_plugin) -> None:
     from twinkle_core import plugins, resolve
+
     plugins.refresh()
     assert resolve('loss', 'ThatLoss')({'x': 1}, {}) == {'loss': 2}
 
@@ -106,6 +113,7 @@ def test_resolve_in_process_after_refresh(installed_plugin) -> None:
 def test_broken_entry_point_raises_plugin_load_error(installed_plugin) -> None:
     from twinkle_core import plugins, resolve
     from twinkle_core.errors import PluginLoadError
+
     plugins.refresh()
     with pytest.raises(PluginLoadError) as info:
         resolve('loss', 'BrokenLoss')

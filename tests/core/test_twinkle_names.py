@@ -1,5 +1,6 @@
 """The names and call forms the Twinkle documents use, with `twinkle` renamed to `twinkle_core`: each is one
 implementation behind two names (ours and the documents'), and does what the documents mean."""
+
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,7 @@ def test_module_paths_of_the_documents_import_our_components():
     from twinkle_core.processor import InputProcessor
     from twinkle_core.registry import resolve_class
     from twinkle_core.types import SamplingParams as OurSamplingParams
+
     assert DataLoader is OurDataLoader and SamplingParams is OurSamplingParams and TwinkleModel is Model
     assert GSM8KProcessor is resolve_class('preprocessor', 'GSM8KProcessor')
     assert resolve_class('processor', 'InputProcessor') is resolve_class('processor', 'CausalLMProcessor')
@@ -33,6 +35,7 @@ def test_aliases_are_listed_by_the_cli():
 
 def test_an_uninstalled_backend_fails_the_import_with_the_pip_line(registry_dir):
     import twinkle_core.model  # importing the module itself never fails
+
     registry_dir(UNINSTALLED_INDEX)  # a made-up model the index knows and no environment installs
     assert (UNINSTALLED_KIND, UNINSTALLED_NAME) == ('model', 'DeepSpeedModel')  # as the import below spells it
     with pytest.raises(ImportError, match=f'pip install {UNINSTALLED_DIST}'):
@@ -43,6 +46,7 @@ def test_an_uninstalled_backend_fails_the_import_with_the_pip_line(registry_dir)
 def test_root_helpers(monkeypatch):
     import twinkle_core
     from twinkle_core import DeviceMesh, get_device_placement, get_logger, init_tinker_client
+
     logger = get_logger()
     assert logger.name == 'twinkle' and get_logger('grpo').name == 'twinkle.grpo'
     assert logging.getLogger('twinkle').handlers or logging.getLogger().handlers
@@ -51,11 +55,14 @@ def test_root_helpers(monkeypatch):
         placement = get_device_placement()
     finally:
         twinkle_core.shutdown()
-    assert 'runtime: local' in placement and "global mesh: DeviceMesh(single, world_size=1, device_type='cpu')" \
-        in placement
+    assert (
+        'runtime: local' in placement
+        and "global mesh: DeviceMesh(single, world_size=1, device_type='cpu')" in placement
+    )
     monkeypatch.delenv('TINKER_BASE_URL', raising=False)
     tinker = init_tinker_client(base_url='http://127.0.0.1:9', api_key='tml-x')
     import os
+
     assert tinker.__name__ == 'tinker' and os.environ['TINKER_BASE_URL'] == 'http://127.0.0.1:9'
     with pytest.raises(AttributeError):
         twinkle_core.no_such_helper  # noqa: B018
@@ -67,6 +74,7 @@ def test_input_feature_to_datum_is_the_inverse_of_what_the_server_reads(tiny_mod
     from twinkle_server.tinker.datums import to_rows
     from twinkle_server.tinker.images import encoder_for
     from twinkle_server.tinker.wire import WireDatum
+
     row = {'input_ids': [5, 6, 7, 8, 9], 'labels': [-100, -100, 7, 8, 9]}
     datum = input_feature_to_datum(row)
     assert datum.model_input.to_ints() == [5, 6, 7, 8]
@@ -78,6 +86,7 @@ def test_input_feature_to_datum_is_the_inverse_of_what_the_server_reads(tiny_mod
 
 def test_ding_notifier_is_the_dingtalk_webhook():
     from twinkle_core import DingNotifier, WebhookNotifier
+
     notifier = DingNotifier('https://oapi.example/robot/send?access_token=x', secret='SEC')
     assert isinstance(notifier, WebhookNotifier) and notifier.format == 'dingtalk' and notifier.secret == 'SEC'
 
@@ -86,6 +95,7 @@ def test_processor_and_template_call_forms(tiny_model_dir):
     from twinkle_core.errors import InvalidInputError
     from twinkle_core.processor import InputProcessor
     from twinkle_core.registry import resolve
+
     model = resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), device='cpu')
     model.set_processor(InputProcessor)  # the interface itself: the default processor
     assert type(model.state.processor).__name__ == 'CausalLMProcessor'
@@ -105,6 +115,7 @@ def test_processor_and_template_call_forms(tiny_model_dir):
 
 def test_a_dataloader_over_a_dataset_factory():
     from twinkle_core.dataloader import DataLoader
+
     calls = []
 
     def make():

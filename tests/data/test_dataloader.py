@@ -1,4 +1,5 @@
 """DataLoader: batching, min_batch_size/drop_last, seeded shuffling, exact resume, data-parallel sharding."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,12 +17,15 @@ def ids(batches):
     return [[r['row'] for r in b] for b in batches]
 
 
-@pytest.mark.parametrize('kwargs, sizes', [
-    ({}, [5, 5, 5, 5, 3]),
-    ({'drop_last': True}, [5, 5, 5, 5]),
-    ({'min_batch_size': 4}, [5, 5, 5, 5]),
-    ({'min_batch_size': 3}, [5, 5, 5, 5, 3]),
-])
+@pytest.mark.parametrize(
+    'kwargs, sizes',
+    [
+        ({}, [5, 5, 5, 5, 3]),
+        ({'drop_last': True}, [5, 5, 5, 5]),
+        ({'min_batch_size': 4}, [5, 5, 5, 5]),
+        ({'min_batch_size': 3}, [5, 5, 5, 5, 3]),
+    ],
+)
 def test_batch_sizes_and_len(kwargs, sizes):
     loader = DataLoader(ROWS, batch_size=5, **kwargs)
     batches = list(loader)

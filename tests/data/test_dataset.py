@@ -1,4 +1,5 @@
 """Dataset: local files of every kind, slicing, map/filter/encode, mixing, caching, hub id resolution."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,15 @@ def _alpaca_rows(samples):
 def alpaca_files(samples, tmp_path):
     """The alpaca sample as jsonl, csv, parquet, a save_to_disk directory and a folder of data files."""
     import datasets
+
     data = datasets.Dataset.from_list(_alpaca_rows(samples))
-    paths = {'jsonl': samples['alpaca'], 'csv': tmp_path / 'alpaca.csv', 'parquet': tmp_path / 'alpaca.parquet',
-             'disk': tmp_path / 'alpaca_disk', 'folder': tmp_path / 'alpaca_folder'}
+    paths = {
+        'jsonl': samples['alpaca'],
+        'csv': tmp_path / 'alpaca.csv',
+        'parquet': tmp_path / 'alpaca.parquet',
+        'disk': tmp_path / 'alpaca_disk',
+        'folder': tmp_path / 'alpaca_folder',
+    }
     paths['folder'].mkdir()
     data.to_json(str(paths['folder'] / 'train.jsonl'))
     data.to_csv(str(paths['csv']))
@@ -54,10 +61,16 @@ def test_local_formats_map_filter_encode(kind, alpaca_files, samples, tiny_model
     assert len(ds) == sum(n <= limit for n in lengths) and all(len(r['input_ids']) <= limit for r in ds)
 
 
-@pytest.mark.parametrize('data_slice, expected', [
-    (5, [0, 1, 2, 3, 4]), (range(2, 5), [2, 3, 4]), (slice(-3, None), [27, 28, 29]), ([7, 1, 7], [7, 1, 7]),
-    (1000, list(range(30))),
-])
+@pytest.mark.parametrize(
+    'data_slice, expected',
+    [
+        (5, [0, 1, 2, 3, 4]),
+        (range(2, 5), [2, 3, 4]),
+        (slice(-3, None), [27, 28, 29]),
+        ([7, 1, 7], [7, 1, 7]),
+        (1000, list(range(30))),
+    ],
+)
 def test_data_slice(data_slice, expected, samples):
     rows = _alpaca_rows(samples)
     ds = Dataset(DatasetMeta(str(samples['alpaca']), data_slice=data_slice))
@@ -86,8 +99,11 @@ def test_row_missing_a_field_is_named_with_its_index(samples, tmp_path):
     del rows[4]['output']
     path = tmp_path / 'broken.jsonl'
     path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    with pytest.raises(InvalidInputError, match=r"broken.jsonl, row 4: AlpacaProcessor: row is missing field\(s\) "
-                                                r"'output'"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r'broken.jsonl, row 4: AlpacaProcessor: row is missing field\(s\) '
+        r"'output'",
+    ):
         Dataset(str(path)).map('AlpacaProcessor')
 
 
@@ -97,8 +113,9 @@ def test_encode_error_names_the_row(samples, tiny_model_dir):
     limit = max(lengths) - 1
     longest = lengths.index(max(lengths))
     ds.set_template('Template', model_id=str(tiny_model_dir), max_length=limit, truncation_strategy='error')
-    with pytest.raises(InvalidInputError, match=f'row {longest}: Encoded row has {max(lengths)} tokens, '
-                                                f'more than max_length={limit}'):
+    with pytest.raises(
+        InvalidInputError, match=f'row {longest}: Encoded row has {max(lengths)} tokens, more than max_length={limit}'
+    ):
         ds.encode()
 
 
@@ -117,10 +134,18 @@ def test_mixing_concat_with_per_dataset_preprocessors(samples):
 
 def test_mixing_aligns_message_fields(tiny_model_dir):
     plain = Dataset.from_hf([{'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a'}]}])
-    with_loss = [{'messages': [{'role': 'user', 'content': 'q'},
-                               {'role': 'assistant', 'content': 'skip', 'loss': False},
-                               {'role': 'user', 'content': 'q2'}, {'role': 'assistant', 'content': 'a2'}]}]
+    with_loss = [
+        {
+            'messages': [
+                {'role': 'user', 'content': 'q'},
+                {'role': 'assistant', 'content': 'skip', 'loss': False},
+                {'role': 'user', 'content': 'q2'},
+                {'role': 'assistant', 'content': 'a2'},
+            ]
+        }
+    ]
     from twinkle_core.dataset.mixing import Mixing
+
     mixed = Mixing().combine([plain.data, Dataset.from_hf(with_loss).data])
     assert mixed[0]['messages'][1] == {'role': 'assistant', 'content': 'a', 'loss': None}
     assert mixed[1]['messages'][1]['loss'] is False
@@ -130,8 +155,10 @@ def test_mixing_aligns_message_fields(tiny_model_dir):
 
 
 def test_extra_fields_survive_encoding_when_the_first_row_lacks_them(tiny_model_dir):
-    rows = [{'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': None},
-            {'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': '7'}]
+    rows = [
+        {'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': None},
+        {'messages': [{'role': 'user', 'content': 'q'}], 'ground_truth': '7'},
+    ]
     ds = Dataset.from_hf(rows).set_template('Template', model_id=str(tiny_model_dir))
     ds.encode(add_generation_prompt=True)
     assert [r['ground_truth'] for r in ds] == [None, '7']
@@ -141,8 +168,9 @@ def test_mixing_interleave_is_seeded_and_weighted(samples):
     def build(seed, probabilities):
         a = DatasetMeta(str(samples['alpaca']))
         g = DatasetMeta(str(samples['gsm8k']))
-        ds = Dataset([a, g], mixing='interleave', probabilities=probabilities, seed=seed,
-                     stopping_strategy='all_exhausted')
+        ds = Dataset(
+            [a, g], mixing='interleave', probabilities=probabilities, seed=seed, stopping_strategy='all_exhausted'
+        )
         ds.map('AlpacaProcessor', dataset_meta=a).map('GSM8KProcessor', dataset_meta=g)
         return ['G' if r['ground_truth'] else 'A' for r in ds]
 
@@ -160,6 +188,7 @@ def test_mixing_interleave_is_seeded_and_weighted(samples):
 
 class CountingTemplate(ChatTemplate):
     """Counts encoded rows, to tell a cache hit from a recomputation."""
+
     encoded_rows = 0
 
     def encode_batch(self, trajectories, *, add_generation_prompt=False):
@@ -169,8 +198,9 @@ class CountingTemplate(ChatTemplate):
 
 def test_encoded_results_are_reused_on_a_second_run(samples, tiny_model_dir, tmp_path):
     def run():
-        ds = Dataset(DatasetMeta(str(samples['self_cognition']), data_slice=range(40)),
-                     cache_dir=str(tmp_path / 'cache'))
+        ds = Dataset(
+            DatasetMeta(str(samples['self_cognition']), data_slice=range(40)), cache_dir=str(tmp_path / 'cache')
+        )
         ds.map('SelfCognitionProcessor', init_args=SELF_COGNITION)
         ds.set_template(CountingTemplate(str(tiny_model_dir), max_length=128)).encode()
         return ds
@@ -202,8 +232,9 @@ def test_prompt_encoding_for_rl(samples, tiny_model_dir):
 def test_from_hf_rows_and_callable_preprocessor(tiny_model_dir):
     rows = [{'q': f'question {i}', 'a': f'answer {i}'} for i in range(5)]
     ds = Dataset.from_hf(rows, name='qa')
-    ds.map(lambda row: {'messages': [{'role': 'user', 'content': row['q']},
-                                     {'role': 'assistant', 'content': row['a']}]})
+    ds.map(
+        lambda row: {'messages': [{'role': 'user', 'content': row['q']}, {'role': 'assistant', 'content': row['a']}]}
+    )
     ds.filter(lambda row: row['messages'][0]['content'] != 'question 2')
     assert len(ds) == 4 and [r['messages'][1]['content'] for r in ds.rows([3, 0])] == ['answer 4', 'answer 0']
     with pytest.raises(IndexError):
@@ -215,6 +246,7 @@ def test_hf_id_loads_from_the_datasets_cache_offline(samples, tmp_path):
     import shutil
 
     import datasets
+
     if not datasets.config.HF_HUB_OFFLINE:
         pytest.skip('needs HF_HUB_OFFLINE=1 (set by tests/conftest.py) so that nothing is fetched')
     cache = tmp_path / 'hf-cache'
@@ -233,6 +265,7 @@ def test_hf_ids_resolve_to_load_dataset(monkeypatch):
     import datasets
 
     from twinkle_core.dataset.sources import load_meta
+
     calls = []
 
     def fake_load_dataset(path, name=None, *, split=None, revision=None, cache_dir=None, **kw):
@@ -248,9 +281,11 @@ def test_hf_ids_resolve_to_load_dataset(monkeypatch):
 
 def test_ms_ids_resolve_to_msdataset(monkeypatch):
     import datasets
+
     msdatasets = pytest.importorskip('modelscope.msdatasets')
 
     from twinkle_core.dataset.sources import load_meta
+
     calls = []
 
     class Loaded:

@@ -1,4 +1,5 @@
 """Built-in preprocessors on sample rows, and their errors for rows that lack fields."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ def test_self_cognition_fills_placeholders(samples):
         assert '{{NAME}}' not in text and '{{AUTHOR}}' not in text
         assert [m['role'] for m in out['messages']] == ['user', 'assistant']
         assert out['messages'][1]['content'] == row['response'].replace('{{NAME}}', 'Twinkle').replace(
-            '{{AUTHOR}}', 'ModelScope')
+            '{{AUTHOR}}', 'ModelScope'
+        )
 
 
 def test_alpaca_joins_instruction_and_input(samples):
@@ -34,7 +36,7 @@ def test_alpaca_joins_instruction_and_input(samples):
     without = next(r for r in rows if not r['input'])
     out = proc(with_input)
     assert [m['role'] for m in out['messages']] == ['system', 'user', 'assistant']
-    assert out['messages'][1]['content'] == f"{with_input['instruction']}\n\n{with_input['input']}"
+    assert out['messages'][1]['content'] == f'{with_input["instruction"]}\n\n{with_input["input"]}'
     assert out['messages'][2]['content'] == with_input['output']
     assert proc(without)['messages'][1]['content'] == without['instruction']
 
@@ -46,8 +48,10 @@ def test_sharegpt_and_messages_rows(samples):
         Trajectory.model_validate(out)
         assert [m['content'] for m in out['messages']] == [t['value'] for t in row['conversations']]
         assert out['messages'][-1]['role'] == 'assistant'
-    openai_style = {'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a',
-                                                                      'loss': False}], 'system': 'S'}
+    openai_style = {
+        'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a', 'loss': False}],
+        'system': 'S',
+    }
     out = proc(openai_style)
     assert out['messages'][0] == {'role': 'system', 'content': 'S'}
     assert out['messages'][2]['loss'] is False
@@ -65,12 +69,15 @@ def test_gsm8k_keeps_ground_truth(samples):
     assert any(',' in r['answer'].rsplit('####', 1)[1] for r in rows)  # the sample exercises comma removal
 
 
-@pytest.mark.parametrize('name, init_args, row, missing', [
-    ('SelfCognitionProcessor', {'model_name': 'a', 'model_author': 'b'}, {'query': 'hi'}, ["'response'"]),
-    ('AlpacaProcessor', {}, {'input': 'x'}, ["'instruction'", "'output'"]),
-    ('GSM8KProcessor', {}, {'question': 'What is 1+1?'}, ["'answer'"]),
-    ('MessagesProcessor', {}, {'text': 'hello'}, ["'messages'", "'conversations'"]),
-])
+@pytest.mark.parametrize(
+    'name, init_args, row, missing',
+    [
+        ('SelfCognitionProcessor', {'model_name': 'a', 'model_author': 'b'}, {'query': 'hi'}, ["'response'"]),
+        ('AlpacaProcessor', {}, {'input': 'x'}, ["'instruction'", "'output'"]),
+        ('GSM8KProcessor', {}, {'question': 'What is 1+1?'}, ["'answer'"]),
+        ('MessagesProcessor', {}, {'text': 'hello'}, ["'messages'", "'conversations'"]),
+    ],
+)
 def test_missing_fields_are_named(name, init_args, row, missing):
     proc = resolve('preprocessor', name, **init_args)
     with pytest.raises(InvalidInputError) as err:
@@ -91,13 +98,15 @@ def test_bad_conversations_are_explained():
 
 
 def test_callable_preprocessor_and_filters():
-    proc = resolve('preprocessor', lambda row, suffix: {'messages': [
-        {'role': 'user', 'content': row['q'] + suffix}]}, suffix='?')
+    proc = resolve(
+        'preprocessor', lambda row, suffix: {'messages': [{'role': 'user', 'content': row['q'] + suffix}]}, suffix='?'
+    )
     assert proc({'q': 'why'})['messages'][0]['content'] == 'why?'
     keep_short = Filter.from_callable(lambda row, limit: len(row['q']) <= limit, limit=3)
     assert keep_short({'q': 'abc'}) and not keep_short({'q': 'abcd'})
     assert LengthFilter(max_length=3)({'input_ids': [1, 2, 3]}) and not LengthFilter(max_length=2)(
-        {'input_ids': [1, 2, 3]})
+        {'input_ids': [1, 2, 3]}
+    )
     assert MessageLengthFilter(5)({'messages': [{'content': 'ab'}, {'content': 'cde'}]})
     with pytest.raises(InvalidInputError, match='after Dataset.encode'):
         LengthFilter(4)({'messages': []})

@@ -1,4 +1,5 @@
 """Template: assistant-only labels, Message.loss overrides, truncation, generation prompts, lookup errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,6 +32,7 @@ def marker_free_template(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from twinkle_core.template.chat_template import ChatTemplate
+
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tok.chat_template = tok.chat_template.replace('{%- generation %}', '').replace('{%- endgeneration %}', '')
     template = ChatTemplate(tok)
@@ -47,7 +49,8 @@ def test_labels_are_exactly_the_assistant_turns(chat_template):
     assert row['ground_truth'] == '42'  # extra trajectory fields pass through
     labelled = [t for t in row['labels'] if t != IGNORE_INDEX]
     assert chat_template.decode_completion(row, skip_special_tokens=False) == chat_template.decode(
-        labelled, skip_special_tokens=False)
+        labelled, skip_special_tokens=False
+    )
 
 
 def test_prefix_rendering_fallback_matches_generation_mask(chat_template, marker_free_template):
@@ -73,13 +76,14 @@ def test_message_loss_overrides(which, chat_template, marker_free_template):
 
 def test_truncation_strategies(tiny_model_dir, chat_template):
     from twinkle_core.template.chat_template import ChatTemplate
+
     full = chat_template.encode(CONVERSATION)
     n, limit = len(full['input_ids']), 20
     right = ChatTemplate(str(tiny_model_dir), max_length=limit, truncation_strategy='right').encode(CONVERSATION)
     left = ChatTemplate(str(tiny_model_dir), max_length=limit, truncation_strategy='left').encode(CONVERSATION)
     assert right['input_ids'] == full['input_ids'][:limit] and right['labels'] == full['labels'][:limit]
     assert left['input_ids'] == full['input_ids'][-limit:]
-    assert left['labels'][0] == IGNORE_INDEX and left['labels'][1:] == full['labels'][n - limit + 1:]
+    assert left['labels'][0] == IGNORE_INDEX and left['labels'][1:] == full['labels'][n - limit + 1 :]
     strict = ChatTemplate(str(tiny_model_dir), max_length=limit, truncation_strategy='error')
     with pytest.raises(InvalidInputError, match=f'has {n} tokens, more than max_length={limit}'):
         strict.encode(CONVERSATION)
@@ -90,12 +94,13 @@ def test_truncation_strategies(tiny_model_dir, chat_template):
 
 def test_generation_prompt_encodes_the_prompt_only(chat_template):
     from twinkle_core.template.chat_template import ChatTemplate
+
     prompt = chat_template.encode(CONVERSATION, add_generation_prompt=True)
     assert 'labels' not in prompt and prompt['ground_truth'] == '42'
     text = chat_template.decode(prompt['input_ids'], skip_special_tokens=False)
     assert text.endswith('What can you do?<|im_end|>\n<|im_start|>assistant\n')
     full = chat_template.encode(CONVERSATION)
-    assert full['input_ids'][:len(prompt['input_ids'])] == prompt['input_ids']
+    assert full['input_ids'][: len(prompt['input_ids'])] == prompt['input_ids']
     short = ChatTemplate(chat_template.tokenizer, max_length=10, truncation_strategy='right')
     assert short.encode(CONVERSATION, add_generation_prompt=True)['input_ids'] == prompt['input_ids'][-10:]
     with pytest.raises(InvalidInputError, match='Not a valid Trajectory'):
@@ -128,6 +133,7 @@ def qwen3_tokenizer(tiny_model_dir):
     from pathlib import Path
 
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tok.chat_template = (Path(__file__).parent / 'assets' / 'qwen3_chat_template.jinja').read_text()
     return tok
@@ -135,6 +141,7 @@ def qwen3_tokenizer(tiny_model_dir):
 
 def test_qwen3_multi_turn_labels_with_the_official_template(qwen3_tokenizer):
     from twinkle_core.template.qwen3 import Qwen3Template
+
     template = Qwen3Template(qwen3_tokenizer)
     assert not template.uses_generation_markers
     messages = [dict(m) for m in CONVERSATION['messages']]
@@ -150,6 +157,7 @@ def test_qwen3_multi_turn_labels_with_the_official_template(qwen3_tokenizer):
 
 def test_qwen3_enable_thinking_reaches_the_chat_template(qwen3_tokenizer):
     from twinkle_core.template.qwen3 import Qwen3Template
+
     no_think = Qwen3Template(qwen3_tokenizer, enable_thinking=False).encode(CONVERSATION, add_generation_prompt=True)
     default = Qwen3Template(qwen3_tokenizer).encode(CONVERSATION, add_generation_prompt=True)
     decode = lambda ids: qwen3_tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
@@ -161,6 +169,7 @@ def test_tokenizer_without_chat_template_is_rejected(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from twinkle_core.template.chat_template import ChatTemplate
+
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tok.chat_template = None
     with pytest.raises(InvalidInputError, match='no chat template'):
@@ -172,6 +181,7 @@ def test_tokenizer_without_chat_template_is_rejected(tiny_model_dir):
 
 def test_fingerprint_tracks_what_changes_encoding(tiny_model_dir, chat_template):
     from twinkle_core.template.chat_template import ChatTemplate
+
     same = ChatTemplate(str(tiny_model_dir))
     assert same.fingerprint() == chat_template.fingerprint()
     assert ChatTemplate(str(tiny_model_dir), max_length=32).fingerprint() != chat_template.fingerprint()
@@ -182,6 +192,7 @@ def test_tokenizer_from_a_hub_reference(tiny_model_dir, tmp_path, monkeypatch, c
     import shutil
 
     from twinkle_core.template.chat_template import ChatTemplate
+
     repo = tmp_path / 'ms' / 'acme' / 'tiny-chat' / 'master'
     repo.mkdir(parents=True)
     for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'):

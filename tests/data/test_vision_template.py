@@ -1,4 +1,5 @@
 """VisionTemplate: image layouts and sources, token expansion, labels, limits and errors; images in a Dataset."""
+
 from __future__ import annotations
 
 import base64
@@ -18,9 +19,12 @@ def template(tiny_vl_model_dir):
 
 
 def _trajectory(image, answer='red'):
-    return {'messages': [{'role': 'user', 'content': [{'type': 'image', 'image': image},
-                                                      {'type': 'text', 'text': QUESTION}]},
-                         {'role': 'assistant', 'content': answer}]}
+    return {
+        'messages': [
+            {'role': 'user', 'content': [{'type': 'image', 'image': image}, {'type': 'text', 'text': QUESTION}]},
+            {'role': 'assistant', 'content': answer},
+        ]
+    }
 
 
 def test_a_112px_image_is_16_tokens_without_loss(template) -> None:
@@ -47,8 +51,10 @@ def test_every_image_source_and_layout_encodes_alike(template, tmp_path) -> None
         row = template.encode(_trajectory(source))
         assert row['input_ids'] == reference['input_ids'] and row['labels'] == reference['labels']
         assert (row['pixel_values'] == reference['pixel_values']).all()
-    placeholders = {'messages': [{'role': 'user', 'content': f'<image>{QUESTION}'},
-                                 {'role': 'assistant', 'content': 'red'}], 'images': [png]}
+    placeholders = {
+        'messages': [{'role': 'user', 'content': f'<image>{QUESTION}'}, {'role': 'assistant', 'content': 'red'}],
+        'images': [png],
+    }
     row = template.encode(placeholders)
     assert row['input_ids'] == reference['input_ids'] and 'images' not in row
 
@@ -72,14 +78,17 @@ def test_prompts_keep_their_images(template) -> None:
     assert template.decode(row['input_ids'], skip_special_tokens=False).endswith('<|im_start|>assistant\n')
 
 
-@pytest.mark.parametrize('trajectory, match', [
-    ({'messages': [{'role': 'user', 'content': '<image><image>?'}], 'images': [b'x']}, 'more <image> tags'),
-    ({'messages': [{'role': 'user', 'content': '<image>?'}], 'images': [b'x', b'y']}, 'only 1 <image> tags'),
-    (_trajectory(b'not an image'), 'not a decodable image'),
-    (_trajectory('https://example.com/cat.png'), 'remote URL'),
-    (_trajectory('/no/such/file.png'), 'cannot read image file'),
-    ({'messages': [{'role': 'user', 'content': [{'type': 'audio', 'audio': b''}]}]}, "type 'audio'"),
-])
+@pytest.mark.parametrize(
+    'trajectory, match',
+    [
+        ({'messages': [{'role': 'user', 'content': '<image><image>?'}], 'images': [b'x']}, 'more <image> tags'),
+        ({'messages': [{'role': 'user', 'content': '<image>?'}], 'images': [b'x', b'y']}, 'only 1 <image> tags'),
+        (_trajectory(b'not an image'), 'not a decodable image'),
+        (_trajectory('https://example.com/cat.png'), 'remote URL'),
+        (_trajectory('/no/such/file.png'), 'cannot read image file'),
+        ({'messages': [{'role': 'user', 'content': [{'type': 'audio', 'audio': b''}]}]}, "type 'audio'"),
+    ],
+)
 def test_bad_images_are_clear_errors(template, trajectory, match) -> None:
     with pytest.raises(InvalidInputError, match=match):
         template.encode(trajectory)
@@ -89,7 +98,7 @@ def test_truncation_never_cuts_an_image(tiny_vl_model_dir) -> None:
     full = VisionTemplate(tiny_vl_model_dir).encode(_trajectory(colour_image('red')))
     n = len(full['input_ids'])
     kept = VisionTemplate(tiny_vl_model_dir, max_length=n - 2).encode(_trajectory(colour_image('red')))
-    assert kept['input_ids'] == full['input_ids'][:n - 2] and len(kept['mm_token_type_ids']) == n - 2
+    assert kept['input_ids'] == full['input_ids'][: n - 2] and len(kept['mm_token_type_ids']) == n - 2
     with pytest.raises(InvalidInputError, match='cut an image'):
         VisionTemplate(tiny_vl_model_dir, max_length=10).encode(_trajectory(colour_image('red')))
 
@@ -97,6 +106,7 @@ def test_truncation_never_cuts_an_image(tiny_vl_model_dir) -> None:
 def test_dataset_encodes_images_once_and_caches(tiny_vl_model_dir) -> None:
     datasets = pytest.importorskip('datasets')
     from twinkle_core.dataset.dataset import Dataset
+
     data = Dataset.from_hf(datasets.Dataset.from_list(colour_trajectories(6)), name='colours')
     data.set_template('Qwen3VLTemplate', model_id=str(tiny_vl_model_dir))
     data.encode()
@@ -106,11 +116,13 @@ def test_dataset_encodes_images_once_and_caches(tiny_vl_model_dir) -> None:
     direct = VisionTemplate(tiny_vl_model_dir).encode(colour_trajectories(6)[1])
     assert row['input_ids'] == direct['input_ids']
     import numpy as np
+
     assert np.allclose(np.asarray(row['pixel_values'], dtype=np.float32), direct['pixel_values'])
 
 
 def test_qwen3_5_template_takes_images_on_a_qwen3_5_checkpoint(tiny_qwen3_5_model_dir) -> None:
     from twinkle_core.registry import resolve
+
     template = resolve('template', 'Qwen3_5Template', model_id_or_tokenizer=str(tiny_qwen3_5_model_dir))
     assert template.text_only_reason is None
     row = template.encode(colour_trajectories(1)[0])

@@ -1,4 +1,5 @@
 """Single-process behaviour and error messages of the SPMD helpers (no process group is started here)."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,6 +41,7 @@ def test_local_runtime_rejects_device_groups() -> None:
 def test_apply_device_mesh_checks_before_touching_the_model(monkeypatch) -> None:
     torch = pytest.importorskip('torch')
     from twinkle_transformers.parallel import apply_device_mesh
+
     model = torch.nn.Linear(2, 2)
     assert apply_device_mesh(model, None) is model
     assert apply_device_mesh(model, DeviceMesh.from_sizes(dp_size=1)) is model

@@ -1,5 +1,6 @@
 """Optimizer state in checkpoints of sharded models: saved by name (FQN), consolidated on rank 0, resumable on any
 world size. Resuming k steps from a checkpoint must equal training 2k steps straight."""
+
 from __future__ import annotations
 
 import pytest
@@ -88,14 +89,18 @@ def test_optimizer_state_of_another_shape_is_a_clear_error(tiny_model_dir) -> No
 def fsdp_lora(tiny_model_dir, tmp_path_factory) -> dict:
     """FSDP2 LoRA: 2K steps straight, and K steps saved with the optimizer."""
     root = tmp_path_factory.mktemp('fsdp_lora')
-    return {'straight': run_worker(tiny_model_dir, root / 'straight', nproc=2, extra=(*FSDP, '--steps', str(2 * K))),
-            'half': run_worker(tiny_model_dir, root / 'half', nproc=2,
-                               extra=(*FSDP, '--steps', str(K), '--save-optimizer'))}
+    return {
+        'straight': run_worker(tiny_model_dir, root / 'straight', nproc=2, extra=(*FSDP, '--steps', str(2 * K))),
+        'half': run_worker(
+            tiny_model_dir, root / 'half', nproc=2, extra=(*FSDP, '--steps', str(K), '--save-optimizer')
+        ),
+    }
 
 
 def _resume(model_dir, out, checkpoint: str, *, nproc: int, extra: tuple[str, ...] = ()) -> dict:
-    return run_worker(model_dir, out, nproc=nproc,
-                      extra=(*extra, '--steps', str(K), '--skip-steps', str(K), '--resume', checkpoint))
+    return run_worker(
+        model_dir, out, nproc=nproc, extra=(*extra, '--steps', str(K), '--skip-steps', str(K), '--resume', checkpoint)
+    )
 
 
 @pytest.mark.slow
@@ -111,8 +116,9 @@ def test_fsdp2_checkpoint_resumes_in_one_process(tiny_model_dir, tmp_path, fsdp_
     resumed = _resume(tiny_model_dir, tmp_path / 'optimizer', fsdp_lora['half']['checkpoint'], nproc=1)
     assert resumed['losses'] == pytest.approx(want, abs=1e-4)
     # The control: without the optimizer state the same weights train differently (the check can fail).
-    weights_only = _resume(tiny_model_dir, tmp_path / 'weights', fsdp_lora['half']['checkpoint'], nproc=1,
-                           extra=('--weights-only',))
+    weights_only = _resume(
+        tiny_model_dir, tmp_path / 'weights', fsdp_lora['half']['checkpoint'], nproc=1, extra=('--weights-only',)
+    )
     assert max(abs(a - b) for a, b in zip(weights_only['losses'][1:], want[1:])) > 1e-3
 
 
@@ -125,8 +131,9 @@ def test_one_process_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path, fs
 
 @pytest.mark.slow
 def test_ddp_checkpoint_resumes_under_fsdp2(tiny_model_dir, tmp_path, fsdp_lora) -> None:
-    half = run_worker(tiny_model_dir, tmp_path / 'half', nproc=2, extra=('--dp', '2', '--steps', str(K),
-                                                                          '--save-optimizer'))
+    half = run_worker(
+        tiny_model_dir, tmp_path / 'half', nproc=2, extra=('--dp', '2', '--steps', str(K), '--save-optimizer')
+    )
     resumed = _resume(tiny_model_dir, tmp_path / 'resumed', half['checkpoint'], nproc=2, extra=FSDP)
     assert resumed['losses'] == pytest.approx(fsdp_lora['straight']['losses'][K:], abs=1e-4)
 

@@ -1,5 +1,6 @@
 """The seeds' promise: examples/sft_lora.py runs unchanged in one process, under torchrun (DDP) and on Ray, and
 every runtime logs the same training metrics (only the `initialize` call differs)."""
+
 from __future__ import annotations
 
 import os
@@ -29,24 +30,39 @@ TOLERANCE = {'loss': dict(rel=1e-3, abs=1e-3), 'acc': dict(rel=0, abs=2e-3), 'gr
 
 def parse_metrics(output: str) -> dict[int, dict[str, float]]:
     """``{step: {'loss': .., 'acc': .., 'grad_norm': ..}}`` from the example's ``step N: ...`` lines."""
-    return {int(step): {'loss': float(loss), 'acc': float(acc), 'grad_norm': float(grad_norm)}
-            for step, loss, acc, grad_norm in METRICS.findall(output.replace('\r', '\n'))}
+    return {
+        int(step): {'loss': float(loss), 'acc': float(acc), 'grad_norm': float(grad_norm)}
+        for step, loss, acc, grad_norm in METRICS.findall(output.replace('\r', '\n'))
+    }
 
 
 def metric_mismatches(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) -> list[str]:
     """Human-readable differences beyond `TOLERANCE` (empty when the runs agree)."""
     if sorted(got) != sorted(want):
         return [f'logged steps {sorted(got)} != {sorted(want)}']
-    return [f'step {step} {name}: {got[step][name]} != {want[step][name]} ({TOLERANCE[name]})'
-            for step in sorted(want) for name in TOLERANCE
-            if got[step][name] != pytest.approx(want[step][name], **TOLERANCE[name])]
+    return [
+        f'step {step} {name}: {got[step][name]} != {want[step][name]} ({TOLERANCE[name]})'
+        for step in sorted(want)
+        for name in TOLERANCE
+        if got[step][name] != pytest.approx(want[step][name], **TOLERANCE[name])
+    ]
 
 
 def run_example(runtime: str, out: Path) -> dict[int, dict[str, float]]:
     args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out)]
     if runtime == 'torchrun':
-        cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr',
-               '127.0.0.1', '--master_port', str(free_port()), *args]
+        cmd = [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--nproc_per_node',
+            '2',
+            '--master_addr',
+            '127.0.0.1',
+            '--master_port',
+            str(free_port()),
+            *args,
+        ]
     else:
         cmd = [sys.executable, *args, *(['--ranks', '2'] if runtime == 'ray' else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})

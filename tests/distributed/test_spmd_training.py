@@ -1,5 +1,6 @@
 """torchrun on CPU (gloo): DDP / FSDP2 / TP training equals one process on the same global batches, and the
 checkpoint rank 0 writes loads in a single process (any world size can resume it)."""
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ def assert_same_run(dist: dict, single: dict, *, token_tol: float = TOL) -> None
 def reload_and_evaluate(model_dir: Path, result: dict) -> dict:
     """Load the checkpoint into a fresh single-process model and evaluate the run's eval rows."""
     from twinkle_transformers.model import TransformersModel
+
     model = TransformersModel(str(model_dir))
     model.load(result['checkpoint'])
     return model.forward_only(inputs=result['eval_rows'])
@@ -41,8 +43,9 @@ def test_ddp_two_ranks_match_one_process_and_checkpoint_reloads(tiny_model_dir, 
 
 
 @pytest.mark.slow
-def test_fsdp2_lora_matches_one_process_and_consolidated_checkpoint_reloads(tiny_model_dir, tmp_path,
-                                                                             single_lora) -> None:
+def test_fsdp2_lora_matches_one_process_and_consolidated_checkpoint_reloads(
+    tiny_model_dir, tmp_path, single_lora
+) -> None:
     fsdp = run_worker(tiny_model_dir, tmp_path, nproc=2, extra=('--fsdp', '2'))
     assert_same_run(fsdp, single_lora)
     files = sorted(os.listdir(fsdp['checkpoint']))

@@ -10,6 +10,7 @@ Every run trains on the same global batches (rows of different lengths, so ranks
 writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
 The script is the same for every world size except for the mesh given to ``twinkle_core.initialize``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,20 +41,23 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
     torch.set_num_threads(1)  # this script's processes share a small CPU
     mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp)
     twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
 
     from twinkle_transformers.model import TransformersModel
+
     torch.manual_seed(0)
     model = TransformersModel(args.model)
     if not args.full:
-        model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear',
-                                               'init_lora_weights': 'gaussian'})
+        model.add_adapter_to_model(
+            'default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
+        )
     model.set_optimizer('AdamW', lr=1e-3)
     if args.resume:
         model.load(args.resume, load_optimizer=not args.weights_only)
-    rows = random_token_rows(args.batch_size * (args.skip_steps + args.steps))[args.batch_size * args.skip_steps:]
+    rows = random_token_rows(args.batch_size * (args.skip_steps + args.steps))[args.batch_size * args.skip_steps :]
     loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
     losses = []
     for batch in loader:
@@ -63,9 +67,15 @@ def main() -> None:
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
     path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer)
     if distributed.is_main_process():
-        result = {'losses': losses, 'eval_loss': evaluation['loss'], 'eval_logprobs': evaluation['logprobs'],
-                  'checkpoint': path, 'world_size': distributed.get_world_size(), 'eval_rows': eval_rows,
-                  'optimizer_steps': model.state.optimizer_steps}
+        result = {
+            'losses': losses,
+            'eval_loss': evaluation['loss'],
+            'eval_logprobs': evaluation['logprobs'],
+            'checkpoint': path,
+            'world_size': distributed.get_world_size(),
+            'eval_rows': eval_rows,
+            'optimizer_steps': model.state.optimizer_steps,
+        }
         Path(args.out, 'result.json').write_text(json.dumps(result))
     twinkle_core.shutdown()
 

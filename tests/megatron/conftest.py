@@ -2,6 +2,7 @@
 through `megatron_run`, which caches each distinct run for the session. The runs are forked from per-session fork
 servers (spmd_runner.WorkerPool) that import torch, megatron-core and transformers once per rank instead of once per
 run; ``TWINKLE_TESTS_FORK_SERVER=0`` starts each run under torchrun instead."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,11 +25,17 @@ def peft_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                           LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                      target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj',
-                                                      'down_proj', 'lm_head']))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            init_lora_weights=False,
+            target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj', 'lm_head'],
+        ),
+    )
     out = tmp_path_factory.mktemp('peft_adapter')
     model.save_pretrained(out)
     return out
@@ -46,6 +53,7 @@ def megatron_runner(tmp_path_factory) -> Iterator[Callable[..., dict]]:
             out = tmp_path_factory.mktemp('megatron_run')
             cache[key] = pool.run_worker(model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
         return cache[key]
+
     yield run
     pool.close()
 

@@ -8,6 +8,7 @@ the checkpoint path.
 checkpoint after step K, loads it into a fresh model and trains the remaining steps again (``resumed_losses``,
 ``resumed_after``). ``--neighbour`` trains a second adapter beside the first (``--adapter``), one step of it after
 each step of the first, on other rows with another optimizer: the first adapter's run must not change."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,21 @@ from twinkle_core.mesh import DeviceMesh, split_for_dp
 from twinkle_core.registry import resolve
 from twinkle_core.runtime.distributed import destroy_process_group, env_rank, env_world_size
 
-PRELOAD = ('torch', 'torch.distributed', 'torch._dynamo', 'numpy', 'transformers', 'peft', 'accelerate',
-           'megatron.core', 'twinkle_core.loss', 'twinkle_core.processor', 'twinkle_core.template',
-           'twinkle_core.hooks',
-           *(f'transformers.models.{m}.modeling_{m}' for m in ('qwen3', 'qwen2', 'llama', 'qwen3_moe')))
+PRELOAD = (
+    'torch',
+    'torch.distributed',
+    'torch._dynamo',
+    'numpy',
+    'transformers',
+    'peft',
+    'accelerate',
+    'megatron.core',
+    'twinkle_core.loss',
+    'twinkle_core.processor',
+    'twinkle_core.template',
+    'twinkle_core.hooks',
+    *(f'transformers.models.{m}.modeling_{m}' for m in ('qwen3', 'qwen2', 'llama', 'qwen3_moe')),
+)
 
 
 def preload() -> None:
@@ -32,14 +44,16 @@ def preload() -> None:
     exists at the fork. Missing optional ones are skipped."""
     import importlib
     import pkgutil
+
     modules = list(PRELOAD)
     for package in ('twinkle_megatron', 'twinkle_transformers'):
         try:
             root = importlib.import_module(package)
         except ImportError:
             continue
-        modules += [f'{package}.{m.name}' for m in pkgutil.iter_modules(root.__path__)
-                    if m.name not in ('sampler', 'liger')]
+        modules += [
+            f'{package}.{m.name}' for m in pkgutil.iter_modules(root.__path__) if m.name not in ('sampler', 'liger')
+        ]
     for module in modules:
         try:
             importlib.import_module(module)
@@ -72,8 +86,18 @@ def with_loss_inputs(model, rows: list[dict], loss: str) -> list[dict]:
 
 class Addressed:
     """`model` with the per-adapter calls addressed to `adapter` (needed once a model trains several)."""
-    CALLS = {'forward_backward', 'forward_only', 'clip_grad_and_step', 'save', 'set_optimizer', 'set_lr_scheduler',
-             'set_loss', 'set_processor', 'calculate_metric'}
+
+    CALLS = {
+        'forward_backward',
+        'forward_only',
+        'clip_grad_and_step',
+        'save',
+        'set_optimizer',
+        'set_lr_scheduler',
+        'set_loss',
+        'set_processor',
+        'calculate_metric',
+    }
 
     def __init__(self, model, adapter: str) -> None:
         self.model, self.adapter = model, adapter
@@ -83,8 +107,9 @@ class Addressed:
         return functools.partial(attr, adapter_name=self.adapter) if name in self.CALLS else attr
 
 
-def train(model, steps: range, dp: int, dp_rank: int, loss: str | None, micro_batch_size: int | None,
-          neighbour=None) -> tuple[list[float], list[float]]:
+def train(
+    model, steps: range, dp: int, dp_rank: int, loss: str | None, micro_batch_size: int | None, neighbour=None
+) -> tuple[list[float], list[float]]:
     losses, norms = [], []
     for step in steps:
         rows = with_loss_inputs(model, batch_rows(10 + step, 8), loss)
@@ -122,13 +147,19 @@ def main() -> None:
     world = env_world_size()
     kwargs = {}
     if args.backend == 'MegatronModel':
-        mesh = DeviceMesh.from_sizes(tp_size=args.tp, pp_size=args.pp, ep_size=args.ep, world_size=world,
-                                     device_type='cpu')
-        kwargs = dict(device_mesh=mesh, sequence_parallel=args.sp, virtual_pipeline_stages=args.vpp,
-                      distributed_optimizer=args.distributed_optimizer)
+        mesh = DeviceMesh.from_sizes(
+            tp_size=args.tp, pp_size=args.pp, ep_size=args.ep, world_size=world, device_type='cpu'
+        )
+        kwargs = dict(
+            device_mesh=mesh,
+            sequence_parallel=args.sp,
+            virtual_pipeline_stages=args.vpp,
+            distributed_optimizer=args.distributed_optimizer,
+        )
         dp, dp_rank = mesh.data_world_size, mesh.data_rank(env_rank())
     else:
         dp, dp_rank = 1, 0
+
     def build():
         model = resolve('model', args.backend, model_id=args.model, **kwargs)
         if args.adapter:
@@ -145,13 +176,14 @@ def main() -> None:
     neighbour = None
     if args.neighbour:
         first = model.list_adapters()[0]
-        model.add_adapter_to_model('neighbour', {'r': 8, 'lora_alpha': 16, 'target_modules': ['q_proj', 'v_proj']},
-                                   seed=7)
+        model.add_adapter_to_model(
+            'neighbour', {'r': 8, 'lora_alpha': 16, 'target_modules': ['q_proj', 'v_proj']}, seed=7
+        )
         neighbour = Addressed(model, 'neighbour')
         neighbour.set_optimizer('AdamW', lr=5e-2)
         neighbour.set_loss('CrossEntropyLoss', reduction='sum')
         neighbour.forward_backward(inputs=batch_rows(40, 4))  # pending gradients of the neighbour while the
-        model = Addressed(model, first)                           # first adapter trains: they must not leak
+        model = Addressed(model, first)  # first adapter trains: they must not leak
     eval_rows = batch_rows(1, 4)
     before = model.forward_only(inputs=with_loss_inputs(model, eval_rows, args.loss))
     model.set_optimizer('AdamW', lr=2e-3, weight_decay=0.0)
@@ -177,8 +209,9 @@ def main() -> None:
         model.remove_adapter(model.list_adapters()[0])
         result['base_after_remove'] = model.forward_only(inputs=eval_rows)['logprobs']
     if env_rank() == 0:
-        result.update(losses=losses, grad_norms=norms, after=after, checkpoint=checkpoint,
-                      metrics=model.calculate_metric())
+        result.update(
+            losses=losses, grad_norms=norms, after=after, checkpoint=checkpoint, metrics=model.calculate_metric()
+        )
         Path(args.out, 'result.json').write_text(json.dumps(result))
     destroy_process_group()
 

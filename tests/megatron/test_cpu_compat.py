@@ -1,5 +1,6 @@
 """The CPU bridges for megatron-core: scoped to the listed megatron modules and to `tensors_as_cuda` blocks, and
 inert on a CUDA machine."""
+
 from __future__ import annotations
 
 import importlib

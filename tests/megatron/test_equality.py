@@ -6,6 +6,7 @@ Tolerances (fp32): losses 1e-5 absolute; log-probs 1e-5 absolute or relative, wh
 tensor- and data-parallel partial products in another order: ~1e-6 differences, which Adam turns into slightly
 larger ones on parameters with near-zero gradients; the largest measured after 3 steps is 1.2e-5 on a log-prob
 of -6.79, 1.8e-6 relative); gradient norms 5e-5 relative (a norm of ~5 over 3M parameters)."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,6 +48,7 @@ def assert_same_run(got: dict, want: dict) -> None:
 def assert_checkpoint_reloads(result: dict, tiny_model_dir) -> None:
     """The checkpoint (HF or PEFT format) loads in TransformersModel and scores as the Megatron model did."""
     from twinkle_transformers.model import TransformersModel
+
     model = TransformersModel(tiny_model_dir)
     model.load(result['checkpoint'])
     assert_same_logprobs(model.forward_only(inputs=result['eval_rows'])['logprobs'], result['after']['logprobs'])
@@ -86,11 +88,11 @@ def test_lora_under_tp2_trains_like_peft_lora(megatron_run, tiny_model_dir, peft
     assert_same_logprobs(result['base_after_remove'], base)
     import peft
     from transformers import AutoModelForCausalLM
+
     peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result['checkpoint'])
 
 
-def test_a_second_adapter_beside_changes_nothing_of_the_first(megatron_run, tiny_model_dir,
-                                                              peft_adapter_dir) -> None:
+def test_a_second_adapter_beside_changes_nothing_of_the_first(megatron_run, tiny_model_dir, peft_adapter_dir) -> None:
     """Two adapters on one MegatronModel (tp=2 + sp): the second (other targets, rank, optimizer, loss and rows)
     steps between the first's steps and holds pending gradients while the first trains; the first still trains
     exactly like peft LoRA alone, and the second learned something of its own (a PEFT adapter with non-zero B)."""
@@ -99,6 +101,7 @@ def test_a_second_adapter_beside_changes_nothing_of_the_first(megatron_run, tiny
     assert_same_run(result, reference)
     assert_same_logprobs(result['after']['logprobs'], reference['after']['logprobs'])
     from safetensors.torch import load_file
+
     neighbour = load_file(f'{result["neighbour_checkpoint"]}/adapter_model.safetensors')
     b_keys = [k for k in neighbour if 'lora_B' in k]
     assert b_keys and all('q_proj' in k or 'v_proj' in k for k in b_keys)
@@ -119,8 +122,11 @@ def test_losses_under_tp2(megatron_run, small_model_dir, loss) -> None:
     assert_same_run(megatron_run(2, '--tp', 2, *extra), megatron_run(1, '--backend', 'TransformersModel', *extra))
 
 
-@pytest.mark.parametrize('nproc,args', [(1, ()), (2, ('--distributed-optimizer',)), (2, ('--pp', 2))],
-                         ids=['single', 'dp2_distributed_optimizer', 'pp2'])
+@pytest.mark.parametrize(
+    'nproc,args',
+    [(1, ()), (2, ('--distributed-optimizer',)), (2, ('--pp', 2))],
+    ids=['single', 'dp2_distributed_optimizer', 'pp2'],
+)
 def test_resume_from_save_and_load_is_exact(megatron_run, nproc, args) -> None:
     """Save with the optimizer after step 2, load into a fresh model, train step 3 again: bit-identical."""
     result = megatron_run(nproc, '--resume-after', 2, *args)

@@ -2,6 +2,7 @@
 TransformersModel on the same GPU. bf16 rounds differently in the two backends' kernels, so the tolerance is the
 bf16 one (losses 5e-2); the CPU tests hold the fp32 equality to 1e-5. One GPU: layouts of several ranks (tp, pp,
 dp) are tested on CPU/gloo; NCCL cannot put two ranks on one device."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,4 +44,5 @@ def test_a_second_adapter_beside_changes_nothing_of_the_first_on_a_gpu(megatron_
 
 def test_no_cpu_bridge_is_installed_on_a_gpu_machine() -> None:
     from twinkle_megatron import cpu_compat
+
     assert cpu_compat.apply() is False and cpu_compat.applied() == []

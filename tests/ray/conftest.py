@@ -1,4 +1,5 @@
 """One Ray instance for the whole test session (Ray start-up costs seconds; the machine has few cores)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,11 @@ def ray_cluster():
     ray = pytest.importorskip('ray')
     if not ray.is_initialized():
         pythonpath = os.pathsep.join(p for p in (str(HERE), os.environ.get('PYTHONPATH', '')) if p)
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={'env_vars': {'PYTHONPATH': pythonpath}})
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={'env_vars': {'PYTHONPATH': pythonpath}},
+        )
     yield ray
     ray.shutdown()
-

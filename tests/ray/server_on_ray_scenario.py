@@ -13,6 +13,7 @@ Run by tests/ray/test_server_on_ray.py in a process of its own (it owns the Ray 
 3. Fault: the training actor of 'tiny-a' is killed between two requests; the next request fails with the
    server's error, the adapter comes back from its last checkpoint, training goes on; 'tiny-b' trains meanwhile.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,25 +26,35 @@ from pathlib import Path
 
 STEPS = 3
 MODELS = ('tiny-a', 'tiny-b')
-PAIRS = [('Who are you?', 'I am twinkle, a small model.'), ('What is 2+3?', 'The answer is 5.'),
-         ('Name a color.', 'Blue is a color.'), ('Say hello.', 'Hello there, friend.')]
+PAIRS = [
+    ('Who are you?', 'I am twinkle, a small model.'),
+    ('What is 2+3?', 'The answer is 5.'),
+    ('Name a color.', 'Blue is a color.'),
+    ('Say hello.', 'Hello there, friend.'),
+]
 
 
 def sft_data(tokenizer):
     from tinker import types
+
     out = []
     for q, a in PAIRS:
         prompt, answer = tokenizer.encode(f'User: {q}\nAssistant:'), tokenizer.encode(f' {a}')
         tokens = prompt + answer
         weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs={'target_tokens': tokens[1:], 'weights': weights}))
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={'target_tokens': tokens[1:], 'weights': weights},
+            )
+        )
     return out
 
 
 def workload(service_client, base_model: str, data, prompt) -> dict:
     """Train STEPS steps, save, sample greedily (4 prompts' worth) from the saved weights."""
     from tinker import types
+
     tc = service_client.create_lora_training_client(base_model=base_model, rank=4, seed=0).result()
     losses = []
     for _ in range(STEPS):
@@ -77,6 +88,7 @@ def fault(service_client, data, engine_a, baseline_state: str) -> dict:
     """Kill tiny-a's training actor; see the next request fail clearly and the adapter come back."""
     import ray
     from tinker import types
+
     out: dict = {}
     tc = service_client.create_training_client_from_state_with_optimizer(baseline_state).result()
     before = [o['logprobs'].tolist() for o in tc.forward(data, 'cross_entropy').result().loss_fn_outputs]
@@ -118,6 +130,7 @@ def placement(engine) -> dict:
 
     def node(worker) -> str:
         return ray.get_runtime_context().get_node_id()
+
     return {g.name: ray.get(g.actors[0].run.remote(node)) for g in (engine.training, *engine.replicas)}
 
 
@@ -160,8 +173,14 @@ def main(model_dir: str, work_dir: str) -> None:
     results: dict = {}
 
     limits = TenantLimits().merged({'max_adapters': 64, 'max_sessions': 64})
-    embedded = start_in_thread(ServerConfig(models={m: model_dir for m in MODELS}, data_dir=str(work / 'embedded'),
-                                            port=free_port(), default_limits=limits))
+    embedded = start_in_thread(
+        ServerConfig(
+            models={m: model_dir for m in MODELS},
+            data_dir=str(work / 'embedded'),
+            port=free_port(),
+            default_limits=limits,
+        )
+    )
     client = tinker.ServiceClient(base_url=embedded.base_url, api_key=create_api_key(embedded.service.store, 'u'))
     results['embedded'] = run_both(client, data, prompt)
     embedded.stop()
@@ -176,8 +195,10 @@ def main(model_dir: str, work_dir: str) -> None:
     results['ray_start_s'] = time.monotonic() - started
     engines = running.service.engines
     results['placement'] = {name: placement(engines[name]) for name in MODELS}
-    results['nodes'] = {'head': ray.get_runtime_context().get_node_id(),
-                        'all': sorted(n['NodeID'] for n in ray.nodes() if n['Alive'])}
+    results['nodes'] = {
+        'head': ray.get_runtime_context().get_node_id(),
+        'all': sorted(n['NodeID'] for n in ray.nodes() if n['Alive']),
+    }
     client = tinker.ServiceClient(base_url=running.base_url, api_key=create_api_key(running.service.store, 'u'))
     results['ray'] = run_both(client, data, prompt)
     results['fault'] = fault(client, data, engines['tiny-a'], results['ray']['tiny-a']['state'])
@@ -193,15 +214,19 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
     from twinkle_server.config import GroupSpec, ModelSpec
     from twinkle_server.engine.base import AdamStep, LoraSpec, TrainBatch
     from twinkle_server.ray_deploy import RayEngine, connect, forwarded_env
+
     connect(num_cpus=4)
-    rows = [{'input_ids': [5, 6, 7, 8, 9, 10 + i][:4 + i % 3], 'labels': [-100, -100, 7, 8, 9, 10 + i][:4 + i % 3]}
-            for i in range(5)]
+    rows = [
+        {'input_ids': [5, 6, 7, 8, 9, 10 + i][: 4 + i % 3], 'labels': [-100, -100, 7, 8, 9, 10 + i][: 4 + i % 3]}
+        for i in range(5)
+    ]
     for row in rows:
         row['weights'] = [0.0, 0.0] + [1.0] * (len(row['input_ids']) - 2)
     runs: dict = {}
     for ranks in (1, 2):
-        spec = ModelSpec(f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks),
-                         mesh={axis: ranks})
+        spec = ModelSpec(
+            f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks), mesh={axis: ranks}
+        )
         engine = RayEngine(spec, model_dir, forwarded_env())
         engine.add_adapter('a', LoraSpec(8, 16, ('all-linear',), seed=0))
         steps = []

@@ -1,5 +1,6 @@
 """MegatronModel hosted in a 2-actor Ray group (tp=2: each actor one Megatron rank) trains like TransformersModel in
 this process, and saves one Hugging Face checkpoint."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,7 @@ def train(model, batches) -> list[float]:
 @pytest.mark.slow
 def test_megatron_tp2_in_a_ray_group_trains_like_one_local_process(ray_cluster, tiny_model_dir, tmp_path) -> None:
     from twinkle_transformers.model import TransformersModel
+
     batches = [random_token_rows(8, seed=10 + i) for i in range(3)]
     eval_rows = random_token_rows(4, seed=1)
     local = TransformersModel(tiny_model_dir)
@@ -35,8 +37,10 @@ def test_megatron_tp2_in_a_ray_group_trains_like_one_local_process(ray_cluster, 
     twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='model', ranks=2)])
     try:
         from twinkle_core.model import MegatronModel
-        remote = MegatronModel(tiny_model_dir, remote_group='model',
-                               device_mesh=DeviceMesh.from_sizes(tp_size=2, device_type='cpu'))
+
+        remote = MegatronModel(
+            tiny_model_dir, remote_group='model', device_mesh=DeviceMesh.from_sizes(tp_size=2, device_type='cpu')
+        )
         remote_losses = train(remote, batches)
         remote_eval = remote.forward_only(inputs=eval_rows)
         saved = remote.save('final', output_dir=str(tmp_path))

@@ -1,4 +1,5 @@
 """The Ray runtime with a small real torch component (real gloo DDP inside a 2-actor group)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,9 @@ def train_locally(batches):
 
 @pytest.fixture(scope='module')
 def ray_groups(ray_cluster):
-    runtime = twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='model', ranks=2),
-                                                          DeviceGroup(name='other', ranks=2)])
+    runtime = twinkle_core.initialize(
+        mode='ray', groups=[DeviceGroup(name='model', ranks=2), DeviceGroup(name='other', ranks=2)]
+    )
     yield runtime
     twinkle_core.shutdown()
 
@@ -85,10 +87,14 @@ def test_bad_calls_fail_fast_with_clear_errors(ray_groups) -> None:
 def test_failure_in_one_actor_names_it_and_cleanup_is_complete(ray_groups, ray_cluster) -> None:
     from ray.exceptions import RayActorError
     from ray.util import placement_group_table
+
     group = ray_groups.group('other')
     model = LinearRegressor(remote_group='other')
-    with pytest.raises(RemoteCallError, match=r"fail_on_rank failed in actor \(group='other', rank=1\).*"
-                                              r'deliberate failure on rank 1') as info:
+    with pytest.raises(
+        RemoteCallError,
+        match=r"fail_on_rank failed in actor \(group='other', rank=1\).*"
+        r'deliberate failure on rank 1',
+    ) as info:
         model.fail_on_rank(1)  # rank 0 is left waiting in a barrier
     assert (info.value.group, info.value.rank) == ('other', 1)
     assert 'deliberate failure' in info.value.remote_traceback

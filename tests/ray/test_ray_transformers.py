@@ -1,5 +1,6 @@
 """TransformersModel hosted in a 2-actor Ray group trains exactly like one local process; GRPO with separate
 model and sampler groups syncs weights through the CheckpointEngine."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,11 +29,11 @@ def train(model, batches_or_loader) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_cluster, tiny_model_dir,
-                                                                         tmp_path) -> None:
+def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_cluster, tiny_model_dir, tmp_path) -> None:
     import torch
 
     from twinkle_transformers.model import TransformersModel
+
     rows, eval_rows = random_token_rows(32), random_token_rows(6, seed=1)
     torch.manual_seed(0)
     seed_model = TransformersModel(tiny_model_dir)
@@ -67,20 +68,34 @@ def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_clu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('sampler_name, model_mesh, sampler_ranks', [
-    ('TorchSampler', 'dp', 1),
-    ('TorchSampler', 'fsdp', 1),  # every model rank exports (gathering FSDP2 shards); rank 0 sends
-    # two vLLM engines (one per sampler rank, prompts split between them), each fed by the broadcast
-    pytest.param('vLLMSampler', 'dp', 2, marks=pytest.mark.skipif(importlib.util.find_spec('vllm') is None,
-                                                                  reason='vllm is not installed')),
-])
-def test_grpo_with_separate_model_and_sampler_groups_syncs_weights(ray_cluster, sampler_name, model_mesh,
-                                                                   sampler_ranks) -> None:
+@pytest.mark.parametrize(
+    'sampler_name, model_mesh, sampler_ranks',
+    [
+        ('TorchSampler', 'dp', 1),
+        ('TorchSampler', 'fsdp', 1),  # every model rank exports (gathering FSDP2 shards); rank 0 sends
+        # two vLLM engines (one per sampler rank, prompts split between them), each fed by the broadcast
+        pytest.param(
+            'vLLMSampler',
+            'dp',
+            2,
+            marks=pytest.mark.skipif(importlib.util.find_spec('vllm') is None, reason='vllm is not installed'),
+        ),
+    ],
+)
+def test_grpo_with_separate_model_and_sampler_groups_syncs_weights(
+    ray_cluster, sampler_name, model_mesh, sampler_ranks
+) -> None:
     spec = importlib.util.spec_from_file_location('ray_grpo_example', EXAMPLES / 'ray_grpo.py')
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    result = example.main(steps=2, prompts_per_step=2, group_size=4, sampler_name=sampler_name,
-                          model_mesh=model_mesh, sampler_ranks=sampler_ranks)
+    result = example.main(
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        sampler_name=sampler_name,
+        model_mesh=model_mesh,
+        sampler_ranks=sampler_ranks,
+    )
     assert len(result['losses']) == 2 and len(result['syncs']) == 3
     first, later = result['syncs'][0], result['syncs'][-1]
     assert first['moved'] and not first['lora_only']  # base + adapter the first time

@@ -4,6 +4,7 @@ The scenario (tests/ray/server_on_ray_scenario.py) runs in its own process becau
 test checks what it measured: the Ray deployment gives the one-process server's results, model 'tiny-b' runs on
 the second node, and killing a training actor is survived.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def results(tmp_path_factory, tiny_model_dir) -> dict:
     pytest.importorskip('ray')
     pytest.importorskip('tinker')
     work = tmp_path_factory.mktemp('server-on-ray')
-    done = subprocess.run([sys.executable, str(SCENARIO), str(tiny_model_dir), str(work)], capture_output=True,
-                          text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(tiny_model_dir), str(work)], capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads((work / 'results.json').read_text())
 
@@ -66,8 +68,12 @@ def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir,
     pytest.importorskip('ray')
     if backend == 'MegatronModel':
         pytest.importorskip('twinkle_megatron')
-    done = subprocess.run([sys.executable, str(SCENARIO), str(tiny_model_dir), str(tmp_path), flag],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(tiny_model_dir), str(tmp_path), flag],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     runs = json.loads((tmp_path / f'{backend}.json').read_text())
     for one, two in zip(runs['1'], runs['2']):

@@ -2,6 +2,7 @@
 
 Used to test the Ray runtime's dispatch/collect machinery independently of the Transformers backend.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,6 +23,7 @@ class LinearRegressor(metaclass=HostedComponentMeta):
         self.mesh = device_mesh or global_device_mesh()
         if self.mesh is not None and self.mesh.world_size > 1:
             from torch.distributed._composable.replicate import replicate
+
             replicate(self.net)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=lr)
 
@@ -31,8 +33,10 @@ class LinearRegressor(metaclass=HostedComponentMeta):
         y = torch.tensor([r['y'] for r in inputs], dtype=torch.float32)
         loss = ((self.net(x).squeeze(-1) - y) ** 2).mean()
         (loss * distributed.data_parallel_loss_scale(len(inputs))).backward()
-        return {'loss': distributed.weighted_mean(loss.item(), len(inputs)),
-                'rank_of_row': [distributed.get_rank()] * len(inputs)}
+        return {
+            'loss': distributed.weighted_mean(loss.item(), len(inputs)),
+            'rank_of_row': [distributed.get_rank()] * len(inputs),
+        }
 
     @remote_method('all', 'first')
     def clip_grad_and_step(self) -> dict[str, Any]:
@@ -65,6 +69,7 @@ class RowSource(metaclass=HostedComponentMeta):
 
     def __init__(self, batches: list[list[dict[str, Any]]], device_mesh: Any = None) -> None:
         from twinkle_core.dispatch import split_for_dp
+
         mesh = device_mesh or global_device_mesh()
         rank = distributed.get_rank()
         world, data_rank = (mesh.data_world_size, mesh.data_rank(rank)) if mesh else (1, 0)
@@ -83,4 +88,3 @@ def make_batches(num_batches: int = 4, batch_size: int = 6, dim: int = 4, seed: 
         y = x @ w_true + 0.5
         out.append([{'x': xi.tolist(), 'y': float(yi)} for xi, yi in zip(x, y)])
     return out
-

@@ -1,4 +1,5 @@
 """GRPO and RLOO advantages against hand-computed examples, and their input errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from twinkle_core.registry import resolve
 
 # Two groups of 3: rewards [1, 0, 0] (mean 1/3, sample std 1/sqrt(3)) and [2, 2, 2] (no signal).
 REWARDS = [1.0, 0.0, 0.0, 2.0, 2.0, 2.0]
-INV_SQRT3 = 3 ** -0.5
+INV_SQRT3 = 3**-0.5
 
 
 def close(got, want, tol=1e-9):
@@ -29,8 +30,10 @@ def test_grpo_group_scale_epsilon_is_added_to_std():
 def test_grpo_batch_and_no_scale():
     # batch std of [1,0,0,2,2,2]: mean 7/6, sum of squares of deviations = 1/36+49/36*2+25/36*3 = 174/36; /5
     batch_std = (174 / 36 / 5) ** 0.5
-    close(GRPOAdvantage(scale='batch', epsilon=0.0)(REWARDS, group_size=3),
-          [(2 / 3) / batch_std, (-1 / 3) / batch_std, (-1 / 3) / batch_std, 0.0, 0.0, 0.0])
+    close(
+        GRPOAdvantage(scale='batch', epsilon=0.0)(REWARDS, group_size=3),
+        [(2 / 3) / batch_std, (-1 / 3) / batch_std, (-1 / 3) / batch_std, 0.0, 0.0, 0.0],
+    )
     close(GRPOAdvantage(scale='none')(REWARDS, group_size=3), [2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
 
 
@@ -68,11 +71,13 @@ def test_resolve_by_name_and_unknown_names():
 def test_the_twinkle_documents_call_form():
     """``advantage_fn(rewards, num_generations=G, scale=...).tolist()``: the scale given per call applies."""
     from twinkle_core.advantage import GRPOAdvantage, RLOOAdvantage
+
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     plain = GRPOAdvantage()(rewards, num_generations=3, scale='none')
     assert plain.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -2 / 3, 1 / 3, 1 / 3])
-    assert GRPOAdvantage(scale='none')(rewards, num_generations=3, scale='group').tolist() == \
-        pytest.approx(GRPOAdvantage()(rewards, group_size=3))
+    assert GRPOAdvantage(scale='none')(rewards, num_generations=3, scale='group').tolist() == pytest.approx(
+        GRPOAdvantage()(rewards, group_size=3)
+    )
     assert RLOOAdvantage()(rewards, num_generations=3).tolist() == RLOOAdvantage()(rewards, group_size=3)
     with pytest.raises(TypeError, match=r'exactly once \(both given\)'):
         GRPOAdvantage()(rewards, group_size=3, num_generations=3)

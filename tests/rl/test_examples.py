@@ -1,4 +1,5 @@
 """The RL examples' claims, on CPU with the tiny fixture models (slow: a few minutes in all)."""
+
 from __future__ import annotations
 
 import importlib.util

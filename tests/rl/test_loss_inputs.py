@@ -1,4 +1,5 @@
 """Bad inputs to RL losses fail loudly with messages that name the field, the loss and the place."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,11 @@ def test_unknown_loss_name_raises_with_close_matches():
 
 def test_wrong_length_advantages():
     inputs, outputs = batch(advantages=torch.ones(2, 3))
-    with pytest.raises(InvalidInputError, match=r"PPOClipLoss: per-token field 'advantages' has shape \(2, 3\) but "
-                                                r'labels have shape \(2, 4\)'):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"PPOClipLoss: per-token field 'advantages' has shape \(2, 3\) but "
+        r'labels have shape \(2, 4\)',
+    ):
         PPOClipLoss()(inputs, outputs)
     inputs, outputs = batch(advantages=None, advantage=[1.0, 2.0, 3.0])
     with pytest.raises(InvalidInputError, match="per-row field 'advantage' has 3 values but the batch has 2 rows"):

@@ -1,4 +1,5 @@
 """RL losses inside a real TransformersModel: rows -> input processor (padded or packed) -> loss."""
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ def test_grpo_on_policy_rows_have_ratio_one_and_loss_minus_mean_advantage(model)
     assert math.isclose(result['loss'], -sum(advantages) / len(advantages), rel_tol=1e-5)
 
 
-@pytest.mark.parametrize('loss, kwargs', [('GRPOLoss', {'beta': 0.1}), ('DPOLoss', {}), ('ppo', {}),
-                                          ('GSPOLoss', {'epsilon': 0.2, 'epsilon_high': 0.3})])
+@pytest.mark.parametrize(
+    'loss, kwargs',
+    [('GRPOLoss', {'beta': 0.1}), ('DPOLoss', {}), ('ppo', {}), ('GSPOLoss', {'epsilon': 0.2, 'epsilon_high': 0.3})],
+)
 def test_padded_and_packed_batches_give_the_same_loss(model, loss, kwargs):
     rows = rows_with_completions(model.tokenizer)
     for i, (row, logps) in enumerate(zip(rows, current_logprobs(model, rows))):

@@ -3,6 +3,7 @@
 The references below loop over rows and tokens and spell out each paper's / Tinker's formula directly; they share
 no code with twinkle_core.loss.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ def make_batch(seed: int, per_row_advantage: bool = False) -> dict:
     labels = torch.randint(0, 50, (B, T), generator=g)
     mask = torch.zeros(B, T, dtype=torch.bool)
     for b in range(B):
-        mask[b, STARTS[b]:ENDS[b]] = True  # prompt positions before, padding after
+        mask[b, STARTS[b] : ENDS[b]] = True  # prompt positions before, padding after
     labels[~mask] = -100
     lp = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 3).masked_fill(~mask, 0.0)
     old = lp.detach() + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4  # ratios well outside clips
@@ -37,8 +38,12 @@ def make_batch(seed: int, per_row_advantage: bool = False) -> dict:
         inputs['advantage'] = adv_row.tolist()
     else:
         inputs['advantages'] = adv_tok
-    return {'inputs': inputs, 'lp': lp.requires_grad_(True), 'mask': mask,
-            'adv': adv_row[:, None].expand(B, T) if per_row_advantage else adv_tok}
+    return {
+        'inputs': inputs,
+        'lp': lp.requires_grad_(True),
+        'mask': mask,
+        'adv': adv_row[:, None].expand(B, T) if per_row_advantage else adv_tok,
+    }
 
 
 def loss_and_grad(loss_fn, batch):
@@ -66,6 +71,7 @@ def clip(x, lo, hi):
 
 # ---- Tinker losses: SUM over tokens ------------------------------------------------------------------------
 
+
 def ref_is(lp, batch):
     q, a = batch['inputs']['old_logps'], batch['adv']
     return -sum(torch.exp(lp[b, t] - q[b, t]) * a[b, t] for row in tokens(batch) for b, t in row)
@@ -80,34 +86,45 @@ def ref_ppo(lo, hi):
                 r = torch.exp(lp[b, t] - q[b, t])
                 total = total - torch.min(r * a[b, t], clip(r, lo, hi) * a[b, t])
         return total
+
     return fn
 
 
 def ref_cispo(lo, hi):
     def fn(lp, batch):
         q, a = batch['inputs']['old_logps'], batch['adv']
-        return -sum(clip(torch.exp(lp[b, t] - q[b, t]), lo, hi).detach() * lp[b, t] * a[b, t]
-                    for row in tokens(batch) for b, t in row)
+        return -sum(
+            clip(torch.exp(lp[b, t] - q[b, t]), lo, hi).detach() * lp[b, t] * a[b, t]
+            for row in tokens(batch)
+            for b, t in row
+        )
+
     return fn
 
 
 def ref_dro(beta):
     def fn(lp, batch):
         q, a = batch['inputs']['old_logps'], batch['adv']
-        return -sum(lp[b, t] * a[b, t] - 0.5 * beta * (lp[b, t] - q[b, t]) ** 2
-                    for row in tokens(batch) for b, t in row)
+        return -sum(
+            lp[b, t] * a[b, t] - 0.5 * beta * (lp[b, t] - q[b, t]) ** 2 for row in tokens(batch) for b, t in row
+        )
+
     return fn
 
 
 @pytest.mark.parametrize('per_row', [False, True])
-@pytest.mark.parametrize('loss_fn, reference', [
-    (ImportanceSamplingLoss(), ref_is),
-    (PPOClipLoss(), ref_ppo(0.8, 1.2)),
-    (PPOClipLoss(clip_low_threshold=0.9, clip_high_threshold=1.5), ref_ppo(0.9, 1.5)),
-    (CISPOLoss(), ref_cispo(0.0, 4.0)),
-    (CISPOLoss(clip_low_threshold=0.5, clip_high_threshold=1.1), ref_cispo(0.5, 1.1)),
-    (DROLoss(beta=0.3), ref_dro(0.3)),
-], ids=['is', 'ppo', 'ppo-custom', 'cispo', 'cispo-custom', 'dro'])
+@pytest.mark.parametrize(
+    'loss_fn, reference',
+    [
+        (ImportanceSamplingLoss(), ref_is),
+        (PPOClipLoss(), ref_ppo(0.8, 1.2)),
+        (PPOClipLoss(clip_low_threshold=0.9, clip_high_threshold=1.5), ref_ppo(0.9, 1.5)),
+        (CISPOLoss(), ref_cispo(0.0, 4.0)),
+        (CISPOLoss(clip_low_threshold=0.5, clip_high_threshold=1.1), ref_cispo(0.5, 1.1)),
+        (DROLoss(beta=0.3), ref_dro(0.3)),
+    ],
+    ids=['is', 'ppo', 'ppo-custom', 'cispo', 'cispo-custom', 'dro'],
+)
 def test_tinker_losses_match_reference(loss_fn, reference, per_row):
     batch = make_batch(seed=1, per_row_advantage=per_row)
     out, grad = loss_and_grad(loss_fn, batch)
@@ -125,8 +142,10 @@ def test_ppo_clips_some_tokens_in_the_test_batch():
     assert 0.1 < out['metrics']['clip_frac'] < 0.9
 
 
-@pytest.mark.parametrize('name, cls', [('importance_sampling', ImportanceSamplingLoss), ('ppo', PPOClipLoss),
-                                       ('cispo', CISPOLoss), ('dro', DROLoss)])
+@pytest.mark.parametrize(
+    'name, cls',
+    [('importance_sampling', ImportanceSamplingLoss), ('ppo', PPOClipLoss), ('cispo', CISPOLoss), ('dro', DROLoss)],
+)
 def test_tinker_names_resolve_to_the_classes(name, cls):
     assert type(resolve('loss', name)) is cls
 
@@ -139,8 +158,10 @@ def test_tinker_config_names_are_constructor_arguments():
 
 # ---- GRPO family -------------------------------------------------------------------------------------------
 
+
 def ref_grpo(eps_low, eps_high, beta, loss_type, max_len=None, on_policy=False):
     """GRPO/DAPO/Dr.GRPO per-token objective with k3 KL, then the loss_type's aggregation."""
+
     def fn(lp, batch):
         inputs, a = batch['inputs'], batch['adv']
         rows = tokens(batch)
@@ -162,17 +183,22 @@ def ref_grpo(eps_low, eps_high, beta, loss_type, max_len=None, on_policy=False):
         if loss_type == 'bnpo':
             return sum(per_row_sums) / sum(per_row_counts)
         return sum(per_row_sums) / (len(rows) * (max_len or max(per_row_counts)))
+
     return fn
 
 
-@pytest.mark.parametrize('kwargs, reference', [
-    ({}, ref_grpo(0.2, 0.2, 0.0, 'grpo')),
-    ({'epsilon_high': 0.28}, ref_grpo(0.2, 0.28, 0.0, 'grpo')),
-    ({'beta': 0.04}, ref_grpo(0.2, 0.2, 0.04, 'grpo')),
-    ({'loss_type': 'bnpo', 'epsilon_high': 0.28, 'beta': 0.1}, ref_grpo(0.2, 0.28, 0.1, 'bnpo')),
-    ({'loss_type': 'dr_grpo'}, ref_grpo(0.2, 0.2, 0.0, 'dr_grpo')),
-    ({'loss_type': 'dr_grpo', 'max_completion_length': 16}, ref_grpo(0.2, 0.2, 0.0, 'dr_grpo', max_len=16)),
-], ids=['grpo', 'dapo-clip', 'kl', 'bnpo', 'dr_grpo', 'dr_grpo-fixed-length'])
+@pytest.mark.parametrize(
+    'kwargs, reference',
+    [
+        ({}, ref_grpo(0.2, 0.2, 0.0, 'grpo')),
+        ({'epsilon_high': 0.28}, ref_grpo(0.2, 0.28, 0.0, 'grpo')),
+        ({'beta': 0.04}, ref_grpo(0.2, 0.2, 0.04, 'grpo')),
+        ({'loss_type': 'bnpo', 'epsilon_high': 0.28, 'beta': 0.1}, ref_grpo(0.2, 0.28, 0.1, 'bnpo')),
+        ({'loss_type': 'dr_grpo'}, ref_grpo(0.2, 0.2, 0.0, 'dr_grpo')),
+        ({'loss_type': 'dr_grpo', 'max_completion_length': 16}, ref_grpo(0.2, 0.2, 0.0, 'dr_grpo', max_len=16)),
+    ],
+    ids=['grpo', 'dapo-clip', 'kl', 'bnpo', 'dr_grpo', 'dr_grpo-fixed-length'],
+)
 @pytest.mark.parametrize('per_row', [False, True])
 def test_grpo_matches_reference(kwargs, reference, per_row):
     batch = make_batch(seed=2, per_row_advantage=per_row)
@@ -196,6 +222,7 @@ def test_grpo_without_old_logps_is_on_policy():
 
 def ref_gspo(eps_low, eps_high):
     """Sequence-level GSPO: s_i = exp(mean_t(lp - old)); loss = -mean_i min(s_i A_i, clip(s_i) A_i)."""
+
     def fn(lp, batch):
         inputs, a = batch['inputs'], batch['adv']
         losses = []
@@ -205,6 +232,7 @@ def ref_gspo(eps_low, eps_high):
             adv = a[row[0]]
             losses.append(-torch.min(s * adv, clip(s, 1 - eps_low, 1 + eps_high) * adv))
         return sum(losses) / len(losses)
+
     return fn
 
 
@@ -225,20 +253,25 @@ def test_wide_clip_gspo_leaves_some_sequences_unclipped():
 
 # ---- packed (padding-free) layout --------------------------------------------------------------------------
 
+
 def pack(batch):
     """The same rows packed into one sequence [1, sum(T)] with row_index; padding positions dropped."""
     order = [(b, t) for b in range(B) for t in range(ENDS[b])]
     idx_b = torch.tensor([b for b, _ in order])
     idx_t = torch.tensor([t for _, t in order])
-    inputs = {k: (v[idx_b, idx_t][None] if torch.is_tensor(v) and v.dim() == 2 else v)
-              for k, v in batch['inputs'].items()}
+    inputs = {
+        k: (v[idx_b, idx_t][None] if torch.is_tensor(v) and v.dim() == 2 else v) for k, v in batch['inputs'].items()
+    }
     inputs['row_index'] = idx_b[None]
     lp = batch['lp'].detach()[idx_b, idx_t][None].clone().requires_grad_(True)
     return {'inputs': inputs, 'lp': lp, 'mask': batch['mask'][idx_b, idx_t][None], 'index': (idx_b, idx_t)}
 
 
-@pytest.mark.parametrize('loss_fn', [GRPOLoss(beta=0.04), GRPOLoss(loss_type='dr_grpo'), GSPOLoss(0.2, 0.3),
-                                     PPOClipLoss(), DROLoss(0.1)], ids=['grpo', 'dr_grpo', 'gspo', 'ppo', 'dro'])
+@pytest.mark.parametrize(
+    'loss_fn',
+    [GRPOLoss(beta=0.04), GRPOLoss(loss_type='dr_grpo'), GSPOLoss(0.2, 0.3), PPOClipLoss(), DROLoss(0.1)],
+    ids=['grpo', 'dr_grpo', 'gspo', 'ppo', 'dro'],
+)
 @pytest.mark.parametrize('per_row', [False, True])
 def test_packed_layout_gives_the_padded_result(loss_fn, per_row):
     padded = make_batch(seed=5, per_row_advantage=per_row)

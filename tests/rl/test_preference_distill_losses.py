@@ -1,4 +1,5 @@
 """DPO-family and GKD losses against straightforward float64 references: values AND gradients."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def preference_batch(seed: int) -> dict:
         mask[r, start:end] = True
     labels = torch.randint(0, 50, (rows, T), generator=g).masked_fill(~mask, -100)
     lp = (-torch.rand(rows, T, generator=g, dtype=torch.float64) * 2).masked_fill(~mask, 0.0)
-    ref = (-torch.rand(rows, T, generator=g, dtype=torch.float64) * 2)
+    ref = -torch.rand(rows, T, generator=g, dtype=torch.float64) * 2
     ref[~mask] = float('nan')
     return {'inputs': {'labels': labels, 'ref_logps': ref}, 'lp': lp.requires_grad_(True), 'mask': mask}
 
@@ -55,20 +56,34 @@ def ref_dpo(beta, loss_type, label_smoothing=0.0, reference_free=False, gamma=0.
                 continue
             total = total - (1 - label_smoothing) * log_sigmoid(z) - label_smoothing * log_sigmoid(-z)
         return total / PAIRS
+
     return fn
 
 
-@pytest.mark.parametrize('kwargs', [
-    {}, {'beta': 0.5, 'label_smoothing': 0.1}, {'reference_free': True}, {'loss_type': 'ipo', 'beta': 0.2},
-    {'loss_type': 'simpo', 'beta': 2.0, 'simpo_gamma': 1.0}, {'loss_type': 'simpo', 'label_smoothing': 0.2},
-], ids=['sigmoid', 'smoothed', 'reference-free', 'ipo', 'simpo', 'simpo-smoothed'])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        {},
+        {'beta': 0.5, 'label_smoothing': 0.1},
+        {'reference_free': True},
+        {'loss_type': 'ipo', 'beta': 0.2},
+        {'loss_type': 'simpo', 'beta': 2.0, 'simpo_gamma': 1.0},
+        {'loss_type': 'simpo', 'label_smoothing': 0.2},
+    ],
+    ids=['sigmoid', 'smoothed', 'reference-free', 'ipo', 'simpo', 'simpo-smoothed'],
+)
 def test_dpo_matches_reference(kwargs):
     batch = preference_batch(seed=0)
     loss_fn = DPOLoss(**kwargs)
     out = loss_fn(batch['inputs'], {'logps': batch['lp']})
     (grad,) = torch.autograd.grad(out['loss'], batch['lp'])
-    reference = ref_dpo(kwargs.get('beta', 0.1), kwargs.get('loss_type', 'sigmoid'), kwargs.get('label_smoothing', 0.0),
-                        kwargs.get('reference_free', False), kwargs.get('simpo_gamma', 0.5))
+    reference = ref_dpo(
+        kwargs.get('beta', 0.1),
+        kwargs.get('loss_type', 'sigmoid'),
+        kwargs.get('label_smoothing', 0.0),
+        kwargs.get('reference_free', False),
+        kwargs.get('simpo_gamma', 0.5),
+    )
     want = reference(batch['lp'], batch)
     (want_grad,) = torch.autograd.grad(want, batch['lp'])
     torch.testing.assert_close(out['loss'], want, rtol=1e-10, atol=1e-12)
@@ -106,6 +121,7 @@ def test_dpo_rejects_unpaired_rows_and_empty_completions():
 
 # ---- GKD ---------------------------------------------------------------------------------------------------
 
+
 def distill_batch(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     rows = 3
@@ -141,14 +157,19 @@ def ref_gkd(student_logits, batch, beta, temperature):
     return total / count
 
 
-@pytest.mark.parametrize('beta, temperature', [(0.5, 1.0), (0.1, 2.0), (0.0, 1.0), (1.0, 0.7)],
-                         ids=['jsd', 'jsd-0.1-T2', 'forward-kl', 'reverse-kl'])
+@pytest.mark.parametrize(
+    'beta, temperature',
+    [(0.5, 1.0), (0.1, 2.0), (0.0, 1.0), (1.0, 0.7)],
+    ids=['jsd', 'jsd-0.1-T2', 'forward-kl', 'reverse-kl'],
+)
 def test_gkd_matches_reference(beta, temperature):
     batch = distill_batch(seed=3)
     loss_fn = GKDLoss(beta=beta, temperature=temperature)
     assert loss_fn.needs_logits
-    out = loss_fn({'labels': batch['labels'], 'teacher_logits': batch['teacher']},
-                  {'logps': torch.zeros(batch['labels'].shape, dtype=torch.float64), 'logits': batch['student']})
+    out = loss_fn(
+        {'labels': batch['labels'], 'teacher_logits': batch['teacher']},
+        {'logps': torch.zeros(batch['labels'].shape, dtype=torch.float64), 'logits': batch['student']},
+    )
     (grad,) = torch.autograd.grad(out['loss'], batch['student'])
     want = ref_gkd(batch['student'], batch, beta, temperature)
     (want_grad,) = torch.autograd.grad(want, batch['student'])
@@ -159,11 +180,15 @@ def test_gkd_matches_reference(beta, temperature):
 def test_gkd_is_zero_when_student_equals_teacher_and_checks_shapes():
     batch = distill_batch(seed=4)
     teacher = torch.nan_to_num(batch['teacher'])
-    out = GKDLoss()({'labels': batch['labels'], 'teacher_logits': teacher},
-                    {'logps': torch.zeros(batch['labels'].shape), 'logits': teacher.clone()})
+    out = GKDLoss()(
+        {'labels': batch['labels'], 'teacher_logits': teacher},
+        {'logps': torch.zeros(batch['labels'].shape), 'logits': teacher.clone()},
+    )
     assert abs(float(out['loss'])) < 1e-12
     with pytest.raises(InvalidInputError, match='teacher_logits have shape'):
-        GKDLoss()({'labels': batch['labels'], 'teacher_logits': teacher[..., :5]},
-                  {'logps': torch.zeros(batch['labels'].shape), 'logits': teacher})
+        GKDLoss()(
+            {'labels': batch['labels'], 'teacher_logits': teacher[..., :5]},
+            {'logps': torch.zeros(batch['labels'].shape), 'logits': teacher},
+        )
     with pytest.raises(InvalidInputError, match="GKDLoss needs the input field 'teacher_logits'"):
         GKDLoss()({'labels': batch['labels']}, {'logps': torch.zeros(batch['labels'].shape), 'logits': teacher})

@@ -1,4 +1,5 @@
 """Accuracy and format rewards on example completions."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,13 +20,13 @@ def test_gsm8k_accuracy_reads_answer_tags_markers_boxes_and_last_numbers():
     reward = GSM8KAccuracyReward()
     gt = {'answer': 'Natalia sold 48/2 = 24 clips in May.\n#### 72'}  # the raw GSM8K solution field
     completions = [
-        '<think>48 + 24</think><answer>72</answer>',         # answer tag
-        'so she sold 48+24 = 72 clips.\n#### 72',             # GSM8K marker
-        'The total is \\boxed{72}.',                          # boxed
-        'First 48, then 24, in total 72 clips',              # last number
-        '<answer>The answer is 72.</answer>',                 # number inside the tag
-        'It is 1,072 or so... #### 1,072',                    # wrong, with thousands separator
-        '<answer>71</answer> but 72 later',                   # the tag wins over later numbers
+        '<think>48 + 24</think><answer>72</answer>',  # answer tag
+        'so she sold 48+24 = 72 clips.\n#### 72',  # GSM8K marker
+        'The total is \\boxed{72}.',  # boxed
+        'First 48, then 24, in total 72 clips',  # last number
+        '<answer>The answer is 72.</answer>',  # number inside the tag
+        'It is 1,072 or so... #### 1,072',  # wrong, with thousands separator
+        '<answer>71</answer> but 72 later',  # the tag wins over later numbers
         'no idea',
     ]
     assert reward([traj(c, **gt) for c in completions]) == [1, 1, 1, 1, 1, 0, 0, 0]
@@ -63,8 +64,12 @@ def test_answer_helpers():
 def test_format_rewards():
     fmt = FormatReward()
     gsm8k = GSM8KFormatReward()
-    completions = ['<think>because</think>\n<answer>42</answer>', '<answer>42</answer>',
-                   '<think>x</think><answer>forty two</answer>', 'text <think>x</think><answer>4</answer>']
+    completions = [
+        '<think>because</think>\n<answer>42</answer>',
+        '<answer>42</answer>',
+        '<think>x</think><answer>forty two</answer>',
+        'text <think>x</think><answer>4</answer>',
+    ]
     trajectories = [traj(c) for c in completions]
     assert fmt(trajectories) == [1.0, 0.0, 1.0, 0.0]
     assert gsm8k(trajectories) == [1.0, 0.0, 0.0, 0.0]

@@ -1,4 +1,5 @@
 """RL metrics: completion reward statistics and policy-update diagnostics against direct computations."""
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,11 @@ def test_policy_update_metric_reports_only_what_the_batch_allows():
 def test_completion_reward_metric_takes_named_rewards_as_keywords():
     """The Twinkle documents' form: ``accumulate(completion_lengths=..., rewards={name: [...]})``."""
     metric = resolve('metric', 'CompletionRewardMetric')
-    metric.accumulate(completion_lengths=[3, 5, 4, 6], group_size=2,
-                      rewards={'total': [1.0, 1.0, 0.0, 2.0], 'format': [1.0, 1.0, 0.0, 1.0]})
+    metric.accumulate(
+        completion_lengths=[3, 5, 4, 6],
+        group_size=2,
+        rewards={'total': [1.0, 1.0, 0.0, 2.0], 'format': [1.0, 1.0, 0.0, 1.0]},
+    )
     out = metric.calculate()
     assert out['reward/total/mean'] == 1.0 and out['reward/format/max'] == 1.0
     assert out['completion_length/mean'] == 4.5 and out['reward/zero_std_group_frac'] == 0.5  # from 'total'

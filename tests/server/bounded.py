@@ -1,4 +1,5 @@
 """Test helpers that bound what a test waits for: a call with a deadline, and a small real disk (a tmpfs)."""
+
 from __future__ import annotations
 
 import contextlib

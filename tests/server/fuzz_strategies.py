@@ -6,6 +6,7 @@ real ids of the caller and of another tenant).
 `properties`/`required`/`additionalProperties`, `items`, `enum`, `const`, `anyOf`/`oneOf`, `$ref` into `$defs`,
 and `format: binary` (base64 text).
 """
+
 from __future__ import annotations
 
 import base64
@@ -14,12 +15,13 @@ from typing import Any
 from hypothesis import strategies as st
 
 #: numbers a client can put in any numeric field: the edges of every integer and float type the server converts to
-EXTREME_NUMBERS = st.sampled_from([0, -1, 1, 2 ** 31, 2 ** 63, -(2 ** 63), 10 ** 30, 1e-300, 3e38, 1e300, -1e300,
-                                   0.5, 1e9])
+EXTREME_NUMBERS = st.sampled_from([0, -1, 1, 2**31, 2**63, -(2**63), 10**30, 1e-300, 3e38, 1e300, -1e300, 0.5, 1e9])
 TEXT = st.text(max_size=40)
 ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70) | EXTREME_NUMBERS | TEXT,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12)
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | EXTREME_NUMBERS | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def from_json_schema(schema: dict[str, Any], ids: st.SearchStrategy[str] = TEXT) -> st.SearchStrategy[Any]:
@@ -28,8 +30,9 @@ def from_json_schema(schema: dict[str, Any], ids: st.SearchStrategy[str] = TEXT)
     return _node(schema, schema.get('$defs', {}), ids, depth=0, name='')
 
 
-def _node(node: dict[str, Any], defs: dict[str, Any], ids: st.SearchStrategy[str], depth: int,
-          name: str) -> st.SearchStrategy[Any]:
+def _node(
+    node: dict[str, Any], defs: dict[str, Any], ids: st.SearchStrategy[str], depth: int, name: str
+) -> st.SearchStrategy[Any]:
     if '$ref' in node:
         return st.deferred(lambda: _node(defs[node['$ref'].rsplit('/', 1)[-1]], defs, ids, depth + 1, name))
     if 'const' in node:
@@ -60,14 +63,14 @@ def _node(node: dict[str, Any], defs: dict[str, Any], ids: st.SearchStrategy[str
     return ANY_JSON
 
 
-def _object(node: dict[str, Any], defs: dict[str, Any], ids: st.SearchStrategy[str],
-            depth: int) -> st.SearchStrategy[dict[str, Any]]:
+def _object(
+    node: dict[str, Any], defs: dict[str, Any], ids: st.SearchStrategy[str], depth: int
+) -> st.SearchStrategy[dict[str, Any]]:
     props = node.get('properties', {})
     required = [k for k in node.get('required', []) if k in props]
     optional = [k for k in props if k not in required]
     fields = {k: _node(v, defs, ids, depth + 1, k) for k, v in props.items()}
-    return st.fixed_dictionaries({k: fields[k] for k in required},
-                                 optional={k: fields[k] for k in optional})
+    return st.fixed_dictionaries({k: fields[k] for k in required}, optional={k: fields[k] for k in optional})
 
 
 def bent(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

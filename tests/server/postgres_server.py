@@ -6,6 +6,7 @@ The binaries are looked up in `$TWINKLE_PG_BIN`, on `PATH`, then in Debian's `/u
 (newest first); `find_bin_dir` returns None when there are none (the tests then skip; `.ci/run` installs Debian's
 `postgresql` package). PostgreSQL refuses to run as root: as root, the server runs as `nobody` (`runuser`).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,11 @@ def find_bin_dir() -> Path | None:
         candidates.append(Path(on_path).resolve().parent)
     debian = Path('/usr/lib/postgresql')
     if debian.is_dir():
-        versions = sorted((p for p in debian.iterdir() if p.name.split('.')[0].isdigit()),
-                          key=lambda p: [int(x) for x in p.name.split('.') if x.isdigit()], reverse=True)
+        versions = sorted(
+            (p for p in debian.iterdir() if p.name.split('.')[0].isdigit()),
+            key=lambda p: [int(x) for x in p.name.split('.') if x.isdigit()],
+            reverse=True,
+        )
         candidates += [v / 'bin' for v in versions]
     return next((d for d in candidates if all((d / b).is_file() for b in BINARIES)), None)
 
@@ -39,8 +43,10 @@ def find_bin_dir() -> Path | None:
 def why_unavailable() -> str | None:
     """None when a server can be started here, else the reason (for pytest.skip)."""
     if find_bin_dir() is None:
-        return ('PostgreSQL binaries (initdb, pg_ctl, postgres) not found on PATH, in $TWINKLE_PG_BIN or in '
-                '/usr/lib/postgresql/*/bin: apt-get install postgresql (what .ci/run does)')
+        return (
+            'PostgreSQL binaries (initdb, pg_ctl, postgres) not found on PATH, in $TWINKLE_PG_BIN or in '
+            '/usr/lib/postgresql/*/bin: apt-get install postgresql (what .ci/run does)'
+        )
     if os.geteuid() == 0 and _as_unprivileged() is None:
         return f'running as root without runuser or setpriv (to start PostgreSQL as {UNPRIVILEGED_USER})'
     try:
@@ -78,10 +84,13 @@ class PostgresServer:
             user = pwd.getpwnam(UNPRIVILEGED_USER)
             os.chown(self.root, user.pw_uid, user.pw_gid)
             self._as_user = _as_unprivileged() or []
-        self._run('initdb', '-D', str(self.data), '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--locale=C',
-                  '--no-sync')
-        options = (f'-p {port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off '
-                   f'-c synchronous_commit=off -c full_page_writes=off -c max_connections=200')
+        self._run(
+            'initdb', '-D', str(self.data), '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--locale=C', '--no-sync'
+        )
+        options = (
+            f'-p {port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off '
+            f'-c synchronous_commit=off -c full_page_writes=off -c max_connections=200'
+        )
         self._run('pg_ctl', '-D', str(self.data), '-l', str(self.log), '-w', '-t', '60', '-o', options, 'start')
 
     def _run(self, binary: str, *args: str) -> None:
@@ -97,6 +106,7 @@ class PostgresServer:
     def create_database(self, name: str | None = None) -> str:
         """A new empty database; returns its URL."""
         import psycopg
+
         name = name or f'twinkle_{uuid.uuid4().hex[:12]}'
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')

@@ -4,6 +4,7 @@ backend. The unmodified tinker SDK trains on it (the loss falls; the engine call
 declares mixed adapters). `TransformersModel` trains one adapter: a second training model is refused with a 403
 that names the backend and its limit; `MegatronModel` trains a second adapter beside the first, which stays as it
 was."""
+
 from __future__ import annotations
 
 import logging
@@ -25,29 +26,38 @@ def single_adapter_server(request, tmp_path_factory, tiny_model_dir):
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port, start_process
     from twinkle_server.store import Store
+
     logging.getLogger('tinker').setLevel(logging.ERROR)
     data_dir, port = tmp_path_factory.mktemp('single-backend'), free_port()
     store = Store(str(data_dir))
     key = create_api_key(store, 'dora')
     store.close()
-    proc = start_process({MODEL: str(tiny_model_dir)}, str(data_dir), port,
-                         extra_args=('--backend', backend, '--backend-args', '{"max_length": 256}',
-                                     '--sampler', 'TorchSampler'))
+    proc = start_process(
+        {MODEL: str(tiny_model_dir)},
+        str(data_dir),
+        port,
+        extra_args=('--backend', backend, '--backend-args', '{"max_length": 256}', '--sampler', 'TorchSampler'),
+    )
     yield f'http://127.0.0.1:{port}', key, backend
     proc.terminate()
     proc.wait(timeout=30)
 
 
 def test_the_backend_trains_through_the_sdk_and_hosts_the_adapters_it_declares(
-        single_adapter_server, tiny_model_dir, sft_data):
+    single_adapter_server, tiny_model_dir, sft_data
+):
     url, key, backend = single_adapter_server
     client = tinker.ServiceClient(base_url=url, api_key=key)
     tc = client.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
     answer_logprob = []
     for _ in range(4):
         out = tc.forward_backward(sft_data, 'cross_entropy').result()
-        answer_logprob.append(sum(float(np.dot(o['logprobs'].to_numpy(), d.loss_fn_inputs['weights'].to_numpy()))
-                          for o, d in zip(out.loss_fn_outputs, sft_data)))
+        answer_logprob.append(
+            sum(
+                float(np.dot(o['logprobs'].to_numpy(), d.loss_fn_inputs['weights'].to_numpy()))
+                for o, d in zip(out.loss_fn_outputs, sft_data)
+            )
+        )
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     # the answers' summed logprob rises: the loss falls (at lr 1e-2 Adam moves every LoRA weight by ~lr per step,
     # so the curve is not monotonic; the backends initialise adapters differently and take different paths)
@@ -73,6 +83,7 @@ def test_the_backend_trains_through_the_sdk_and_hosts_the_adapters_it_declares(
     for before, after in zip(first_before, first_after):
         np.testing.assert_allclose(after['logprobs'].to_numpy(), before['logprobs'].to_numpy(), atol=1e-6)
     second_out = second.forward(sft_data, 'cross_entropy').result().loss_fn_outputs
-    assert any(not np.allclose(s['logprobs'].to_numpy(), f['logprobs'].to_numpy(), atol=1e-3)
-               for s, f in zip(second_out, first_after))
-
+    assert any(
+        not np.allclose(s['logprobs'].to_numpy(), f['logprobs'].to_numpy(), atol=1e-3)
+        for s, f in zip(second_out, first_after)
+    )

@@ -5,6 +5,7 @@ metadata waits in memory); a checkpoint save is refused 507 (retryable: the SDK 
 keep-alive connection. Once space is freed the waiting metadata reaches the database by itself, the retried save
 succeeds, and a restarted server sees what was created while the disk was full.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,6 +67,7 @@ def test_a_full_disk_refuses_only_saves_and_recovers_by_itself(small_disk, tiny_
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+
     data_dir = small_disk / 'data'
     config = ServerConfig(models={MODEL: str(tiny_model_dir)}, data_dir=str(data_dir), port=free_port())
     running = start_in_thread(config)
@@ -82,20 +84,31 @@ def test_a_full_disk_refuses_only_saves_and_recovers_by_itself(small_disk, tiny_
         filler = _fill(small_disk)
         # ---- the disk is full: everything that needs no new file keeps working, for both tenants ----
         bob2 = tinker.ServiceClient(base_url=running.base_url, api_key=keys['bob'])  # a new session
-        tc_b2 = within(BOUND_S, lambda: bob2.create_lora_training_client(base_model=MODEL, rank=4, seed=2).result(),
-                       'a new training client (create_session + create_model) on a full disk')
+        tc_b2 = within(
+            BOUND_S,
+            lambda: bob2.create_lora_training_client(base_model=MODEL, rank=4, seed=2).result(),
+            'a new training client (create_session + create_model) on a full disk',
+        )
         for tc in (tc_b2, tc_b, tc_a):
-            assert within(BOUND_S, lambda tc=tc: _step(tc, sft_data), 'forward_backward + optim_step on a full disk') > 0
+            assert (
+                within(BOUND_S, lambda tc=tc: _step(tc, sft_data), 'forward_backward + optim_step on a full disk') > 0
+            )
         prompt = types.ModelInput.from_ints(tokenizer.encode('User: Who are you?\nAssistant:'))
         params = types.SamplingParams(max_tokens=4, seed=0)
-        for make in (lambda: alice.create_sampling_client(model_path=sampler_path),
-                     lambda: bob2.create_sampling_client(base_model=MODEL)):
-            res = within(BOUND_S, lambda make=make: make().result().sample(prompt, num_samples=2, sampling_params=params)
-                         .result(), 'sampling on a full disk')
+        for make in (
+            lambda: alice.create_sampling_client(model_path=sampler_path),
+            lambda: bob2.create_sampling_client(base_model=MODEL),
+        ):
+            res = within(
+                BOUND_S,
+                lambda make=make: make().result().sample(prompt, num_samples=2, sampling_params=params).result(),
+                'sampling on a full disk',
+            )
             assert len(res.sequences) == 2
 
-        with httpx.Client(base_url=running.base_url + '/api/v1', headers={'X-API-Key': keys['bob']},
-                          timeout=BOUND_S) as http:
+        with httpx.Client(
+            base_url=running.base_url + '/api/v1', headers={'X-API-Key': keys['bob']}, timeout=BOUND_S
+        ) as http:
             made = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'})
             assert made.status_code == 200, made.text
             refused = http.post('/save_weights', json={'model_id': tc_b.model_id, 'path': 'full'})
@@ -148,6 +161,7 @@ def test_the_store_keeps_refused_writes_in_order_and_writes_them_once_when_space
     from twinkle_server.db.writebehind import BacklogFull
     from twinkle_server.errors import as_api_error
     from twinkle_server.store import Store
+
     store = Store(small_disk / 'data', write_behind=True)
     try:
         store.add_session('s1', 'alice', [], None)
@@ -192,6 +206,7 @@ def test_the_store_keeps_refused_writes_in_order_and_writes_them_once_when_space
 def test_a_waiting_write_that_no_longer_applies_is_dropped_not_blocking_the_rest(small_disk, monkeypatch):
     from twinkle_server.db import writebehind
     from twinkle_server.store import Store
+
     monkeypatch.setattr(writebehind, 'FLUSH_EVERY_S', 3600.0)  # only the writes below retry
     store = Store(small_disk / 'data', write_behind=True)
     try:

@@ -3,6 +3,7 @@ second signal) and for real: a `serve()` subprocess gets SIGTERM with forward/ba
 answered 503, accepted work finishes or fails with the shutdown message (read back from a restarted server on the
 same data dir), and the process exits within the drain timeout.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,23 +32,34 @@ from twinkle_server.engine.base import Engine
 # ---- the drain ----------------------------------------------------------------------------------------------------
 class ScriptedEngine(Engine):
     """No model: adapters are names, an optimizer step sleeps `STEP_S`; enough for queueing and shutdown paths."""
+
     base_model, model_dir, max_context_length = 'scripted', '.', 128
     STEP_S = 0.4
 
     def add_adapter(self, adapter, lora): ...
     def remove_adapter(self, adapter): ...
-    def has_adapter(self, adapter): return False
-    def forward_backward(self, batches): raise NotImplementedError
-    def optim_step(self, adapter, step): return time.sleep(self.STEP_S) or {}
+    def has_adapter(self, adapter):
+        return False
+
+    def forward_backward(self, batches):
+        raise NotImplementedError
+
+    def optim_step(self, adapter, step):
+        return time.sleep(self.STEP_S) or {}
+
     def save_state(self, adapter, directory, *, optimizer): ...
     def load_state(self, adapter, directory, *, optimizer): ...
-    def sample(self, jobs): raise NotImplementedError
-    def native_call(self, adapter, method, args, kwargs): raise NotImplementedError
+    def sample(self, jobs):
+        raise NotImplementedError
+
+    def native_call(self, adapter, method, args, kwargs):
+        raise NotImplementedError
 
 
 def _futures(data_dir, tenant: str, ids: list[str]) -> list[tuple[str, Any]]:
     """(state, JSON body) of each future, read from the store of a stopped server; none may be pending."""
     from twinkle_server.store import Store
+
     store = Store.open(None, str(data_dir))
     try:
         rows = [store.future(rid, tenant) for rid in ids]
@@ -60,6 +72,7 @@ def _futures(data_dir, tenant: str, ids: list[str]) -> list[tuple[str, Any]]:
 def test_drain_finishes_accepted_work_and_fails_the_rest_clearly(tmp_path):
     from twinkle_server import ServerConfig
     from twinkle_server.launch import free_port, start_in_thread
+
     config = ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port(), drain_timeout_s=1.5)
     running = start_in_thread(config, engines={'scripted': ScriptedEngine()})
     svc, gate = running.service, threading.Event()
@@ -68,10 +81,13 @@ def test_drain_finishes_accepted_work_and_fails_the_rest_clearly(tmp_path):
     def on_loop(fn):
         async def call():
             return fn()
+
         return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=10)
 
-    quick = [on_loop(lambda: svc.enqueue('t', 'scripted', call=lambda e: time.sleep(0.05) or 'ok', op='quick'))
-             for _ in range(3)]
+    quick = [
+        on_loop(lambda: svc.enqueue('t', 'scripted', call=lambda e: time.sleep(0.05) or 'ok', op='quick'))
+        for _ in range(3)
+    ]
     stuck = on_loop(lambda: svc.enqueue('t', 'scripted', call=lambda e: gate.wait(30), op='stuck'))
     behind = on_loop(lambda: svc.enqueue('t', 'scripted', call=lambda e: 'never', op='behind'))
     on_loop(lambda: svc.workers['scripted'].start_sequence('m', 1))  # seq_id 1 never comes: 2 waits in vain
@@ -107,6 +123,7 @@ def test_a_signal_drains_and_a_second_one_stops_at_once(tmp_path):
 
     from twinkle_server import ServerConfig, create_app
     from twinkle_server.launch import DrainingServer, free_port
+
     config = ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port(), drain_timeout_s=60)
     app = create_app(config, engines={'scripted': ScriptedEngine()})
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level='warning'), app)
@@ -127,8 +144,9 @@ def test_a_signal_drains_and_a_second_one_stops_at_once(tmp_path):
     thread.join(timeout=30)
     gate.set()
     assert not thread.is_alive() and time.monotonic() - start < 5
-    assert _futures(tmp_path, 't', [stuck]) == [('failed', {'error': SHUTDOWN_RUNNING, 'category': 'server',
-                                                            'status': 503})]
+    assert _futures(tmp_path, 't', [stuck]) == [
+        ('failed', {'error': SHUTDOWN_RUNNING, 'category': 'server', 'status': 503})
+    ]
 
 
 async def _enqueue(svc, fn) -> str:
@@ -154,8 +172,11 @@ def _launch(model_dir, data_dir, port: int, drain_s: float, name: str = MODEL) -
     """`serve()` in a subprocess (JSON logs into the returned temporary file), once it answers health checks.
     `model_dir='scripted'` serves a `ScriptedEngine` instead of loading a model."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, '-c', LAUNCH, name, str(model_dir), str(data_dir), str(port),
-                             str(drain_s)], stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', LAUNCH, name, str(model_dir), str(data_dir), str(port), str(drain_s)],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, _tail(log)
@@ -176,6 +197,7 @@ def _tail(log) -> str:
 def _key(data_dir, tenant: str) -> str:
     from twinkle_server.auth import create_api_key
     from twinkle_server.store import Store
+
     store = Store.open(None, str(data_dir))
     try:
         return create_api_key(store, tenant)
@@ -186,6 +208,7 @@ def _key(data_dir, tenant: str) -> str:
 def test_sigterm_drains_then_exits_and_a_restarted_server_answers_every_future(tmp_path, tiny_model_dir):
     from twinkle_server import ServerConfig
     from twinkle_server.launch import free_port, start_in_thread
+
     key = _key(tmp_path, 'dana')
     drain_s, port = 3.0, free_port()
     url = f'http://127.0.0.1:{port}'
@@ -227,12 +250,16 @@ def test_sigterm_drains_then_exits_and_a_restarted_server_answers_every_future(t
     records = [json.loads(line) for line in log.read().decode().splitlines() if line.startswith('{')]
     began = next(i for i, r in enumerate(records) if r['logger'] == 'twinkle_server.drain' and 'draining' in r['msg'])
     # accepted work went on running during the drain (engine lines, with the requests' ids, after it began)
-    assert any(r['msg'].startswith('engine forward_backward') and r['request_id'] and r['tenant'] == 'dana'
-               for r in records[began:]), records[began:]
+    assert any(
+        r['msg'].startswith('engine forward_backward') and r['request_id'] and r['tenant'] == 'dana'
+        for r in records[began:]
+    ), records[began:]
 
     # a restarted server on the same data dir (no model needed to answer futures)
-    restarted = start_in_thread(ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port()),
-                                engines={'scripted': ScriptedEngine()})
+    restarted = start_in_thread(
+        ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port()),
+        engines={'scripted': ScriptedEngine()},
+    )
     try:
         with httpx.Client(base_url=f'{restarted.base_url}/api/v1', headers={'X-API-Key': key}, timeout=60) as http:
             answers = [http.post('/retrieve_future', json={'request_id': rid}) for rid in ids]
@@ -247,6 +274,7 @@ def test_sigterm_drains_then_exits_and_a_restarted_server_answers_every_future(t
 def test_cli_passes_the_log_format(monkeypatch, tmp_path, tiny_model_dir):
     import twinkle_server.launch
     from twinkle_core.cli.main import main
+
     calls = []
     monkeypatch.setattr(twinkle_server.launch, 'serve', lambda config, **kw: calls.append(kw))
     argv = ['server', 'start', '--model', f'{MODEL}={tiny_model_dir}', '--data-dir', str(tmp_path)]

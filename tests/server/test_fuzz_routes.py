@@ -14,6 +14,7 @@ and a second tenant (bob) keeps completing training steps between alice's reques
 same requests every CI run); `TWINKLE_FUZZ_EXAMPLES` sets the number of drawn requests per route (default 30,
 about three minutes in all) and `TWINKLE_FUZZ_SEED` explores other requests.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,6 +53,7 @@ class Request:
 @dataclass
 class Fuzz:
     """The server, alice's clients and objects (the fuzzed tenant), and bob's (who must keep training)."""
+
     base_url: str
     alice: httpx.Client
     bob: httpx.Client
@@ -76,8 +78,13 @@ def fuzz(tmp_path_factory, tiny_model_dir):
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
-    config = ServerConfig(models={MODEL: str(tiny_model_dir)}, data_dir=str(tmp_path_factory.mktemp('fuzz-data')),
-                          port=free_port(), max_body_bytes=2 * 1024 * 1024)
+
+    config = ServerConfig(
+        models={MODEL: str(tiny_model_dir)},
+        data_dir=str(tmp_path_factory.mktemp('fuzz-data')),
+        port=free_port(),
+        max_body_bytes=2 * 1024 * 1024,
+    )
     running = start_in_thread(config)
     timeout = httpx.Timeout(DEADLINE_S)
     keys = {who: create_api_key(running.service.store, who) for who in ('alice', 'bob')}
@@ -86,16 +93,40 @@ def fuzz(tmp_path_factory, tiny_model_dir):
     api = httpx.Client(base_url=running.base_url + '/api/v1', headers={'X-API-Key': keys['alice']}, timeout=timeout)
     session, model = new_model(api, MODEL)
     _, bob_model = new_model(bob, MODEL, seed=3)
-    sampling = api.post('/create_sampling_session', json={'session_id': session, 'sampling_session_seq_id': 0,
-                                                          'base_model': MODEL}).json()['sampling_session_id']
+    sampling = api.post(
+        '/create_sampling_session', json={'session_id': session, 'sampling_session_seq_id': 0, 'base_model': MODEL}
+    ).json()['sampling_session_id']
     native_model = alice.post('/twinkle/v1/models', json={'base_model': MODEL, 'config': {'r': 2}}).json()['model_id']
     sampler = alice.post('/twinkle/v1/samplers', json={'base_model': MODEL}).json()['sampler_id']
     save = bob.post('/save_weights', json={'model_id': bob_model, 'seq_id': 1, 'path': 'bob-ck'})
     bob_checkpoint = result(bob, save.json()['request_id'])['path']
-    real_ids = [session, model, sampling, native_model, sampler, bob_model, bob_checkpoint, MODEL,
-                f'tinker://{model}/weights/nope', f'{session}:train:7', 'hf://secretdir/.', '../../etc/passwd']
-    yield Fuzz(running.base_url, alice, bob, st.sampled_from(real_ids), session, model, sampling, native_model,
-               sampler, bob_model, bob_seq=2)
+    real_ids = [
+        session,
+        model,
+        sampling,
+        native_model,
+        sampler,
+        bob_model,
+        bob_checkpoint,
+        MODEL,
+        f'tinker://{model}/weights/nope',
+        f'{session}:train:7',
+        'hf://secretdir/.',
+        '../../etc/passwd',
+    ]
+    yield Fuzz(
+        running.base_url,
+        alice,
+        bob,
+        st.sampled_from(real_ids),
+        session,
+        model,
+        sampling,
+        native_model,
+        sampler,
+        bob_model,
+        bob_seq=2,
+    )
     for client in (alice, bob, api):
         client.close()
     running.stop()
@@ -103,10 +134,12 @@ def fuzz(tmp_path_factory, tiny_model_dir):
 
 # ---- request strategies, one per route ----------------------------------------------------------------------------
 
+
 def _json(path: str, model: type | None = None) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         body = bent(from_json_schema(model.model_json_schema(), f.ids)) if model else ANY_JSON
         return body.map(lambda b: Request('POST', path, json=b))
+
     return build
 
 
@@ -124,16 +157,23 @@ def _get(path: str, **params: st.SearchStrategy[Any]) -> Callable[[Fuzz], st.Sea
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         fields = {k: v for k, v in params.items()}
         ids = f.ids | TEXT.filter(lambda s: s not in ('.', '..'))
-        return st.builds(lambda values, a, b: Request('GET', _fill(path, a, b), params=values),
-                         st.fixed_dictionaries({}, optional=fields), ids, ids)
+        return st.builds(
+            lambda values, a, b: Request('GET', _fill(path, a, b), params=values),
+            st.fixed_dictionaries({}, optional=fields),
+            ids,
+            ids,
+        )
+
     return build
 
 
-def _path(method: str, path: str, body: st.SearchStrategy[Any] = st.none()
-          ) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
+def _path(
+    method: str, path: str, body: st.SearchStrategy[Any] = st.none()
+) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         ids = f.ids | TEXT.filter(lambda s: s not in ('.', '..'))
         return st.builds(lambda a, b, j: Request(method, _fill(path, a, b), json=j), ids, ids, body)
+
     return build
 
 
@@ -142,13 +182,17 @@ def _datums(draw: st.DrawFn) -> list[types.Datum]:
     out = []
     for _ in range(draw(st.integers(0, 4))):
         tokens = draw(st.lists(st.integers(-3, 200_000), min_size=0, max_size=12))
-        targets = draw(st.lists(st.integers(-3, 200_000), min_size=len(tokens), max_size=len(tokens)) | st.lists(
-            st.integers(0, 50), max_size=3))
+        targets = draw(
+            st.lists(st.integers(-3, 200_000), min_size=len(tokens), max_size=len(tokens))
+            | st.lists(st.integers(0, 50), max_size=3)
+        )
         inputs: dict[str, Any] = {'target_tokens': targets}
-        for key in draw(st.lists(st.sampled_from(['weights', 'logprobs', 'advantages']), max_size=2,
-                                 unique=True)):
-            inputs[key] = draw(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=len(
-                tokens), max_size=len(tokens)))
+        for key in draw(st.lists(st.sampled_from(['weights', 'logprobs', 'advantages']), max_size=2, unique=True)):
+            inputs[key] = draw(
+                st.lists(
+                    st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=len(tokens), max_size=len(tokens)
+                )
+            )
         out.append(types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs))
     return out
 
@@ -156,31 +200,45 @@ def _datums(draw: st.DrawFn) -> list[types.Datum]:
 def _forward_backward(f: Fuzz) -> st.SearchStrategy[Request]:
     models = st.sampled_from([f.model, f.bob_model, 'nope', f.native_model])
     losses = st.sampled_from(['cross_entropy', 'importance_sampling', 'ppo', 'cispo', 'dro', 'made_up'])
-    seqs = st.integers(-1, 5) | EXTREME_NUMBERS.filter(lambda v: isinstance(v, int) and 0 <= v < 2 ** 31)
+    seqs = st.integers(-1, 5) | EXTREME_NUMBERS.filter(lambda v: isinstance(v, int) and 0 <= v < 2**31)
     proto = st.builds(fwdbwd_body, models, seqs, _datums(), losses, st.booleans())
-    garbled = st.builds(lambda body, at, byte: body[:at] + bytes([byte]) + body[at + 1:], proto,
-                        st.integers(0, 60), st.integers(0, 255))
+    garbled = st.builds(
+        lambda body, at, byte: body[:at] + bytes([byte]) + body[at + 1 :],
+        proto,
+        st.integers(0, 60),
+        st.integers(0, 255),
+    )
     return (proto | garbled | st.binary(max_size=200)).map(
-        lambda b: Request('POST', '/api/v1/forward_backward', content=b, headers=PROTO))
+        lambda b: Request('POST', '/api/v1/forward_backward', content=b, headers=PROTO)
+    )
 
 
 def _native_call(kind: str) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     from twinkle_server.native.routes import MODEL_METHODS, SAMPLER_METHODS
+
     methods = sorted(MODEL_METHODS if kind == 'models' else SAMPLER_METHODS)
 
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         owner = st.sampled_from([f.native_model, f.bob_model] if kind == 'models' else [f.native_sampler, 'nope'])
-        body = bent(st.fixed_dictionaries({'args': st.lists(ANY_JSON, max_size=3),
-                                           'kwargs': st.dictionaries(TEXT, ANY_JSON, max_size=3)}))
-        return st.builds(lambda o, m, b: Request('POST', f'/twinkle/v1/{kind}/{o}/call/{m}', json=b), owner,
-                         st.sampled_from(methods) | TEXT.filter(lambda s: s not in ('.', '..')).map(_segment),
-                         body)
+        body = bent(
+            st.fixed_dictionaries(
+                {'args': st.lists(ANY_JSON, max_size=3), 'kwargs': st.dictionaries(TEXT, ANY_JSON, max_size=3)}
+            )
+        )
+        return st.builds(
+            lambda o, m, b: Request('POST', f'/twinkle/v1/{kind}/{o}/call/{m}', json=b),
+            owner,
+            st.sampled_from(methods) | TEXT.filter(lambda s: s not in ('.', '..')).map(_segment),
+            body,
+        )
+
     return build
 
 
 def _fields(path: str, fields: dict[str, st.SearchStrategy[Any]]) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
     def build(f: Fuzz) -> st.SearchStrategy[Request]:
         return bent(st.fixed_dictionaries(fields)).map(lambda b: Request('POST', path, json=b))
+
     return build
 
 
@@ -200,8 +258,9 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('post', '/api/v1/optim_step'): _json('/api/v1/optim_step', types.OptimStepRequest),
     ('post', '/api/v1/unload_model'): _json('/api/v1/unload_model', types.UnloadModelRequest),
     ('post', '/api/v1/save_weights'): _json('/api/v1/save_weights', types.SaveWeightsRequest),
-    ('post', '/api/v1/save_weights_for_sampler'): _json('/api/v1/save_weights_for_sampler',
-                                                        types.SaveWeightsForSamplerRequest),
+    ('post', '/api/v1/save_weights_for_sampler'): _json(
+        '/api/v1/save_weights_for_sampler', types.SaveWeightsForSamplerRequest
+    ),
     ('post', '/api/v1/load_weights'): _json('/api/v1/load_weights', types.LoadWeightsRequest),
     ('post', '/api/v1/weights_info'): _fields('/api/v1/weights_info', {'tinker_path': TEXT}),
     ('get', '/api/v1/training_runs'): _get('/api/v1/training_runs', limit=INTS, offset=INTS),
@@ -209,38 +268,69 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('get', '/api/v1/training_runs/{run_id}/checkpoints'): _get('/api/v1/training_runs/{a}/checkpoints'),
     ('get', '/api/v1/checkpoints'): _get('/api/v1/checkpoints', limit=INTS, offset=INTS),
     ('delete', '/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}'): _path(
-        'DELETE', '/api/v1/training_runs/{a}/checkpoints/{b}'),
-    ('post', '/api/v1/create_sampling_session'): _json('/api/v1/create_sampling_session',
-                                                       types.CreateSamplingSessionRequest),
+        'DELETE', '/api/v1/training_runs/{a}/checkpoints/{b}'
+    ),
+    ('post', '/api/v1/create_sampling_session'): _json(
+        '/api/v1/create_sampling_session', types.CreateSamplingSessionRequest
+    ),
     ('get', '/api/v1/samplers/{sampler_id}'): _get('/api/v1/samplers/{a}'),
     ('post', '/api/v1/asample'): _json('/api/v1/asample', types.SampleRequest),
     ('post', '/api/v1/retrieve_future'): _json('/api/v1/retrieve_future', types.FutureRetrieveRequest),
-    ('post', '/twinkle/v1/models'): _fields('/twinkle/v1/models', {
-        'base_model': st.sampled_from([MODEL, 'gpt-9', '../x']) | TEXT,
-        'config': st.dictionaries(st.sampled_from(['r', 'lora_alpha', 'target_modules', 'lora_dropout']), INTS
-                                  | TEXT, max_size=3) | ANY_JSON, 'seed': INTS, 'gradient_accumulation_steps': INTS}),
-    ('post', '/twinkle/v1/models/load'): _fields('/twinkle/v1/models/load', {
-        'path': TEXT | st.sampled_from(['twinkle://x', '/etc/passwd', 'tinker://a/b/c']), 'load_optimizer': ANY_JSON}),
+    ('post', '/twinkle/v1/models'): _fields(
+        '/twinkle/v1/models',
+        {
+            'base_model': st.sampled_from([MODEL, 'gpt-9', '../x']) | TEXT,
+            'config': st.dictionaries(
+                st.sampled_from(['r', 'lora_alpha', 'target_modules', 'lora_dropout']), INTS | TEXT, max_size=3
+            )
+            | ANY_JSON,
+            'seed': INTS,
+            'gradient_accumulation_steps': INTS,
+        },
+    ),
+    ('post', '/twinkle/v1/models/load'): _fields(
+        '/twinkle/v1/models/load',
+        {'path': TEXT | st.sampled_from(['twinkle://x', '/etc/passwd', 'tinker://a/b/c']), 'load_optimizer': ANY_JSON},
+    ),
     ('post', '/twinkle/v1/models/{model_id}/call/{method}'): _native_call('models'),
-    ('post', '/twinkle/v1/samplers'): _fields('/twinkle/v1/samplers', {
-        'base_model': st.sampled_from([MODEL, 'gpt-9']) | ANY_JSON, 'model_path': ANY_JSON}),
+    ('post', '/twinkle/v1/samplers'): _fields(
+        '/twinkle/v1/samplers', {'base_model': st.sampled_from([MODEL, 'gpt-9']) | ANY_JSON, 'model_path': ANY_JSON}
+    ),
     ('post', '/twinkle/v1/samplers/{sampler_id}/call/{method}'): _native_call('samplers'),
-    ('post', '/twinkle/v1/datasets'): _fields('/twinkle/v1/datasets', {
-        'meta': st.fixed_dictionaries({'dataset_id_or_path': st.sampled_from(
-            ['hf://secretdir/.', 'ms://secretdir/.', 'hf://../x', '/etc/passwd', 'secretdir']) | TEXT},
-            optional={'data_slice': ANY_JSON}) | ANY_JSON,
-        'steps': st.lists(st.lists(ANY_JSON | st.sampled_from(['set_template', 'map', 'encode']), max_size=3),
-                          max_size=3)}),
+    ('post', '/twinkle/v1/datasets'): _fields(
+        '/twinkle/v1/datasets',
+        {
+            'meta': st.fixed_dictionaries(
+                {
+                    'dataset_id_or_path': st.sampled_from(
+                        ['hf://secretdir/.', 'ms://secretdir/.', 'hf://../x', '/etc/passwd', 'secretdir']
+                    )
+                    | TEXT
+                },
+                optional={'data_slice': ANY_JSON},
+            )
+            | ANY_JSON,
+            'steps': st.lists(
+                st.lists(ANY_JSON | st.sampled_from(['set_template', 'map', 'encode']), max_size=3), max_size=3
+            ),
+        },
+    ),
 }
 
 
 def _tall_png() -> bytes:
     """A valid 1x40000 grayscale PNG (a few hundred bytes): an aspect ratio no vision processor accepts."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+
     rows = b'\x00\x00' * 40000
-    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 40000, 8, 0, 0, 0, 0))
-            + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b''))
+    return (
+        b'\x89PNG\r\n\x1a\n'
+        + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 40000, 8, 0, 0, 0, 0))
+        + chunk(b'IDAT', zlib.compress(rows))
+        + chunk(b'IEND', b'')
+    )
 
 
 def _seeds(f: Fuzz) -> dict[tuple[str, str], list[Request]]:
@@ -249,37 +339,76 @@ def _seeds(f: Fuzz) -> dict[tuple[str, str], list[Request]]:
     return {
         ('post', '/twinkle/v1/datasets'): [
             Request('POST', '/twinkle/v1/datasets', json={'meta': {'dataset_id_or_path': p}, 'steps': []})
-            for p in ('hf://secretdir/.', 'ms://secretdir/.', 'hf://..', 'ms://a/../../b')] + [
-            Request('POST', '/twinkle/v1/datasets', json={'meta': {'dataset_id_or_path': 'hf://a/b', 'data_slice': {
-                'start': 0, 'stop': 50_000_000}}, 'steps': []})],
+            for p in ('hf://secretdir/.', 'ms://secretdir/.', 'hf://..', 'ms://a/../../b')
+        ]
+        + [
+            Request(
+                'POST',
+                '/twinkle/v1/datasets',
+                json={
+                    'meta': {'dataset_id_or_path': 'hf://a/b', 'data_slice': {'start': 0, 'stop': 50_000_000}},
+                    'steps': [],
+                },
+            )
+        ],
         ('post', '/api/v1/optim_step'): [
-            Request('POST', '/api/v1/optim_step', json={'model_id': f.model, 'seq_id': 90 + i,
-                                                        'adam_params': {'learning_rate': lr}})
-            for i, lr in enumerate((3e38, 1e300, -1e300, 1e-320))],
+            Request(
+                'POST',
+                '/api/v1/optim_step',
+                json={'model_id': f.model, 'seq_id': 90 + i, 'adam_params': {'learning_rate': lr}},
+            )
+            for i, lr in enumerate((3e38, 1e300, -1e300, 1e-320))
+        ],
         ('post', '/api/v1/forward_backward'): [
-            Request('POST', '/api/v1/forward_backward', headers=PROTO, content=fwdbwd_body(
-                f.model, 95, [types.Datum(model_input=tall, loss_fn_inputs={'target_tokens': [1]})]))],
+            Request(
+                'POST',
+                '/api/v1/forward_backward',
+                headers=PROTO,
+                content=fwdbwd_body(
+                    f.model, 95, [types.Datum(model_input=tall, loss_fn_inputs={'target_tokens': [1]})]
+                ),
+            )
+        ],
         ('post', '/api/v1/asample'): [
-            Request('POST', '/api/v1/asample', json={'sampling_session_id': f.sampling_session, 'seq_id': 5,
-                                                     'num_samples': 1, 'prompt': tall.model_dump(mode='json'),
-                                                     'sampling_params': {'max_tokens': 2}})],
+            Request(
+                'POST',
+                '/api/v1/asample',
+                json={
+                    'sampling_session_id': f.sampling_session,
+                    'seq_id': 5,
+                    'num_samples': 1,
+                    'prompt': tall.model_dump(mode='json'),
+                    'sampling_params': {'max_tokens': 2},
+                },
+            )
+        ],
         ('post', '/api/v1/save_weights'): [
             Request('POST', '/api/v1/save_weights', json={'model_id': f.model, 'seq_id': 97, 'path': name})
-            for name in ('', '   ', 'a\nb', 'a\x00b', '\x1b[31m')],
+            for name in ('', '   ', 'a\nb', 'a\x00b', '\x1b[31m')
+        ],
         ('post', '/twinkle/v1/models/{model_id}/call/{method}'): [
-            Request('POST', f'/twinkle/v1/models/{f.native_model}/call/save',
-                    json={'args': ['ok'], 'kwargs': {'token': 'x', 'repo': 'y'}}),
-            Request('POST', f'/twinkle/v1/models/{f.native_model}/call/set_template',
-                    json={'args': ['Template'], 'kwargs': {'model_id': 'secretdir'}})],
+            Request(
+                'POST',
+                f'/twinkle/v1/models/{f.native_model}/call/save',
+                json={'args': ['ok'], 'kwargs': {'token': 'x', 'repo': 'y'}},
+            ),
+            Request(
+                'POST',
+                f'/twinkle/v1/models/{f.native_model}/call/set_template',
+                json={'args': ['Template'], 'kwargs': {'model_id': 'secretdir'}},
+            ),
+        ],
     }
 
 
 # ---- the checks -----------------------------------------------------------------------------------------------------
 
+
 def _send(f: Fuzz, req: Request) -> httpx.Response:
     try:
-        return f.alice.request(req.method, req.path, json=req.json, content=req.content, params=req.params,
-                               headers=req.headers)
+        return f.alice.request(
+            req.method, req.path, json=req.json, content=req.content, params=req.params, headers=req.headers
+        )
     except httpx.TimeoutException:
         pytest.fail(f'no answer within {DEADLINE_S} s: {req}')
 
@@ -328,8 +457,14 @@ def test_route_survives_fuzzing_and_bob_keeps_training(fuzz, route):
         _check(fuzz, req, _send(fuzz, req))
 
     @seed(int(os.environ.get('TWINKLE_FUZZ_SEED', '0')))
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize='TWINKLE_FUZZ_SEED' not in os.environ,
-              suppress_health_check=list(HealthCheck), print_blob=True)
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize='TWINKLE_FUZZ_SEED' not in os.environ,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
     @given(ROUTES[route](fuzz))
     def run(req: Request) -> None:
         _check(fuzz, req, _send(fuzz, req))

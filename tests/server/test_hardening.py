@@ -1,6 +1,7 @@
 """Operator-facing hardening: limits that merge key by key, private key storage, failed-login throttling, the exact
 adapter a native client asks for, file paths confined to allowed roots, the failure hook, bounded memory for an
 oversized request, a full disk (507, previous checkpoint intact) and no temporary directories left behind."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,13 @@ def http(server, alice):
 # ---- limits ------------------------------------------------------------------------------------------------------
 def test_limits_file_overrides_only_the_keys_it_names(tmp_path):
     from twinkle_server.config import ServerConfig, TenantLimits
+
     f = tmp_path / 'limits.json'
-    f.write_text(json.dumps({'default': {'max_adapters': 3, 'max_num_samples': None},
-                             'tenants': {'carol': {'max_lora_rank': 16}}}))
+    f.write_text(
+        json.dumps(
+            {'default': {'max_adapters': 3, 'max_num_samples': None}, 'tenants': {'carol': {'max_lora_rank': 16}}}
+        )
+    )
     default, tenants = ServerConfig.load_limits(str(f))
     builtin = TenantLimits()
     assert default.max_adapters == 3 and default.max_num_samples is None  # null = unlimited
@@ -47,11 +52,27 @@ def test_limits_file_overrides_only_the_keys_it_names(tmp_path):
 
 def test_server_cli_refuses_a_bad_limits_file(tmp_path, tiny_model_dir):
     import sys
+
     f = tmp_path / 'limits.json'
     f.write_text('{"default": {"max_adapters": "many"}}')
-    out = subprocess.run([sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model',
-                          f'm={tiny_model_dir}', '--data-dir', str(tmp_path / 'd'), '--limits', str(f)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'twinkle_core.cli.main',
+            'server',
+            'start',
+            '--model',
+            f'm={tiny_model_dir}',
+            '--data-dir',
+            str(tmp_path / 'd'),
+            '--limits',
+            str(f),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and 'max_adapters must be a non-negative integer' in out.stderr
 
 
@@ -79,8 +100,10 @@ def test_repeated_failed_logins_from_one_address_are_throttled(server, alice):
     svc.logins.max_per_minute = 3
     try:
         with httpx.Client(base_url=server.base_url + '/api/v1', timeout=30) as anon:
-            codes = [anon.get('/get_server_capabilities', headers={'X-API-Key': f'tml-{i:012d}wrong'}).status_code
-                     for i in range(4)]
+            codes = [
+                anon.get('/get_server_capabilities', headers={'X-API-Key': f'tml-{i:012d}wrong'}).status_code
+                for i in range(4)
+            ]
             assert codes == [401, 401, 401, 429]
             r = anon.get('/get_server_capabilities', headers={'X-API-Key': 'tml-000000000009wrong'})
             assert r.status_code == 429 and 'too many failed logins' in r.json()['error']
@@ -98,6 +121,7 @@ def test_repeated_failed_logins_from_one_address_are_throttled(server, alice):
 @pytest.fixture(scope='module')
 def native_client(server, alice):
     from twinkle_client import init_twinkle_client
+
     client = init_twinkle_client(base_url=server.base_url, api_key=alice)
     yield client
     client.close()
@@ -105,6 +129,7 @@ def native_client(server, alice):
 
 def test_native_adapter_gets_exactly_the_requested_alpha_and_targets(native_client):
     from twinkle_client import MultiLoraTransformersModel
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('exact', {'r': 4, 'lora_alpha': 7, 'target_modules': ['q_proj', 'v_proj']})
     config = model.get_train_configs(adapter_name='exact')
@@ -118,9 +143,12 @@ def test_native_adapter_gets_exactly_the_requested_alpha_and_targets(native_clie
 def test_native_paths_must_stay_inside_the_model_or_an_allowed_root(server, native_client, tmp_path):
     from twinkle_client import MultiLoraTransformersModel
     from twinkle_core.errors import TwinkleError
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('paths', {'r': 2})
-    model.set_template('Template', model_id_or_tokenizer=str(server.model_dir), adapter_name='paths')  # its own directory
+    model.set_template(
+        'Template', model_id_or_tokenizer=str(server.model_dir), adapter_name='paths'
+    )  # its own directory
     copy = tmp_path / 'tokenizer-copy'
     subprocess.run(['cp', '-r', str(server.model_dir), str(copy)], check=True)
     with pytest.raises(TwinkleError, match='inside the hosted model'):
@@ -201,6 +229,7 @@ def test_disk_full_during_save_answers_507_and_keeps_the_previous_checkpoint(ser
     from twinkle_server import ServerConfig, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+
     config = ServerConfig(models={MODEL: str(server.model_dir)}, data_dir=str(small_disk / 'data'), port=free_port())
     other = start_in_thread(config, engines=server.service.engines)  # the same engine, data on the small disk
     try:
@@ -209,8 +238,9 @@ def test_disk_full_during_save_answers_507_and_keeps_the_previous_checkpoint(ser
             _, model_id = new_model(h, MODEL, rank=16)
             fwdbwd_loss(h, model_id, 1)
             optim_step(h, model_id, 2)
-            first = result(h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 3, 'path': 'ck'}
-                                     ).json()['request_id'])
+            first = result(
+                h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 3, 'path': 'ck'}).json()['request_id']
+            )
             assert first['path'].endswith('/weights/ck'), first
             ck_dir = next((small_disk / 'data' / 'checkpoints').rglob('weights/ck'))
             before = {f.name: f.read_bytes() for f in ck_dir.iterdir()}
@@ -219,16 +249,18 @@ def test_disk_full_during_save_answers_507_and_keeps_the_previous_checkpoint(ser
             os.truncate(filler, filler.stat().st_size - min(96 * 1024, sum(map(len, before.values())) // 3))
             fwdbwd_loss(h, model_id, 4)
             optim_step(h, model_id, 5)
-            failed = result(h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 6, 'path': 'ck'}
-                                      ).json()['request_id'])
+            failed = result(
+                h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 6, 'path': 'ck'}).json()['request_id']
+            )
             assert failed.get('status') == 507 and 'out of disk space' in failed['error'], failed
             assert {f.name: f.read_bytes() for f in ck_dir.iterdir()} == before  # the previous checkpoint is intact
             leftovers = [p for p in (small_disk / 'data').rglob('*') if p.name.startswith(('.tmp', '.old'))]
             assert leftovers == []
             assert fwdbwd_loss(h, model_id, 7) > 0  # the server keeps serving
             filler.unlink()
-            again = result(h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 8, 'path': 'ck'}
-                                     ).json()['request_id'])
+            again = result(
+                h, h.post('/save_weights', json={'model_id': model_id, 'seq_id': 8, 'path': 'ck'}).json()['request_id']
+            )
             assert 'path' in again and again['path'].endswith('/weights/ck'), again
     finally:
         other.stop()
@@ -246,6 +278,7 @@ def _fill(path: Path) -> None:
 
 def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
     from twinkle_server.checkpoints import CheckpointFiles
+
     files = CheckpointFiles(tmp_path)
     run = files.root / 'alice' / 'run-1' / 'weights'
     for stale in (f'.tmp-ck-{uuid.uuid4().hex[:8]}', f'.old-ck-{uuid.uuid4().hex[:8]}'):
@@ -264,19 +297,37 @@ def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
     assert [p.name for p in run.iterdir()] == ['ck']
 
 
-@pytest.mark.parametrize('extra, message', [
-    (['--sampler', 'NoSuchSampler'], 'NoSuchSampler'),
-    (['--sampler-args', '[1]'], '--sampler-args: expected a JSON object'),
-    (['--sampler-args', '{oops'], '--sampler-args: not valid JSON'),
-    (['--backend', 'NoSuchBackend'], 'NoSuchBackend'),
-    (['--backend', 'DeepSpeedModel'], 'pip install twinkle-deepspeed'),  # indexed, never installed
-    (['--backend-args', '"x"'], '--backend-args: expected a JSON object'),
-])
+@pytest.mark.parametrize(
+    'extra, message',
+    [
+        (['--sampler', 'NoSuchSampler'], 'NoSuchSampler'),
+        (['--sampler-args', '[1]'], '--sampler-args: expected a JSON object'),
+        (['--sampler-args', '{oops'], '--sampler-args: not valid JSON'),
+        (['--backend', 'NoSuchBackend'], 'NoSuchBackend'),
+        (['--backend', 'DeepSpeedModel'], 'pip install twinkle-deepspeed'),  # indexed, never installed
+        (['--backend-args', '"x"'], '--backend-args: expected a JSON object'),
+    ],
+)
 def test_server_cli_refuses_a_bad_backend_or_sampler_choice(tmp_path, tiny_model_dir, extra, message):
     import sys
+
     registry = index_with_uninstalled(tmp_path / 'registry')
-    out = subprocess.run([sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--model',
-                          f'm={tiny_model_dir}', '--data-dir', str(tmp_path / 'd'), *extra],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, 'TWINKLE_REGISTRY_DIR': str(registry)})
+    out = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'twinkle_core.cli.main',
+            'server',
+            'start',
+            '--model',
+            f'm={tiny_model_dir}',
+            '--data-dir',
+            str(tmp_path / 'd'),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, 'TWINKLE_REGISTRY_DIR': str(registry)},
+    )
     assert out.returncode == 2 and message in out.stderr

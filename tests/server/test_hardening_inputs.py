@@ -1,6 +1,7 @@
 """Bad request values answered 400 naming what is wrong, through the clients users run: the unmodified tinker SDK
 (optimizer hyper-parameters, checkpoint names) and the native twinkle client (`save` arguments, checkpoint names).
 Config files: tests/server/test_config_file.py."""
+
 from __future__ import annotations
 
 import math
@@ -18,12 +19,21 @@ NAME_RULE = r'invalid checkpoint name .*(blank|control characters)|needs a check
 
 #: AdamParams fields out of range -> the field the 400 must name
 BAD_ADAM = [
-    ({'learning_rate': 3e38}, 'learning_rate'), ({'learning_rate': 1e300}, 'learning_rate'),
-    ({'learning_rate': 11.0}, 'learning_rate'), ({'learning_rate': math.nan}, 'learning_rate'),
-    ({'beta1': 1.0}, 'beta1'), ({'beta1': -0.1}, 'beta1'), ({'beta2': 1.5}, 'beta2'), ({'beta2': math.inf}, 'beta2'),
-    ({'eps': 0.0}, 'eps'), ({'eps': -1e-8}, 'eps'), ({'eps': 1e300}, 'eps'),
-    ({'weight_decay': -0.1}, 'weight_decay'), ({'weight_decay': 1e30}, 'weight_decay'),
-    ({'grad_clip_norm': -1.0}, 'grad_clip_norm'), ({'grad_clip_norm': math.nan}, 'grad_clip_norm'),
+    ({'learning_rate': 3e38}, 'learning_rate'),
+    ({'learning_rate': 1e300}, 'learning_rate'),
+    ({'learning_rate': 11.0}, 'learning_rate'),
+    ({'learning_rate': math.nan}, 'learning_rate'),
+    ({'beta1': 1.0}, 'beta1'),
+    ({'beta1': -0.1}, 'beta1'),
+    ({'beta2': 1.5}, 'beta2'),
+    ({'beta2': math.inf}, 'beta2'),
+    ({'eps': 0.0}, 'eps'),
+    ({'eps': -1e-8}, 'eps'),
+    ({'eps': 1e300}, 'eps'),
+    ({'weight_decay': -0.1}, 'weight_decay'),
+    ({'weight_decay': 1e30}, 'weight_decay'),
+    ({'grad_clip_norm': -1.0}, 'grad_clip_norm'),
+    ({'grad_clip_norm': math.nan}, 'grad_clip_norm'),
 ]
 
 
@@ -41,13 +51,17 @@ def test_adam_params_out_of_range_are_refused_naming_the_field(service_client, s
     for fields, name in BAD_ADAM:
         started = time.monotonic()
         # (the SDK sends NaN and infinity as null: "not a valid number")
-        with pytest.raises(tinker.BadRequestError, match=rf'adam_params\.({name} must be a finite number in [\[(]|'
-                                                         rf'AdamParams\.{name}: Input should be a valid number)'):
+        with pytest.raises(
+            tinker.BadRequestError,
+            match=rf'adam_params\.({name} must be a finite number in [\[(]|'
+            rf'AdamParams\.{name}: Input should be a valid number)',
+        ):
             tc.optim_step(types.AdamParams(**{'learning_rate': 1e-3, **fields})).result()
         assert time.monotonic() - started < 10, fields
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # the pending gradients still step
-    _step(tc, sft_data, types.AdamParams(learning_rate=10.0, beta1=0.0, eps=1.0, weight_decay=10.0,
-                                         grad_clip_norm=1e30))  # the ends of the ranges are allowed
+    _step(
+        tc, sft_data, types.AdamParams(learning_rate=10.0, beta1=0.0, eps=1.0, weight_decay=10.0, grad_clip_norm=1e30)
+    )  # the ends of the ranges are allowed
 
 
 def test_blank_and_control_character_checkpoint_names_are_refused_by_the_sdk(server, alice, service_client):
@@ -67,6 +81,7 @@ def test_blank_and_control_character_checkpoint_names_are_refused_by_the_sdk(ser
 @pytest.fixture(scope='module')
 def native_model(server, alice):
     from twinkle_client import MultiLoraTransformersModel, init_twinkle_client
+
     client = init_twinkle_client(base_url=server.base_url, api_key=alice)
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('inputs', {'r': 2})
@@ -78,8 +93,12 @@ def test_native_save_refuses_unknown_keyword_arguments(native_model):
     """`save(name, token=..., repo=...)` silently ignored both; now every argument a remote save cannot honour is
     named, with the ones it accepts."""
     from twinkle_client import RemoteInputError
-    with pytest.raises(RemoteInputError, match=r'unknown keyword argument\(s\) repo, token; a remote save accepts '
-                                               r'name, save_optimizer, hub_push'):
+
+    with pytest.raises(
+        RemoteInputError,
+        match=r'unknown keyword argument\(s\) repo, token; a remote save accepts '
+        r'name, save_optimizer, hub_push',
+    ):
         native_model.save('kw', token='x', repo='y', adapter_name='inputs')
     with pytest.raises(RemoteInputError, match='unknown keyword argument.*output_dir'):
         native_model.save('kw', output_dir='/tmp/elsewhere', adapter_name='inputs')
@@ -93,6 +112,7 @@ def test_native_save_refuses_unknown_keyword_arguments(native_model):
 
 def test_blank_and_control_character_checkpoint_names_are_refused_by_the_native_client(native_model):
     from twinkle_client import RemoteInputError
+
     for name in BAD_NAMES:
         with pytest.raises(RemoteInputError, match=NAME_RULE):
             native_model.save(name, adapter_name='inputs')

@@ -6,6 +6,7 @@
 - Failed logins are throttled per (client address, key id), with a separate cap per address on unknown key ids:
   someone else's guesses never lock out a valid key, and `X-Forwarded-For` counts only from a trusted proxy.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,15 @@ def _start(tmp_path_factory, model_dir, **options: Any) -> Running:
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
-    limits = TenantLimits().merged({'max_sessions': 512, 'max_tokens_per_request': 10 ** 6})
-    config = ServerConfig(models={MODEL: str(model_dir)}, data_dir=str(tmp_path_factory.mktemp('transport')),
-                          port=free_port(), default_limits=limits, **options)
+
+    limits = TenantLimits().merged({'max_sessions': 512, 'max_tokens_per_request': 10**6})
+    config = ServerConfig(
+        models={MODEL: str(model_dir)},
+        data_dir=str(tmp_path_factory.mktemp('transport')),
+        port=free_port(),
+        default_limits=limits,
+        **options,
+    )
     running = start_in_thread(config)
     return Running(running, create_api_key(running.service.store, 'alice'))
 
@@ -89,8 +96,10 @@ def _read_response(sock: socket.socket, timeout_s: float) -> tuple[int, dict[str
 
 def _post_head(server: Running, length: int | None) -> str:
     size = f'Content-Length: {length}' if length is not None else 'Transfer-Encoding: chunked'
-    return (f'POST /api/v1/forward_backward HTTP/1.1\r\nHost: {server.host}\r\nX-API-Key: {server.key}\r\n'
-            f'Content-Type: application/x-protobuf\r\n{size}\r\n\r\n')
+    return (
+        f'POST /api/v1/forward_backward HTTP/1.1\r\nHost: {server.host}\r\nX-API-Key: {server.key}\r\n'
+        f'Content-Type: application/x-protobuf\r\n{size}\r\n\r\n'
+    )
 
 
 # ---- an over-limit body: a 413 every client can read ---------------------------------------------------------------
@@ -121,7 +130,7 @@ def test_the_sdk_splits_a_batch_larger_than_the_body_limit_into_chunks_that_fit(
 @pytest.mark.parametrize('framing', ['content-length', 'chunked'])
 def test_httpx_reads_the_413_of_a_large_body(small, framing):
     body = fwdbwd_body('sess-x:train:0', 1, [datum(BIG_TOKENS)])
-    content = body if framing == 'content-length' else iter([body[i:i + MIB] for i in range(0, len(body), MIB)])
+    content = body if framing == 'content-length' else iter([body[i : i + MIB] for i in range(0, len(body), MIB)])
     with httpx.Client(base_url=small.base_url + '/api/v1', headers={'X-API-Key': small.key}, timeout=30) as http:
         assert_refused(http.post('/forward_backward', content=content, headers=PROTO), 413, 'exceeds the server limit')
         assert http.get('/healthz').status_code == 200  # the client's next request goes through
@@ -158,6 +167,7 @@ def _send_until_closed(sock: socket.socket, chunk: bytes, pause_s: float, limit_
 
 def test_the_drain_stops_after_drain_s(small, monkeypatch):
     from twinkle_server import guard
+
     monkeypatch.setattr(guard, 'DRAIN_S', 2.0)
     with _raw(small, _post_head(small, None), b'%x\r\n%s\r\n' % (2 * MIB, b'\0' * (2 * MIB))) as sock:
         status, _, _ = _read_response(sock, 5)
@@ -168,6 +178,7 @@ def test_the_drain_stops_after_drain_s(small, monkeypatch):
 
 def test_the_drain_stops_after_its_byte_budget(small):
     from twinkle_server.guard import drain_budget
+
     budget = drain_budget(LIMIT)
     with _raw(small, _post_head(small, 10 * budget)) as sock:
         status, _, _ = _read_response(sock, 5)
@@ -178,22 +189,32 @@ def test_the_drain_stops_after_its_byte_budget(small):
 # ---- failed logins ---------------------------------------------------------------------------------------------------
 def _bad_logins(server: Running, n: int, forwarded_for: Callable[[int], str] | None = None) -> list[int]:
     with httpx.Client(base_url=server.base_url + '/api/v1', timeout=30) as anon:
-        return [anon.get('/get_server_capabilities', headers={
-            'X-API-Key': f'tml-{i:012d}wrong', **({'X-Forwarded-For': forwarded_for(i)} if forwarded_for else {})
-        }).status_code for i in range(n)]
+        return [
+            anon.get(
+                '/get_server_capabilities',
+                headers={
+                    'X-API-Key': f'tml-{i:012d}wrong',
+                    **({'X-Forwarded-For': forwarded_for(i)} if forwarded_for else {}),
+                },
+            ).status_code
+            for i in range(n)
+        ]
 
 
 def test_guesses_from_an_address_never_lock_out_a_valid_key(small, throttle):
     assert _bad_logins(small, 40) == [401] * THRESHOLD + [429] * 10
     t0 = time.monotonic()
-    caps = within(10, lambda: tinker.RestClient(base_url=small.base_url, api_key=small.key)
-                   .get_server_capabilities().result())
+    caps = within(
+        10, lambda: tinker.RestClient(base_url=small.base_url, api_key=small.key).get_server_capabilities().result()
+    )
     assert [m.model_name for m in caps.supported_models] == [MODEL] and time.monotonic() - t0 < 5
     # guessing the secret of a known key id is throttled per (address, key id)
-    key_id = small.key[:4 + 12]
+    key_id = small.key[: 4 + 12]
     with httpx.Client(base_url=small.base_url + '/api/v1', timeout=30) as anon:
-        codes = [anon.get('/get_server_capabilities', headers={'X-API-Key': key_id + f'guess{i}'}).status_code
-                 for i in range(THRESHOLD + 1)]
+        codes = [
+            anon.get('/get_server_capabilities', headers={'X-API-Key': key_id + f'guess{i}'}).status_code
+            for i in range(THRESHOLD + 1)
+        ]
         assert codes == [401] * THRESHOLD + [429]
         r = anon.get('/get_server_capabilities', headers={'X-API-Key': key_id + 'guess'})
         assert r.status_code == 429 and 'too many failed logins' in r.json()['error']
@@ -214,16 +235,20 @@ def behind_proxy(tmp_path_factory, tiny_model_dir) -> Iterator[Running]:
 
 
 def test_a_trusted_proxy_forwards_the_client_address(behind_proxy):
-    assert _bad_logins(behind_proxy, THRESHOLD + 1, forwarded_for=lambda i: '203.0.113.7') == \
-        [401] * THRESHOLD + [429]
+    assert _bad_logins(behind_proxy, THRESHOLD + 1, forwarded_for=lambda i: '203.0.113.7') == [401] * THRESHOLD + [429]
     # another client behind the same proxy is its own address
     assert _bad_logins(behind_proxy, 1, forwarded_for=lambda i: '203.0.113.8') == [401]
     with httpx.Client(base_url=behind_proxy.base_url + '/api/v1', timeout=30) as http:
-        r = http.get('/get_server_capabilities', headers={'X-API-Key': 'tml-000000000000wrong',
-                                                          'X-Forwarded-For': '203.0.113.7'})
+        r = http.get(
+            '/get_server_capabilities', headers={'X-API-Key': 'tml-000000000000wrong', 'X-Forwarded-For': '203.0.113.7'}
+        )
         assert r.status_code == 429 and 'too many failed logins from 203.0.113.7' in r.json()['error']
-        assert http.get('/get_server_capabilities', headers={'X-API-Key': behind_proxy.key,
-                                                             'X-Forwarded-For': '203.0.113.7'}).status_code == 200
+        assert (
+            http.get(
+                '/get_server_capabilities', headers={'X-API-Key': behind_proxy.key, 'X-Forwarded-For': '203.0.113.7'}
+            ).status_code
+            == 200
+        )
 
 
 # ---- the option ------------------------------------------------------------------------------------------------------
@@ -242,8 +267,10 @@ def test_trusted_proxy_option_from_flags_and_file(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="trusted proxy 'proxy.example' is not an IP address or network"):
         config_from_args(args(*base, '--trusted-proxy', 'proxy.example'))
     path = tmp_path / 'server.yaml'
-    path.write_text(f'server:\n  trusted_proxies: [127.0.0.1, "::1"]\nstorage:\n  data_dir: {tmp_path}/d\n'
-                    f'models:\n  - name: m\n    path: {tiny_model_dir}\n')
+    path.write_text(
+        f'server:\n  trusted_proxies: [127.0.0.1, "::1"]\nstorage:\n  data_dir: {tmp_path}/d\n'
+        f'models:\n  - name: m\n    path: {tiny_model_dir}\n'
+    )
     assert config_from_args(args('--config', str(path))).trusted_proxies == ('127.0.0.1', '::1')
     path.write_text(path.read_text().replace('[127.0.0.1, "::1"]', '[nope]'))
     with pytest.raises(ConfigError, match=r"server\.trusted_proxies\[0\]: not an IP address or network: 'nope'"):

@@ -1,6 +1,7 @@
 """Checkpoints pushed to a hub (here the project's local stand-in, TWINKLE_HUB_ROOT): every save of a model that
 pushes, private by default; per-request opt-in (Tinker user_metadata, native `hub_push=True`); a failing push
 leaves the checkpoint usable and records the error; credentials and destinations come from the operator only."""
+
 from __future__ import annotations
 
 import json
@@ -23,24 +24,31 @@ def hub(tmp_path_factory, tiny_model_dir):
     from twinkle_server.auth import create_api_key
     from twinkle_server.config import HubPushConfig, ModelSpec
     from twinkle_server.launch import free_port
+
     root = tmp_path_factory.mktemp('hub-root')
     with pytest.MonkeyPatch.context() as env:
         env.setenv('TWINKLE_HUB_ROOT', str(root))
         env.setenv(TOKEN_ENV, OPERATOR_TOKEN)
         push = HubPushConfig(enabled=True, hub='hf', repo_prefix='org/twinkle-', token_env=TOKEN_ENV)
-        specs = {AUTO: ModelSpec(AUTO, str(tiny_model_dir), hub_push=push),
-                 OPT_IN: ModelSpec(OPT_IN, str(tiny_model_dir),
-                                   hub_push=HubPushConfig(enabled=True, hub='ms', repo_prefix='org', private=False,
-                                                          token_env=TOKEN_ENV, per_request=True))}
-        config = ServerConfig(models={}, model_specs=specs, data_dir=str(tmp_path_factory.mktemp('data')),
-                              port=free_port())
+        specs = {
+            AUTO: ModelSpec(AUTO, str(tiny_model_dir), hub_push=push),
+            OPT_IN: ModelSpec(
+                OPT_IN,
+                str(tiny_model_dir),
+                hub_push=HubPushConfig(
+                    enabled=True, hub='ms', repo_prefix='org', private=False, token_env=TOKEN_ENV, per_request=True
+                ),
+            ),
+        }
+        config = ServerConfig(
+            models={}, model_specs=specs, data_dir=str(tmp_path_factory.mktemp('data')), port=free_port()
+        )
         running = start_in_thread(config)
         pusher = running.service.pusher
         real, uploads = pusher.uploader, []
 
         def recording(folder, ref, **kw):
-            uploads.append({'ref': ref, 'files': sorted(p.name for p in Path(folder).rglob('*') if p.is_file()),
-                            **kw})
+            uploads.append({'ref': ref, 'files': sorted(p.name for p in Path(folder).rglob('*') if p.is_file()), **kw})
             return real(folder, ref, **kw)
 
         pusher.uploader = recording
@@ -51,6 +59,7 @@ def hub(tmp_path_factory, tiny_model_dir):
 
 def _client(hub, base_model: str, seed: int = 0):
     import tinker
+
     svc = tinker.ServiceClient(base_url=hub['running'].base_url, api_key=hub['key'])
     return svc.create_lora_training_client(base_model=base_model, rank=4, seed=seed).result()
 
@@ -58,6 +67,7 @@ def _client(hub, base_model: str, seed: int = 0):
 def _listed(hub, run_id: str, path: str, timeout_s: float = 60.0):
     """The checkpoint's Tinker listing entry once its push (if any) is no longer pending."""
     import tinker
+
     rest = tinker.RestClient(base_url=hub['running'].base_url, api_key=hub['key'])
     deadline = time.monotonic() + timeout_s
     while True:
@@ -74,6 +84,7 @@ def _raw_listing(hub, run_id: str) -> dict:
 
 def test_every_save_is_pushed_private_into_the_runs_repo(hub, sft_data, tiny_model_dir):
     from tinker import types
+
     tc = _client(hub, AUTO)
     tc.forward_backward(sft_data, 'cross_entropy').result()
     tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
@@ -88,11 +99,13 @@ def test_every_save_is_pushed_private_into_the_runs_repo(hub, sft_data, tiny_mod
         pushed = hub['root'] / 'hf' / 'org' / repo / 'main' / sub
         svc = hub['running'].service
         written = Path(svc.store.checkpoint(tc.model_id, sub, 'alice').directory)
-        assert (pushed / 'adapter_model.safetensors').read_bytes() == \
-            (written / 'adapter_model.safetensors').read_bytes()
+        assert (pushed / 'adapter_model.safetensors').read_bytes() == (
+            written / 'adapter_model.safetensors'
+        ).read_bytes()
     assert (hub['root'] / 'hf' / 'org' / repo / 'main' / 'weights/step-1' / 'training_state.pt').is_file()
     from peft import PeftModel  # what a user of the hub repo does with a pushed checkpoint
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     PeftModel.from_pretrained(base, str(hub['root'] / 'hf' / 'org' / repo / 'main'), subfolder='weights/step-1')
     assert json.loads((hub['root'] / 'hf' / 'org' / repo / '.twinkle-repo.json').read_text()) == {'private': True}
@@ -119,6 +132,7 @@ def test_per_request_models_push_only_saves_that_ask(hub):
 
     # the native API opts in with save(..., hub_push=True)
     from twinkle_client import MultiLoraTransformersModel, TwinkleClient
+
     client = TwinkleClient(hub['running'].base_url, hub['key'])
     try:
         model = MultiLoraTransformersModel(model_id=OPT_IN, client=client)
@@ -126,16 +140,20 @@ def test_per_request_models_push_only_saves_that_ask(hub):
         skipped = model.save('native-plain', adapter_name='mine')
         pushed = model.save('native-asked', hub_push=True, adapter_name='mine')
         run_id = model.server_model_id('mine')
-        assert 'twinkle.hub_push.state' not in (_listed(hub, run_id, skipped.replace('twinkle', 'tinker', 1))
-                                                .user_metadata or {})
-        assert _listed(hub, run_id, pushed.replace('twinkle', 'tinker', 1)).user_metadata[
-            'twinkle.hub_push.state'] == 'pushed'
+        assert 'twinkle.hub_push.state' not in (
+            _listed(hub, run_id, skipped.replace('twinkle', 'tinker', 1)).user_metadata or {}
+        )
+        assert (
+            _listed(hub, run_id, pushed.replace('twinkle', 'tinker', 1)).user_metadata['twinkle.hub_push.state']
+            == 'pushed'
+        )
     finally:
         client.close()
 
 
 def test_a_failing_push_leaves_the_checkpoint_usable_and_records_why(hub, sft_data, tmp_path, monkeypatch):
     import tinker
+
     blocker = tmp_path / 'not-a-directory'
     blocker.write_text('')
     monkeypatch.setenv('TWINKLE_HUB_ROOT', str(blocker / 'hub'))  # every upload into it fails
@@ -152,8 +170,12 @@ def test_a_failing_push_leaves_the_checkpoint_usable_and_records_why(hub, sft_da
 
 def test_clients_cannot_supply_credentials_or_destinations(hub):
     tc = _client(hub, AUTO, seed=3)
-    forged = {'twinkle.hub_push.token': 'client-token', 'twinkle.hub_push.repo': 'hf://evil/x',
-              'twinkle.hub_push.state': 'pushed', 'hf_token': 'client-token'}
+    forged = {
+        'twinkle.hub_push.token': 'client-token',
+        'twinkle.hub_push.repo': 'hf://evil/x',
+        'twinkle.hub_push.state': 'pushed',
+        'hf_token': 'client-token',
+    }
     path = tc.save_state('forged', user_metadata=forged).result().path
     meta = _listed(hub, tc.model_id, path).user_metadata
     assert meta['twinkle.hub_push.repo'] == 'hf://org/twinkle-alice-' + tc.model_id.replace(':', '-')
@@ -163,13 +185,16 @@ def test_clients_cannot_supply_credentials_or_destinations(hub):
     assert not (hub['root'] / 'hf' / 'evil').exists()
     # a request field for credentials is refused outright (the Tinker request types forbid unknown fields)
     with httpx.Client(base_url=hub['running'].base_url + '/api/v1', headers={'X-API-Key': hub['key']}) as http:
-        r = http.post('/save_weights', json={'model_id': tc.model_id, 'path': 'with-token', 'seq_id': 10,
-                                             'hub_token': 'client-token'})
+        r = http.post(
+            '/save_weights',
+            json={'model_id': tc.model_id, 'path': 'with-token', 'seq_id': 10, 'hub_token': 'client-token'},
+        )
         assert r.status_code == 400 and 'hub_token' in r.text
 
 
 def test_uploads_never_hold_up_the_models_queue(hub, sft_data):
     import threading
+
     pusher = hub['running'].service.pusher
     release, recording = threading.Event(), pusher.uploader
 
@@ -196,6 +221,7 @@ def test_a_push_cut_short_by_shutdown_is_recorded_failed(tmp_path):
     from twinkle_server.config import HubPushConfig
     from twinkle_server.hub_push import HubPusher
     from twinkle_server.store import CheckpointRow, Store
+
     store = Store(tmp_path)
     (tmp_path / 'ck').mkdir()
     (tmp_path / 'ck' / 'adapter_model.safetensors').write_bytes(b'x')
@@ -215,17 +241,21 @@ def test_a_push_cut_short_by_shutdown_is_recorded_failed(tmp_path):
         release.set()
         store.close()
 
+
 def test_repo_names_are_valid_hub_names():
     from twinkle_server.config import HubPushConfig
     from twinkle_server.hub_push import MAX_REPO_NAME, repo_for, validate
+
     cfg = HubPushConfig(enabled=True, hub='hf', repo_prefix='my-org/run-')
     ref = repo_for(cfg, 'alice', 'sess-0123:train:0')
     assert (ref.repo_url, ref.repo) == ('hf://my-org/run-alice-sess-0123-train-0', 'run-alice-sess-0123-train-0')
     long = repo_for(cfg, 'a' * 80, 'sess-x:train:1')
     assert len(long.repo) <= MAX_REPO_NAME and long.repo != repo_for(cfg, 'a' * 80, 'sess-y:train:1').repo
     assert repo_for(HubPushConfig(enabled=True, repo_prefix='org'), 't..x', '--r').repo == 't.x-r'
-    for bad, why in ((HubPushConfig(enabled=True, repo_prefix=None), 'repo_prefix'),
-                     (HubPushConfig(enabled=True, hub='gh', repo_prefix='org'), 'hub must be')):
+    for bad, why in (
+        (HubPushConfig(enabled=True, repo_prefix=None), 'repo_prefix'),
+        (HubPushConfig(enabled=True, hub='gh', repo_prefix='org'), 'hub must be'),
+    ):
         with pytest.raises(ValueError, match=why):
             validate(bad)
     validate(HubPushConfig(enabled=False))
@@ -240,15 +270,26 @@ def test_upload_uses_the_hub_clients_with_private_repo_token_and_subfolder(tmp_p
 
     from twinkle_core.hub.publish import upload_folder
     from twinkle_core.hub.ref import HubRef
+
     monkeypatch.delenv('TWINKLE_HUB_ROOT', raising=False)
     (tmp_path / 'adapter_model.safetensors').write_bytes(b'x')
     calls = []
-    monkeypatch.setattr(huggingface_hub.HfApi, 'create_repo', lambda self, repo_id, **kw: calls.append(
-        ('hf-create', repo_id, kw, self.token)))
-    monkeypatch.setattr(huggingface_hub.HfApi, 'upload_folder', lambda self, **kw: calls.append(
-        ('hf-upload', kw['repo_id'], kw, self.token)) or types.SimpleNamespace(oid='c' * 40, commit_url='u'))
-    assert upload_folder(tmp_path, HubRef('hf', 'org', 'run'), message='m', path_in_repo='weights/a',
-                         private=True, token='tok') == ('u', 'c' * 40)
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        'create_repo',
+        lambda self, repo_id, **kw: calls.append(('hf-create', repo_id, kw, self.token)),
+    )
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        'upload_folder',
+        lambda self, **kw: (
+            calls.append(('hf-upload', kw['repo_id'], kw, self.token))
+            or types.SimpleNamespace(oid='c' * 40, commit_url='u')
+        ),
+    )
+    assert upload_folder(
+        tmp_path, HubRef('hf', 'org', 'run'), message='m', path_in_repo='weights/a', private=True, token='tok'
+    ) == ('u', 'c' * 40)
     assert calls[0] == ('hf-create', 'org/run', {'exist_ok': True, 'repo_type': None, 'private': True}, 'tok')
     assert calls[1][2]['path_in_repo'] == 'weights/a' and calls[1][3] == 'tok'
 
@@ -261,7 +302,8 @@ def test_upload_uses_the_hub_clients_with_private_repo_token_and_subfolder(tmp_p
 
     monkeypatch.setitem(sys.modules, 'modelscope.hub.api', types.SimpleNamespace(HubApi=FakeMsApi))
     calls.clear()
-    upload_folder(tmp_path, HubRef('ms', 'org', 'run'), message='m', path_in_repo='weights/a', private=True,
-                  token='tok')
+    upload_folder(
+        tmp_path, HubRef('ms', 'org', 'run'), message='m', path_in_repo='weights/a', private=True, token='tok'
+    )
     assert calls[0] == ('ms-create', 'org/run', {'exist_ok': True, 'visibility': 'private', 'token': 'tok'})
     assert calls[1][2]['path_in_repo'] == 'weights/a' and calls[1][2]['token'] == 'tok'

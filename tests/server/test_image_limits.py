@@ -6,6 +6,7 @@ the image header before any pixel is decoded: never a 5xx (the SDK would retry i
 seq_id would wait for it). Decoding memory is bounded per image (`max_image_pixels`), per request
 (`max_image_bytes_per_request`) and per server (`image_decode_budget_bytes`: images beyond it wait, then 429).
 """
+
 from __future__ import annotations
 
 import io
@@ -38,9 +39,11 @@ def png(size: tuple[int, int], mode: str = 'RGB') -> bytes:
 def image_datum(data: bytes, tokens: int) -> types.Datum:
     """The cookbook shape: text ending with <|vision_start|>, the image (`tokens` positions), text; trained on the
     last two positions only."""
-    chunks = [types.EncodedTextChunk(tokens=[5, 6, VISION_START]),
-              types.ImageChunk(data=data, format='png', expected_tokens=tokens),
-              types.EncodedTextChunk(tokens=[VISION_END, 7, 8])]
+    chunks = [
+        types.EncodedTextChunk(tokens=[5, 6, VISION_START]),
+        types.ImageChunk(data=data, format='png', expected_tokens=tokens),
+        types.EncodedTextChunk(tokens=[VISION_END, 7, 8]),
+    ]
     n = 3 + tokens + 3
     inputs = {'target_tokens': [0] * (n - 3) + [7, 8, 9], 'weights': [0.0] * (n - 2) + [1.0] * 2}
     return types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
@@ -50,6 +53,7 @@ def image_datum(data: bytes, tokens: int) -> types.Datum:
 def tokens(tiny_vl_model_dir):
     """Image tokens of a (width, height) image, by the fixture's own image processor."""
     from twinkle_core.template.vision import VisionTemplate
+
     template = VisionTemplate(str(tiny_vl_model_dir))
     return lambda size: template.image_processor.get_number_of_image_patches(size[1], size[0], {}) // 4
 
@@ -68,6 +72,7 @@ def http(vl_server):
 @dataclass
 class Small:
     """The small-budget server: clients of tenant carol (default limits) and of tenant `TIGHT`."""
+
     running: object
     client: tinker.ServiceClient
     http: httpx.Client
@@ -82,10 +87,16 @@ class Small:
 def small(tmp_path_factory, tiny_vl_model_dir):
     from twinkle_server import TenantLimits
     from twinkle_server.auth import create_api_key
+
     default = TenantLimits().merged({'max_adapters': 64})
     tight = default.merged({'max_image_pixels': 10_000, 'max_image_bytes_per_request': 240_000})
-    running = serve_vl(tmp_path_factory.mktemp('vl-small'), tiny_vl_model_dir, default_limits=default,
-                       tenant_limits={TIGHT: tight}, image_decode_budget_bytes=BUDGET)
+    running = serve_vl(
+        tmp_path_factory.mktemp('vl-small'),
+        tiny_vl_model_dir,
+        default_limits=default,
+        tenant_limits={TIGHT: tight},
+        image_decode_budget_bytes=BUDGET,
+    )
     store = running.service.store
     key = create_api_key(store, 'carol')
     with http_client(running, key) as c, http_client(running, create_api_key(store, TIGHT)) as t:
@@ -97,12 +108,14 @@ def small(tmp_path_factory, tiny_vl_model_dir):
 def decodes(monkeypatch):
     """Counts the images the server decodes (its decoder is patched: the server runs in this process)."""
     from twinkle_core.template import images as core_images
+
     calls = []
     original = core_images.decode_image_bytes
 
     def counting(data, **kwargs):
         calls.append(len(data))
         return original(data, **kwargs)
+
     monkeypatch.setattr(core_images, 'decode_image_bytes', counting)
     return calls
 
@@ -128,17 +141,25 @@ class PeakRss:
 
     @property
     def growth_mb(self) -> float:
-        return (self.peak - self.base) / 2 ** 20
+        return (self.peak - self.base) / 2**20
 
 
 def forward_sample(http: httpx.Client, model_id: str, seq_id: int, datums: list[types.Datum]) -> httpx.Response:
-    return http.post('/forward_backward', content=fwdbwd_body(model_id, seq_id, datums, forward_only=True),
-                     headers=PROTO)
+    return http.post(
+        '/forward_backward', content=fwdbwd_body(model_id, seq_id, datums, forward_only=True), headers=PROTO
+    )
 
 
 def asample(http: httpx.Client, datum: types.Datum) -> httpx.Response:
-    return http.post('/asample', json={'base_model': VL, 'num_samples': 1, 'sampling_params': {'max_tokens': 2},
-                                       'prompt': datum.model_input.model_dump(mode='json')})
+    return http.post(
+        '/asample',
+        json={
+            'base_model': VL,
+            'num_samples': 1,
+            'sampling_params': {'max_tokens': 2},
+            'prompt': datum.model_input.model_dump(mode='json'),
+        },
+    )
 
 
 def finished(http: httpx.Client, response: httpx.Response, timeout_s: float = 30.0) -> bytes:
@@ -175,10 +196,18 @@ def test_a_tall_image_over_http_is_a_400_before_decoding_and_frees_its_seq_id(ht
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.parametrize('size,accepted', [
-    ((1, 1), True), ((1, 200), True), ((200, 1), True),  # within the processor's bounds (it upsizes tiny images)
-    ((1, 201), False), ((201, 1), False), ((3, 1000), False),
-], ids=lambda v: 'x'.join(map(str, v)) if isinstance(v, tuple) else ('accepted' if v else 'refused'))
+@pytest.mark.parametrize(
+    'size,accepted',
+    [
+        ((1, 1), True),
+        ((1, 200), True),
+        ((200, 1), True),  # within the processor's bounds (it upsizes tiny images)
+        ((1, 201), False),
+        ((201, 1), False),
+        ((3, 1000), False),
+    ],
+    ids=lambda v: 'x'.join(map(str, v)) if isinstance(v, tuple) else ('accepted' if v else 'refused'),
+)
 def test_every_image_shape_is_served_or_a_400_read_from_its_header(http, tokens, decodes, size, accepted):
     _, model = new_model(http, VL)
     datum = image_datum(png(size), tokens(size) if accepted else 4)
@@ -203,8 +232,11 @@ def test_images_over_the_request_budget_are_a_413_before_decoding(client, http, 
         with pytest.raises(tinker.APIStatusError, match='max_image_bytes_per_request') as refused:
             tc.forward_backward([big], 'cross_entropy').result(timeout=SDK_TIMEOUT_S)
         assert refused.value.status_code == 413
-        body = assert_refused(http.post('/forward_backward', content=fwdbwd_body(model, 1, [big]), headers=PROTO),
-                              413, 'exceeds the server limit max_image_bytes_per_request=536870912')
+        body = assert_refused(
+            http.post('/forward_backward', content=fwdbwd_body(model, 1, [big]), headers=PROTO),
+            413,
+            'exceeds the server limit max_image_bytes_per_request=536870912',
+        )
         assert '7900x7900' in body['error']
         assert_refused(asample(http, big), 413, 'max_image_bytes_per_request')
         elapsed = time.monotonic() - start
@@ -225,13 +257,19 @@ def test_an_image_over_the_pixel_cap_is_a_413_from_its_header(client, http, toke
 
 def test_tenant_image_limits_are_configurable(small, tokens):
     _, model = new_model(small.tight, VL)
-    assert_refused(forward_sample(small.tight, model, 1, [image_datum(png((101, 100)), tokens((101, 100)))]), 413,
-                   'exceeds the server limit max_image_pixels=10000')
+    assert_refused(
+        forward_sample(small.tight, model, 1, [image_datum(png((101, 100)), tokens((101, 100)))]),
+        413,
+        'exceeds the server limit max_image_pixels=10000',
+    )
     one = image_datum(png((100, 100)), tokens((100, 100)))
     finished(small.tight, forward_sample(small.tight, model, 2, [one]))
-    assert_refused(forward_sample(small.tight, model, 3, [one, one]), 413,
-                   'decoding the images of this request (320000 bytes: 2 image(s), the largest 100x100, 16 bytes '
-                   'per pixel) exceeds the server limit max_image_bytes_per_request=240000')
+    assert_refused(
+        forward_sample(small.tight, model, 3, [one, one]),
+        413,
+        'decoding the images of this request (320000 bytes: 2 image(s), the largest 100x100, 16 bytes '
+        'per pixel) exceeds the server limit max_image_bytes_per_request=240000',
+    )
 
 
 def test_an_image_over_the_whole_server_budget_is_a_413(small, tokens):
@@ -250,6 +288,7 @@ def test_concurrent_images_stay_within_the_server_budget(small, tokens, monkeypa
     the others wait their turn, and all of them train."""
     from twinkle_core.template import images as core_images
     from twinkle_core.template.vision import VisionTemplate
+
     lock, state = threading.Lock(), {'now': 0, 'most': 0}
     decode, process = core_images.decode_image_bytes, VisionTemplate.process_images
 
@@ -266,6 +305,7 @@ def test_concurrent_images_stay_within_the_server_budget(small, tokens, monkeypa
         finally:
             with lock:
                 state['now'] -= 1
+
     monkeypatch.setattr(core_images, 'decode_image_bytes', slow_decode)
     monkeypatch.setattr(VisionTemplate, 'process_images', processed)
     size = (1000, 1000)
@@ -273,8 +313,10 @@ def test_concurrent_images_stay_within_the_server_budget(small, tokens, monkeypa
     models = [new_model(small.http, VL)[1] for _ in range(6)]
     responses: list[httpx.Response] = []
     with PeakRss() as rss:
-        threads = [threading.Thread(target=lambda m=m: responses.append(forward_sample(small.http, m, 1, [datum])))
-                   for m in models]
+        threads = [
+            threading.Thread(target=lambda m=m: responses.append(forward_sample(small.http, m, 1, [datum])))
+            for m in models
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -302,6 +344,7 @@ def test_a_full_budget_answers_429_with_retry_after_and_the_sdk_gets_through(sma
     def occupy() -> None:
         with small.budget.hold(BUDGET, 'a test'):
             release.wait(1.5)
+
     holder = threading.Thread(target=occupy)
     holder.start()
     try:
@@ -314,15 +357,16 @@ def test_a_full_budget_answers_429_with_retry_after_and_the_sdk_gets_through(sma
 
 def test_the_image_limits_come_from_the_config_file(tmp_path, tiny_model_dir):
     from twinkle_server.config_file import load_server_config
+
     path = tmp_path / 'server.yaml'
-    path.write_text(f'''
+    path.write_text(f"""
 server: {{image_decode_budget_mb: 256}}
-storage: {{data_dir: {tmp_path / "data"}}}
+storage: {{data_dir: {tmp_path / 'data'}}}
 limits:
   default: {{max_image_pixels: 4000000, max_image_bytes_per_request: 100000000}}
   tenants: {{big: {{max_image_bytes_per_request: null}}}}
 models: [{{name: tiny, path: {tiny_model_dir}}}]
-''')
+""")
     config = load_server_config(path)
     assert config.image_decode_budget_bytes == 256 * 1024 * 1024
     assert (config.limits('x').max_image_pixels, config.limits('x').max_image_bytes_per_request) == (4000000, 100000000)

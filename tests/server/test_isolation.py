@@ -1,4 +1,5 @@
 """Tenant isolation: bob cannot see, sample from, load, delete or poll anything of alice's (404 everywhere)."""
+
 from __future__ import annotations
 
 import httpx
@@ -46,16 +47,22 @@ def test_bob_cannot_sample_load_or_poll(server, bob, alice, alice_run, sft_data)
         svc.create_training_client_from_state(state).result()
     # alice's future id is invisible to bob
     with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': alice}) as http:
-        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}
-                        ).json()['session_id']
-        rid = http.post('/create_model', json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL,
-                                               'lora_config': {'rank': 2}}).json()['request_id']
+        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}).json()[
+            'session_id'
+        ]
+        rid = http.post(
+            '/create_model',
+            json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL, 'lora_config': {'rank': 2}},
+        ).json()['request_id']
         r = http.post('/retrieve_future', headers={'X-API-Key': bob}, json={'request_id': rid})
         assert r.status_code == 404
         r = http.post('/retrieve_future', json={'request_id': rid})
         assert r.status_code == 200 and r.json()['model_id'] == f'{sid}:train:0'
-        r = http.post('/create_sampling_session', headers={'X-API-Key': bob},
-                      json={'session_id': sid, 'sampling_session_seq_id': 0, 'base_model': MODEL})
+        r = http.post(
+            '/create_sampling_session',
+            headers={'X-API-Key': bob},
+            json={'session_id': sid, 'sampling_session_seq_id': 0, 'base_model': MODEL},
+        )
         assert r.status_code == 404  # bob cannot use alice's session either
     # and alice's run still works
     assert tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] > 0
@@ -64,6 +71,9 @@ def test_bob_cannot_sample_load_or_poll(server, bob, alice, alice_run, sft_data)
 def test_bad_keys_are_rejected(server):
     with httpx.Client(base_url=server.base_url + '/api/v1') as http:
         for headers in ({}, {'X-API-Key': 'tml-nope'}, {'X-API-Key': 'tml-000000000000wrongsecret'}):
-            r = http.post('/create_session', headers=headers, json={'tags': [], 'user_metadata': None,
-                                                                   'sdk_version': 'x', 'type': 'create_session'})
+            r = http.post(
+                '/create_session',
+                headers=headers,
+                json={'tags': [], 'user_metadata': None, 'sdk_version': 'x', 'type': 'create_session'},
+            )
             assert r.status_code == 401 and 'API key' in r.json()['error']

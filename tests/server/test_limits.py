@@ -1,4 +1,5 @@
 """Per-tenant limits answer clear 4xx (never 402) and leave other tenants alone."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,17 +25,22 @@ def test_rank_and_adapter_limits(server, limited):
     with pytest.raises(Exception, match='max_adapters=1'):
         # a cap the client cannot wait out: 403, never retried by the SDK
         import httpx
+
         with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': limited}) as http:
-            sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'x'}
-                            ).json()['session_id']
-            r = http.post('/create_model', json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL,
-                                                 'lora_config': {'rank': 2}})
+            sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'x'}).json()[
+                'session_id'
+            ]
+            r = http.post(
+                '/create_model',
+                json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL, 'lora_config': {'rank': 2}},
+            )
             assert r.status_code == 403 and r.headers['x-should-retry'] == 'false'
             raise RuntimeError(r.json()['error'])
 
 
 def test_request_rate_limit(server, limited):
     import httpx
+
     server.service.config.tenant_limits['limited'] = TenantLimits().merged({'requests_per_minute': 3})
     with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': limited}) as http:
         codes = [http.get('/get_server_capabilities').status_code for _ in range(5)]

@@ -1,4 +1,5 @@
 """The native client (twinkle-client, no torch): remote MultiLoraTransformersModel / TorchSampler, save + resume."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ from conftest import MODEL
 @pytest.fixture(scope='module')
 def client(server, alice):
     from twinkle_client import init_twinkle_client
+
     c = init_twinkle_client(base_url=server.base_url, api_key=alice)
     yield c
     c.close()
@@ -33,6 +35,7 @@ def _step(model, rows, name) -> float:
 
 def test_train_save_and_resume_in_a_new_client(server, alice, client, rows):
     from twinkle_client import MultiLoraTransformersModel, TwinkleClient
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('mine', {'r': 4, 'lora_alpha': 8, 'seed': 0})
     model.set_optimizer('AdamW', lr=1e-2, adapter_name='mine')
@@ -57,12 +60,14 @@ def test_train_save_and_resume_in_a_new_client(server, alice, client, rows):
 def test_remote_sampler_samples_from_a_checkpoint(client, rows):
     from twinkle_client import MultiLoraTransformersModel, TorchSampler
     from twinkle_core.types import SampleResponse
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('s', {'r': 4})
     path = model.save('for-sampling', adapter_name='s')
     sampler = TorchSampler(model_id=MODEL)
-    out = sampler.sample([{'input_ids': rows[0]['input_ids'][:6]}], {'max_tokens': 4, 'num_samples': 2, 'seed': 3},
-                         adapter_name=path)
+    out = sampler.sample(
+        [{'input_ids': rows[0]['input_ids'][:6]}], {'max_tokens': 4, 'num_samples': 2, 'seed': 3}, adapter_name=path
+    )
     assert isinstance(out[0], SampleResponse) and len(out[0].sequences) == 2
     assert all(len(s.logprobs) == len(s.tokens) for s in out[0].sequences)
     base = sampler.sample([{'input_ids': rows[0]['input_ids'][:6]}], {'max_tokens': 4, 'seed': 3})
@@ -75,6 +80,7 @@ def test_the_runtime_modes_client_training_loop(client, rows):
     train as their samples' rows (one advantage per sample, in order), through the native client."""
     from twinkle_client.model import MultiLoraTransformersModel
     from twinkle_client.sampler import vLLMSampler  # the documents' name: whatever sampler the server runs
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8})
     model.set_optimizer('AdamW', lr=1e-3)
@@ -89,7 +95,7 @@ def test_the_runtime_modes_client_training_loop(client, rows):
     before = model.forward_only(inputs=rows_of_samples, compute_loss=False)['logprobs']
     first = model.forward_backward(inputs=responses, advantages=advantages)
     for got, want in zip(first['logprobs'], before, strict=True):  # the responses trained as their samples' rows,
-        assert got == pytest.approx(want, abs=1e-5)                  # in order
+        assert got == pytest.approx(want, abs=1e-5)  # in order
     model.step()
     model.zero_grad()
     after = model.forward_only(inputs=rows_of_samples, compute_loss=False)['logprobs']
@@ -102,6 +108,7 @@ def test_the_runtime_modes_client_training_loop(client, rows):
 
 def test_refusals_are_clear(client, rows):
     from twinkle_client import MultiLoraTransformersModel, RemoteInputError
+
     model = MultiLoraTransformersModel(model_id=MODEL)
     model.add_adapter_to_model('r', {'r': 2})
     with pytest.raises(RemoteInputError, match='hub reference'):
@@ -122,6 +129,7 @@ def test_http_runtime_turns_the_local_class_into_its_remote_twin(server, alice, 
     """`initialize(mode='http')` + `remote_group=` builds the proxy: the training script itself is unchanged."""
     from twinkle_core.runtime import initialize, shutdown
     from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel as LocalModel
+
     initialize(mode='http', base_url=server.base_url, api_key=alice)
     try:
         model = LocalModel(model_id=MODEL, remote_group='train')
@@ -130,4 +138,3 @@ def test_http_runtime_turns_the_local_class_into_its_remote_twin(server, alice, 
         assert model.forward_backward(inputs=rows, adapter_name='rt')['loss'] > 0
     finally:
         shutdown()
-

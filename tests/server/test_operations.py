@@ -4,6 +4,7 @@
   its counters move after real SDK training and sampling on the shared server.
 - `X-Request-ID` round-trips, and the JSON log lines of both the HTTP handler and the engine worker carry it.
 """
+
 from __future__ import annotations
 
 import io
@@ -81,8 +82,7 @@ def _scrape(base_url: str) -> tuple[Samples, dict[str, str]]:
 
 def test_label_values_and_help_are_escaped():
     text = Family('x_total', 'counter', 'a \\ help\nline').add({'route': 'q"b\\c\nd'}, 2).text()
-    assert text == ('# HELP x_total a \\\\ help\\nline\n# TYPE x_total counter\n'
-                    'x_total{route="q\\"b\\\\c\\nd"} 2\n')
+    assert text == ('# HELP x_total a \\\\ help\\nline\n# TYPE x_total counter\nx_total{route="q\\"b\\\\c\\nd"} 2\n')
     samples, _ = parse_exposition(text)
     assert _get(samples, 'x_total', route='q"b\\c\nd') == 2
 
@@ -90,8 +90,11 @@ def test_label_values_and_help_are_escaped():
 def test_metrics_move_with_sdk_training_and_sampling(server, service_client, sft_data):
     before, kinds = _scrape(server.base_url)
     assert kinds['twinkle_queue_depth'] == 'gauge' and kinds['twinkle_http_requests_total'] == 'counter'
-    assert {(k, v) for (n, labels) in before if n == 'twinkle_queue_depth' for k, v in labels if k == 'kind'} == \
-        {('kind', 'train'), ('kind', 'sample'), ('kind', 'call')}
+    assert {(k, v) for (n, labels) in before if n == 'twinkle_queue_depth' for k, v in labels if k == 'kind'} == {
+        ('kind', 'train'),
+        ('kind', 'sample'),
+        ('kind', 'call'),
+    }
 
     tc = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=21).result()
     for _ in range(2):
@@ -118,8 +121,11 @@ def test_metrics_move_with_sdk_training_and_sampling(server, service_client, sft
     assert _get(after, 'twinkle_queue_depth', model=MODEL, kind='train') == 0
     assert _get(after, 'twinkle_draining') == 0 and _get(after, 'process_resident_memory_bytes') > 1e6
     # a histogram is cumulative and its +Inf bucket is its count
-    buckets = sorted((float(dict(labels)['le']), v) for (n, labels), v in after.items()
-                     if n == 'twinkle_engine_call_seconds_bucket' and ('op', 'forward_backward') in labels)
+    buckets = sorted(
+        (float(dict(labels)['le']), v)
+        for (n, labels), v in after.items()
+        if n == 'twinkle_engine_call_seconds_bucket' and ('op', 'forward_backward') in labels
+    )
     assert [v for _, v in buckets] == sorted(v for _, v in buckets) and buckets[-1][0] == math.inf
     assert buckets[-1][1] == _get(after, 'twinkle_engine_call_seconds_count', model=MODEL, op='forward_backward')
     # unknown paths share one label value, whatever clients send
@@ -146,11 +152,14 @@ def json_log() -> io.StringIO:
 
 def test_request_id_round_trips_into_handler_and_worker_logs(server, alice, json_log):
     with httpx.Client(base_url=f'{server.base_url}/api/v1', headers={'X-API-Key': alice}, timeout=60) as http:
-        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}
-                        ).json()['session_id']
-        r = http.post('/create_model', json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL,
-                                             'lora_config': {'rank': 2, 'seed': 0}},
-                      headers={'X-Request-ID': 'ops-create-7'})
+        sid = http.post('/create_session', json={'tags': [], 'user_metadata': None, 'sdk_version': 'raw'}).json()[
+            'session_id'
+        ]
+        r = http.post(
+            '/create_model',
+            json={'session_id': sid, 'model_seq_id': 0, 'base_model': MODEL, 'lora_config': {'rank': 2, 'seed': 0}},
+            headers={'X-Request-ID': 'ops-create-7'},
+        )
         assert r.status_code == 200 and r.headers['x-request-id'] == 'ops-create-7', r.text
         raw_http.result(http, r.json()['request_id'])
         for bad in ('has space', 'x' * 65, '../etc'):  # not a sane token: a fresh id instead

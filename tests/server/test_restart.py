@@ -1,5 +1,6 @@
 """kill -9 the server mid-run, restart it on the same data dir: runs and checkpoints are listed again, a client
 resumes from its checkpoint with the optimizer state, and the request that was in flight fails cleanly."""
+
 from __future__ import annotations
 
 import signal
@@ -14,6 +15,7 @@ from tinker import types
 
 def _start(data_dir, model_dir, port: int) -> subprocess.Popen:
     from twinkle_server.launch import start_process
+
     return start_process({MODEL: str(model_dir)}, str(data_dir), port)
 
 
@@ -22,6 +24,7 @@ def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
     from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
     from twinkle_server.store import Store
+
     store = Store(tmp_path)
     key = create_api_key(store, 'carol')
     store.close()
@@ -40,8 +43,9 @@ def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
         expected = tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum']
         # a request still queued when the process dies
         with httpx.Client(base_url=url + '/api/v1', headers={'X-API-Key': key}) as http:
-            in_flight = http.post('/optim_step', json={'model_id': tc.model_id, 'seq_id': 10_000,
-                                                       'adam_params': {}}).json()['request_id']
+            in_flight = http.post(
+                '/optim_step', json={'model_id': tc.model_id, 'seq_id': 10_000, 'adam_params': {}}
+            ).json()['request_id']
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -62,8 +66,9 @@ def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
         resumed = svc.create_training_client_from_state_with_optimizer(path).result()
         resumed.forward_backward(sft_data, 'cross_entropy').result()
         resumed.optim_step(types.AdamParams(learning_rate=5e-3)).result()
-        assert resumed.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] == \
-            pytest.approx(expected, rel=1e-5)
+        assert resumed.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] == pytest.approx(
+            expected, rel=1e-5
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

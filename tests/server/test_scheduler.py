@@ -3,6 +3,7 @@
 The ordering/fairness tests drive `ModelWorker` with an engine that records what it is asked to run (the
 scheduler is the unit under test); the mixed-pass test uses the real server and engine.
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,6 +19,7 @@ from twinkle_server.scheduler import ModelWorker, Work
 
 class RecordingEngine:
     """Records calls; `forward_backward` returns one result per batch (the scheduler's contract)."""
+
     base_model = 'recording'
 
     def __init__(self) -> None:
@@ -31,8 +33,14 @@ class RecordingEngine:
 
 def _run(worker: ModelWorker, tenant: str, label: str, done: list, **kw) -> None:
     finished = threading.Event()
-    worker.submit(Work(tenant, on_done=lambda r: (done.append(label), finished.set()),
-                       on_error=lambda e: (done.append(f'{label}!{e}'), finished.set()), **kw))
+    worker.submit(
+        Work(
+            tenant,
+            on_done=lambda r: (done.append(label), finished.set()),
+            on_error=lambda e: (done.append(f'{label}!{e}'), finished.set()),
+            **kw,
+        )
+    )
 
 
 def _hold(worker: ModelWorker, engine: RecordingEngine) -> None:
@@ -42,6 +50,7 @@ def _hold(worker: ModelWorker, engine: RecordingEngine) -> None:
 
 def _drain(worker: ModelWorker, done: list, n: int) -> None:
     import time
+
     deadline = time.monotonic() + 10
     while len(done) < n and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -93,8 +102,13 @@ def test_compatible_forward_backwards_of_several_tenants_share_one_pass():
 
 def test_concurrent_tenants_mix_on_the_real_engine_with_solo_results(server, alice, bob, sft_data):
     import tinker
-    clients = [tinker.ServiceClient(base_url=server.base_url, api_key=k).create_lora_training_client(
-        base_model=MODEL, rank=4, seed=s).result() for k, s in ((alice, 21), (bob, 22))]
+
+    clients = [
+        tinker.ServiceClient(base_url=server.base_url, api_key=k)
+        .create_lora_training_client(base_model=MODEL, rank=4, seed=s)
+        .result()
+        for k, s in ((alice, 21), (bob, 22))
+    ]
     for tc in clients:  # make the two adapters differ
         tc.forward_backward(sft_data, 'cross_entropy').result()
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -103,7 +117,9 @@ def test_concurrent_tenants_mix_on_the_real_engine_with_solo_results(server, ali
     before = worker.stats['mixed_train_passes']
     for _ in range(2):
         gate = threading.Event()  # hold the worker so both tenants' requests are queued together
-        worker.submit(Work('holder', on_done=lambda r: None, on_error=lambda e: None, call=lambda e, gate=gate: gate.wait()))
+        worker.submit(
+            Work('holder', on_done=lambda r: None, on_error=lambda e: None, call=lambda e, gate=gate: gate.wait())
+        )
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(lambda tc: tc.forward(sft_data, 'cross_entropy').result(), tc) for tc in clients]
             _wait_for(lambda: worker.queued() >= 2)
@@ -115,6 +131,7 @@ def test_concurrent_tenants_mix_on_the_real_engine_with_solo_results(server, ali
 
 def _wait_for(cond, timeout: float = 60.0) -> None:
     import time
+
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, 'timed out'

@@ -1,6 +1,7 @@
 """A refused request never stalls its model: every rejection path is followed by a good request of the same model
 and client (the next seq_id), which completes; a seq_id that never arrives fails the waiting work after a bounded
 wait; a stranger cannot free someone else's seq_id; a retryable refusal keeps it for the retry."""
+
 from __future__ import annotations
 
 import math
@@ -26,57 +27,106 @@ def _big_body(model_id: str, seq_id: int, size: int) -> bytes:
 
 def _chunks(body: bytes, size: int = 256 * 1024):
     for i in range(0, len(body), size):
-        yield body[i:i + size]
+        yield body[i : i + size]
 
 
 REJECTIONS = {
     # name: (send the refused request with this seq_id, expected status, words of the message)
     'body over the limit (Content-Length)': (
         lambda http, m, s, limit: http.post('/forward_backward', content=_big_body(m, s, limit), headers=PROTO),
-        413, 'exceeds the server limit'),
+        413,
+        'exceeds the server limit',
+    ),
     'body over the limit (chunked)': (
-        lambda http, m, s, limit: http.post('/forward_backward', content=_chunks(_big_body(m, s, limit)),
-                                            headers=PROTO), 413, 'exceeds the server limit'),
+        lambda http, m, s, limit: http.post(
+            '/forward_backward', content=_chunks(_big_body(m, s, limit)), headers=PROTO
+        ),
+        413,
+        'exceeds the server limit',
+    ),
     'learning_rate NaN': (
-        lambda http, m, s, limit: http.post('/optim_step', content=(
-            '{"model_id": "%s", "seq_id": %d, "adam_params": {"learning_rate": NaN}}' % (m, s)).encode()),
-        400, 'learning_rate must be a finite number'),
+        lambda http, m, s, limit: http.post(
+            '/optim_step',
+            content=('{"model_id": "%s", "seq_id": %d, "adam_params": {"learning_rate": NaN}}' % (m, s)).encode(),
+        ),
+        400,
+        'learning_rate must be a finite number',
+    ),
     'negative learning_rate': (
-        lambda http, m, s, limit: http.post('/optim_step', json={'model_id': m, 'seq_id': s,
-                                                                 'adam_params': {'learning_rate': -1.0}}),
-        400, 'learning_rate must be a finite number in [0, 10]'),
+        lambda http, m, s, limit: http.post(
+            '/optim_step', json={'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': -1.0}}
+        ),
+        400,
+        'learning_rate must be a finite number in [0, 10]',
+    ),
     'beta1 out of range': (
-        lambda http, m, s, limit: http.post('/optim_step', json={
-            'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'beta1': 1.0}}),
-        400, 'beta1 must be a finite number in [0, 1)'),
+        lambda http, m, s, limit: http.post(
+            '/optim_step', json={'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'beta1': 1.0}}
+        ),
+        400,
+        'beta1 must be a finite number in [0, 1)',
+    ),
     'eps zero': (
-        lambda http, m, s, limit: http.post('/optim_step', json={
-            'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'eps': 0.0}}),
-        400, 'eps must be a finite number in (0, 1]'),
+        lambda http, m, s, limit: http.post(
+            '/optim_step', json={'model_id': m, 'seq_id': s, 'adam_params': {'learning_rate': 1e-3, 'eps': 0.0}}
+        ),
+        400,
+        'eps must be a finite number in (0, 1]',
+    ),
     'optim_step missing a field': (
         lambda http, m, s, limit: http.post('/optim_step', json={'model_id': m, 'seq_id': s}),
-        400, 'Field required'),
+        400,
+        'Field required',
+    ),
     'truncated JSON': (
         lambda http, m, s, limit: http.post('/optim_step', content=f'{{"model_id": "{m}", "seq_id": {s}, '.encode()),
-        400, 'not valid JSON'),
+        400,
+        'not valid JSON',
+    ),
     'unknown loss_fn': (
-        lambda http, m, s, limit: http.post('/forward_backward', content=fwdbwd_body(m, s, [datum()], 'nope'),
-                                            headers=PROTO), 422, "unknown loss_fn 'nope'"),
+        lambda http, m, s, limit: http.post(
+            '/forward_backward', content=fwdbwd_body(m, s, [datum()], 'nope'), headers=PROTO
+        ),
+        422,
+        "unknown loss_fn 'nope'",
+    ),
     'tensor length mismatch': (
-        lambda http, m, s, limit: http.post('/forward_backward', headers=PROTO, content=fwdbwd_body(m, s, [
-            __import__('tinker').types.Datum(model_input=__import__('tinker').types.ModelInput.from_ints([5, 6, 7]),
-                                             loss_fn_inputs={'target_tokens': [6, 7]})])), 422, 'has 2 values'),
+        lambda http, m, s, limit: http.post(
+            '/forward_backward',
+            headers=PROTO,
+            content=fwdbwd_body(
+                m,
+                s,
+                [
+                    __import__('tinker').types.Datum(
+                        model_input=__import__('tinker').types.ModelInput.from_ints([5, 6, 7]),
+                        loss_fn_inputs={'target_tokens': [6, 7]},
+                    )
+                ],
+            ),
+        ),
+        422,
+        'has 2 values',
+    ),
     'too many tokens': (
-        lambda http, m, s, limit: http.post('/forward_backward', headers=PROTO,
-                                            content=fwdbwd_body(m, s, [datum(300)] * 120)),
-        413, 'max_tokens_per_request=32768'),
+        lambda http, m, s, limit: http.post(
+            '/forward_backward', headers=PROTO, content=fwdbwd_body(m, s, [datum(300)] * 120)
+        ),
+        413,
+        'max_tokens_per_request=32768',
+    ),
     'save_weights with a bad name': (
         lambda http, m, s, limit: http.post('/save_weights', json={'model_id': m, 'seq_id': s, 'path': '../x'}),
-        400, 'invalid checkpoint name'),
+        400,
+        'invalid checkpoint name',
+    ),
     'load_weights of a bad path': (
-        lambda http, m, s, limit: http.post('/load_weights', json={'model_id': m, 'seq_id': s, 'path': 'x://y',
-                                                                   'optimizer': False}),
-        400, 'invalid checkpoint path'),
+        lambda http, m, s, limit: http.post(
+            '/load_weights', json={'model_id': m, 'seq_id': s, 'path': 'x://y', 'optimizer': False}
+        ),
+        400,
+        'invalid checkpoint path',
+    ),
 }
 
 
@@ -116,8 +166,9 @@ def test_another_tenant_cannot_free_my_seq_id(server, http, bob):
     with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': bob}, timeout=60) as stranger:
         r = stranger.post('/optim_step', json={'model_id': model_id, 'seq_id': 1, 'adam_params': {}})
         assert r.status_code in (400, 404)
-    parked = http.post('/forward_backward', content=fwdbwd_body(model_id, 2, [datum()], forward_only=True),
-                       headers=PROTO).json()['request_id']
+    parked = http.post(
+        '/forward_backward', content=fwdbwd_body(model_id, 2, [datum()], forward_only=True), headers=PROTO
+    ).json()['request_id']
     time.sleep(0.5)
     assert http.post('/retrieve_future', json={'request_id': parked}).json()['type'] == 'try_again'
     fwdbwd_loss(http, model_id, 1, forward_only=True)  # the owner's seq 1 still counts ...

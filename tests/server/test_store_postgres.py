@@ -2,6 +2,7 @@
 contract on both, numbered migrations (legacy SQLite files stamped, nothing applied twice, concurrent starts,
 newer schemas refused, failures rolled back), clear errors for bad or unreachable URLs, and a PostgreSQL-backed
 server that restarts without losing runs."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -24,6 +25,7 @@ def url(request, tmp_path) -> str | None:
 @pytest.fixture
 def store(url, tmp_path):
     from twinkle_server.store import Store
+
     s = Store.open(url, tmp_path)
     yield s
     s.close()
@@ -72,11 +74,13 @@ def test_training_runs_page_and_stay_per_tenant(store):
 
 def test_checkpoints_listed_hidden_replaced_deleted(store):
     from twinkle_server.store import CheckpointRow
+
     big = 5 * 2**30  # larger than a 32-bit integer
     t = 1_700_000_000.123456789
     store.put_checkpoint(CheckpointRow('r', 'weights/a', 'alice', 'training', '/d/a', big, t, {'k': 'v'}, None))
-    store.put_checkpoint(CheckpointRow('r', 'sampler_weights/s', 'alice', 'sampler', '/d/s', 1, t + 1, None, None,
-                                       listed=False))
+    store.put_checkpoint(
+        CheckpointRow('r', 'sampler_weights/s', 'alice', 'sampler', '/d/s', 1, t + 1, None, None, listed=False)
+    )
     row = store.checkpoint('r', 'weights/a', 'alice')
     assert row.size_bytes == big and row.created_at == t and row.user_metadata == {'k': 'v'} and row.listed
     assert [c.checkpoint_id for c in store.checkpoints('alice')] == ['weights/a']
@@ -90,6 +94,7 @@ def test_checkpoints_listed_hidden_replaced_deleted(store):
 
 def test_checkpoint_pushes(store):
     from twinkle_server.store import CheckpointRow, PushRow
+
     ck = CheckpointRow('r', 'weights/a', 'alice', 'training', '/d', 1, 1.0, None, None)
     store.put_checkpoint(ck)
     push = PushRow('r', 'weights/a', 'alice', 'hf://org/alice-r', 'weights/a', True, 'pending', time.time())
@@ -111,6 +116,7 @@ def test_checkpoint_pushes(store):
 
 def test_sampling_sessions_and_futures(store):
     from twinkle_server.store import SamplingSessionRow
+
     store.add_sampling_session(SamplingSessionRow('ss', 'alice', 's', MODEL, 'tinker://r/weights/a', 1.5))
     assert store.sampling_session('ss', 'alice').model_path == 'tinker://r/weights/a'
     assert store.sampling_session('ss', 'bob') is None
@@ -151,6 +157,7 @@ def test_many_threads_at_once(store):
 def test_fronts_sharing_postgres_recover_only_their_own_futures(postgres_url, tmp_path):
     """At start a server fails the futures left pending by its previous run, never another live server's."""
     from twinkle_server.store import Store
+
     a, b = (Store.open(postgres_url, tmp_path, owner=o) for o in ('host-a:8000', 'host-b:8000'))
     anyone = Store.open(postgres_url, tmp_path)
     sqlite = Store(tmp_path, owner='host-a:8000')
@@ -196,11 +203,13 @@ CREATE TABLE IF NOT EXISTS futures (
 def test_pre_migration_sqlite_file_is_stamped_and_readable(tmp_path):
     from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+
     old = sqlite3.connect(tmp_path / 'server.db')
     old.executescript(PRE_MIGRATION_SCHEMA)
     old.execute("INSERT INTO api_keys VALUES ('k', 'alice', x'01', x'02', 1.0, 0)")
-    old.execute("INSERT INTO training_runs VALUES ('r', 'alice', 's', 'm', '{\"lora\": {\"rank\": 4}}', 'null', "
-                "1.0, 2.0, 0)")
+    old.execute(
+        "INSERT INTO training_runs VALUES ('r', 'alice', 's', 'm', '{\"lora\": {\"rank\": 4}}', 'null', 1.0, 2.0, 0)"
+    )
     old.execute("INSERT INTO checkpoints VALUES ('r', 'weights/a', 'alice', 'training', '/d', 3, 1.0, NULL, NULL, 1)")
     old.commit()
     old.close()
@@ -220,6 +229,7 @@ def test_pre_migration_sqlite_file_is_stamped_and_readable(tmp_path):
 def test_reopening_applies_nothing_twice(url, tmp_path):
     from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+
     first = Store.open(url, tmp_path)
     first.add_api_key('k', 'alice', b's', b'd')
     first.close()
@@ -234,6 +244,7 @@ def test_reopening_applies_nothing_twice(url, tmp_path):
 def test_fronts_starting_at_once_migrate_once(url, tmp_path):
     from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+
     stores, errors, go = [], [], threading.Barrier(4)
 
     def open_one() -> None:
@@ -260,6 +271,7 @@ def test_fronts_starting_at_once_migrate_once(url, tmp_path):
 def test_newer_schema_is_refused_and_failed_migration_rolled_back(url, tmp_path):
     from twinkle_server.db import DatabaseError, open_database
     from twinkle_server.db.migrations import MIGRATIONS, Migration, applied_versions, migrate
+
     db = open_database(url, tmp_path)
     try:
         migrate(db)
@@ -281,10 +293,17 @@ def test_bad_and_unreachable_urls_fail_clearly_without_the_password(tmp_path):
     from twinkle_server.db import DatabaseError, mask_url
     from twinkle_server.launch import free_port
     from twinkle_server.store import Store
-    assert mask_url('postgresql://u:s3cret@h:5/db?password=x&sslmode=require') == \
-        'postgresql://u:***@h:5/db?password=***&sslmode=require'
-    for bad, why in (('mysql://u@h/db', 'unsupported database URL'), ('postgresql://u:s3cret@h:port/db', 'invalid'),
-                     ('postgresql://u:s3cret@h:5432', 'name the database'), ('sqlite://', 'names a file')):
+
+    assert (
+        mask_url('postgresql://u:s3cret@h:5/db?password=x&sslmode=require')
+        == 'postgresql://u:***@h:5/db?password=***&sslmode=require'
+    )
+    for bad, why in (
+        ('mysql://u@h/db', 'unsupported database URL'),
+        ('postgresql://u:s3cret@h:port/db', 'invalid'),
+        ('postgresql://u:s3cret@h:5432', 'name the database'),
+        ('sqlite://', 'names a file'),
+    ):
         with pytest.raises(DatabaseError, match=why) as err:
             Store.open(bad, tmp_path)
         assert 's3cret' not in str(err.value)
@@ -297,6 +316,7 @@ def test_bad_and_unreachable_urls_fail_clearly_without_the_password(tmp_path):
 
 def test_sqlite_url_names_the_file(tmp_path):
     from twinkle_server.store import Store
+
     store = Store.open(f'sqlite:///{tmp_path}/elsewhere/meta.db', tmp_path / 'data')
     store.add_api_key('k', 'alice', b's', b'd')
     store.close()
@@ -306,19 +326,62 @@ def test_sqlite_url_names_the_file(tmp_path):
 def test_keys_cli_takes_a_database_url(postgres_url, tmp_path, capsys):
     from twinkle_core.cli.main import main
     from twinkle_server.store import Store
-    assert main(['server', 'keys', 'create', '--tenant', 'carol', '--data-dir', str(tmp_path),
-                 '--database-url', postgres_url]) == 0
+
+    assert (
+        main(
+            [
+                'server',
+                'keys',
+                'create',
+                '--tenant',
+                'carol',
+                '--data-dir',
+                str(tmp_path),
+                '--database-url',
+                postgres_url,
+            ]
+        )
+        == 0
+    )
     key = capsys.readouterr().out.strip()
     store = Store.open(postgres_url, tmp_path)
     try:
         assert key.startswith('tml-') and store.tenants() == ['carol']
     finally:
         store.close()
-    assert main(['server', 'keys', 'revoke', '--tenant', 'carol', '--data-dir', str(tmp_path),
-                 '--database-url', postgres_url]) == 0
+    assert (
+        main(
+            [
+                'server',
+                'keys',
+                'revoke',
+                '--tenant',
+                'carol',
+                '--data-dir',
+                str(tmp_path),
+                '--database-url',
+                postgres_url,
+            ]
+        )
+        == 0
+    )
     assert 'revoked 1 key' in capsys.readouterr().out
-    assert main(['server', 'keys', 'create', '--tenant', 'carol', '--data-dir', str(tmp_path),
-                 '--database-url', 'postgresql://x:pw@127.0.0.1:1/none']) == 2
+    assert (
+        main(
+            [
+                'server',
+                'keys',
+                'create',
+                '--tenant',
+                'carol',
+                '--data-dir',
+                str(tmp_path),
+                '--database-url',
+                'postgresql://x:pw@127.0.0.1:1/none',
+            ]
+        )
+        == 2
+    )
     assert 'cannot connect' in capsys.readouterr().err
 
 
@@ -333,8 +396,9 @@ def test_postgres_backed_server_restarts_without_losing_runs(postgres_url, tmp_p
     from twinkle_server.store import Store
 
     def start():
-        config = ServerConfig(models={MODEL: str(tiny_model_dir)}, data_dir=str(tmp_path), port=free_port(),
-                              database_url=postgres_url)
+        config = ServerConfig(
+            models={MODEL: str(tiny_model_dir)}, data_dir=str(tmp_path), port=free_port(), database_url=postgres_url
+        )
         return start_in_thread(config)
 
     store = Store.open(postgres_url, tmp_path)
@@ -359,8 +423,9 @@ def test_postgres_backed_server_restarts_without_losing_runs(postgres_url, tmp_p
         assert path in {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
         svc = tinker.ServiceClient(base_url=running.base_url, api_key=key)
         resumed = svc.create_training_client_from_state_with_optimizer(path).result()
-        assert resumed.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] == \
-            pytest.approx(expected, rel=1e-5)
+        assert resumed.forward(sft_data, 'cross_entropy').result().metrics['loss:sum'] == pytest.approx(
+            expected, rel=1e-5
+        )
     finally:
         running.stop()
 
@@ -369,10 +434,24 @@ def test_start_refuses_an_unreachable_database_before_loading_anything(tmp_path,
     import shutil
     import subprocess
     import sys
+
     twinkle = shutil.which('twinkle', path=str(Path(sys.executable).parent)) or 'twinkle'
-    done = subprocess.run([twinkle, 'server', 'start', '--model', str(tiny_model_dir), '--data-dir',
-                           str(tmp_path), '--database-url', 'postgresql://u:secret@127.0.0.1:1/db'],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            twinkle,
+            'server',
+            'start',
+            '--model',
+            str(tiny_model_dir),
+            '--data-dir',
+            str(tmp_path),
+            '--database-url',
+            'postgresql://u:secret@127.0.0.1:1/db',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert 'cannot connect to the metadata database postgresql://u:***@127.0.0.1:1/db' in done.stderr
     assert 'secret' not in done.stderr

@@ -5,6 +5,7 @@ Datums are built the tinker-cookbook way (`datum_from_model_input_weights`): a t
 `expected_tokens` positions of the loss inputs (target 0, weight 0). forward_backward travels as protobuf (SDK 0.38
 has no JSON form for it); sampling prompts travel as JSON (image bytes base64).
 """
+
 from __future__ import annotations
 
 import io
@@ -29,6 +30,7 @@ TOKENS_PER_IMAGE = 16  # a 112x112 image is resized to 128x128: 8x8 patches of 1
 @pytest.fixture(scope='module')
 def template(tiny_vl_model_dir):
     from twinkle_core.template.vision import VisionTemplate
+
     return VisionTemplate(str(tiny_vl_model_dir))
 
 
@@ -48,13 +50,14 @@ def model_input(row: dict, images: list[bytes], *, fmt: str = 'png') -> types.Mo
             chunks.append(types.ImageChunk(data=images[k], format=fmt, expected_tokens=n))
             k += 1
         else:
-            chunks.append(types.EncodedTextChunk(tokens=row['input_ids'][pos:pos + n]))
+            chunks.append(types.EncodedTextChunk(tokens=row['input_ids'][pos : pos + n]))
         pos += n
     return types.ModelInput(chunks=chunks)
 
 
 def to_datum(trajectory: dict, row: dict, **kwargs) -> types.Datum:
     from tinker_cookbook.supervised.common import datum_from_model_input_weights
+
     weights = torch.tensor([float(label != -100) for label in row['labels']])
     return datum_from_model_input_weights(model_input(row, trajectory['images'], **kwargs), weights)
 
@@ -70,6 +73,7 @@ def _local_reference(model_dir, rows: list[dict]) -> tuple[float, list[list[floa
     from twinkle_server.engine.base import LoraSpec
     from twinkle_server.tinker.lora import lora_targets
     from twinkle_transformers.model import TransformersModel
+
     model = TransformersModel(str(model_dir), device='cpu')
     lora = LoraSpec(RANK, 32.0, lora_targets({}), SEED)
     with torch.random.fork_rng(devices=[]):
@@ -105,7 +109,7 @@ def test_lora_training_with_images_matches_local_and_loss_falls(client, data, lo
     for out, d, ref in zip(before.loss_fn_outputs, data, local_logprobs):
         # Tinker position i predicts input_ids[i + 1]: the local row's log-probs shifted by one (image positions
         # included: neither side trains on them, both report the next input token's log-prob)
-        np.testing.assert_allclose(out['logprobs'].to_numpy(), ref[1:d.model_input.length + 1], atol=1e-4)
+        np.testing.assert_allclose(out['logprobs'].to_numpy(), ref[1 : d.model_input.length + 1], atol=1e-4)
 
 
 def test_forward_logprobs_cover_every_position(client, data):
@@ -122,9 +126,18 @@ def test_forward_logprobs_cover_every_position(client, data):
 
 def test_expected_tokens_none_uses_the_server_count(client, data):
     tc = client.create_lora_training_client(base_model=VL, rank=RANK, seed=SEED).result()
-    unset = [types.Datum(model_input=types.ModelInput(chunks=[
-        c.model_copy(update={'expected_tokens': None}) if isinstance(c, types.ImageChunk) else c
-        for c in d.model_input.chunks]), loss_fn_inputs=d.loss_fn_inputs) for d in data]
+    unset = [
+        types.Datum(
+            model_input=types.ModelInput(
+                chunks=[
+                    c.model_copy(update={'expected_tokens': None}) if isinstance(c, types.ImageChunk) else c
+                    for c in d.model_input.chunks
+                ]
+            ),
+            loss_fn_inputs=d.loss_fn_inputs,
+        )
+        for d in data
+    ]
     with_none = tc.forward(unset, 'cross_entropy').result().metrics['loss:sum']
     assert with_none == pytest.approx(tc.forward(data, 'cross_entropy').result().metrics['loss:sum'], rel=1e-6)
 
@@ -135,19 +148,27 @@ def test_wrong_expected_tokens_is_a_400_and_the_client_goes_on(client, data):
     chunks = list(data[0].model_input.chunks)
     chunks[1] = chunks[1].model_copy(update={'expected_tokens': TOKENS_PER_IMAGE + 1})
     n = sum(c.length for c in chunks)
-    bad = types.Datum(model_input=types.ModelInput(chunks=chunks),
-                      loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n})
-    with pytest.raises(tinker.BadRequestError, match=rf'chunk 1 \(image\) has expected_tokens=17, but this server '
-                                                     rf'computes {TOKENS_PER_IMAGE} tokens'):
+    bad = types.Datum(
+        model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n}
+    )
+    with pytest.raises(
+        tinker.BadRequestError,
+        match=rf'chunk 1 \(image\) has expected_tokens=17, but this server '
+        rf'computes {TOKENS_PER_IMAGE} tokens',
+    ):
         tc.forward_backward([bad], 'cross_entropy').result()
     assert _train(tc, data[:1], 1, ADAM)[0] > 0
 
 
-@pytest.mark.parametrize('payload,fmt,match', [
-    (b'\x89PNG\r\n\x1a\nnot really', 'png', 'not a decodable image'),
-    (image_bytes(colour_image('red'), 'JPEG'), 'png', 'the bytes are JPEG'),
-    (image_bytes(colour_image('red'), 'GIF'), 'gif', "format 'gif' is not supported"),
-], ids=['undecodable', 'format-mismatch', 'unknown-format'])
+@pytest.mark.parametrize(
+    'payload,fmt,match',
+    [
+        (b'\x89PNG\r\n\x1a\nnot really', 'png', 'not a decodable image'),
+        (image_bytes(colour_image('red'), 'JPEG'), 'png', 'the bytes are JPEG'),
+        (image_bytes(colour_image('red'), 'GIF'), 'gif', "format 'gif' is not supported"),
+    ],
+    ids=['undecodable', 'format-mismatch', 'unknown-format'],
+)
 def test_bad_images_are_refused(client, data, payload, fmt, match):
     """(c) undecodable bytes and a format that does not match the bytes: 400, and the client goes on."""
     tc = client.create_lora_training_client(base_model=VL, rank=RANK, seed=SEED).result()
@@ -155,8 +176,9 @@ def test_bad_images_are_refused(client, data, payload, fmt, match):
     # model_construct: the SDK's own validation would stop format='gif' before it is sent
     chunks[1] = types.ImageChunk.model_construct(data=payload, format=fmt, expected_tokens=TOKENS_PER_IMAGE)
     n = sum(c.length for c in chunks)
-    bad = types.Datum(model_input=types.ModelInput(chunks=chunks),
-                      loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n})
+    bad = types.Datum(
+        model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n}
+    )
     with pytest.raises(tinker.BadRequestError, match=match):
         tc.forward_backward([bad], 'cross_entropy').result()
     assert tc.forward(data[:1], 'cross_entropy').result().metrics['loss:sum'] > 0
@@ -169,8 +191,9 @@ def test_images_beyond_the_context_are_refused_before_decoding(client, data):
     big = types.ImageChunk(data=image_bytes(colour_image('blue', (224, 224))), format='png')  # 49 tokens each
     chunks = [types.EncodedTextChunk(tokens=[5, 6])] + [big] * 45  # 2207 positions > 2048
     n = 2 + 45 * 49
-    datum = types.Datum(model_input=types.ModelInput(chunks=chunks),
-                        loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n})
+    datum = types.Datum(
+        model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={'target_tokens': [0] * n, 'weights': [0.0] * n}
+    )
     with pytest.raises(tinker.APIStatusError, match='context length') as refused:
         tc.forward_backward([datum], 'cross_entropy').result()
     assert refused.value.status_code == 413
@@ -182,8 +205,10 @@ def test_images_beyond_the_context_are_refused_before_decoding(client, data):
 def test_placeholder_token_in_text_is_refused(client, data):
     tc = client.create_lora_training_client(base_model=VL, rank=RANK, seed=SEED).result()
     tokens = [5, 6, 1187, 7]
-    bad = types.Datum(model_input=types.ModelInput.from_ints(tokens),
-                      loss_fn_inputs={'target_tokens': [6, 1187, 7, 8], 'weights': [1.0] * 4})
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={'target_tokens': [6, 1187, 7, 8], 'weights': [1.0] * 4},
+    )
     with pytest.raises(tinker.BadRequestError, match='contains token id 1187, the image placeholder'):
         tc.forward_backward([bad], 'cross_entropy').result()
 
@@ -205,16 +230,19 @@ def test_sampling_from_an_image_prompt(client, data):
     assert len(res.sequences) == 2 and all(len(s.tokens) == len(s.logprobs) > 0 for s in res.sequences)
 
     full, targets = data[0].model_input, data[0].loss_fn_inputs['target_tokens'].tolist()
-    fwd = tc.forward([types.Datum(model_input=full, loss_fn_inputs={'target_tokens': targets})],
-                     'cross_entropy').result()
-    whole = types.ModelInput(chunks=[*full.chunks[:2], types.EncodedTextChunk(tokens=[*full.chunks[2].tokens,
-                                                                                      targets[-1]])])
+    fwd = tc.forward(
+        [types.Datum(model_input=full, loss_fn_inputs={'target_tokens': targets})], 'cross_entropy'
+    ).result()
+    whole = types.ModelInput(
+        chunks=[*full.chunks[:2], types.EncodedTextChunk(tokens=[*full.chunks[2].tokens, targets[-1]])]
+    )
     sampled = sampler.compute_logprobs(whole).result()
     assert len(sampled) == whole.length and sampled[0] is None
     np.testing.assert_allclose(sampled[1:], fwd.loss_fn_outputs[0]['logprobs'].to_numpy(), atol=1e-4)
 
-    pointer = types.ModelInput(chunks=[types.ImageAssetPointerChunk(format='png', location='/etc/passwd',
-                                                                    expected_tokens=TOKENS_PER_IMAGE)])
+    pointer = types.ModelInput(
+        chunks=[types.ImageAssetPointerChunk(format='png', location='/etc/passwd', expected_tokens=TOKENS_PER_IMAGE)]
+    )
     with pytest.raises(tinker.BadRequestError, match='image_asset_pointer chunks are not supported'):
         sampler.sample(pointer, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result()
 
@@ -225,6 +253,7 @@ def test_native_client_sends_image_rows(vl_server, rows, local):
     from twinkle_client import MultiLoraTransformersModel, TwinkleClient
     from twinkle_client.proxy import plain
     from twinkle_core.utils.arrays import ARRAY_KEY
+
     assert ARRAY_KEY in plain(rows)[0]['pixel_values']
     running, key = vl_server
     conn = TwinkleClient(running.base_url, key)

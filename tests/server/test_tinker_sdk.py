@@ -1,4 +1,5 @@
 """The unmodified `tinker` SDK against a real twinkle server: SFT, RL, resume, custom losses, checkpoints."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,10 @@ def test_sft_loss_falls_and_logprobs_match_loss(service_client, sft_data):
     assert losses[-1] < 0.8 * losses[0], losses
     out = tc.forward(sft_data, 'cross_entropy').result()
     # loss:sum is exactly -sum(weights * logprobs) of the returned per-token logprobs
-    expected = -sum(float(np.dot(o['logprobs'].to_numpy(), d.loss_fn_inputs['weights'].to_numpy()))
-                    for o, d in zip(out.loss_fn_outputs, sft_data))
+    expected = -sum(
+        float(np.dot(o['logprobs'].to_numpy(), d.loss_fn_inputs['weights'].to_numpy()))
+        for o, d in zip(out.loss_fn_outputs, sft_data)
+    )
     assert out.metrics['loss:sum'] == pytest.approx(expected, rel=1e-4)
     assert all(len(o['logprobs'].tolist()) == d.model_input.length for o, d in zip(out.loss_fn_outputs, sft_data))
 
@@ -110,28 +113,42 @@ def test_rl_step_sample_then_importance_sampling(service_client, sft_data, token
     for seq, adv in zip(res.sequences, advantages):
         tokens = prompt.to_ints() + seq.tokens
         n_prompt = prompt.length
-        data.append(types.Datum(
-            model_input=types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={'target_tokens': tokens[1:],
-                            'logprobs': [0.0] * (n_prompt - 1) + list(seq.logprobs),
-                            'advantages': [0.0] * (n_prompt - 1) + [float(adv)] * len(seq.tokens)}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    'target_tokens': tokens[1:],
+                    'logprobs': [0.0] * (n_prompt - 1) + list(seq.logprobs),
+                    'advantages': [0.0] * (n_prompt - 1) + [float(adv)] * len(seq.tokens),
+                },
+            )
+        )
     out = tc.forward_backward(data, 'importance_sampling').result()
     assert math.isfinite(out.metrics['loss:sum'])
     # the learner's log-probs of the sampled tokens equal the sampler's (same weights): ratio 1
     for seq, o in zip(res.sequences, out.loss_fn_outputs):
-        learner = o['logprobs'].to_numpy()[-len(seq.tokens):]
+        learner = o['logprobs'].to_numpy()[-len(seq.tokens) :]
         np.testing.assert_allclose(learner, seq.logprobs, atol=1e-3)
     tc.optim_step(ADAM).result()
 
 
-@pytest.mark.parametrize('loss_fn,config', [('ppo', {'clip_low_threshold': 0.9, 'clip_high_threshold': 1.1}),
-                                            ('cispo', None), ('dro', {'beta': 0.1})])
+@pytest.mark.parametrize(
+    'loss_fn,config',
+    [('ppo', {'clip_low_threshold': 0.9, 'clip_high_threshold': 1.1}), ('cispo', None), ('dro', {'beta': 0.1})],
+)
 def test_rl_losses_run(service_client, sft_data, loss_fn, config):
     tc = service_client.create_lora_training_client(base_model=MODEL, rank=4, seed=6).result()
-    data = [types.Datum(model_input=d.model_input,
-                        loss_fn_inputs={'target_tokens': d.loss_fn_inputs['target_tokens'],
-                                        'logprobs': [-1.0] * d.model_input.length,
-                                        'advantages': [1.0] * d.model_input.length}) for d in sft_data]
+    data = [
+        types.Datum(
+            model_input=d.model_input,
+            loss_fn_inputs={
+                'target_tokens': d.loss_fn_inputs['target_tokens'],
+                'logprobs': [-1.0] * d.model_input.length,
+                'advantages': [1.0] * d.model_input.length,
+            },
+        )
+        for d in sft_data
+    ]
     out = tc.forward_backward(data, loss_fn, loss_fn_config=config).result()
     assert math.isfinite(out.metrics['loss:sum']) and out.metrics['loss:sum'] != 0.0
 
@@ -142,8 +159,10 @@ def test_compute_logprobs_has_nan_free_tail_and_none_first(service_client, sft_d
     ids = tokenizer.encode('User: Say hello.\nAssistant: Hello there')
     lps = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
     assert lps[0] is None and len(lps) == len(ids)
-    fwd = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                                  loss_fn_inputs={'target_tokens': ids[1:]})], 'cross_entropy').result()
+    fwd = tc.forward(
+        [types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={'target_tokens': ids[1:]})],
+        'cross_entropy',
+    ).result()
     np.testing.assert_allclose(lps[1:], fwd.loss_fn_outputs[0]['logprobs'].to_numpy(), atol=1e-4)
 
 
@@ -164,8 +183,9 @@ def test_list_and_delete_checkpoints(server, service_client, alice, sft_data):
     assert len(page.training_runs) == 1 and page.cursor.total_count >= 1
 
     sampling = service_client.create_sampling_client(model_path=sampler_path).result()
-    assert sampling.sample(types.ModelInput.from_ints([1, 2, 3]), 1,
-                           types.SamplingParams(max_tokens=2)).result().sequences
+    assert (
+        sampling.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result().sequences
+    )
 
     rest.delete_checkpoint(tc.model_id, 'weights/ck-a').result()
     remaining = {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}

@@ -3,6 +3,7 @@
 Import the fixtures into a test module by name (``from vl_fixtures import client, vl_server``); `serve_vl` starts a
 variant with other config fields.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,16 +21,19 @@ def serve_vl(data_dir: Path, model_dir: Path, **config: Any) -> Any:
     (64 adapters per tenant unless `default_limits` is given)."""
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
     from twinkle_server.launch import free_port
+
     logging.getLogger('tinker').setLevel(logging.ERROR)
     config.setdefault('default_limits', TenantLimits().merged({'max_adapters': 64}))
-    return start_in_thread(ServerConfig(models={VL: str(model_dir)}, data_dir=str(data_dir), port=free_port(),
-                                        **config))
+    return start_in_thread(
+        ServerConfig(models={VL: str(model_dir)}, data_dir=str(data_dir), port=free_port(), **config)
+    )
 
 
 @pytest.fixture(scope='module')
 def vl_server(tmp_path_factory, tiny_vl_model_dir):
     """(running server with default limits, API key of tenant carol)."""
     from twinkle_server.auth import create_api_key
+
     running = serve_vl(tmp_path_factory.mktemp('vl-data'), tiny_vl_model_dir)
     yield running, create_api_key(running.service.store, 'carol')
     running.stop()

@@ -1,4 +1,5 @@
 """Fixtures shared by the Transformers backend tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,4 +20,5 @@ def one_thread():
 def tokenizer(tiny_model_dir):
     """The tiny fixture model's tokenizer."""
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(tiny_model_dir)

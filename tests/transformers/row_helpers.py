@@ -1,4 +1,5 @@
 """Row builders shared by the Transformers backend tests."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """CheckpointEngineManager + engines with real models: after a sync the sampler's logprobs equal the training
 model's; LoRA-only after the first sync; nothing moves when the sampler shares the adapter; merge_and_sync."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,12 @@ TARGETS = ['q_proj', 'v_proj', 'up_proj']
 def lora_model(model_dir, seed: int = 0):
     import peft
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(seed)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS,
-                                                      init_lora_weights=False))
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
+    )
     training_step(model, scale=20.0)
     return model
 
@@ -45,13 +48,14 @@ def assert_sampler_matches(sampler, model, adapter_name=None, seed=0):
     responses = sampler.sample(PROMPTS, SamplingParams(max_tokens=6, seed=seed), adapter_name=adapter_name)
     for prompt, response in zip(PROMPTS, responses):
         seq = response.sequences[0]
-        ref = forward_logprobs(model, prompt + seq.tokens)[len(prompt) - 1:]
+        ref = forward_logprobs(model, prompt + seq.tokens)[len(prompt) - 1 :]
         torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
     model.train(was_training)
 
 
 def test_in_process_sync_sends_base_once_then_lora_only(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     manager = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler)
@@ -67,6 +71,7 @@ def test_in_process_sync_sends_base_once_then_lora_only(tiny_model_dir):
 
 def test_shared_model_moves_nothing_and_shared_base_moves_lora_only(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(model=model)
     assert CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler).sync_weights().moved is False
@@ -82,6 +87,7 @@ def test_shared_model_moves_nothing_and_shared_base_moves_lora_only(tiny_model_d
 
 def test_merge_and_sync_puts_merged_weights_in_the_base(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     model = lora_model(tiny_model_dir)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     manager = CheckpointEngineManager(model=ModuleWeights(model), sampler=sampler)
@@ -101,6 +107,7 @@ def test_full_parameter_sync(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from twinkle_transformers.sampler import TorchSampler
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
@@ -115,19 +122,24 @@ def test_sync_from_transformers_model_matches_forward_only(tiny_model_dir):
     """The training model's own logprobs (TransformersModel.forward_only) equal the sampler's after a sync."""
     from twinkle_transformers.model import TransformersModel
     from twinkle_transformers.sampler import TorchSampler
+
     trainer = TransformersModel(tiny_model_dir, device='cpu', dtype='float32')
-    trainer.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': TARGETS,
-                                             'init_lora_weights': False})
+    trainer.add_adapter_to_model(
+        'default', {'r': 4, 'lora_alpha': 8, 'target_modules': TARGETS, 'init_lora_weights': False}
+    )
     training_step(trainer.model, scale=10.0)
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     CheckpointEngineManager(model=trainer, sampler=sampler).sync_weights()
     responses = sampler.sample(PROMPTS, max_tokens=6, seed=3, adapter_name='default')
-    rows = [{'input_ids': p + r.sequences[0].tokens, 'labels': [-100] * len(p) + r.sequences[0].tokens}
-            for p, r in zip(PROMPTS, responses)]
+    rows = [
+        {'input_ids': p + r.sequences[0].tokens, 'labels': [-100] * len(p) + r.sequences[0].tokens}
+        for p, r in zip(PROMPTS, responses)
+    ]
     out = trainer.forward_only(inputs=rows)
     for prompt, response, logprobs in zip(PROMPTS, responses, out['logprobs']):
-        torch.testing.assert_close(torch.tensor(logprobs[len(prompt):]),
-                                   torch.tensor(response.sequences[0].logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(logprobs[len(prompt) :]), torch.tensor(response.sequences[0].logprobs), atol=1e-4, rtol=0
+        )
 
 
 def test_multi_lora_model_syncs_each_tenant_and_shared_sampler_uses_it_directly(tiny_model_dir):
@@ -135,10 +147,14 @@ def test_multi_lora_model_syncs_each_tenant_and_shared_sampler_uses_it_directly(
     sampler sharing the model samples each tenant without any copy; logprobs equal forward_only's."""
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
     from twinkle_transformers.sampler import TorchSampler
+
     trainer = MultiLoraTransformersModel(tiny_model_dir, device='cpu', dtype='float32')
     for i, name in enumerate(('tenant_a', 'tenant_b')):
-        trainer.add_adapter_to_model(name, {'r': 2 + 2 * i, 'lora_alpha': 8, 'target_modules': TARGETS,
-                                            'init_lora_weights': False}, generator=torch.Generator().manual_seed(i))
+        trainer.add_adapter_to_model(
+            name,
+            {'r': 2 + 2 * i, 'lora_alpha': 8, 'target_modules': TARGETS, 'init_lora_weights': False},
+            generator=torch.Generator().manual_seed(i),
+        )
     separate = TorchSampler(tiny_model_dir, device='cpu')
     shared = TorchSampler(model=trainer)
     for name in ('tenant_a', 'tenant_b'):
@@ -149,7 +165,12 @@ def test_multi_lora_model_syncs_each_tenant_and_shared_sampler_uses_it_directly(
         responses = sampler.sample(PROMPTS, max_tokens=6, seed=4, adapter_name=names)
         for prompt, response, name in zip(PROMPTS, responses, names):
             tokens = response.sequences[0].tokens
-            out = trainer.forward_only(inputs=[{'input_ids': prompt + tokens,
-                                                'labels': [-100] * len(prompt) + tokens}], adapter_name=name)
-            torch.testing.assert_close(torch.tensor(out['logprobs'][0][len(prompt):]),
-                                       torch.tensor(response.sequences[0].logprobs), atol=1e-4, rtol=0)
+            out = trainer.forward_only(
+                inputs=[{'input_ids': prompt + tokens, 'labels': [-100] * len(prompt) + tokens}], adapter_name=name
+            )
+            torch.testing.assert_close(
+                torch.tensor(out['logprobs'][0][len(prompt) :]),
+                torch.tensor(response.sequences[0].logprobs),
+                atol=1e-4,
+                rtol=0,
+            )

@@ -5,6 +5,7 @@ holds a TorchSampler with its own copy of the base and samples after each sync. 
 sampler's logprobs equal the training model's for the exact tokens sampled, and that odd dtypes/shapes survive.
 Run as a script, this file is the worker: ``python test_checkpoint_engine_broadcast.py RANK PORT OUT MODEL_DIR``.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,14 @@ BUCKET_BYTES = 256 << 10  # small: the tiny model's base spans many buckets
 
 def odd_tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {'bf16': torch.randn(3, 5, generator=g).to(torch.bfloat16), 'i64': torch.arange(7),
-            'mask': torch.tensor([True, False, True]), 'scalar': torch.tensor(2.5),
-            'big': torch.randn(300, 300, generator=g), 'empty': torch.zeros(0, 4)}
+    return {
+        'bf16': torch.randn(3, 5, generator=g).to(torch.bfloat16),
+        'i64': torch.arange(7),
+        'mask': torch.tensor([True, False, True]),
+        'scalar': torch.tensor(2.5),
+        'big': torch.randn(300, 300, generator=g),
+        'empty': torch.zeros(0, 4),
+    }
 
 
 def sender(port: int, out: Path, model_dir: str) -> None:
@@ -40,10 +46,13 @@ def sender(port: int, out: Path, model_dir: str) -> None:
     from twinkle_transformers.export import ModuleWeights
 
     torch.manual_seed(0)
-    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False))
-    engine = BroadcastCheckpointEngine(init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=2,
-                                       bucket_bytes=BUCKET_BYTES, timeout_s=120)
+    model = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False),
+    )
+    engine = BroadcastCheckpointEngine(
+        init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=2, bucket_bytes=BUCKET_BYTES, timeout_s=120
+    )
     engine.send([(BASE, list(odd_tensors().items()))], metadata={'note': 'odd dtypes'})
     manager = CheckpointEngineManager(model=ModuleWeights(model), engine=engine)
     reports = []
@@ -65,21 +74,29 @@ def receiver(port: int, out: Path, model_dir: str) -> None:
     from twinkle_transformers.sampler import TorchSampler
 
     sampler = TorchSampler(model_dir, device='cpu')
-    engine = BroadcastCheckpointEngine(init_method=f'tcp://127.0.0.1:{port}', rank=1, world_size=2,
-                                       bucket_bytes=BUCKET_BYTES, timeout_s=120)
+    engine = BroadcastCheckpointEngine(
+        init_method=f'tcp://127.0.0.1:{port}', rank=1, world_size=2, bucket_bytes=BUCKET_BYTES, timeout_s=120
+    )
     update = engine.receive()
     got = dict(update)
     expected = odd_tensors()
-    odd_ok = (update.metadata == {'note': 'odd dtypes'} and got.keys() == expected.keys()
-              and all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in expected.items()))
+    odd_ok = (
+        update.metadata == {'note': 'odd dtypes'}
+        and got.keys() == expected.keys()
+        and all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in expected.items())
+    )
     manager = CheckpointEngineManager(sampler=sampler, engine=engine)
     results = {'odd_ok': odd_ok, 'syncs': []}
     for step in range(2):
         report = manager.sync_weights()
         responses = sampler.sample(PROMPTS, max_tokens=6, seed=step, adapter_name=report.adapter_name)
-        results['syncs'].append({'report': vars(report),
-                                 'tokens': [r.sequences[0].tokens for r in responses],
-                                 'logprobs': [r.sequences[0].logprobs for r in responses]})
+        results['syncs'].append(
+            {
+                'report': vars(report),
+                'tokens': [r.sequences[0].tokens for r in responses],
+                'logprobs': [r.sequences[0].logprobs for r in responses],
+            }
+        )
     (out / 'receiver.json').write_text(json.dumps(results))
     torch.distributed.barrier()
     engine.close()
@@ -91,9 +108,16 @@ def test_broadcast_sync_between_two_processes(tiny_model_dir, tmp_path):
 
     port = free_port()
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    procs = [subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(tmp_path), str(tiny_model_dir)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(port), str(tmp_path), str(tiny_model_dir)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     logs = []
     for p in procs:
         try:
@@ -117,7 +141,7 @@ def test_broadcast_sync_between_two_processes(tiny_model_dir, tmp_path):
             ids = prompt + tokens
             with torch.no_grad():
                 logits = reference(input_ids=torch.tensor([ids])).logits[0, :-1]
-            ref = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0][len(prompt) - 1:]
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0][len(prompt) - 1 :]
             torch.testing.assert_close(torch.tensor(logprobs), ref, atol=1e-4, rtol=0)
 
 

@@ -1,5 +1,6 @@
 """CrossEntropyLoss reductions and weights; chunked log-probs (from logits and from hidden states) equal the
 plain computation in values and gradients, on a real model."""
+
 from __future__ import annotations
 
 import logging

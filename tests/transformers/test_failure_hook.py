@@ -1,6 +1,7 @@
 """The ``twinkle_failure`` hook fires when a training step or a save of the Transformers backend fails: once per
 failure, with the model, adapter, stage and step; the original exception propagates unchanged, even when a
 notifier itself raises."""
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,14 @@ CONTEXT_KEYS = {'where', 'model_id', 'model_class', 'adapter_name', 'stage', 'st
 
 
 def ctx(model_dir, model_class: str, adapter_name, stage: str, step) -> dict:
-    return {'where': 'transformers', 'model_id': str(model_dir), 'model_class': model_class,
-            'adapter_name': adapter_name, 'stage': stage, 'step': step}
+    return {
+        'where': 'transformers',
+        'model_id': str(model_dir),
+        'model_class': model_class,
+        'adapter_name': adapter_name,
+        'stage': stage,
+        'step': step,
+    }
 
 
 class Recorder:
@@ -79,7 +86,7 @@ def test_transformers_model_step_and_save_failures_fire_the_hook(tiny_model_dir,
     with caplog.at_level(logging.WARNING):
         with pytest.raises(BadLoss, match='loss exploded') as info:
             model.forward_backward(inputs=labelled_rows(1))
-    (exc, context), = recorder.events  # once: the inner forward/calculate_loss/backward do not fire again
+    ((exc, context),) = recorder.events  # once: the inner forward/calculate_loss/backward do not fire again
     assert exc is info.value and type(exc) is BadLoss and exc.args == ('loss exploded',)
     assert info.traceback[-1].name == 'raising_loss'  # the original traceback, not a re-raise from the hook
     assert set(context) == CONTEXT_KEYS
@@ -97,7 +104,7 @@ def test_transformers_model_step_and_save_failures_fire_the_hook(tiny_model_dir,
     blocker.write_text('a file where the checkpoint folder should go')
     with pytest.raises(OSError) as info:
         model.save('final', output_dir=str(blocker / 'sub'))
-    (exc, context), = recorder.events
+    ((exc, context),) = recorder.events
     assert exc is info.value
     assert context == ctx(tiny_model_dir, 'TransformersModel', 'sft', 'save', 1)
 
@@ -115,8 +122,9 @@ def test_optimizer_step_failure_fires_the_hook(tiny_model_dir, recorder):
     with pytest.raises(RuntimeError, match='optimizer exploded'):
         model.step()
     assert [e for e, _ in recorder.events][0] is info.value
-    assert [c for _, c in recorder.events] == [ctx(tiny_model_dir, 'TransformersModel', None, stage, 0)
-                                               for stage in ('clip_grad_and_step', 'step')]
+    assert [c for _, c in recorder.events] == [
+        ctx(tiny_model_dir, 'TransformersModel', None, stage, 0) for stage in ('clip_grad_and_step', 'step')
+    ]
 
 
 def test_multi_lora_failures_fire_the_hook(tiny_model_dir, tmp_path, recorder):
@@ -130,14 +138,14 @@ def test_multi_lora_failures_fire_the_hook(tiny_model_dir, tmp_path, recorder):
 
     with pytest.raises(TenantStepError, match='loss exploded') as info:
         engine.forward_backward(inputs=labelled_rows(1), adapter_name='alice')
-    (exc, context), = recorder.events
+    ((exc, context),) = recorder.events
     assert exc is info.value
     assert context == ctx(tiny_model_dir, 'MultiLoraTransformersModel', 'alice', 'forward_backward', 1)
 
     recorder.events.clear()
     with pytest.raises(MixedStepError) as info:  # bob's step happened; alice's failure is the call's error
         engine.forward_backward(inputs={'alice': labelled_rows(2), 'bob': labelled_rows(3)})
-    (exc, context), = recorder.events
+    ((exc, context),) = recorder.events
     assert exc is info.value and set(exc.errors) == {'alice'}
     assert context['stage'] == 'forward_backward' and context['adapter_name'] is None and context['step'] is None
 
@@ -149,7 +157,7 @@ def test_multi_lora_failures_fire_the_hook(tiny_model_dir, tmp_path, recorder):
     blocker.write_text('')
     with engine.adapter('bob'), pytest.raises(OSError) as info:
         engine.save('bob-final', output_dir=str(blocker))
-    (exc, context), = recorder.events
+    ((exc, context),) = recorder.events
     assert exc is info.value
     assert context == ctx(tiny_model_dir, 'MultiLoraTransformersModel', 'bob', 'save', 0)
 

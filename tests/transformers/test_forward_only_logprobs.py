@@ -1,5 +1,6 @@
 """`forward_only(compute_loss=False)`: logprobs without running the configured loss (RL loops need behaviour and
 reference logprobs while an RL loss that requires advantages is set)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 
 def test_transformers_model_logprobs_only_while_rl_loss_is_set(tiny_model_dir):
     from twinkle_transformers.model import TransformersModel
+
     model = TransformersModel(model_id=str(tiny_model_dir))
     model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': ['q_proj', 'v_proj']})
     rows = labelled_rows(seed=0)
@@ -26,6 +28,7 @@ def test_transformers_model_logprobs_only_while_rl_loss_is_set(tiny_model_dir):
 
 def test_multi_lora_logprobs_only_while_rl_loss_is_set(tiny_model_dir):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     model = MultiLoraTransformersModel(model_id=str(tiny_model_dir))
     model.add_adapter_to_model('a', {'r': 4, 'lora_alpha': 8, 'target_modules': ['q_proj', 'v_proj']})
     rows = labelled_rows(seed=1)

@@ -2,6 +2,7 @@
 on a GPU -- `gpu` marker, liger-kernel installed -- the kernelized tiny Qwen3 and the fused linear cross-entropy
 loss give the same losses and gradients as the plain model (fp32, stated tolerances: Triton reduces in another
 order), while a CPU model in the same process keeps working."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,8 +15,10 @@ from twinkle_core.kernel import apply_kernels
 from twinkle_core.registry import resolve
 
 LIGER_KERNELS = ['LigerRMSNorm', 'LigerSwiGLUMLP']
-ROWS = [{'input_ids': [5, 6, 7, 8, 9, 10, 11, 12], 'labels': [-100, -100, 7, 8, 9, 10, 11, 12]},
-        {'input_ids': [100, 200, 300, 400, 500], 'labels': [-100, 200, 300, 400, 500]}]
+ROWS = [
+    {'input_ids': [5, 6, 7, 8, 9, 10, 11, 12], 'labels': [-100, -100, 7, 8, 9, 10, 11, 12]},
+    {'input_ids': [100, 200, 300, 400, 500], 'labels': [-100, 200, 300, 400, 500]},
+]
 
 
 def test_liger_is_refused_on_cpu_models_before_anything_changes(tiny_model_dir):
@@ -42,8 +45,9 @@ def _grads(model):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
-@pytest.mark.skipif(importlib.util.find_spec('liger_kernel') is None,
-                    reason='pip install "twinkle-transformers[liger]"')
+@pytest.mark.skipif(
+    importlib.util.find_spec('liger_kernel') is None, reason='pip install "twinkle-transformers[liger]"'
+)
 @pytest.mark.parametrize('loss', ['CrossEntropyLoss', 'LigerFusedLinearCrossEntropyLoss'])
 def test_liger_kernels_and_loss_match_the_plain_model_on_cuda(tiny_model_dir, loss):
     torch.manual_seed(0)
@@ -62,4 +66,3 @@ def test_liger_kernels_and_loss_match_the_plain_model_on_cuda(tiny_model_dir, lo
     # instance-level only: a CPU model in the same process still runs (liger's class patches were never applied)
     cpu = resolve('model', 'TransformersModel', model_id=str(tiny_model_dir), device='cpu')
     assert torch.isfinite(torch.tensor(cpu.forward_only(inputs=ROWS)['loss']))
-

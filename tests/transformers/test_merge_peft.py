@@ -1,6 +1,7 @@
 """`twinkle_core.checkpoint_engine.weights.merge_peft` (name-based merging over exported buckets) equals PEFT's own
 `merge_and_unload` -- linear and embedding LoRA, rank/alpha patterns, rsLoRA -- and refuses adapters that do not
 fit the base."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,24 +12,32 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_transformers.export import ModuleWeights
 
 
-@pytest.mark.parametrize('extra', [
-    {},
-    {'use_rslora': True},
-    {'rank_pattern': {'v_proj': 2}, 'alpha_pattern': {'layers.0.self_attn.q_proj': 3.0}},
-])
+@pytest.mark.parametrize(
+    'extra',
+    [
+        {},
+        {'use_rslora': True},
+        {'rank_pattern': {'v_proj': 2}, 'alpha_pattern': {'layers.0.self_attn.q_proj': 3.0}},
+    ],
+)
 def test_merged_buckets_equal_peft_merge_and_unload(tiny_model_dir, extra):
     import peft
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'embed_tokens'],
-                             init_lora_weights=False, **extra)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'embed_tokens'], init_lora_weights=False, **extra
+    )
     torch.manual_seed(0)
     model = peft.get_peft_model(base, config)
     weights = ModuleWeights(model)
     adapter_config, lora = weights.export_adapter('default', bucket_bytes=4096)
     tensors = {n: t for bucket in lora for n, t in bucket}
-    merged = {n: t for bucket in merge_peft(weights.export_base(bucket_bytes=1 << 16), adapter_config, tensors)
-              for n, t in bucket}
+    merged = {
+        n: t
+        for bucket in merge_peft(weights.export_base(bucket_bytes=1 << 16), adapter_config, tensors)
+        for n, t in bucket
+    }
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     reference = model.merge_and_unload().state_dict()
     assert merged.keys() == reference.keys()
@@ -40,8 +49,10 @@ def test_merged_buckets_equal_peft_merge_and_unload(tiny_model_dir, extra):
 
 def test_an_adapter_for_weights_the_base_lacks_is_refused():
     base = [[('model.layers.0.mlp.up_proj.weight', torch.zeros(4, 3))]]
-    adapter = {'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight': torch.ones(2, 3),
-               'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight': torch.ones(4, 2)}
+    adapter = {
+        'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight': torch.ones(2, 3),
+        'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight': torch.ones(4, 2),
+    }
     with pytest.raises(InvalidInputError, match='which the base weights do not contain'):
         list(merge_peft(base, {'r': 2, 'lora_alpha': 2}, adapter))
     with pytest.raises(InvalidInputError, match='no matching'):

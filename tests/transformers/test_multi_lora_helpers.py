@@ -1,4 +1,5 @@
 """Helpers shared by the multi-LoRA tests (no tests here): rows from text, peft reference models, a reference loss."""
+
 from __future__ import annotations
 
 import copy
@@ -21,6 +22,7 @@ def random_peft_model(base: torch.nn.Module, config: dict[str, Any], seed: int) 
     """A peft model on a private copy of `base` whose LoRA A and B are both random (so gradients of A and B
     are non-zero and the adapter changes the logits)."""
     from peft import LoraConfig, get_peft_model
+
     peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(**config))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -50,9 +52,10 @@ def reference_loss(model: Any, rows: list[dict[str, Any]], reduction: str = 'tok
         ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r['input_ids']), torch.tensor(r['labels']), 1
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     targets = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             ignore_index=-100, reduction='sum')
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction='sum'
+    )
     if reduction == 'token_mean':
         loss = loss / (targets != -100).sum()
     logps = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return loss, [[0.0] + logps[i, :len(r['input_ids']) - 1].tolist() for i, r in enumerate(rows)]
+    return loss, [[0.0] + logps[i, : len(r['input_ids']) - 1].tolist() for i, r in enumerate(rows)]

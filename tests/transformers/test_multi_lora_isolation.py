@@ -1,5 +1,6 @@
 """One tenant's bad micro-batch (NaN loss, NaN gradients, NaN per-token fields, bad rows, a raising loss) is
 rejected with a clear per-tenant error, and every other tenant ends bit-for-bit where it would be without it."""
+
 from __future__ import annotations
 
 import math
@@ -11,11 +12,15 @@ from test_multi_lora_helpers import text_rows
 from twinkle_core.loss.base import Loss
 from twinkle_transformers.multi_lora import MixedStepError, MultiLoraTransformersModel, TenantStepError
 
-GOOD = {'alice': dict(r=4, lora_alpha=8, init_lora_weights=False),
-        'bob': dict(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj'], init_lora_weights=False)}
-TEXTS = {'alice': ['I am Alice, built by the twinkle team.', 'Alice answers questions.'],
-         'bob': ['Bob talks about the weather.', 'Bob says hello to you.'],
-         'bad': ['This tenant has a broken batch.', 'Another row of the bad tenant.']}
+GOOD = {
+    'alice': dict(r=4, lora_alpha=8, init_lora_weights=False),
+    'bob': dict(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj'], init_lora_weights=False),
+}
+TEXTS = {
+    'alice': ['I am Alice, built by the twinkle team.', 'Alice answers questions.'],
+    'bob': ['Bob talks about the weather.', 'Bob says hello to you.'],
+    'bad': ['This tenant has a broken batch.', 'Another row of the bad tenant.'],
+}
 
 
 def _nan_loss(inputs, outputs):
@@ -46,7 +51,7 @@ def _bad_case(case: str, tokenizer):
     if case == 'raising_loss':
         return rows, Loss.from_callable(_raising_loss), 'loss'
     if case == 'token_out_of_vocab':
-        rows[1]['input_ids'][2] = 10 ** 6
+        rows[1]['input_ids'][2] = 10**6
         return rows, None, 'input'
     if case == 'field_length_mismatch':  # rows that validate but cannot be collated with anybody
         rows[0]['weights'] = [1.0] * len(rows[0]['input_ids'])
@@ -131,7 +136,8 @@ def test_rejected_micro_batch_keeps_earlier_accumulated_gradients(tiny_model_dir
 
 def test_return_errors_reports_inline_for_servers(tiny_model_dir, tokenizer):
     engine = _engine(tiny_model_dir, with_bad=False)
-    out = engine.forward_only(inputs={'alice': text_rows(tokenizer, TEXTS['alice']), 'nobody': [{'input_ids': [1]}]},
-                              return_errors=True)
+    out = engine.forward_only(
+        inputs={'alice': text_rows(tokenizer, TEXTS['alice']), 'nobody': [{'input_ids': [1]}]}, return_errors=True
+    )
     assert 'loss' in out['alice']
     assert out['nobody']['error']['stage'] == 'input' and 'no adapter named' in out['nobody']['error']['message']

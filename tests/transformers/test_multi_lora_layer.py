@@ -1,5 +1,6 @@
 """`MultiLoraLinear` + `MultiLoraManager`: per-token routing is exact, gradients stay per adapter, and the
 inference API serves several adapters in one generation batch."""
+
 from __future__ import annotations
 
 import copy
@@ -29,10 +30,14 @@ def _layer_with_adapters(ranks: dict[int, int]):
     return layer, router
 
 
-@pytest.mark.parametrize('index', [
-    [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],  # interleaved: gather/scatter
-    [[0, 0, 0, 1, 1, 1, 1], [2, 2, 3, 3, 3, -1, -1]],   # tenants one after another (packed layout): views
-], ids=['interleaved', 'contiguous'])
+@pytest.mark.parametrize(
+    'index',
+    [
+        [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],  # interleaved: gather/scatter
+        [[0, 0, 0, 1, 1, 1, 1], [2, 2, 3, 3, 3, -1, -1]],  # tenants one after another (packed layout): views
+    ],
+    ids=['interleaved', 'contiguous'],
+)
 def test_per_token_routing_matches_the_explicit_formula_and_gradients_stay_per_adapter(index):
     layer, router = _layer_with_adapters({0: 1, 1: 2, 3: 5})  # slot 2 exists elsewhere but not on this module
     x = torch.randn(2, 7, 16, requires_grad=True)
@@ -59,11 +64,15 @@ def test_per_token_routing_matches_the_explicit_formula_and_gradients_stay_per_a
         torch.testing.assert_close(w.lora_A.weight.grad, grad_a, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('index', [
-    [[0, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, 2]],      # tenants one after another: in-place adds on views
-    [[-1, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, -1]],    # base-only head and tail around the adapter tokens
-    [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],   # interleaved: gather + scatter-add
-], ids=['contiguous', 'contiguous_with_base_rows', 'interleaved'])
+@pytest.mark.parametrize(
+    'index',
+    [
+        [[0, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, 2]],  # tenants one after another: in-place adds on views
+        [[-1, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 2, 2, -1]],  # base-only head and tail around the adapter tokens
+        [[0, 1, 1, -1, 3, 0, 2], [3, 3, -1, -1, 1, 0, 2]],  # interleaved: gather + scatter-add
+    ],
+    ids=['contiguous', 'contiguous_with_base_rows', 'interleaved'],
+)
 @pytest.mark.parametrize('dropout', [0.0, 0.1], ids=['segmented_node', 'plain_autograd_with_dropout'])
 def test_each_adapters_output_and_gradients_are_bit_identical_to_its_solo_run(index, dropout):
     """The mixed layer (one autograd node for every adapter, or plain autograd when a dropout is active) gives
@@ -116,6 +125,7 @@ def test_uniform_routing_and_base_only_tokens():
 
 def test_routing_errors_say_what_to_fix(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     manager = MultiLoraManager.attach(model)
     manager.add_adapter('a', {'r': 2, 'target_modules': ['q_proj']})
@@ -141,9 +151,12 @@ def test_routing_errors_say_what_to_fix(tiny_model_dir):
 def test_generation_batch_with_a_different_adapter_per_row_matches_peft(tiny_model_dir):
     """The sampler's use: one `generate` over rows that each use another adapter (or none)."""
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    configs = {'alice': dict(r=4, lora_alpha=16, target_modules='all-linear'),
-               'bob': dict(r=12, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'gate_proj'])}
+    configs = {
+        'alice': dict(r=4, lora_alpha=16, target_modules='all-linear'),
+        'bob': dict(r=12, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'gate_proj']),
+    }
     references = {name: random_peft_model(base, cfg, seed=i).eval() for i, (name, cfg) in enumerate(configs.items())}
     model = copy.deepcopy(base)
     manager = MultiLoraManager.attach(model)
@@ -157,14 +170,16 @@ def test_generation_batch_with_a_different_adapter_per_row_matches_peft(tiny_mod
     for row, name in enumerate(names):
         alone_model = references[name] if name else base
         with torch.no_grad():
-            alone = alone_model.generate(input_ids=prompts[row:row + 1],
-                                         attention_mask=torch.ones(1, 4, dtype=torch.long), **gen)
+            alone = alone_model.generate(
+                input_ids=prompts[row : row + 1], attention_mask=torch.ones(1, 4, dtype=torch.long), **gen
+            )
         assert together[row].tolist() == alone[0].tolist(), name
     assert together[0].tolist() != together[1].tolist()  # the adapters really differ
 
 
 def test_half_precision_base_keeps_float32_adapters(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
     manager = MultiLoraManager.attach(model)
     manager.add_adapter('a', {'r': 4, 'target_modules': 'all-linear'})
@@ -174,11 +189,17 @@ def test_half_precision_base_keeps_float32_adapters(tiny_model_dir):
     assert logits.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize('config', [dict(r=8, lora_alpha=16, target_modules='all-linear'),
-                                    dict(r=4, target_modules=['k_proj', 'down_proj'], init_lora_weights='gaussian')])
+@pytest.mark.parametrize(
+    'config',
+    [
+        dict(r=8, lora_alpha=16, target_modules='all-linear'),
+        dict(r=4, target_modules=['k_proj', 'down_proj'], init_lora_weights='gaussian'),
+    ],
+)
 def test_initial_weights_are_peft_initial_weights_for_the_same_seed(tiny_model_dir, config):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(123)
     reference = peft_state(get_peft_model(copy.deepcopy(base), LoraConfig(**config)))

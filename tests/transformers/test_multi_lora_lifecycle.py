@@ -1,5 +1,6 @@
 """Adapters come and go at run time (no slot count, memory released); checkpoints are PEFT-compatible both ways
 and resume bit-for-bit in a fresh engine under a new name."""
+
 from __future__ import annotations
 
 import gc
@@ -71,8 +72,10 @@ def test_removed_adapter_names_and_slots_are_not_confused(engine, tokenizer):
 def test_saved_adapter_loads_in_plain_peft_with_same_logits(engine, tokenizer, tmp_path, tiny_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    engine.add_adapter_to_model('alice', dict(r=4, lora_alpha=16, init_lora_weights=False,
-                                              target_modules=['q_proj', 'up_proj']))
+
+    engine.add_adapter_to_model(
+        'alice', dict(r=4, lora_alpha=16, init_lora_weights=False, target_modules=['q_proj', 'up_proj'])
+    )
     engine.add_adapter_to_model('bob', dict(r=8, init_lora_weights=False))  # all-linear
     ids = torch.tensor([tokenizer(TEXTS[0])['input_ids']])
     for name in ('alice', 'bob'):
@@ -88,16 +91,19 @@ def test_saved_adapter_loads_in_plain_peft_with_same_logits(engine, tokenizer, t
 
 def test_peft_checkpoint_loads_into_engine(engine, tokenizer, tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    peft_model = random_peft_model(base, dict(r=6, lora_alpha=12, target_modules=['k_proj', 'down_proj'],
-                                              rank_pattern={'down_proj': 3}), seed=3)
+    peft_model = random_peft_model(
+        base, dict(r=6, lora_alpha=12, target_modules=['k_proj', 'down_proj'], rank_pattern={'down_proj': 3}), seed=3
+    )
     peft_model.save_pretrained(str(tmp_path / 'from_peft'))
     engine.load(str(tmp_path / 'from_peft'), adapter_name='imported')
     ids = torch.tensor([tokenizer(TEXTS[1])['input_ids']])
     engine.model.eval()
     with torch.no_grad(), engine.manager.use_adapter('imported'):
-        torch.testing.assert_close(engine.model(input_ids=ids).logits, peft_model(input_ids=ids).logits,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            engine.model(input_ids=ids).logits, peft_model(input_ids=ids).logits, atol=1e-5, rtol=1e-5
+        )
     assert engine.manager.state_dict('imported').keys() == peft_state(peft_model).keys()
 
 
@@ -111,8 +117,9 @@ def test_save_then_load_into_fresh_engine_under_new_name_resumes_identically(tin
     rows = text_rows(tokenizer, TEXTS)
     first = MultiLoraTransformersModel(tiny_model_dir, device='cpu')
     first.add_adapter_to_model('other', dict(r=2))  # slots differ between the two engines on purpose
-    first.add_adapter_to_model('alice', dict(r=4, lora_alpha=8), gradient_accumulation_steps=1,
-                               generator=torch.Generator().manual_seed(0))
+    first.add_adapter_to_model(
+        'alice', dict(r=4, lora_alpha=8), gradient_accumulation_steps=1, generator=torch.Generator().manual_seed(0)
+    )
     first.set_optimizer('AdamW', lr=1e-2, adapter_name='alice')
     first.set_lr_scheduler('CosineWarmupScheduler', num_warmup_steps=2, num_training_steps=10, adapter_name='alice')
     _train(first, 'alice', rows, 2)
@@ -163,10 +170,12 @@ def test_transformers_model_checkpoint_resumes_in_the_multi_tenant_engine(tiny_m
     """A LoRA checkpoint (weights + optimizer) written by the single-adapter TransformersModel continues training
     here exactly as it would there."""
     from twinkle_transformers.model import TransformersModel
+
     rows = text_rows(tokenizer, TEXTS)
     single = TransformersModel(tiny_model_dir, device='cpu')
-    single.add_adapter_to_model('solo', dict(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'up_proj'],
-                                             init_lora_weights=False))
+    single.add_adapter_to_model(
+        'solo', dict(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'up_proj'], init_lora_weights=False)
+    )
     single.set_optimizer('AdamW', lr=1e-2)
     _train(single, None, rows, 1)
     path = single.save('solo', output_dir=str(tmp_path), save_optimizer=True)
@@ -178,6 +187,7 @@ def test_transformers_model_checkpoint_resumes_in_the_multi_tenant_engine(tiny_m
     _train(engine, 'solo-here', rows, 2)
 
     from peft import get_peft_model_state_dict
+
     want = {k: v for k, v in get_peft_model_state_dict(single.model, adapter_name='solo').items()}
     got = engine.manager.state_dict('solo-here')
     assert want.keys() == got.keys()

@@ -1,4 +1,5 @@
 """Mixed-tenant forward/backward equals training each tenant alone with plain peft (docs/architecture.md §4)."""
+
 from __future__ import annotations
 
 import copy
@@ -22,12 +23,13 @@ DATA = {
 @pytest.fixture(scope='module')
 def base(tiny_model_dir):
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
 
 def _engine_and_references(base, *, padding_free: bool = False):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     engine = MultiLoraTransformersModel(model=copy.deepcopy(base), device='cpu', pass_strategy='mixed')
     references = {}
     for seed, (name, cfg) in enumerate(TENANTS.items()):
@@ -49,8 +51,9 @@ def test_mixed_pass_matches_peft_per_tenant(base, tokenizer, padding_free):
 
     assert set(out) == set(TENANTS)
     for name, peft_model in references.items():
-        ref_loss, ref_logprobs = reference_loss(peft_model, rows[name],
-                                                reduction='sum' if name == 'carol' else 'token_mean')
+        ref_loss, ref_logprobs = reference_loss(
+            peft_model, rows[name], reduction='sum' if name == 'carol' else 'token_mean'
+        )
         ref_loss.backward()
         assert out[name]['loss'] == pytest.approx(ref_loss.item(), rel=1e-5, abs=1e-5), name
         for got, want in zip(out[name]['logprobs'], ref_logprobs):
@@ -150,8 +153,13 @@ def test_rl_tenant_mixed_with_sft_tenants_equals_running_it_alone(base, tokenize
         engine, _ = _engine_and_references(base, padding_free=padding_free)
         engine.set_loss('GRPOLoss', adapter_name='carol')
         if mixed:
-            out = engine.forward_backward(inputs={'alice': text_rows(tokenizer, DATA['alice']), 'carol': rl_rows,
-                                                  'bob': text_rows(tokenizer, DATA['bob'])})['carol']
+            out = engine.forward_backward(
+                inputs={
+                    'alice': text_rows(tokenizer, DATA['alice']),
+                    'carol': rl_rows,
+                    'bob': text_rows(tokenizer, DATA['bob']),
+                }
+            )['carol']
         else:
             out = engine.forward_backward(inputs=rl_rows, adapter_name='carol')
         runs.append((out, dict(engine.manager.named_parameters('carol'))))

@@ -2,6 +2,7 @@
 tenant the result it gets alone: one-by-one is bit-identical to calling each tenant separately; groups and capped
 passes agree with one mixed pass within float tolerance (a different batch size changes the base model's matmul
 blocking, not the math)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,12 +13,16 @@ from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
-TENANTS = {'alice': dict(r=4, lora_alpha=8, init_lora_weights=False),
-           'bob': dict(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj'], init_lora_weights=False),
-           'carol': dict(r=8, lora_alpha=8, init_lora_weights=False)}
-TEXTS = {'alice': ['I am Alice, built by the twinkle team.', 'Alice answers questions.'],
-         'bob': ['Bob talks about the weather.', 'Bob says hello to you.', 'And a third row from Bob.'],
-         'carol': ['Carol has one longer row of text to train on, longer than the others by far.']}
+TENANTS = {
+    'alice': dict(r=4, lora_alpha=8, init_lora_weights=False),
+    'bob': dict(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj'], init_lora_weights=False),
+    'carol': dict(r=8, lora_alpha=8, init_lora_weights=False),
+}
+TEXTS = {
+    'alice': ['I am Alice, built by the twinkle team.', 'Alice answers questions.'],
+    'bob': ['Bob talks about the weather.', 'Bob says hello to you.', 'And a third row from Bob.'],
+    'carol': ['Carol has one longer row of text to train on, longer than the others by far.'],
+}
 
 
 def _engine(tiny_model_dir, optimizer: str = 'AdamW', **kwargs) -> MultiLoraTransformersModel:
@@ -51,8 +56,9 @@ def test_one_by_one_is_bit_identical_to_calling_each_tenant_alone(tiny_model_dir
     assert planned.planner.stats['one_by_one'] == 2 and planned.planner.stats['passes'] == 6
 
 
-@pytest.mark.parametrize('kwargs', [dict(), dict(pass_strategy='mixed', max_pass_tokens=64)],
-                         ids=['auto', 'mixed_capped'])
+@pytest.mark.parametrize(
+    'kwargs', [dict(), dict(pass_strategy='mixed', max_pass_tokens=64)], ids=['auto', 'mixed_capped']
+)
 def test_planned_passes_agree_with_one_mixed_pass(tiny_model_dir, rows, kwargs):
     """SGD, not Adam, between the compared steps: Adam's update of a near-zero gradient is about lr * sign(g), so
     last-bit differences of the base matmuls (measured: on AVX-512 CPUs) grow into 1e-4 logprob differences
@@ -65,8 +71,13 @@ def test_planned_passes_agree_with_one_mixed_pass(tiny_model_dir, rows, kwargs):
         for name in rows:
             assert out[name]['loss'] == pytest.approx(ref[name]['loss'], rel=1e-5, abs=1e-6), (step, name)
             for got, want in zip(out[name]['logprobs'], ref[name]['logprobs']):
-                torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5,
-                                           rtol=1e-5, msg=lambda m, step=step, name=name: f'{step} {name}: {m}')
+                torch.testing.assert_close(
+                    torch.tensor(got),
+                    torch.tensor(want),
+                    atol=1e-5,
+                    rtol=1e-5,
+                    msg=lambda m, step=step, name=name: f'{step} {name}: {m}',
+                )
             got, want = _grads(planned, name), _grads(mixed, name)
             for key in want:
                 diff, scale = (got[key] - want[key]).norm(), want[key].norm()  # relative to the tensor's norm
@@ -98,6 +109,7 @@ def test_forward_only_and_split_calls_follow_the_plan(tiny_model_dir, rows):
 
 def test_server_engine_plans_the_passes_of_queued_work(tiny_model_dir, rows):
     from twinkle_server.engine import TrainBatch, load_engine
+
     engine = load_engine('tiny', str(tiny_model_dir), device='cpu', pass_strategy='one_by_one')
     for name, cfg in TENANTS.items():
         engine.model.add_adapter_to_model(name, cfg)

@@ -3,6 +3,7 @@
 The planner's input is measured pass times; here they come from explicit cost curves, so what the planner
 should choose is computable and checked exactly (the timing-driven engine path is covered in
 test_multi_lora_planning.py)."""
+
 from __future__ import annotations
 
 import math
@@ -77,8 +78,10 @@ def _best_plan_seconds(sizes: list[TenantSize], **curve: float) -> tuple[float, 
     """(fastest seconds over every candidate plan, seconds of one-by-one)."""
     planner = PassPlanner()
     plans = planner._candidates(sizes, packed=False)
-    cost = [sum(_pass_seconds(pass_cost_tokens([sizes[i] for i in g], packed=False), len(g), **curve)
-                for g in p.groups) for p in plans]
+    cost = [
+        sum(_pass_seconds(pass_cost_tokens([sizes[i] for i in g], packed=False), len(g), **curve) for g in p.groups)
+        for p in plans
+    ]
     return min(cost), cost[0]
 
 
@@ -147,7 +150,7 @@ def test_cap_bounds_every_pass_and_fixed_strategies():
     assert PassPlanner('mixed', max_pass_tokens=None).plan(sizes, packed=False, train=True).strategy == 'mixed'
     assert PassPlanner('one_by_one').plan(sizes, packed=False, train=True).groups == tuple((i,) for i in range(8))
     planner = PassPlanner(max_pass_tokens=512)
-    _drive(planner, sizes, 12, fixed=1.0, per_token=1e-6, knee=10 ** 6)  # bigger is always better
+    _drive(planner, sizes, 12, fixed=1.0, per_token=1e-6, knee=10**6)  # bigger is always better
     assert all(pass_cost_tokens([sizes[i] for i in g], packed=False) <= 512 for g in planner.last_plan.groups)
     with pytest.raises(ValueError, match="unknown pass strategy 'fastest'; choose one of auto, mixed, one_by_one"):
         PassPlanner('fastest')

@@ -1,4 +1,5 @@
 """CausalLMProcessor: padded and padding-free layouts, the single label shift, per-token and per-row fields."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,15 @@ from twinkle_core.processor.causal_lm import CausalLMProcessor
 from twinkle_core.registry import resolve
 
 ROWS = [
-    {'input_ids': [10, 11, 12, 13], 'labels': [-100, -100, 12, 13], 'weights': [0.0, 0.0, 1.0, -2.0],
-     'adapter_index': 1, 'reward': 0.5, 'tag': 'a'},
-    {'input_ids': [20, 21], 'labels': [-100, 21], 'weights': [0.0, 3.0], 'adapter_index': 0, 'reward': 1.0,
-     'tag': 'b'},
+    {
+        'input_ids': [10, 11, 12, 13],
+        'labels': [-100, -100, 12, 13],
+        'weights': [0.0, 0.0, 1.0, -2.0],
+        'adapter_index': 1,
+        'reward': 0.5,
+        'tag': 'a',
+    },
+    {'input_ids': [20, 21], 'labels': [-100, 21], 'weights': [0.0, 3.0], 'adapter_index': 0, 'reward': 1.0, 'tag': 'b'},
 ]
 
 
@@ -54,8 +60,13 @@ def test_pad_to_multiple_of_and_rows_without_labels():
 
 
 def test_tensor_rows_are_accepted():
-    rows = [{'input_ids': torch.tensor([5, 6, 7]), 'labels': torch.tensor([-100, 6, 7]),
-             'advantages': torch.tensor([0.0, 1.0, 1.0])}]
+    rows = [
+        {
+            'input_ids': torch.tensor([5, 6, 7]),
+            'labels': torch.tensor([-100, 6, 7]),
+            'advantages': torch.tensor([0.0, 1.0, 1.0]),
+        }
+    ]
     batch = CausalLMProcessor()(rows)
     assert batch['labels'].tolist() == [[6, 7, -100]] and batch['advantages'].tolist() == [[1.0, 1.0, 0.0]]
 

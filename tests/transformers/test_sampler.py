@@ -1,5 +1,6 @@
 """TorchSampler on the tiny fixture model: logprobs match the training forward, greedy matches HF generate,
 stop conditions cut tokens/logprobs/text consistently, seeds reproduce, bad input is refused clearly."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,12 +15,14 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [100, 200, 300, 400, 500, 600, 700]]
 @pytest.fixture(scope='module')
 def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope='module')
 def sampler(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     return TorchSampler(tiny_model_dir, device='cpu')
 
 
@@ -31,8 +34,9 @@ def reference_logprobs(model, ids: list[int]) -> torch.Tensor:
 
 
 def test_logprobs_equal_training_forward(sampler, hf_model):
-    params = SamplingParams(max_tokens=12, temperature=0.9, top_k=50, top_p=0.9, seed=0, num_samples=2,
-                            prompt_logprobs=True)
+    params = SamplingParams(
+        max_tokens=12, temperature=0.9, top_k=50, top_p=0.9, seed=0, num_samples=2, prompt_logprobs=True
+    )
     responses = sampler.sample([{'input_ids': p} for p in PROMPTS], params)
     assert len(responses) == len(PROMPTS)
     for prompt, response in zip(PROMPTS, responses):
@@ -41,16 +45,18 @@ def test_logprobs_equal_training_forward(sampler, hf_model):
         for seq in response.sequences:
             assert len(seq.tokens) == len(seq.logprobs) == 12 and seq.stop_reason == 'length'
             ref = reference_logprobs(hf_model, prompt + seq.tokens)
-            torch.testing.assert_close(torch.tensor(seq.logprobs), ref[len(prompt) - 1:], atol=1e-4, rtol=0)
-            torch.testing.assert_close(torch.tensor(response.prompt_logprobs[1:]), ref[:len(prompt) - 1],
-                                       atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(seq.logprobs), ref[len(prompt) - 1 :], atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(response.prompt_logprobs[1:]), ref[: len(prompt) - 1], atol=1e-4, rtol=0
+            )
 
 
 def test_temperature_zero_equals_hf_greedy_generate(sampler, hf_model):
     responses = sampler.sample(PROMPTS, max_tokens=10, temperature=0.0)
     for prompt, response in zip(PROMPTS, responses):
-        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
-                                     eos_token_id=None)[0, len(prompt):].tolist()
+        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None)[
+            0, len(prompt) :
+        ].tolist()
         assert response.sequences[0].tokens == expected
 
 
@@ -59,8 +65,8 @@ def test_stop_token_id_cuts_and_keeps_the_stop_token(sampler):
     stop_at = next(i for i, t in enumerate(free.tokens) if free.tokens.index(t) == i and i >= 2)
     cut = sampler.sample([PROMPTS[0]], max_tokens=12, seed=5, stop=[free.tokens[stop_at]])[0].sequences[0]
     assert cut.stop_reason == 'stop'
-    assert cut.tokens == free.tokens[:stop_at + 1]
-    assert cut.logprobs == pytest.approx(free.logprobs[:stop_at + 1], abs=1e-6)
+    assert cut.tokens == free.tokens[: stop_at + 1]
+    assert cut.logprobs == pytest.approx(free.logprobs[: stop_at + 1], abs=1e-6)
 
 
 def test_stop_string_cuts_after_the_completing_token(sampler):
@@ -71,14 +77,15 @@ def test_stop_string_cuts_after_the_completing_token(sampler):
     stop = pieces[k][:2]  # a string completed inside token k
     cut = sampler.sample([prompt], max_tokens=16, temperature=1.0, seed=7, stop=stop)[0].sequences[0]
     assert cut.stop_reason == 'stop'
-    first = next(i for i in range(len(pieces)) if stop in ''.join(pieces[:i + 1]))
-    assert cut.tokens == free.tokens[:first + 1] and len(cut.logprobs) == len(cut.tokens)
+    first = next(i for i in range(len(pieces)) if stop in ''.join(pieces[: i + 1]))
+    assert cut.tokens == free.tokens[: first + 1] and len(cut.logprobs) == len(cut.tokens)
     assert stop in cut.text and stop not in sampler.tokenizer.decode(cut.tokens[:-1])
 
 
 def test_fast_decode_equals_hf_forward_path(sampler, tiny_model_dir):
     """The lean Llama-family decode step (with fused weights) and the plain HF forward give the same results."""
     from twinkle_transformers.sampler import TorchSampler
+
     plain = TorchSampler(tiny_model_dir, device='cpu', fast_decode=False)
     params = SamplingParams(max_tokens=12, seed=21, num_samples=2, top_k=20)
     fast_out, plain_out = sampler.sample(PROMPTS, params), plain.sample(PROMPTS, params)
@@ -92,10 +99,14 @@ def test_fast_decode_equals_hf_forward_path(sampler, tiny_model_dir):
 def test_sampling_frequencies_follow_the_filtered_distribution():
     """top-k / top-p draws follow the renormalised kept distribution (and never pick a filtered token)."""
     from twinkle_transformers.sampler.sampling import TokenChooser
+
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
     generator = torch.Generator().manual_seed(0)
-    for chooser, kept in ((TokenChooser(1.0, 3, 1.0), 3), (TokenChooser(1.0, -1, 0.8), 3),
-                          (TokenChooser(0.5, -1, 1.0), 5)):
+    for chooser, kept in (
+        (TokenChooser(1.0, 3, 1.0), 3),
+        (TokenChooser(1.0, -1, 0.8), 3),
+        (TokenChooser(0.5, -1, 1.0), 5),
+    ):
         counts = torch.zeros(5)
         for _ in range(4000):
             counts[chooser.choose(logits, [generator])] += 1
@@ -106,12 +117,13 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
 
 def test_eos_stops_when_no_stop_is_given(tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     own = TorchSampler(tiny_model_dir, device='cpu')
     free = own.sample([PROMPTS[1]], max_tokens=8, temperature=0.0)[0].sequences[0]
     own.model.generation_config.eos_token_id = free.tokens[3]
     own.tokenizer = None  # EOS from the generation config only
     seq = own.sample([PROMPTS[1]], max_tokens=8, temperature=0.0)[0].sequences[0]
-    assert seq.stop_reason == 'stop' and seq.tokens == free.tokens[:free.tokens.index(free.tokens[3]) + 1]
+    assert seq.stop_reason == 'stop' and seq.tokens == free.tokens[: free.tokens.index(free.tokens[3]) + 1]
     assert seq.text is None  # no tokenizer, no text
 
 
@@ -135,10 +147,10 @@ def test_unseeded_repeats_of_one_prompt_differ(sampler):
 
 def test_trajectory_prompt_uses_chat_template_and_decodes(sampler):
     messages = [{'role': 'user', 'content': 'What is your name?'}]
-    response = sampler.sample([{'messages': messages}], max_tokens=6, temperature=0.0,
-                              prompt_logprobs=True)[0]
-    expected = sampler.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False)
+    response = sampler.sample([{'messages': messages}], max_tokens=6, temperature=0.0, prompt_logprobs=True)[0]
+    expected = sampler.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert len(response.prompt_logprobs) == len(expected)
     seq = response.sequences[0]
     assert seq.text == sampler.tokenizer.decode(seq.tokens, skip_special_tokens=True)
@@ -147,29 +159,33 @@ def test_trajectory_prompt_uses_chat_template_and_decodes(sampler):
 def test_set_template_by_name_encodes_trajectories(tiny_model_dir):
     from twinkle_core.registry import resolve
     from twinkle_transformers.sampler import TorchSampler
+
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     sampler.set_template('Template')
     trajectory = {'messages': [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]}
     response = sampler.sample(trajectory, max_tokens=4, temperature=0.0, prompt_logprobs=True)[0]
     expected = resolve('template', 'Template', model_id_or_tokenizer=tiny_model_dir).encode(
-        trajectory, add_generation_prompt=True)['input_ids']
+        trajectory, add_generation_prompt=True
+    )['input_ids']
     assert len(response.prompt_logprobs) == len(expected)
     direct = sampler.sample([{'input_ids': expected}], max_tokens=4, temperature=0.0)[0]
     assert response.sequences[0].tokens == direct.sequences[0].tokens
-    assert response.sequences[0].text == sampler.tokenizer.decode(direct.sequences[0].tokens,
-                                                                  skip_special_tokens=True)
+    assert response.sequences[0].text == sampler.tokenizer.decode(direct.sequences[0].tokens, skip_special_tokens=True)
 
 
-@pytest.mark.parametrize('call, message', [
-    (lambda s: s.sample([PROMPTS[0]], num_samples=0), 'num_samples'),
-    (lambda s: s.sample([PROMPTS[0]], max_tokens=5000), 'context'),
-    (lambda s: s.sample([{'input_ids': []}]), 'input_ids is empty|empty'),
-    (lambda s: s.sample([[]]), 'Prompt 0 is empty'),
-    (lambda s: s.sample([PROMPTS[0]], adapter_name='nope'), "Unknown adapter"),
-    (lambda s: s.sample(PROMPTS, adapter_name=[None]), 'one per prompt'),
-    (lambda s: s.sample([[10**7]]), 'vocabulary'),
-    (lambda s: s.sample([PROMPTS[0]], top_k=0), 'top_k'),
-])
+@pytest.mark.parametrize(
+    'call, message',
+    [
+        (lambda s: s.sample([PROMPTS[0]], num_samples=0), 'num_samples'),
+        (lambda s: s.sample([PROMPTS[0]], max_tokens=5000), 'context'),
+        (lambda s: s.sample([{'input_ids': []}]), 'input_ids is empty|empty'),
+        (lambda s: s.sample([[]]), 'Prompt 0 is empty'),
+        (lambda s: s.sample([PROMPTS[0]], adapter_name='nope'), 'Unknown adapter'),
+        (lambda s: s.sample(PROMPTS, adapter_name=[None]), 'one per prompt'),
+        (lambda s: s.sample([[10**7]]), 'vocabulary'),
+        (lambda s: s.sample([PROMPTS[0]], top_k=0), 'top_k'),
+    ],
+)
 def test_bad_input_raises_clear_error(sampler, call, message):
     with pytest.raises(InvalidInputError, match=message):
         call(sampler)
@@ -177,6 +193,7 @@ def test_bad_input_raises_clear_error(sampler, call, message):
 
 def test_registered_under_sampler_kind(tiny_model_dir):
     from twinkle_core.registry import resolve
+
     sampler = resolve('sampler', 'TorchSampler', model_id=tiny_model_dir, device='cpu')
     assert sampler.sample([PROMPTS[0]], max_tokens=2)[0].sequences[0].tokens
 
@@ -187,8 +204,9 @@ def test_cuda_logprobs_match_forward(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from twinkle_transformers.sampler import TorchSampler
+
     sampler = TorchSampler(tiny_model_dir, device='cuda', dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     seq = sampler.sample([PROMPTS[0]], max_tokens=8, seed=1)[0].sequences[0]
-    ref = reference_logprobs(model, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1:]
+    ref = reference_logprobs(model, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1 :]
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-3, rtol=0)

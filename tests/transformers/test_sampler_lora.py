@@ -1,5 +1,6 @@
 """TorchSampler with LoRA adapters (real PEFT): per-adapter logprobs equal the PEFT model's forward, a batch that
 mixes adapters equals per-adapter runs, adapters load from PEFT dirs or tensors, base weights load in place."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,6 +33,7 @@ def adapters(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope='module')
 def sampler(tiny_model_dir, adapters):
     from twinkle_transformers.sampler import TorchSampler
+
     s = TorchSampler(tiny_model_dir, device='cpu')
     for name, (path, _) in adapters.items():
         s.load_weights(str(path), adapter_name=name)
@@ -40,23 +42,28 @@ def sampler(tiny_model_dir, adapters):
 
 def test_single_adapter_logprobs_equal_peft_forward(sampler, adapters):
     _, reference = adapters['alpha']
-    responses = sampler.sample(PROMPTS, SamplingParams(max_tokens=8, seed=3, prompt_logprobs=True), adapter_name='alpha')
+    responses = sampler.sample(
+        PROMPTS, SamplingParams(max_tokens=8, seed=3, prompt_logprobs=True), adapter_name='alpha'
+    )
     for prompt, response in zip(PROMPTS, responses):
         ref = forward_logprobs(reference, prompt + response.sequences[0].tokens)
-        torch.testing.assert_close(torch.tensor(response.sequences[0].logprobs), ref[len(prompt) - 1:],
-                                   atol=1e-4, rtol=0)
-        torch.testing.assert_close(torch.tensor(response.prompt_logprobs[1:]), ref[:len(prompt) - 1],
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(response.sequences[0].logprobs), ref[len(prompt) - 1 :], atol=1e-4, rtol=0
+        )
+        torch.testing.assert_close(
+            torch.tensor(response.prompt_logprobs[1:]), ref[: len(prompt) - 1], atol=1e-4, rtol=0
+        )
 
 
 def test_adapter_changes_outputs_and_base_is_untouched(sampler, tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with_a = sampler.sample(PROMPTS, max_tokens=8, temperature=0.0, adapter_name='alpha')
     plain = sampler.sample(PROMPTS, max_tokens=8, temperature=0.0)
     assert [r.sequences[0].tokens for r in with_a] != [r.sequences[0].tokens for r in plain]
     seq = plain[2].sequences[0]
-    ref = forward_logprobs(base, PROMPTS[2] + seq.tokens)[len(PROMPTS[2]) - 1:]
+    ref = forward_logprobs(base, PROMPTS[2] + seq.tokens)[len(PROMPTS[2]) - 1 :]
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
 
 
@@ -83,14 +90,17 @@ def test_adapter_from_tensors_needs_config_and_replaces_in_place(tiny_model_dir,
     import peft
 
     from twinkle_transformers.sampler import TorchSampler
+
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     _, reference = adapters['beta']
     tensors = peft.get_peft_model_state_dict(reference)
     with pytest.raises(InvalidInputError, match='lora_config'):
         sampler.load_weights(tensors.items(), adapter_name='tensors')
-    sampler.load_weights(tensors.items(), adapter_name='tensors', lora_config=reference.peft_config['default'].to_dict())
+    sampler.load_weights(
+        tensors.items(), adapter_name='tensors', lora_config=reference.peft_config['default'].to_dict()
+    )
     seq = sampler.sample([PROMPTS[1]], max_tokens=6, seed=2, adapter_name='tensors')[0].sequences[0]
-    ref = forward_logprobs(reference, PROMPTS[1] + seq.tokens)[len(PROMPTS[1]) - 1:]
+    ref = forward_logprobs(reference, PROMPTS[1] + seq.tokens)[len(PROMPTS[1]) - 1 :]
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
     # Replacing: zero tensors of the same shape make the adapter a no-op.
     sampler.load_weights({k: torch.zeros_like(v) for k, v in tensors.items()}, adapter_name='tensors')
@@ -104,6 +114,7 @@ def test_load_base_weights_in_place(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from twinkle_transformers.sampler import TorchSampler
+
     sampler = TorchSampler(tiny_model_dir, device='cpu')
     other = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
@@ -111,7 +122,7 @@ def test_load_base_weights_in_place(tiny_model_dir):
             p.add_(torch.randn_like(p) * 0.05)
     sampler.load_weights(other.state_dict().items())
     seq = sampler.sample([PROMPTS[0]], max_tokens=6, seed=4)[0].sequences[0]
-    ref = forward_logprobs(other, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1:]
+    ref = forward_logprobs(other, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1 :]
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
     with pytest.raises(InvalidInputError, match='no base weight named'):
         sampler.load_weights([('model.nope.weight', torch.zeros(1))])
@@ -121,6 +132,7 @@ def test_shared_plain_model_refuses_adapter_injection(tiny_model_dir, adapters):
     from transformers import AutoModelForCausalLM
 
     from twinkle_transformers.sampler import TorchSampler
+
     shared = TorchSampler(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
     with pytest.raises(InvalidInputError, match='shares a model'):
         shared.load_weights(str(adapters['alpha'][0]), adapter_name='alpha')
@@ -131,6 +143,7 @@ def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapt
     import peft
 
     from twinkle_transformers.sampler import TorchSampler
+
     reference = make_peft(tiny_model_dir, seed=5)
     shared = TorchSampler(model=reference)
     beta_path, beta_model = adapters['beta']
@@ -142,7 +155,7 @@ def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapt
         alone = shared.sample([prompt], params, adapter_name=name)[0].sequences[0]
         assert response.sequences[0].tokens == alone.tokens
     seq = mixed[0].sequences[0]
-    ref = forward_logprobs(reference, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1:]  # active adapter: default
+    ref = forward_logprobs(reference, PROMPTS[0] + seq.tokens)[len(PROMPTS[0]) - 1 :]  # active adapter: default
     torch.testing.assert_close(torch.tensor(seq.logprobs), ref, atol=1e-4, rtol=0)
     assert reference.training is False and peft.get_peft_model_state_dict(reference)  # untouched otherwise
 
@@ -150,15 +163,18 @@ def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapt
 @pytest.mark.parametrize('shared', [False, True], ids=['multi_lora', 'peft'])
 def test_bad_adapter_tensors_leave_the_existing_adapter_intact(tiny_model_dir, adapters, shared):
     from twinkle_transformers.sampler import TorchSampler
-    sampler = (TorchSampler(model=make_peft(tiny_model_dir, seed=6)) if shared
-               else TorchSampler(tiny_model_dir, device='cpu'))
+
+    sampler = (
+        TorchSampler(model=make_peft(tiny_model_dir, seed=6)) if shared else TorchSampler(tiny_model_dir, device='cpu')
+    )
     sampler.load_weights(str(adapters['alpha'][0]), adapter_name='alpha')
     before = sampler.sample([PROMPTS[0]], max_tokens=6, seed=1, adapter_name='alpha')[0].sequences[0]
     bad = {'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight': torch.zeros(3, 3)}
     with pytest.raises(InvalidInputError):
         sampler.load_weights(bad, adapter_name='alpha')  # same config: refused before copying
     with pytest.raises(InvalidInputError):  # a new shape that does not fit: the old adapter is restored
-        sampler.load_weights(bad, adapter_name='alpha', lora_config={'r': 2, 'lora_alpha': 4,
-                                                                     'target_modules': ['q_proj']})
+        sampler.load_weights(
+            bad, adapter_name='alpha', lora_config={'r': 2, 'lora_alpha': 4, 'target_modules': ['q_proj']}
+        )
     after = sampler.sample([PROMPTS[0]], max_tokens=6, seed=1, adapter_name='alpha')[0].sequences[0]
     assert after.tokens == before.tokens and after.logprobs == pytest.approx(before.logprobs, abs=1e-6)

@@ -1,5 +1,6 @@
 """TransformersModel training step: gradients vs a plain transformers+peft loop, padding-free == padded,
 logprob alignment, accumulation, metrics hook and clear errors. Tiny fp32 model on CPU."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,7 @@ LORA = {'r': 4, 'lora_alpha': 8, 'init_lora_weights': False}  # random B: every 
 
 
 def lora_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n.replace('.tenant', ''): p.grad.clone()
-            for n, p in model.named_parameters() if p.requires_grad}
+    return {n.replace('.tenant', ''): p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 @pytest.fixture()
@@ -39,9 +39,14 @@ def test_gradients_equal_plain_transformers_peft_loop(lora_model, tiny_model_dir
     rows = labelled_rows(1)
     out = lora_model.forward_backward(inputs=rows)
 
-    ref = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
-                         lora_model.model.peft_config['tenant'], adapter_name='tenant')
-    set_peft_model_state_dict(ref, get_peft_model_state_dict(lora_model.model, adapter_name='tenant'), adapter_name='tenant')
+    ref = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+        lora_model.model.peft_config['tenant'],
+        adapter_name='tenant',
+    )
+    set_peft_model_state_dict(
+        ref, get_peft_model_state_dict(lora_model.model, adapter_name='tenant'), adapter_name='tenant'
+    )
     width = max(len(r['input_ids']) for r in rows)
     ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows])
     labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows])
@@ -86,7 +91,7 @@ def test_packed_attention_never_crosses_rows_without_processor_hints(lora_model)
         start = 0
         for r in rows:
             alone = lora_model.model(input_ids=torch.tensor([r['input_ids']])).logits[0]
-            torch.testing.assert_close(packed[start:start + len(r['input_ids'])], alone, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packed[start : start + len(r['input_ids'])], alone, atol=1e-5, rtol=1e-5)
             start += len(r['input_ids'])
 
 
@@ -198,6 +203,7 @@ def test_plain_function_loss_and_load_hook(tiny_model_dir):
 
 def test_hub_model_ids_resolve_through_the_hub_client(tiny_model_dir, tmp_path, monkeypatch):
     import shutil
+
     shutil.copytree(tiny_model_dir, tmp_path / 'ms' / 'org' / 'tiny' / 'v1')  # the local stand-in for ModelScope
     monkeypatch.setenv('TWINKLE_HUB_ROOT', str(tmp_path))
     model = TransformersModel('ms://org/tiny@v1')
@@ -212,7 +218,9 @@ def test_over_long_row_names_row_length_and_limit(tiny_model_dir):
 
 
 def test_unknown_loss_name_suggests_close_matches(lora_model):
-    with pytest.raises(ComponentNotFoundError, match=r"(?s)No loss named 'CrossEntropyLos'.*Did you mean.*CrossEntropyLoss"):
+    with pytest.raises(
+        ComponentNotFoundError, match=r"(?s)No loss named 'CrossEntropyLos'.*Did you mean.*CrossEntropyLoss"
+    ):
         lora_model.set_loss('CrossEntropyLos')
     with pytest.raises(ComponentNotFoundError, match="No loss named 'NoSuchLoss'"):
         lora_model.set_loss('NoSuchLoss')
@@ -267,14 +275,18 @@ def test_cuda_defaults_to_bf16_and_packing_matches(tiny_model_dir):
 def test_twinkle_keyword_spellings_of_optimizer_and_scheduler(lora_model, tiny_model_dir):
     """The Twinkle documents call ``set_optimizer(optimizer_cls=...)`` / ``set_lr_scheduler(scheduler_cls=...)``."""
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     lora_model.set_optimizer(optimizer_cls='AdamW', lr=2e-3, weight_decay=0.0)
     lora_model.set_lr_scheduler(scheduler_cls='CosineWarmupScheduler', num_warmup_steps=2, num_training_steps=10)
     state = lora_model._state(None)
     assert isinstance(state.optimizer, torch.optim.AdamW) and state.optimizer.defaults['lr'] == 2e-3
     assert type(state.lr_scheduler).__name__ == 'CosineWarmupScheduler'
     assert lora_model.get_train_configs()['optimizer']['name'] == 'AdamW'
-    with pytest.raises(TypeError, match=r'set_optimizer\(\) takes the component either positionally or as '
-                                        r'optimizer_cls=, exactly once \(both given\)'):
+    with pytest.raises(
+        TypeError,
+        match=r'set_optimizer\(\) takes the component either positionally or as '
+        r'optimizer_cls=, exactly once \(both given\)',
+    ):
         lora_model.set_optimizer('AdamW', optimizer_cls='SGD', lr=1e-3)
     with pytest.raises(TypeError, match=r'scheduler_cls=, exactly once \(neither given\)'):
         lora_model.set_lr_scheduler(num_warmup_steps=2)
@@ -288,10 +300,14 @@ def test_twinkle_keyword_spellings_of_optimizer_and_scheduler(lora_model, tiny_m
 
 def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_model_dir):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     rows = labelled_rows(2)
     lora_model.set_optimizer('AdamW', lr=1e-3)
-    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['ref_logps'\]; "
-                                        r"it accepts inputs, adapter_name, old_logps, advantages, micro_batch_size"):
+    with pytest.raises(
+        TypeError,
+        match=r"forward_backward\(\) got unexpected keyword arguments \['ref_logps'\]; "
+        r'it accepts inputs, adapter_name, old_logps, advantages, micro_batch_size',
+    ):
         lora_model.forward_backward(inputs=rows, ref_logps=[[0.0]], advantages=[1.0])
     with pytest.raises(TypeError, match=r"forward_only\(\) got unexpected keyword arguments \['temperature'\]"):
         lora_model.forward_only(inputs=rows, temperature=0.7)
@@ -303,8 +319,11 @@ def test_keywords_nothing_consumes_are_rejected_not_ignored(lora_model, tiny_mod
     multi.add_adapter_to_model('a', dict(r=4))
     with pytest.raises(InvalidInputError, match=r'old_logps= is not read by CrossEntropyLoss'):
         multi.forward_backward(inputs=rows, adapter_name='a', old_logps=[[0.0]] * len(rows))
-    with pytest.raises(TypeError, match=r"forward_backward\(\) got unexpected keyword arguments \['micro_batch_size'\]"
-                                        r"; it accepts inputs, adapter_name, return_errors"):
+    with pytest.raises(
+        TypeError,
+        match=r"forward_backward\(\) got unexpected keyword arguments \['micro_batch_size'\]"
+        r'; it accepts inputs, adapter_name, return_errors',
+    ):
         multi.forward_backward(inputs=rows, adapter_name='a', micro_batch_size=2)
     multi.forward(inputs=rows, adapter_name='a')
     with pytest.raises(TypeError, match=r"backward\(\) got unexpected keyword arguments \['retain_graph'\]"):
@@ -315,6 +334,7 @@ def test_calculate_loss_after_forward_only_is_the_evaluation_loss(lora_model, ti
     """The Twinkle documents' evaluation loop: ``forward_only(inputs=batch); calculate_loss()``."""
     from twinkle_core.errors import TwinkleError
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
+
     rows = labelled_rows(3)
     with pytest.raises(TwinkleError, match='or, for calculate_loss, a forward_only with labels'):
         lora_model.calculate_loss()
@@ -341,6 +361,7 @@ def test_the_twinkle_documents_grpo_keywords(tiny_model_dir):
     """``forward_backward(inputs=rows, old_logps=..., advantages=..., micro_batch_size=...)``: the keywords mean the
     same as the row fields (identical gradients), and micro-batches give the gradients and loss of one pass."""
     from twinkle_core.errors import InvalidInputError
+
     rows = [{'input_ids': r['input_ids'], 'labels': [-100] * 3 + r['input_ids'][3:]} for r in labelled_rows(4)]
     completion = [len(r['input_ids']) - 3 for r in rows]
     old_logps = [[-1.0 - 0.1 * t for t in range(n)] for n in completion]

@@ -1,4 +1,5 @@
 """TransformersModel checkpoints: bit-exact resume (LoRA and full), PEFT/HF loadability, extra state."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,9 @@ def test_lora_resume_is_bit_exact(tiny_model_dir, tmp_path):
     train(model, 0, 10)
     loader = CountingLoader()
     loader.position = 10
-    path = model.save('step-10', output_dir=str(tmp_path), save_optimizer=True, dataloader=loader,
-                      extra_state={'epoch': 0})
+    path = model.save(
+        'step-10', output_dir=str(tmp_path), save_optimizer=True, dataloader=loader, extra_state={'epoch': 0}
+    )
     continued = train(model, 10, 10)
     expected = trainable(model)
 
@@ -91,6 +93,7 @@ def test_full_resume_is_bit_exact(tiny_model_dir, tmp_path):
 def test_saved_lora_loads_with_plain_peft(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
     model = TransformersModel(tiny_model_dir)
     model.add_adapter_to_model('sft', {'r': 4, 'lora_alpha': 8})
     model.set_optimizer('AdamW', lr=1e-2)
@@ -107,6 +110,7 @@ def test_saved_lora_loads_with_plain_peft(tiny_model_dir, tmp_path):
 
 def test_saved_full_model_loads_with_transformers(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = TransformersModel(tiny_model_dir)
     model.set_optimizer('SGD', lr=0.5)
     train(model, 0, 2)

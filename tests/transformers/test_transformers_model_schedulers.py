@@ -1,4 +1,5 @@
 """Warmup schedulers and registry-resolved optimizers/schedulers used by TransformersModel."""
+
 from __future__ import annotations
 
 import math
@@ -36,14 +37,16 @@ def test_linear_warmup_shape():
 
 def test_scheduler_state_round_trips():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = resolve('lr_scheduler', 'CosineWarmupScheduler', optimizer=optimizer, num_warmup_steps=2,
-                        num_training_steps=10)
+    scheduler = resolve(
+        'lr_scheduler', 'CosineWarmupScheduler', optimizer=optimizer, num_warmup_steps=2, num_training_steps=10
+    )
     for _ in range(5):
         optimizer.step()
         scheduler.step()
     other_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    other = resolve('lr_scheduler', 'CosineWarmupScheduler', optimizer=other_opt, num_warmup_steps=2,
-                    num_training_steps=10)
+    other = resolve(
+        'lr_scheduler', 'CosineWarmupScheduler', optimizer=other_opt, num_warmup_steps=2, num_training_steps=10
+    )
     other.load_state_dict(scheduler.state_dict())
     scheduler.step()
     other.step()

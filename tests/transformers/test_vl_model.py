@@ -1,4 +1,5 @@
 """Vision-language training on the tiny Qwen3-VL / Qwen3.5 fixtures: layouts, LoRA, save/load, multi-tenant."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,6 +30,7 @@ def rows(template):
     encoded = [template.encode(t) for t in trajectories]
     wide = dict(trajectories[0])
     from twinkle_core.fixtures.images import colour_image
+
     wide['images'] = [colour_image('blue', (160, 96))]
     encoded.append(template.encode(wide))
     encoded.append(template.encode(TEXT_ROW))
@@ -49,7 +51,7 @@ def _row_logps(model, rows, padding_free):
     with torch.no_grad():
         logps = forward_logps(model, batch)['target_logps']
     if padding_free:
-        return torch.split(logps[0, :batch['num_tokens']], batch['row_lengths'])
+        return torch.split(logps[0, : batch['num_tokens']], batch['row_lengths'])
     return [logps[i, :n] for i, n in enumerate(batch['row_lengths'])]
 
 
@@ -83,8 +85,9 @@ def test_lora_sft_learns_and_stays_off_the_vision_tower(tiny_vl_model_dir, rows)
     assert losses[-1] < losses[0] - 1.0, losses
 
 
-@pytest.mark.parametrize('group, on_vision, on_language', [('vision', True, False), ('all', True, True),
-                                                          ('language', False, True)])
+@pytest.mark.parametrize(
+    'group, on_vision, on_language', [('vision', True, False), ('all', True, True), ('language', False, True)]
+)
 def test_lora_target_groups(tiny_vl_model_dir, rows, group, on_vision, on_language) -> None:
     model = TransformersModel(tiny_vl_model_dir)
     model.add_adapter_to_model('default', {**LORA, 'target_modules': group})
@@ -117,6 +120,7 @@ def test_full_finetuning_with_a_frozen_vision_tower(tiny_vl_model_dir, rows) -> 
 def test_lora_save_loads_in_plain_transformers_and_peft(tiny_vl_model_dir, rows, tmp_path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
+
     model = TransformersModel(tiny_vl_model_dir)
     model.add_adapter_to_model('default', LORA)
     model.set_optimizer('AdamW', lr=1e-2)
@@ -142,6 +146,7 @@ def test_lora_save_loads_in_plain_transformers_and_peft(tiny_vl_model_dir, rows,
 
 def test_full_save_is_a_complete_vl_checkpoint(tiny_vl_model_dir, rows, tmp_path) -> None:
     from transformers import AutoModelForImageTextToText
+
     model = TransformersModel(tiny_vl_model_dir)
     model.set_optimizer('AdamW', lr=1e-3)
     model.forward_backward(inputs=rows)
@@ -211,7 +216,7 @@ def test_vl_training_on_cuda(tiny_vl_model_dir, rows) -> None:
     with torch.no_grad():
         padded, packed = (forward_logps(model, b)['target_logps'] for b in batches)
     flat = torch.cat([padded[i, :n] for i, n in enumerate(batches[0]['row_lengths'])])
-    assert torch.allclose(flat, packed[0, :flat.numel()], atol=1e-4)
+    assert torch.allclose(flat, packed[0, : flat.numel()], atol=1e-4)
     trained = TransformersModel(tiny_vl_model_dir)  # bf16 on CUDA
     assert trained.dtype == torch.bfloat16
     trained.add_adapter_to_model('default', LORA)
@@ -227,9 +232,14 @@ def test_sft_vl_example_learns_the_colours(tmp_path) -> None:
     import subprocess
     import sys
     from pathlib import Path
+
     example = Path(__file__).resolve().parents[2] / 'examples' / 'sft_vl.py'
-    done = subprocess.run([sys.executable, str(example), '--data-dir', str(tmp_path / 'data'),
-                           '--output-dir', str(tmp_path / 'out')], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(example), '--data-dir', str(tmp_path / 'data'), '--output-dir', str(tmp_path / 'out')],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = (float(x) for x in re.findall(r'accuracy (?:before|after): ([0-9.]+)', done.stdout))
     assert after >= 0.75 and after > before, done.stdout

@@ -3,6 +3,7 @@ several samples each; greedy decoding equals a manual greedy loop over full forw
 positions, no cache); sampled log-probs equal `TransformersModel.forward_only` on the returned rows, which train
 as they are; per-request LoRA adapters (also on the vision tower) serve their own weights; bad image input is
 refused clearly."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,12 +27,14 @@ def image_prompts() -> list[dict]:
 @pytest.fixture(scope='module')
 def template(tiny_vl_model_dir):
     from twinkle_core.template.vision import VisionTemplate
+
     return VisionTemplate(str(tiny_vl_model_dir))
 
 
 @pytest.fixture(scope='module')
 def sampler(tiny_vl_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     return TorchSampler(tiny_vl_model_dir, device='cpu')  # no template set: the model's VisionTemplate
 
 
@@ -41,14 +44,16 @@ def full_forward_logps(model, row: dict, tokens: list[int]) -> torch.Tensor:
     ids = list(row['input_ids']) + list(tokens)
     kwargs = {'input_ids': torch.tensor([ids]), 'use_cache': False}
     if row.get('pixel_values') is not None:
-        kwargs.update(pixel_values=torch.as_tensor(row['pixel_values']),
-                      image_grid_thw=torch.as_tensor(row['image_grid_thw']),
-                      mm_token_type_ids=torch.tensor([list(row['mm_token_type_ids']) + [0] * len(tokens)]))
+        kwargs.update(
+            pixel_values=torch.as_tensor(row['pixel_values']),
+            image_grid_thw=torch.as_tensor(row['image_grid_thw']),
+            mm_token_type_ids=torch.tensor([list(row['mm_token_type_ids']) + [0] * len(tokens)]),
+        )
     device = next(model.parameters()).device
     with torch.no_grad():
         logits = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in kwargs.items()}).logits[0]
     n = len(row['input_ids'])
-    return logits[n - 1:len(ids) - 1].float().log_softmax(-1).cpu()
+    return logits[n - 1 : len(ids) - 1].float().log_softmax(-1).cpu()
 
 
 def manual_greedy(model, row: dict, steps: int, banned: list[int]) -> tuple[list[int], list[float]]:
@@ -87,28 +92,30 @@ def test_image_prompts_sample_in_one_batch_and_return_trainable_rows(sampler, te
     # encoded rows are accepted as well, with the same seeded result
     rows = [template.encode(p, add_generation_prompt=True) for p in prompts[:2]]
     again = sampler.sample(rows, SamplingParams(max_tokens=5, temperature=1.0, seed=3, num_samples=2))
-    assert [[s.tokens for s in r.sequences] for r in again] == [[s.tokens for s in r.sequences]
-                                                                for r in responses[:2]]
+    assert [[s.tokens for s in r.sequences] for r in again] == [[s.tokens for s in r.sequences] for r in responses[:2]]
 
 
 def test_greedy_equals_a_manual_greedy_loop_and_is_deterministic(sampler, template):
     from twinkle_transformers.sampler.vision_inputs import placeholder_token_ids
+
     prompts = image_prompts()
     first = sampler.sample(prompts, max_tokens=6, temperature=0.0)
     second = sampler.sample(prompts[::-1], max_tokens=6, temperature=0.0)[::-1]
     banned = placeholder_token_ids(sampler.model.config)
     for prompt, a, b in zip(prompts, first, second):
         assert a.sequences[0].tokens == b.sequences[0].tokens
-        tokens, logprobs = manual_greedy(sampler.model, template.encode(prompt, add_generation_prompt=True), 6,
-                                         banned)
+        tokens, logprobs = manual_greedy(sampler.model, template.encode(prompt, add_generation_prompt=True), 6, banned)
         assert a.sequences[0].tokens == tokens
         torch.testing.assert_close(torch.tensor(a.sequences[0].logprobs), torch.tensor(logprobs), atol=ATOL, rtol=0)
     # the image matters: two colours give different next-token distributions
     red, green = (template.encode(p, add_generation_prompt=True) for p in prompts[:2])
-    assert not torch.allclose(full_forward_logps(sampler.model, red, [0])[0],
-                              full_forward_logps(sampler.model, {**green, 'input_ids': red['input_ids'],
-                                                                 'mm_token_type_ids': red['mm_token_type_ids']},
-                                                 [0])[0], atol=1e-4)
+    assert not torch.allclose(
+        full_forward_logps(sampler.model, red, [0])[0],
+        full_forward_logps(
+            sampler.model, {**green, 'input_ids': red['input_ids'], 'mm_token_type_ids': red['mm_token_type_ids']}, [0]
+        )[0],
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize('fixture', ['tiny_vl_model_dir', 'tiny_qwen3_5_model_dir'], ids=['qwen3_vl', 'qwen3_5'])
@@ -117,10 +124,12 @@ def test_logprobs_equal_forward_only_and_rows_train(fixture, request):
     the active adapter. Old log-probs for GRPO must be what `forward_only` computes on the same rows."""
     from twinkle_core.model import TransformersModel
     from twinkle_transformers.sampler import TorchSampler
+
     torch.manual_seed(0)
     model = TransformersModel(request.getfixturevalue(fixture), device='cpu')
-    model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all',
-                                           'init_lora_weights': False})
+    model.add_adapter_to_model(
+        'default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all', 'init_lora_weights': False}
+    )
     sampler = TorchSampler(model=model)
     params = SamplingParams(max_tokens=4, temperature=1.0, seed=0, num_samples=2)
     responses = sampler.sample(image_prompts(), params, adapter_name='default')
@@ -128,15 +137,16 @@ def test_logprobs_equal_forward_only_and_rows_train(fixture, request):
     rows = [seq.new_input_feature for seq in sequences]
     logprobs = model.forward_only(inputs=rows, compute_loss=False)['logprobs']
     for seq, row_logprobs in zip(sequences, logprobs):
-        torch.testing.assert_close(torch.tensor(row_logprobs[-len(seq.tokens):]), torch.tensor(seq.logprobs),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(row_logprobs[-len(seq.tokens) :]), torch.tensor(seq.logprobs), atol=ATOL, rtol=0
+        )
     # the returned rows train as they are (images included): SFT steps raise their completions' log-probs
     model.set_optimizer('AdamW', lr=1e-3)
     for _ in range(3):
         model.forward_backward(inputs=rows)
         model.clip_grad_and_step()
     after = model.forward_only(inputs=rows, compute_loss=False)['logprobs']
-    gain = [sum(a[-len(s.tokens):]) - sum(s.logprobs) for s, a in zip(sequences, after)]
+    gain = [sum(a[-len(s.tokens) :]) - sum(s.logprobs) for s, a in zip(sequences, after)]
     assert min(gain) > 0 and sum(gain) / len(gain) > 0.2, gain  # measured: mean 0.65 / 0.70, min 0.43 / 0.47
 
 
@@ -146,6 +156,7 @@ def vl_adapters(tiny_vl_model_dir):
     strong, with the PEFT models holding them (the references)."""
     import peft
     from transformers import AutoModelForImageTextToText
+
     out = {}
     for name, targets, seed in (('lang', ['q_proj', 'v_proj'], 1), ('eye', ['qkv', 'linear_fc1'], 2)):
         base = AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, dtype=torch.float32)
@@ -188,6 +199,7 @@ def test_per_request_adapters_with_images(sampler, template, vl_adapters):
 
 def test_bad_image_input_is_refused_clearly(sampler, template, tiny_model_dir):
     from twinkle_transformers.sampler import TorchSampler
+
     row = template.encode(colour_trajectories(1, with_answer=False)[0], add_generation_prompt=True)
     with pytest.raises(InvalidInputError, match='need.*together'):
         sampler.sample([{k: v for k, v in row.items() if k != 'mm_token_type_ids'}], max_tokens=2)
@@ -209,6 +221,7 @@ def test_peft_vision_adapters_that_cannot_be_routed_are_refused(tiny_vl_model_di
     from transformers import AutoModelForImageTextToText
 
     from twinkle_transformers.sampler import TorchSampler
+
     base = AutoModelForImageTextToText.from_pretrained(tiny_vl_model_dir, dtype=torch.float32)
     model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=['qkv']))  # 'default', active
     model.add_adapter('other', peft.LoraConfig(r=2, target_modules=['qkv']))
@@ -229,23 +242,29 @@ def test_cuda_image_sampling_matches_forward_only(tiny_vl_model_dir, dtype, atol
     `forward_only` computes on the returned rows (bf16: the same kernels at other batch shapes, loose)."""
     from twinkle_core.model import TransformersModel
     from twinkle_transformers.sampler import TorchSampler
+
     torch.manual_seed(0)
     model = TransformersModel(tiny_vl_model_dir, device='cuda', dtype=dtype)
-    model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all',
-                                           'init_lora_weights': False})
+    model.add_adapter_to_model(
+        'default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all', 'init_lora_weights': False}
+    )
     sampler = TorchSampler(model=model)
-    responses = sampler.sample(image_prompts(), SamplingParams(max_tokens=6, temperature=1.0, seed=0, num_samples=3),
-                               adapter_name='default')
+    responses = sampler.sample(
+        image_prompts(), SamplingParams(max_tokens=6, temperature=1.0, seed=0, num_samples=3), adapter_name='default'
+    )
     sequences = [seq for response in responses for seq in response.sequences]
     logprobs = model.forward_only(inputs=[s.new_input_feature for s in sequences], compute_loss=False)['logprobs']
     for seq, row_logprobs in zip(sequences, logprobs):
-        torch.testing.assert_close(torch.tensor(row_logprobs[-len(seq.tokens):]), torch.tensor(seq.logprobs),
-                                   atol=atol, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(row_logprobs[-len(seq.tokens) :]), torch.tensor(seq.logprobs), atol=atol, rtol=0
+        )
     from twinkle_core.template.vision import VisionTemplate
+
     template = VisionTemplate(str(tiny_vl_model_dir))
     owned = TorchSampler(tiny_vl_model_dir, device='cuda', dtype=dtype)  # its own copy, batched prompts
     for prompt, response in zip(image_prompts(), owned.sample(image_prompts(), max_tokens=6, temperature=0.0)):
         seq = response.sequences[0]
         ref = full_forward_logps(owned.model, template.encode(prompt, add_generation_prompt=True), seq.tokens)
-        torch.testing.assert_close(torch.tensor(seq.logprobs), ref.gather(-1, torch.tensor(seq.tokens)[:, None])[:, 0],
-                                   atol=atol, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(seq.logprobs), ref.gather(-1, torch.tensor(seq.tokens)[:, None])[:, 0], atol=atol, rtol=0
+        )

@@ -1,6 +1,7 @@
 """A vLLM engine whose process dies is restarted: the call that hit it fails with a clear TwinkleError, the next
 call is served by a fresh engine with the adapters re-registered (same outputs as before), and if base weights had
 been loaded into the dead engine the sampler refuses to sample until they are loaded again (slow: its own engine)."""
+
 from __future__ import annotations
 
 import os
@@ -38,13 +39,17 @@ def test_a_dead_engine_is_restarted_with_its_adapters_and_refuses_lost_weights(t
         _, config, tensors = peft_adapter(tiny_model_dir, seed=7)
         sampler.add_adapter('tenant', config, tensors)
         prompt = [5, 6, 7, 8]
-        before = [sampler.sample([prompt], max_tokens=4, temperature=0.0, adapter_name=a)[0].sequences[0].tokens
-                  for a in ('tenant', None)]
+        before = [
+            sampler.sample([prompt], max_tokens=4, temperature=0.0, adapter_name=a)[0].sequences[0].tokens
+            for a in ('tenant', None)
+        ]
 
         kill_engine(sampler)
         call_until_detected(sampler, prompt)
-        after = [sampler.sample([prompt], max_tokens=4, temperature=0.0, adapter_name=a)[0].sequences[0].tokens
-                 for a in ('tenant', None)]
+        after = [
+            sampler.sample([prompt], max_tokens=4, temperature=0.0, adapter_name=a)[0].sequences[0].tokens
+            for a in ('tenant', None)
+        ]
         assert after == before and sampler._handle.restarts == 1
 
         state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()

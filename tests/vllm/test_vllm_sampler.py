@@ -1,6 +1,7 @@
 """What is specific to vLLMSampler (the shared contract is in tests/contract): engine arguments are validated
 before vLLM starts, LoRA limits and partial layers are refused before they reach the engine (where an error would
 kill it), capabilities are declared, and the engine keeps serving after every refusal."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,19 +12,24 @@ from twinkle_core.errors import InvalidInputError
 pytest.importorskip('vllm')
 
 
-@pytest.mark.parametrize('engine_args, message', [
-    ({'max_modl_len': 64}, "Unknown vLLM engine argument 'max_modl_len'; did you mean max_model_len"),
-    ({'model': '/elsewhere'}, 'pass the model as model_id='),
-    ({'worker_extension_cls': 'x.Y'}, 'needs twinkle_vllm.worker_extension'),
-])
+@pytest.mark.parametrize(
+    'engine_args, message',
+    [
+        ({'max_modl_len': 64}, "Unknown vLLM engine argument 'max_modl_len'; did you mean max_model_len"),
+        ({'model': '/elsewhere'}, 'pass the model as model_id='),
+        ({'worker_extension_cls': 'x.Y'}, 'needs twinkle_vllm.worker_extension'),
+    ],
+)
 def test_bad_engine_args_are_refused_before_vllm_starts(tiny_model_dir, engine_args, message):
     from twinkle_vllm.sampler import vLLMSampler
+
     with pytest.raises(InvalidInputError, match=message):
         vLLMSampler(tiny_model_dir, engine_args=engine_args)
 
 
 def test_a_missing_model_directory_is_named(tmp_path):
     from twinkle_vllm.sampler import vLLMSampler
+
     with pytest.raises(InvalidInputError, match='does not exist'):
         vLLMSampler(tmp_path / 'nope')
 
@@ -36,8 +42,9 @@ def test_capabilities_are_declared(vllm_sampler):
 
 def test_a_rank_above_max_lora_rank_is_refused(vllm_sampler, tiny_model_dir):
     from tests.contract.test_sampler_contract import peft_adapter
+
     _, config, tensors = peft_adapter(tiny_model_dir, seed=5, rank=32)
-    with pytest.raises(InvalidInputError, match='rank 32, above this engine\'s max_lora_rank=16'):
+    with pytest.raises(InvalidInputError, match="rank 32, above this engine's max_lora_rank=16"):
         vllm_sampler.add_adapter('big', config, tensors)
     assert 'big' not in vllm_sampler.list_adapters()
     assert vllm_sampler.sample([[5, 6]], max_tokens=2)[0].sequences
@@ -45,12 +52,14 @@ def test_a_rank_above_max_lora_rank_is_refused(vllm_sampler, tiny_model_dir):
 
 def test_non_lora_tensors_are_refused_as_an_adapter(vllm_sampler):
     with pytest.raises(InvalidInputError, match='are not LoRA tensors'):
-        vllm_sampler.add_adapter('x', {'r': 4, 'target_modules': ['q_proj']}, {'model.embed_tokens.weight':
-                                                                                   torch.zeros(2, 2)})
+        vllm_sampler.add_adapter(
+            'x', {'r': 4, 'target_modules': ['q_proj']}, {'model.embed_tokens.weight': torch.zeros(2, 2)}
+        )
 
 
 def test_part_of_a_layer_outside_an_update_is_refused_and_changes_nothing(vllm_sampler, tiny_model_dir):
     from transformers import AutoModelForCausalLM
+
     before = vllm_sampler.sample([[5, 6, 7]], max_tokens=4, temperature=0.0, prompt_logprobs=True)[0]
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     q = {'model.layers.0.self_attn.q_proj.weight': state['model.layers.0.self_attn.q_proj.weight'] * 0}
@@ -64,8 +73,11 @@ def test_part_of_a_layer_outside_an_update_is_refused_and_changes_nothing(vllm_s
 def test_import_twinkle_core_and_the_plugin_do_not_import_vllm():
     import subprocess
     import sys
-    code = ('import sys, twinkle_core, twinkle_vllm; from twinkle_core.registry import resolve; '
-            "assert 'vllm' not in sys.modules, 'vllm imported'")
+
+    code = (
+        'import sys, twinkle_core, twinkle_vllm; from twinkle_core.registry import resolve; '
+        "assert 'vllm' not in sys.modules, 'vllm imported'"
+    )
     subprocess.run([sys.executable, '-c', code], check=True)
 
 
@@ -74,6 +86,7 @@ def test_greedy_outputs_equal_torch_samplers_on_the_same_weights(vllm_sampler, t
     base model and for the same adapter, several adapters mixed in one call."""
     from tests.contract.test_sampler_contract import PROMPTS, peft_adapter
     from twinkle_core.registry import resolve
+
     torch_sampler = resolve('sampler', 'TorchSampler', model_id=str(tiny_model_dir), device='cpu')
     _, config, tensors = peft_adapter(tiny_model_dir, seed=7)
     for s in (vllm_sampler, torch_sampler):
@@ -93,7 +106,7 @@ def test_greedy_outputs_equal_torch_samplers_on_the_same_weights(vllm_sampler, t
 
 def test_top_logprobs_above_the_engines_limit_are_refused_before_vllm(vllm_sampler):
     limit = vllm_sampler._handle.engine.vllm_config.model_config.max_logprobs
-    with pytest.raises(InvalidInputError, match=f'top_logprobs={limit + 1} is above the engine\'s max_logprobs'):
+    with pytest.raises(InvalidInputError, match=f"top_logprobs={limit + 1} is above the engine's max_logprobs"):
         vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit + 1)
     top = vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit)[0].sequences[0].top_logprobs
     assert [len(step) for step in top] == [limit, limit]
@@ -104,8 +117,10 @@ def test_image_prompts_are_refused_before_vllm(vllm_sampler, tiny_vl_model_dir):
     instead of being sampled without its images."""
     from twinkle_core.fixtures.images import colour_trajectories
     from twinkle_core.template.vision import VisionTemplate
-    row = VisionTemplate(str(tiny_vl_model_dir)).encode(colour_trajectories(1, with_answer=False)[0],
-                                                        add_generation_prompt=True)
+
+    row = VisionTemplate(str(tiny_vl_model_dir)).encode(
+        colour_trajectories(1, with_answer=False)[0], add_generation_prompt=True
+    )
     with pytest.raises(InvalidInputError, match='multimodal prompts need'):
         vllm_sampler.sample([row], max_tokens=2)
     assert vllm_sampler.sample([[5, 6]], max_tokens=2)[0].sequences

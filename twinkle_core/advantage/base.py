@@ -1,4 +1,5 @@
 """The Advantage interface: rewards of a batch of completions -> one advantage per completion."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -15,8 +16,10 @@ class Advantages(list):
 def group_size_of(group_size: int | None, num_generations: int | None, who: str) -> int:
     """The group size, given as ``group_size=`` or (the Twinkle documents' spelling) ``num_generations=``."""
     if (group_size is None) == (num_generations is None):
-        raise TypeError(f'{who}() takes the number of completions per prompt as group_size= (or num_generations=), '
-                        f'exactly once ({"both" if group_size is not None else "neither"} given).')
+        raise TypeError(
+            f'{who}() takes the number of completions per prompt as group_size= (or num_generations=), '
+            f'exactly once ({"both" if group_size is not None else "neither"} given).'
+        )
     return group_size if group_size is not None else num_generations  # type: ignore[return-value]
 
 

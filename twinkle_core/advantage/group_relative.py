@@ -4,6 +4,7 @@
 The result has one advantage per completion, in the same order; broadcast it over a completion's tokens (the
 per-row field ``advantage``) or repeat it per token (``advantages``).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,18 +20,19 @@ GRPOScale = Literal['group', 'batch', 'none']
 def split_groups(rewards: Sequence[float], group_size: int, who: str) -> list[list[float]]:
     """Validate `rewards` and cut them into consecutive groups of `group_size` (each needs >= 2 completions)."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise InvalidInputError(f'{who}: group_size must be an int >= 2 (several completions per prompt), '
-                                f'got {group_size!r}.')
+        raise InvalidInputError(
+            f'{who}: group_size must be an int >= 2 (several completions per prompt), got {group_size!r}.'
+        )
     values = [float(r) for r in rewards]
     if not values or len(values) % group_size:
         raise InvalidInputError(
             f'{who}: got {len(values)} rewards, which is not a positive multiple of group_size={group_size}; '
-            f'order rewards group by group with exactly group_size completions per prompt.')
+            f'order rewards group by group with exactly group_size completions per prompt.'
+        )
     for i, value in enumerate(values):
         if not math.isfinite(value):
-            raise InvalidInputError(f'{who}: reward {i} (group {i // group_size}) is {value}; rewards must be '
-                                    'finite.')
-    return [values[i:i + group_size] for i in range(0, len(values), group_size)]
+            raise InvalidInputError(f'{who}: reward {i} (group {i // group_size}) is {value}; rewards must be finite.')
+    return [values[i : i + group_size] for i in range(0, len(values), group_size)]
 
 
 class GRPOAdvantage(Advantage):
@@ -46,8 +48,14 @@ class GRPOAdvantage(Advantage):
         if epsilon < 0:
             raise InvalidInputError(f'GRPOAdvantage: epsilon must be >= 0, got {epsilon}.')
 
-    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None, num_generations: int | None = None,
-                 scale: GRPOScale | None = None) -> Advantages:
+    def __call__(
+        self,
+        rewards: Sequence[float],
+        *,
+        group_size: int | None = None,
+        num_generations: int | None = None,
+        scale: GRPOScale | None = None,
+    ) -> Advantages:
         """`scale` overrides the constructor's for this call (the Twinkle documents pass it here)."""
         scale = _check_scale(scale) if scale is not None else self.scale
         groups = split_groups(rewards, group_size_of(group_size, num_generations, 'GRPOAdvantage'), 'GRPOAdvantage')
@@ -73,8 +81,9 @@ def _check_scale(scale: Any) -> GRPOScale:
 class RLOOAdvantage(Advantage):
     """REINFORCE leave-one-out: ``A_i = r_i - mean(r_j for j != i in the group) = G/(G-1) * (r_i - mean(group))``."""
 
-    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None,
-                 num_generations: int | None = None) -> Advantages:
+    def __call__(
+        self, rewards: Sequence[float], *, group_size: int | None = None, num_generations: int | None = None
+    ) -> Advantages:
         size = group_size_of(group_size, num_generations, 'RLOOAdvantage')
         out = Advantages()
         for group in split_groups(rewards, size, 'RLOOAdvantage'):

@@ -5,6 +5,7 @@ An engine is a transport. One `send` on the model side matches one `receive` on 
 stream of buckets, each labelled `BASE` (Hugging Face names) or `ADAPTER` (PEFT keys). What to send is decided by
 `CheckpointEngineManager`; names and buckets are defined in `twinkle_core.checkpoint_engine.weights`.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -20,6 +21,7 @@ LabelledBucket = tuple[str, list[tuple[str, Any]]]  # (BASE | ADAPTER, [(name, t
 class WeightUpdate:
     """What one `send` carried. `buckets` yields (label, bucket) in send order; a streaming engine produces them
     lazily (the receiver holds one bucket at a time), so iterate exactly once and to the end."""
+
     buckets: Iterable[LabelledBucket]
     metadata: dict[str, Any] = field(default_factory=dict)
 

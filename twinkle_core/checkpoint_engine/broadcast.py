@@ -12,6 +12,7 @@ one payload at a time and hand out views into it.
         rank=0, world_size=2)                                 rank=1, world_size=2)
     engine.send([(BASE, list(model.state_dict().items()))])   for label, bucket in engine.receive().buckets: ...
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,18 @@ class BroadcastCheckpointEngine(CheckpointEngine):
     `init_method`/`rank`/`world_size` to have the engine create (and later destroy) the default process group;
     `backend` defaults to NCCL when CUDA is available, gloo otherwise."""
 
-    def __init__(self, *, src: int = 0, group: Any = None, bucket_bytes: int = 256 << 20,
-                 init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
-                 backend: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        *,
+        src: int = 0,
+        group: Any = None,
+        bucket_bytes: int = 256 << 20,
+        init_method: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        backend: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         if bucket_bytes < ALIGN:
             raise TwinkleError(f'bucket_bytes must be at least {ALIGN}, got {bucket_bytes}.')
         self._owns_group = False
@@ -43,12 +53,15 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             if dist.is_initialized():
                 raise TwinkleError('torch.distributed is already initialised; pass group= instead of init_method=.')
             backend = backend or ('nccl' if torch.cuda.is_available() else 'gloo')
-            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+            )
             self._owns_group = True
         elif not dist.is_initialized():
-            raise TwinkleError('BroadcastCheckpointEngine needs torch.distributed: initialise a process group first '
-                               'or pass init_method=, rank= and world_size=.')
+            raise TwinkleError(
+                'BroadcastCheckpointEngine needs torch.distributed: initialise a process group first '
+                'or pass init_method=, rank= and world_size=.'
+            )
         self.src, self.group, self.bucket_bytes = src, group, bucket_bytes
         self.device = _comm_device(dist.get_backend(group))
 
@@ -69,7 +82,7 @@ class BroadcastCheckpointEngine(CheckpointEngine):
                 offset = 0
                 for _, t in part:
                     raw = t.contiguous().view(-1).view(torch.uint8)
-                    flat[offset:offset + raw.numel()].copy_(raw)
+                    flat[offset : offset + raw.numel()].copy_(raw)
                     offset += _padded_nbytes(t)
                 dist.broadcast(flat, src=self.src, group=self.group)
         self._broadcast_header({'end': True})
@@ -100,7 +113,7 @@ class BroadcastCheckpointEngine(CheckpointEngine):
                 for d in shape:
                     numel *= d
                 size = numel * torch.empty((), dtype=dtype).element_size()
-                bucket.append((name, flat[offset:offset + size].view(dtype).view(shape)))
+                bucket.append((name, flat[offset : offset + size].view(dtype).view(shape)))
                 offset += _round_up(size)
             yield header['label'], bucket
 
@@ -110,8 +123,11 @@ class BroadcastCheckpointEngine(CheckpointEngine):
         if header is not None:
             length[0] = len(payload)
         dist.broadcast(length, src=self.src, group=self.group)
-        buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device) if header is not None
-               else torch.empty(int(length.item()), dtype=torch.uint8, device=self.device))
+        buf = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+            if header is not None
+            else torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+        )
         dist.broadcast(buf, src=self.src, group=self.group)
         return header if header is not None else json.loads(buf.cpu().numpy().tobytes().decode())
 

@@ -1,5 +1,6 @@
 """`InProcessCheckpointEngine`: model and sampler in one process; tensors are handed over by reference (no copy,
 no serialisation). The receiver copies them into its own parameters (or skips that when it shares them)."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -24,6 +24,7 @@ What moves (model side):
   the sampler even shares the adapter (same module), nothing moves at all.
 - full-parameter training: every base weight, every time (nothing when the sampler shares the module).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -41,6 +42,7 @@ EXPORT_METHODS = ('list_adapters', 'trains_base', 'is_export_rank', 'export_base
 class SyncReport:
     """What one `sync_weights` did. `moved`: False when the sampler already reads the very same tensors.
     `lora_only`: no base weights moved. On a model rank that is not the export rank the counts are 0."""
+
     moved: bool
     num_tensors: int = 0
     num_bytes: int = 0
@@ -56,31 +58,50 @@ class CheckpointEngineManager:
     sampler (default: the same). `engine`: a `CheckpointEngine`, a registered name (kind `checkpoint_engine`), or
     None for in-process when both sides are given. `bucket_bytes`: export bucket size."""
 
-    def __init__(self, model: Any = None, sampler: Any = None, *, engine: CheckpointEngine | str | None = None,
-                 adapter_name: str | None = None, sampler_adapter_name: str | None = None,
-                 bucket_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        model: Any = None,
+        sampler: Any = None,
+        *,
+        engine: CheckpointEngine | str | None = None,
+        adapter_name: str | None = None,
+        sampler_adapter_name: str | None = None,
+        bucket_bytes: int = 256 << 20,
+    ) -> None:
         if model is None and sampler is None:
             raise InvalidInputError('CheckpointEngineManager needs model=, sampler=, or both.')
         self._hosted: Any = None  # the runtime's sync, when model and sampler live in two of its device groups
         if engine is None and model is not None and sampler is not None:
             from twinkle_core.runtime.context import current_runtime
+
             runtime = current_runtime()
-            self._hosted = runtime.weight_sync(model, sampler, adapter_name=adapter_name,
-                                               sampler_adapter_name=sampler_adapter_name,
-                                               bucket_bytes=bucket_bytes) if runtime is not None else None
+            self._hosted = (
+                runtime.weight_sync(
+                    model,
+                    sampler,
+                    adapter_name=adapter_name,
+                    sampler_adapter_name=sampler_adapter_name,
+                    bucket_bytes=bucket_bytes,
+                )
+                if runtime is not None
+                else None
+            )
         if model is not None and self._hosted is None:
             missing = [m for m in EXPORT_METHODS if not callable(getattr(model, m, None))]
             if missing:
                 raise InvalidInputError(
                     f'{type(model).__name__} cannot export weights (no {", ".join(missing)}); pass a twinkle model, '
-                    'or wrap a torch module: twinkle_transformers.export.ModuleWeights(module).')
+                    'or wrap a torch module: twinkle_transformers.export.ModuleWeights(module).'
+                )
         if engine is None:
             if model is None or sampler is None:
                 raise InvalidInputError('Syncing across processes needs engine= (e.g. BroadcastCheckpointEngine).')
             from twinkle_core.checkpoint_engine.in_process import InProcessCheckpointEngine
+
             engine = InProcessCheckpointEngine()
         elif isinstance(engine, str):
             from twinkle_core.registry import resolve
+
             engine = resolve('checkpoint_engine', engine)
         self.model, self.sampler, self.engine = model, sampler, engine
         self.adapter_name, self.sampler_adapter_name = adapter_name, sampler_adapter_name
@@ -103,9 +124,14 @@ class CheckpointEngineManager:
             return SyncReport(moved=True, merged=merge_and_sync, adapter_name=metadata.get('adapter_name'))
         counter = _Counter(buckets)
         self.engine.send(counter, metadata=metadata)
-        report = SyncReport(moved=True, num_tensors=counter.tensors, num_bytes=counter.bytes,
-                            lora_only=not counter.labels & {BASE}, merged=merge_and_sync,
-                            adapter_name=metadata.get('adapter_name'))
+        report = SyncReport(
+            moved=True,
+            num_tensors=counter.tensors,
+            num_bytes=counter.bytes,
+            lora_only=not counter.labels & {BASE},
+            merged=merge_and_sync,
+            adapter_name=metadata.get('adapter_name'),
+        )
         if self.sampler is not None:
             self._apply(self.engine.receive())
         return report
@@ -121,8 +147,9 @@ class CheckpointEngineManager:
         adapters = self.model.list_adapters()
         if self.adapter_name is not None:
             if self.adapter_name not in adapters:
-                raise InvalidInputError(f'The model has no adapter {self.adapter_name!r}; adapters: '
-                                        f'{adapters or "none"}.')
+                raise InvalidInputError(
+                    f'The model has no adapter {self.adapter_name!r}; adapters: {adapters or "none"}.'
+                )
             return self.adapter_name
         if len(adapters) > 1:
             raise InvalidInputError(f'The model has several adapters {adapters}; pass adapter_name= to the manager.')
@@ -134,8 +161,10 @@ class CheckpointEngineManager:
         base = lambda: self.model.export_base(bucket_bytes=self.bucket_bytes)  # noqa: E731 - lazy: collective
         if merge:
             if sharing != 'none':
-                raise InvalidInputError('merge_and_sync=True needs a sampler with its own copy of the base weights; '
-                                        'this sampler shares them with the model (build it from model_id=).')
+                raise InvalidInputError(
+                    'merge_and_sync=True needs a sampler with its own copy of the base weights; '
+                    'this sampler shares them with the model (build it from model_id=).'
+                )
             self._sampler_has_pristine_base = False
             buckets: Iterable[list[tuple[str, Any]]] = base()
             if adapter is not None:
@@ -162,6 +191,7 @@ class CheckpointEngineManager:
     def _sharing(self) -> str:
         """'all' (the sampler runs the model's very module), 'base' (it shares the base weights) or 'none'."""
         from twinkle_core.sampler.base import Sampler
+
         if isinstance(self.sampler, Sampler):
             return self.sampler.shares_weights_with(self.model)
         return 'none'  # no sampler here (cross-process), or a remote proxy: weights always move
@@ -189,9 +219,14 @@ class CheckpointEngineManager:
                 sampler.add_adapter(adapter, update.metadata.get('lora_config'), lora)
         finally:
             sampler.end_weight_update()  # resumes with the prefix cache reset, also after a failed update
-        return SyncReport(moved=True, num_tensors=counter.tensors, num_bytes=counter.bytes,
-                          lora_only=not counter.labels & {BASE}, merged=bool(update.metadata.get('merged')),
-                          adapter_name=adapter)
+        return SyncReport(
+            moved=True,
+            num_tensors=counter.tensors,
+            num_bytes=counter.bytes,
+            lora_only=not counter.labels & {BASE},
+            merged=bool(update.metadata.get('merged')),
+            adapter_name=adapter,
+        )
 
 
 class _Counter:

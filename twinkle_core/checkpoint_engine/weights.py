@@ -11,6 +11,7 @@ Names on the wire:
 A `Bucket` is a list of (name, tensor) pairs; models export, engines carry and samplers import buckets, so no side
 ever needs the whole model at once. Merging a LoRA into base weights is `merge_peft`, over those names alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def is_lora_name(name: str) -> bool:
 def canonical_name(name: str) -> str:
     """A base-weight name of a plain or PEFT-wrapped model -> the plain Hugging Face name."""
     if name.startswith(PEFT_PREFIX):
-        name = name[len(PEFT_PREFIX):]
+        name = name[len(PEFT_PREFIX) :]
     return name.replace('.base_layer.', '.')
 
 
@@ -43,7 +44,7 @@ def lora_adapter_key(name: str, adapter_name: str) -> str:
     parts = name.split('.')
     for i, part in enumerate(parts):
         if part in LORA_PARTS and i + 1 < len(parts) and parts[i + 1] == adapter_name:
-            return '.'.join(parts[:i + 1] + parts[i + 2:])
+            return '.'.join(parts[: i + 1] + parts[i + 2 :])
     return name
 
 
@@ -62,8 +63,9 @@ def bucketed(pairs: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> It
         yield bucket
 
 
-def merge_peft(base: Iterable[Bucket], config: Mapping[str, Any], adapter: Mapping[str, torch.Tensor]
-               ) -> Iterator[Bucket]:
+def merge_peft(
+    base: Iterable[Bucket], config: Mapping[str, Any], adapter: Mapping[str, torch.Tensor]
+) -> Iterator[Bucket]:
     """`base` buckets with the LoRA `adapter` (PEFT keys + adapter_config fields) merged in: every adapted weight
     becomes a new tensor ``W + scale * B @ A`` (``(B @ A).T`` for embeddings, transposed for fan_in_fan_out);
     `scale` honours `lora_alpha`, `r`, `rank_pattern`/`alpha_pattern` and `use_rslora`. A weight tied to an
@@ -82,34 +84,37 @@ def merge_peft(base: Iterable[Bucket], config: Mapping[str, Any], adapter: Mappi
                 key = (tensor.data_ptr(), tuple(tensor.shape))
                 if delta is not None:
                     pending.discard(name)
-                    tensor = merged_storage[key] = tensor.detach() + delta().to(device=tensor.device,
-                                                                                dtype=tensor.dtype)
+                    tensor = merged_storage[key] = tensor.detach() + delta().to(
+                        device=tensor.device, dtype=tensor.dtype
+                    )
                 elif key in merged_storage and tensor.numel():
                     tensor = merged_storage[key]
                 out.append((name, tensor))
             yield out
     if pending:
-        raise InvalidInputError(f'merge_peft: the adapter adapts {sorted(pending)[:3]}, which the base weights do '
-                                'not contain.')
+        raise InvalidInputError(
+            f'merge_peft: the adapter adapts {sorted(pending)[:3]}, which the base weights do not contain.'
+        )
 
 
 def _lora_deltas(config: Mapping[str, Any], adapter: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Base weight name -> a function computing its delta (lazily: one delta in memory at a time)."""
     deltas: dict[str, Any] = {}
     for key, a in adapter.items():
-        for a_part, b_part, embedding in (('.lora_A.weight', '.lora_B.weight', False),
-                                          ('.lora_embedding_A', '.lora_embedding_B', True)):
+        for a_part, b_part, embedding in (
+            ('.lora_A.weight', '.lora_B.weight', False),
+            ('.lora_embedding_A', '.lora_embedding_B', True),
+        ):
             if not key.endswith(a_part):
                 continue
-            module = key[:-len(a_part)]
+            module = key[: -len(a_part)]
             b = adapter.get(module + b_part)
             if b is None:
                 raise InvalidInputError(f'merge_peft: {key} has no matching {module + b_part}.')
             name = canonical_name(module) + '.weight'
             scale = _scale(config, canonical_name(module), a.shape[0])
             transpose = embedding or bool(config.get('fan_in_fan_out'))
-            deltas[name] = (lambda a=a, b=b, scale=scale, transpose=transpose:
-                            _delta(a, b, scale, transpose))
+            deltas[name] = lambda a=a, b=b, scale=scale, transpose=transpose: _delta(a, b, scale, transpose)
     return deltas
 
 

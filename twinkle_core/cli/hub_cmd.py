@@ -3,6 +3,7 @@
 None of these runs hub code: `pull` downloads and describes, `hash` computes the registry/ pin, `publish`
 validates the manifest, uploads and prints the registry/ lines that pin what was uploaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,17 +23,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     pull.add_argument('ref', help='ms://org/repo[@revision] or hf://...')
     pull.add_argument('--kernel', action='store_true', help='a Hugging Face kernel repo (repo type "kernel")')
     pull.set_defaults(func=pull_command)
-    hsh = sub.add_parser('hash', help='the sha256 pin of a component folder; with --repo, the registry/ or lock-file entry')
+    hsh = sub.add_parser(
+        'hash', help='the sha256 pin of a component folder; with --repo, the registry/ or lock-file entry'
+    )
     hsh.add_argument('folder')
     hsh.add_argument('--repo', help='also print registry/ [[component]] tables for this hub repo')
     hsh.add_argument('--revision', help='the revision to pin (with --repo)')
-    hsh.add_argument('--files', action='store_true',
-                     help='pin file by file too (a [component.files] map; always for kernels)')
+    hsh.add_argument(
+        '--files', action='store_true', help='pin file by file too (a [component.files] map; always for kernels)'
+    )
     hsh.set_defaults(func=hash_command)
 
 
 def publish_command(args: argparse.Namespace) -> int:
     from twinkle_core.hub.publish import publish
+
     done = publish(args.folder, args.repo, revision=args.revision, message=args.message)
     print(f'published {args.folder} -> {done.location}')
     print(f'revision: {done.revision}\nsha256: {done.sha256}\n\n# registry/ entries pinning it:')
@@ -45,10 +50,10 @@ def _pin_tables(published: Any, folder: str, files: bool) -> str:
     (kernels are pinned file by file)."""
     from twinkle_core.hub.integrity import file_hashes
     from twinkle_core.hub.manifest import read_manifest
+
     components = read_manifest(folder).components
     with_files = files or any(c.kind == 'kernel' for c in components)
-    return published.registry_toml([(c.name, c.kind) for c in components],
-                                   file_hashes(folder) if with_files else None)
+    return published.registry_toml([(c.name, c.kind) for c in components], file_hashes(folder) if with_files else None)
 
 
 def pull_command(args: argparse.Namespace) -> int:
@@ -58,6 +63,7 @@ def pull_command(args: argparse.Namespace) -> int:
     from twinkle_core.hub.loader import find_pin, verify_pin
     from twinkle_core.hub.manifest import read_manifest
     from twinkle_core.hub.ref import HubRef
+
     ref = HubRef.parse(args.ref)
     pin = find_pin(ref)
     if pin is not None and ref.revision is None:
@@ -82,6 +88,7 @@ def hash_command(args: argparse.Namespace) -> int:
     from twinkle_core.hub.integrity import folder_sha256
     from twinkle_core.hub.publish import Published
     from twinkle_core.hub.ref import HubRef
+
     sha = folder_sha256(args.folder)
     if not args.repo:
         print(sha)

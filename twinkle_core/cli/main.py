@@ -11,6 +11,7 @@ Subcommands come from two places:
 A subcommand whose module fails to import, or a plugin whose hook raises, is reported and skipped; the rest of
 the CLI keeps working. `TwinkleError`s are printed as one clear message (exit status 1), not a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ COMMANDS: list[Command] = [
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser for `argv`: fully built for the subcommand being run, placeholders (help only) for others."""
     from twinkle_core import __version__
+
     parser = argparse.ArgumentParser(prog='twinkle', description='twinkle: plugin-based LLM post-training.')
     parser.add_argument('--version', action='version', version=f'twinkle-core {__version__}')
     subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
@@ -47,12 +49,14 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             subparsers.add_parser(cmd.name, help=cmd.help, add_help=False)
     if first not in {c.name for c in COMMANDS}:
         from twinkle_core.hooks import call_each
+
         call_each('twinkle_cli', subparsers=subparsers)
     return parser
 
 
 def _add_core(subparsers: argparse._SubParsersAction, cmd: Command) -> None:  # type: ignore[type-arg]
     from twinkle_core.plugins import import_target
+
     try:
         import_target(cmd.target)(subparsers)
     except Exception as exc:  # noqa: BLE001 - a broken subcommand must not take the CLI down
@@ -75,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv else 2
     from twinkle_core.errors import TwinkleError
+
     try:
         return int(func(args) or 0)
     except TwinkleError as exc:

@@ -3,6 +3,7 @@
 `list` reads entry-point metadata and the registry/ index only: no plugin module (and no torch) is imported.
 `info` loads the one component asked for and shows its provider, signature and docstring.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,24 @@ def rows(kind: str | None = None) -> list[dict[str, str]]:
     """Rows of `twinkle plugins list`: name, kind, provider, source, target."""
     from twinkle_core import plugins
     from twinkle_core.registry import list_components
+
     out = []
     if kind != HOOKS_KIND:
-        out += [{'name': c.name, 'kind': c.kind, 'provider': c.provider, 'source': c.source, 'target': c.target}
-                for c in list_components(kind)]
+        out += [
+            {'name': c.name, 'kind': c.kind, 'provider': c.provider, 'source': c.source, 'target': c.target}
+            for c in list_components(kind)
+        ]
     if kind in (None, HOOKS_KIND):
-        out += [{'name': ep.name, 'kind': HOOKS_KIND, 'provider': plugins.distribution_of(ep),
-                 'source': 'entry_point', 'target': ep.value} for ep in plugins.entry_points_of_group('twinkle.hooks')]
+        out += [
+            {
+                'name': ep.name,
+                'kind': HOOKS_KIND,
+                'provider': plugins.distribution_of(ep),
+                'source': 'entry_point',
+                'target': ep.value,
+            }
+            for ep in plugins.entry_points_of_group('twinkle.hooks')
+        ]
     return out
 
 
@@ -65,6 +77,7 @@ def info_command(args: argparse.Namespace) -> int:
     from twinkle_core.errors import TwinkleError
     from twinkle_core.hub.ref import is_hub_ref
     from twinkle_core.registry import resolve_class
+
     if is_hub_ref(args.name):
         if not args.kind:
             raise TwinkleError('Pass --kind with a hub reference, e.g. --kind patch.')

@@ -2,6 +2,7 @@
 
 `DataLoader` is pure Python; `Dataset` imports Hugging Face `datasets` only when built.
 """
+
 from twinkle_core.dataset.dataloader import DataLoader
 from twinkle_core.dataset.dataset import Dataset
 from twinkle_core.dataset.meta import DatasetMeta

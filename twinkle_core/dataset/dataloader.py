@@ -3,6 +3,7 @@
 Pure Python (no torch). Works over anything with ``__len__`` and ``__getitem__`` (a `Dataset`, a Hugging Face
 dataset, a list); a `Dataset`'s ``rows(indices)`` is used to read a batch in one go.
 """
+
 from __future__ import annotations
 
 import random
@@ -35,14 +36,25 @@ class DataLoader(metaclass=HostedComponentMeta):
       exactly the batches that had not been yielded yet, in the same order.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, *, min_batch_size: int | None = None, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, collate: Callable[[list[dict[str, Any]]], Any] | None = None,
-                 device_mesh: Any = None, rank: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        min_batch_size: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        collate: Callable[[list[dict[str, Any]]], Any] | None = None,
+        device_mesh: Any = None,
+        rank: int | None = None,
+    ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInputError(f'batch_size must be a positive integer, got {batch_size!r}.')
         if min_batch_size is not None and not 1 <= min_batch_size <= batch_size:
-            raise InvalidInputError(f'min_batch_size must be between 1 and batch_size={batch_size}, '
-                                    f'got {min_batch_size!r}.')
+            raise InvalidInputError(
+                f'min_batch_size must be between 1 and batch_size={batch_size}, got {min_batch_size!r}.'
+            )
         if callable(dataset) and not hasattr(dataset, '__len__'):
             dataset = dataset()  # a factory (the Twinkle documents' form): built here, inside the remote group
         self.dataset, self.batch_size = dataset, batch_size
@@ -62,11 +74,15 @@ class DataLoader(metaclass=HostedComponentMeta):
         if not 0 <= data_rank < data_world_size:
             raise InvalidInputError(f'data_rank={data_rank} is outside 0..{data_world_size - 1}.')
         if data_world_size > self.batch_size:
-            raise InvalidInputError(f'batch_size={self.batch_size} (global) is smaller than the number of data '
-                                    f'ranks {data_world_size}: some ranks would get no rows.')
+            raise InvalidInputError(
+                f'batch_size={self.batch_size} (global) is smaller than the number of data '
+                f'ranks {data_world_size}: some ranks would get no rows.'
+            )
         if self._min_batch_size is not None and self._min_batch_size < data_world_size and not self.drop_last:
-            raise InvalidInputError(f'min_batch_size={self._min_batch_size} is smaller than the number of data '
-                                    f'ranks {data_world_size}: a short last batch would leave some ranks empty.')
+            raise InvalidInputError(
+                f'min_batch_size={self._min_batch_size} is smaller than the number of data '
+                f'ranks {data_world_size}: a short last batch would leave some ranks empty.'
+            )
         self.data_rank, self.data_world_size = data_rank, data_world_size
         return self
 
@@ -97,14 +113,16 @@ class DataLoader(metaclass=HostedComponentMeta):
         order = list(range(len(self.dataset)))
         if self.shuffle:
             random.Random(self.seed + epoch).shuffle(order)
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        return batches[:len(self)]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        return batches[: len(self)]
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.batch_indices()
         if self._position > len(batches):
-            raise InvalidInputError(f'DataLoader position {self._position} is past the end of epoch {self.epoch} '
-                                    f'({len(batches)} batches): the data set changed since the state was saved.')
+            raise InvalidInputError(
+                f'DataLoader position {self._position} is past the end of epoch {self.epoch} '
+                f'({len(batches)} batches): the data set changed since the state was saved.'
+            )
         while self._position < len(batches):
             batch = batches[self._position]
             indices = batch[slice(*shard_bounds(len(batch), self.data_rank, self.data_world_size))]
@@ -123,23 +141,37 @@ class DataLoader(metaclass=HostedComponentMeta):
     @remote_method('first', 'first', mutates=False)
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position, plus what must match on resume (data size, batch size, shuffle, seed)."""
-        return {'version': STATE_VERSION, 'epoch': self.epoch, 'position': self._position,
-                'num_rows': len(self.dataset), 'batch_size': self.batch_size, 'shuffle': self.shuffle,
-                'seed': self.seed}
+        return {
+            'version': STATE_VERSION,
+            'epoch': self.epoch,
+            'position': self._position,
+            'num_rows': len(self.dataset),
+            'batch_size': self.batch_size,
+            'shuffle': self.shuffle,
+            'seed': self.seed,
+        }
 
     @remote_method('all', 'none')
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` was saved. Raises `InvalidInputError` when the data or batching differ."""
-        expected = {'num_rows': len(self.dataset), 'batch_size': self.batch_size, 'shuffle': self.shuffle,
-                    'seed': self.seed}
+        expected = {
+            'num_rows': len(self.dataset),
+            'batch_size': self.batch_size,
+            'shuffle': self.shuffle,
+            'seed': self.seed,
+        }
         diff = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if diff:
             detail = ', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())
-            raise InvalidInputError(f'Cannot resume the DataLoader: {detail}. Resume with the same data and '
-                                    'batching, or start fresh with set_epoch().')
+            raise InvalidInputError(
+                f'Cannot resume the DataLoader: {detail}. Resume with the same data and '
+                'batching, or start fresh with set_epoch().'
+            )
         self.epoch, self._position = int(state['epoch']), int(state['position'])
 
     def __repr__(self) -> str:
         shard = f', shard={self.data_rank}/{self.data_world_size}' if self.data_world_size > 1 else ''
-        return (f'DataLoader(rows={len(self.dataset)}, batch_size={self.batch_size}, shuffle={self.shuffle}, '
-                f'epoch={self.epoch}, position={self._position}{shard})')
+        return (
+            f'DataLoader(rows={len(self.dataset)}, batch_size={self.batch_size}, shuffle={self.shuffle}, '
+            f'epoch={self.epoch}, position={self._position}{shard})'
+        )

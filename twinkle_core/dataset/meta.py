@@ -1,4 +1,5 @@
 """`DatasetMeta`: which data set, which subset and split, and which rows of it."""
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ class DatasetMeta:
         data_slice: rows to keep: ``int`` N = the first N rows (fewer if the data set is shorter), or a range,
             slice or list of row indices.
     """
+
     dataset_id_or_path: str
     subset_name: str | None = None
     split: str = 'train'
@@ -52,8 +54,9 @@ class DatasetMeta:
     def name(self) -> str:
         """A short human name: the file or repo name, with subset and split when they are not the defaults."""
         base = self.dataset_id_or_path.rstrip('/').rsplit('/', 1)[-1]
-        parts = [base] + ([self.subset_name] if self.subset_name else []) + \
-            ([self.split] if self.split != 'train' else [])
+        parts = (
+            [base] + ([self.subset_name] if self.subset_name else []) + ([self.split] if self.split != 'train' else [])
+        )
         return ':'.join(parts)
 
     def indices(self, num_rows: int) -> list[int] | None:
@@ -77,13 +80,21 @@ class DatasetMeta:
         return [i % num_rows for i in rows]
 
     def _out_of_range(self, rows: str, num_rows: int) -> NoReturn:
-        raise InvalidInputError(f'data_slice of {self.name} selects row(s) {rows} but the data set has {num_rows} '
-                                f'rows (valid: 0..{num_rows - 1}, or -{num_rows}..-1 from the end).')
+        raise InvalidInputError(
+            f'data_slice of {self.name} selects row(s) {rows} but the data set has {num_rows} '
+            f'rows (valid: 0..{num_rows - 1}, or -{num_rows}..-1 from the end).'
+        )
 
     def __hash__(self) -> int:
         s = self.data_slice
-        return hash((self.dataset_id_or_path, self.subset_name, self.split,
-                     tuple(s) if isinstance(s, list) else (s.start, s.stop, s.step) if isinstance(s, slice) else s))
+        return hash(
+            (
+                self.dataset_id_or_path,
+                self.subset_name,
+                self.split,
+                tuple(s) if isinstance(s, list) else (s.start, s.stop, s.step) if isinstance(s, slice) else s,
+            )
+        )
 
 
 def as_meta(spec: DatasetMeta | str | os.PathLike[str]) -> DatasetMeta:

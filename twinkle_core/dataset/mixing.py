@@ -1,4 +1,5 @@
 """Combining several data sets into one: concatenation or seeded, probability-weighted interleaving."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ class Mixing:
     a given `seed`; ``stopping_strategy='first_exhausted'`` stops when any part runs out, ``'all_exhausted'``
     oversamples the smaller parts until every part was seen completely.
     """
+
     strategy: MixingStrategy = 'concat'
     probabilities: tuple[float, ...] | None = None
     seed: int = 0
@@ -28,8 +30,9 @@ class Mixing:
         if self.strategy not in ('concat', 'interleave'):
             raise InvalidInputError(f"mixing must be 'concat' or 'interleave', got {self.strategy!r}.")
         if self.stopping_strategy not in ('first_exhausted', 'all_exhausted'):
-            raise InvalidInputError(f"stopping_strategy must be 'first_exhausted' or 'all_exhausted', "
-                                    f'got {self.stopping_strategy!r}.')
+            raise InvalidInputError(
+                f"stopping_strategy must be 'first_exhausted' or 'all_exhausted', got {self.stopping_strategy!r}."
+            )
         if self.probabilities is not None:
             probs = tuple(float(p) for p in self.probabilities)
             if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
@@ -45,6 +48,7 @@ class Mixing:
     def combine(self, parts: Sequence[Any]) -> Any:
         """One Hugging Face `Dataset` out of `parts` (returned as is when there is only one)."""
         import datasets
+
         self.check(len(parts))
         if len(parts) == 1:
             return parts[0]
@@ -52,12 +56,15 @@ class Mixing:
         try:
             if self.strategy == 'concat':
                 return datasets.concatenate_datasets(list(parts))
-            return datasets.interleave_datasets(list(parts), probabilities=self.probabilities, seed=self.seed,
-                                                stopping_strategy=self.stopping_strategy)
+            return datasets.interleave_datasets(
+                list(parts), probabilities=self.probabilities, seed=self.seed, stopping_strategy=self.stopping_strategy
+            )
         except ValueError as exc:
             columns = [sorted(p.column_names) for p in parts]
-            raise InvalidInputError(f'Cannot mix data sets with columns {columns}: map them to the same format '
-                                    f'first (e.g. one preprocessor per data set). ({exc})') from exc
+            raise InvalidInputError(
+                f'Cannot mix data sets with columns {columns}: map them to the same format '
+                f'first (e.g. one preprocessor per data set). ({exc})'
+            ) from exc
 
 
 def align_struct_lists(parts: Sequence[Any]) -> list[Any]:
@@ -67,6 +74,7 @@ def align_struct_lists(parts: Sequence[Any]) -> list[Any]:
     missing fields are added as None (a no-op when the schemas already agree).
     """
     import datasets
+
     union: dict[str, dict[str, Any]] = {}
     for part in parts:
         for column, feature in part.features.items():
@@ -77,19 +85,22 @@ def align_struct_lists(parts: Sequence[Any]) -> list[Any]:
                     fields.setdefault(key, value)
     aligned = []
     for part in parts:
-        missing = {c: [k for k in fields if k not in part.features[c].feature]
-                   for c, fields in union.items() if c in part.features and isinstance(part.features[c], datasets.List)}
+        missing = {
+            c: [k for k in fields if k not in part.features[c].feature]
+            for c, fields in union.items()
+            if c in part.features and isinstance(part.features[c], datasets.List)
+        }
         missing = {c: keys for c, keys in missing.items() if keys}
         if missing:
             features = part.features.copy()
             for column in missing:
                 features[column] = datasets.List({k: union[column][k] for k in union[column]})
-            part = part.map(_add_fields, fn_kwargs={'missing': missing}, features=features,
-                            desc='Align message fields')
+            part = part.map(_add_fields, fn_kwargs={'missing': missing}, features=features, desc='Align message fields')
         aligned.append(part)
     return aligned
 
 
 def _add_fields(row: dict[str, Any], *, missing: dict[str, list[str]]) -> dict[str, Any]:
-    return {column: [{**item, **{k: None for k in keys}} for item in row[column] or []]
-            for column, keys in missing.items()}
+    return {
+        column: [{**item, **{k: None for k in keys}} for item in row[column] or []] for column, keys in missing.items()
+    }

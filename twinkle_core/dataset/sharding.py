@@ -1,4 +1,5 @@
 """Which data shard a rank reads (the slicing rule itself is `twinkle_core.mesh.shard_bounds`)."""
+
 from __future__ import annotations
 
 import sys

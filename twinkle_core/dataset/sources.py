@@ -6,6 +6,7 @@ A source is any callable ``source(meta, cache_dir=None) -> datasets.Dataset`` re
 and then applies ``meta.data_slice``. A hub id is only ever fetched through the hub clients (`hub_repo`): never
 one that would resolve to a local path.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,12 @@ from twinkle_core.hub.ref import HubRef
 
 # File suffix -> `datasets` builder name.
 FILE_BUILDERS: dict[str, str] = {
-    '.json': 'json', '.jsonl': 'json', '.csv': 'csv', '.tsv': 'csv', '.parquet': 'parquet', '.arrow': 'arrow',
+    '.json': 'json',
+    '.jsonl': 'json',
+    '.csv': 'csv',
+    '.tsv': 'csv',
+    '.parquet': 'parquet',
+    '.arrow': 'arrow',
     '.txt': 'text',
 }
 
@@ -26,6 +32,7 @@ FILE_BUILDERS: dict[str, str] = {
 def load_meta(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """Load `meta` with the source its scheme names, then select ``meta.data_slice``."""
     from twinkle_core.registry import resolve_class
+
     source = resolve_class('dataset_source', meta.scheme)
     data = source(meta, cache_dir=cache_dir)
     indices = meta.indices(len(data))
@@ -35,10 +42,10 @@ def load_meta(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
 def _only_split(data: Any, meta: DatasetMeta) -> Any:
     """A `DatasetDict` -> its `meta.split`; a `Dataset` as is."""
     import datasets
+
     if isinstance(data, datasets.DatasetDict):
         if meta.split not in data:
-            raise InvalidInputError(f'{meta.dataset_id_or_path} has no split {meta.split!r}; '
-                                    f'splits: {sorted(data)}.')
+            raise InvalidInputError(f'{meta.dataset_id_or_path} has no split {meta.split!r}; splits: {sorted(data)}.')
         return data[meta.split]
     return data
 
@@ -46,18 +53,22 @@ def _only_split(data: Any, meta: DatasetMeta) -> Any:
 def local_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """A local file (by suffix), a ``save_to_disk`` directory, or a directory of data files."""
     import datasets
+
     path = Path(meta.dataset_id_or_path).expanduser()
     if not path.exists():
-        raise InvalidInputError(f'Dataset {meta.dataset_id_or_path!r} is not a local file or directory. For hub '
-                                'data sets use "ms://org/name" (ModelScope) or "hf://org/name" (Hugging Face).')
+        raise InvalidInputError(
+            f'Dataset {meta.dataset_id_or_path!r} is not a local file or directory. For hub '
+            'data sets use "ms://org/name" (ModelScope) or "hf://org/name" (Hugging Face).'
+        )
     if path.is_dir():
         if (path / 'dataset_info.json').exists() or (path / 'dataset_dict.json').exists():
             return _only_split(datasets.load_from_disk(str(path)), meta)
         return _only_split(datasets.load_dataset(str(path), meta.subset_name, cache_dir=cache_dir), meta)
     builder = FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise InvalidInputError(f'Cannot read {path.name}: unknown file type {path.suffix!r}; supported: '
-                                f'{sorted(FILE_BUILDERS)}.')
+        raise InvalidInputError(
+            f'Cannot read {path.name}: unknown file type {path.suffix!r}; supported: {sorted(FILE_BUILDERS)}.'
+        )
     kwargs = {'delimiter': '\t'} if path.suffix.lower() == '.tsv' else {}
     return datasets.load_dataset(builder, data_files=str(path), split='train', cache_dir=cache_dir, **kwargs)
 
@@ -65,6 +76,7 @@ def local_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
 def hf_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """``hf://org/name[@revision]`` via `datasets.load_dataset` (honours ``HF_DATASETS_OFFLINE`` and its cache)."""
     import datasets
+
     repo, revision = hub_repo(meta.dataset_id_or_path)
     return datasets.load_dataset(repo, meta.subset_name, split=meta.split, revision=revision, cache_dir=cache_dir)
 
@@ -75,10 +87,17 @@ def ms_source(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     try:
         from modelscope.msdatasets import MsDataset
     except ImportError as exc:
-        raise InvalidInputError(f'Loading {meta.dataset_id_or_path} needs ModelScope\'s dataset extras ({exc}). '
-                                'Run: pip install "modelscope[datasets]" (or pip install addict).') from exc
-    loaded = MsDataset.load(repo, subset_name=meta.subset_name, split=meta.split, version=revision,
-                            cache_dir=cache_dir or os.environ.get('MODELSCOPE_CACHE') or None)
+        raise InvalidInputError(
+            f"Loading {meta.dataset_id_or_path} needs ModelScope's dataset extras ({exc}). "
+            'Run: pip install "modelscope[datasets]" (or pip install addict).'
+        ) from exc
+    loaded = MsDataset.load(
+        repo,
+        subset_name=meta.subset_name,
+        split=meta.split,
+        version=revision,
+        cache_dir=cache_dir or os.environ.get('MODELSCOPE_CACHE') or None,
+    )
     data = loaded.to_hf_dataset() if hasattr(loaded, 'to_hf_dataset') else loaded
     return _only_split(data, meta)
 
@@ -95,10 +114,14 @@ def hub_repo(dataset_id: str) -> tuple[str, str | None]:
     except HubError:
         ref = None
     if ref is None or ref.name:
-        raise InvalidInputError(f'{dataset_id!r}: expected "{scheme}://org/name[@revision]" (org and name: letters, '
-                                f'digits, ".", "_", "-", starting with a letter or digit).')
+        raise InvalidInputError(
+            f'{dataset_id!r}: expected "{scheme}://org/name[@revision]" (org and name: letters, '
+            f'digits, ".", "_", "-", starting with a letter or digit).'
+        )
     if os.path.lexists(ref.repo_id):
-        raise InvalidInputError(f'{dataset_id!r}: {ref.repo_id!r} exists on this server (relative to the working '
-                                f'directory), and a hub id is never read from disk; name a local data set by its '
-                                f'path, without {scheme}://.')
+        raise InvalidInputError(
+            f'{dataset_id!r}: {ref.repo_id!r} exists on this server (relative to the working '
+            f'directory), and a hub id is never read from disk; name a local data set by its '
+            f'path, without {scheme}://.'
+        )
     return ref.repo_id, ref.revision

@@ -1,5 +1,6 @@
 """What the rest of twinkle calls to fire lifecycle hooks. Each function is a no-op when nothing implements
 the hook, and a failing logger/notifier never breaks the caller (`call_each` logs and skips it)."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping

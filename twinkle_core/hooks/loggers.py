@@ -15,6 +15,7 @@ unless configured, so installing twinkle-core never prints or writes anything on
 Non-numeric metric values are skipped by TensorBoard and stringified in JSONL. Tags are prefixed with
 ``context['adapter_name']`` when present, so tenants of one multi-LoRA run stay apart.
 """
+
 from __future__ import annotations
 
 import json
@@ -141,7 +142,8 @@ class TensorBoardMetricsLogger:
                 except ImportError:
                     logging.getLogger(__name__).warning(
                         'TWINKLE_TENSORBOARD_DIR is set but neither torch.utils.tensorboard nor tensorboardX can be '
-                        'imported; run: pip install "twinkle-core[tensorboard]"')
+                        'imported; run: pip install "twinkle-core[tensorboard]"'
+                    )
                     self._unavailable = True
                     return None
             self._writer = SummaryWriter(log_dir=str(self.log_dir))

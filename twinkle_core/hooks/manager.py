@@ -1,4 +1,5 @@
 """The process-wide pluggy PluginManager, loading ``twinkle.hooks`` entry points lazily and fault-tolerantly."""
+
 from __future__ import annotations
 
 import logging
@@ -32,6 +33,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
         pm = pluggy.PluginManager(specs.PROJECT)
         pm.add_hookspecs(specs)
         from twinkle_core import plugins
+
         for ep in plugins.entry_points_of_group('twinkle.hooks'):
             try:
                 obj = ep.load()
@@ -76,8 +78,13 @@ def call_each(hook_name: str, **kwargs: Any) -> list[Any]:
         try:
             result = impl.function(*[kwargs[a] for a in impl.argnames])
         except Exception as exc:  # noqa: BLE001
-            logger.warning('twinkle hook %s of plugin %r raised and is skipped: %s: %s',
-                           hook_name, impl.plugin_name, type(exc).__name__, exc)
+            logger.warning(
+                'twinkle hook %s of plugin %r raised and is skipped: %s: %s',
+                hook_name,
+                impl.plugin_name,
+                type(exc).__name__,
+                exc,
+            )
             continue
         if result is not None:
             results.append(result)

@@ -15,6 +15,7 @@ Every ``twinkle_failure`` (a model method that raised, a failed server request) 
 Posting never raises into the training job: failures to deliver are logged (``twinkle.notifier`` logger) and the
 job goes on (or exits) as it would have. Standard library only (urllib), `timeout_s` per post.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,8 +46,15 @@ _REGISTERED_NAME = 'twinkle-notifier'
 class WebhookNotifier:
     """POSTs an alert for every failure to `url` (see the module docstring for the formats)."""
 
-    def __init__(self, url: str, *, format: str = 'json', secret: str | None = None, title: str = 'twinkle job failed',
-                 timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        format: str = 'json',
+        secret: str | None = None,
+        title: str = 'twinkle job failed',
+        timeout_s: float = 5.0,
+    ) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ('http', 'https') or not parsed.netloc:
             raise ValueError(f'notifier url must be an http(s) URL, got {url!r}.')
@@ -69,8 +77,12 @@ class WebhookNotifier:
     def send(self, exc: BaseException, context: dict[str, Any]) -> bool:
         """POST one alert; returns whether the receiver answered 2xx. Never raises."""
         body = self.payload(exc, context)
-        request = urllib.request.Request(self._signed_url(), data=json.dumps(body).encode(), method='POST',
-                                         headers={'Content-Type': 'application/json'})
+        request = urllib.request.Request(
+            self._signed_url(),
+            data=json.dumps(body).encode(),
+            method='POST',
+            headers={'Content-Type': 'application/json'},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return 200 <= response.status < 300
@@ -83,11 +95,21 @@ class WebhookNotifier:
         message = str(exc) or type(exc).__name__
         context = to_json(context)
         if self.format == 'json':
-            return {'event': 'twinkle_failure', 'title': self.title, 'error_type': type(exc).__name__,
-                    'message': message, 'context': context, 'host': socket.gethostname(), 'pid': os.getpid(),
-                    'time': time.time()}
-        lines = [f'### {self.title}', f'**{type(exc).__name__}**: {message}',
-                 f'- host: {socket.gethostname()} (pid {os.getpid()})']
+            return {
+                'event': 'twinkle_failure',
+                'title': self.title,
+                'error_type': type(exc).__name__,
+                'message': message,
+                'context': context,
+                'host': socket.gethostname(),
+                'pid': os.getpid(),
+                'time': time.time(),
+            }
+        lines = [
+            f'### {self.title}',
+            f'**{type(exc).__name__}**: {message}',
+            f'- host: {socket.gethostname()} (pid {os.getpid()})',
+        ]
         lines += [f'- {key}: {value}' for key, value in context.items()]
         return {'msgtype': 'markdown', 'markdown': {'title': self.title, 'text': '\n'.join(lines)}}
 
@@ -104,8 +126,9 @@ class DingNotifier(WebhookNotifier):
     """`WebhookNotifier` in the DingTalk custom-robot format (the Twinkle documents' name):
     ``initialize(..., notifier=DingNotifier(ROBOT_URL, secret=SEC))``."""
 
-    def __init__(self, url: str, *, secret: str | None = None, title: str = 'twinkle job failed',
-                 timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, secret: str | None = None, title: str = 'twinkle job failed', timeout_s: float = 5.0
+    ) -> None:
         super().__init__(url, format='dingtalk', secret=secret, title=title, timeout_s=timeout_s)
 
 
@@ -118,8 +141,10 @@ def notifier_from(spec: Any) -> Any:
         return WebhookNotifier(**spec)
     if callable(getattr(spec, 'twinkle_failure', None)):
         return spec
-    raise TypeError(f'notifier must be a URL, a dict of WebhookNotifier arguments or an object with a '
-                    f'twinkle_failure hook, got {type(spec).__name__}.')
+    raise TypeError(
+        f'notifier must be a URL, a dict of WebhookNotifier arguments or an object with a '
+        f'twinkle_failure hook, got {type(spec).__name__}.'
+    )
 
 
 _previous_excepthook: Callable[..., Any] | None = None
@@ -145,8 +170,14 @@ def install_notifier(spec: Any) -> Any:
 def _report_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     if not issubclass(kind, KeyboardInterrupt):
         where = traceback.extract_tb(tb)[-1] if tb is not None else None
-        emit_failure(exc, {'where': 'uncaught', 'script': sys.argv[0] if sys.argv else '',
-                           'at': f'{where.filename}:{where.lineno}' if where else ''})
+        emit_failure(
+            exc,
+            {
+                'where': 'uncaught',
+                'script': sys.argv[0] if sys.argv else '',
+                'at': f'{where.filename}:{where.lineno}' if where else '',
+            },
+        )
     (_previous_excepthook or sys.__excepthook__)(kind, exc, tb)
 
 

@@ -1,4 +1,5 @@
 """Hook specifications. Implement them with ``@twinkle_core.hooks.hook`` on a class or module."""
+
 from __future__ import annotations
 
 from typing import Any

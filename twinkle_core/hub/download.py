@@ -13,6 +13,7 @@ they may change within a process (huggingface_hub itself freezes them at import)
 ``TWINKLE_HUB_ROOT=<dir>`` replaces both hubs by a local folder ``<dir>/<scheme>/<org>/<repo>/<revision>/``
 (what `twinkle hub publish` writes there); meant for tests and air-gapped mirrors.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,31 +50,46 @@ def snapshot(ref: HubRef, repo_type: str = 'model') -> Path:
     if root is not None:
         folder = local_repo_dir(root, ref)
         if not folder.is_dir():
-            raise HubError(f'{ref.repo_url}@{ref.effective_revision} is not in the local hub TWINKLE_HUB_ROOT={root} '
-                           f'(looked for {folder}). Publish it with `twinkle hub publish` or unset TWINKLE_HUB_ROOT.')
+            raise HubError(
+                f'{ref.repo_url}@{ref.effective_revision} is not in the local hub TWINKLE_HUB_ROOT={root} '
+                f'(looked for {folder}). Publish it with `twinkle hub publish` or unset TWINKLE_HUB_ROOT.'
+            )
         return folder
     offline = is_offline(ref.scheme)
     try:
         path = _download_ms(ref, offline) if ref.scheme == 'ms' else _download_hf(ref, offline, repo_type)
     except ImportError as exc:
-        raise HubError(f'{SCHEMES[ref.scheme]} downloads need an extra package ({exc}). '
-                       f'Run: pip install "twinkle-core[hub]"') from exc
+        raise HubError(
+            f'{SCHEMES[ref.scheme]} downloads need an extra package ({exc}). Run: pip install "twinkle-core[hub]"'
+        ) from exc
     except HubError:
         raise
     except Exception as exc:  # noqa: BLE001 - every client error becomes one actionable HubError
-        hint = ('it is not in the local cache and offline mode is on' if offline
-                else 'check the repo id, the revision and your network/token')
-        raise HubError(f'Could not fetch {ref.repo_url}@{ref.effective_revision} from {SCHEMES[ref.scheme]}: '
-                       f'{hint}. ({type(exc).__name__}: {exc})') from exc
+        hint = (
+            'it is not in the local cache and offline mode is on'
+            if offline
+            else 'check the repo id, the revision and your network/token'
+        )
+        raise HubError(
+            f'Could not fetch {ref.repo_url}@{ref.effective_revision} from {SCHEMES[ref.scheme]}: '
+            f'{hint}. ({type(exc).__name__}: {exc})'
+        ) from exc
     return Path(path)
 
 
 def _download_hf(ref: HubRef, offline: bool, repo_type: str) -> str:
     from huggingface_hub import snapshot_download
+
     cache_dir = os.environ.get('HF_HUB_CACHE') or (
-        os.path.join(os.environ['HF_HOME'], 'hub') if os.environ.get('HF_HOME') else None)
-    return snapshot_download(ref.repo_id, revision=ref.effective_revision, cache_dir=cache_dir,
-                             local_files_only=offline, repo_type=None if repo_type == 'model' else repo_type)
+        os.path.join(os.environ['HF_HOME'], 'hub') if os.environ.get('HF_HOME') else None
+    )
+    return snapshot_download(
+        ref.repo_id,
+        revision=ref.effective_revision,
+        cache_dir=cache_dir,
+        local_files_only=offline,
+        repo_type=None if repo_type == 'model' else repo_type,
+    )
 
 
 def _download_ms(ref: HubRef, offline: bool) -> str:
@@ -81,5 +97,9 @@ def _download_ms(ref: HubRef, offline: bool) -> str:
         from modelscope_hub.compat.snapshot_download import snapshot_download
     except ImportError:
         from modelscope.hub.snapshot_download import snapshot_download
-    return snapshot_download(ref.repo_id, revision=ref.effective_revision,
-                             cache_dir=os.environ.get('MODELSCOPE_CACHE') or None, local_files_only=offline)
+    return snapshot_download(
+        ref.repo_id,
+        revision=ref.effective_revision,
+        cache_dir=os.environ.get('MODELSCOPE_CACHE') or None,
+        local_files_only=offline,
+    )

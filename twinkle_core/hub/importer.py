@@ -11,6 +11,7 @@ verified tree stays exactly as hashed, so the next verification still matches). 
 (``*.so``/``*.pyd``, covered by the sha256) load as usual; a module found nowhere raises `ModuleNotFoundError`
 instead of falling through to the default path finder.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,8 +50,9 @@ class HubFinder(importlib.abc.MetaPathFinder):
             if self not in sys.meta_path:
                 sys.meta_path.insert(0, self)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         top, dot, _ = fullname.partition('.')
         if not dot or top not in self._roots:
             return None
@@ -59,8 +61,10 @@ class HubFinder(importlib.abc.MetaPathFinder):
         portions = []
         for entry in path:
             finder = importlib.machinery.FileFinder(
-                entry, (SourceOnlyLoader, importlib.machinery.SOURCE_SUFFIXES),
-                (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES))
+                entry,
+                (SourceOnlyLoader, importlib.machinery.SOURCE_SUFFIXES),
+                (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+            )
             spec = finder.find_spec(fullname, target)
             if spec is None:
                 continue
@@ -94,8 +98,9 @@ def import_package(name: str, folder: Path) -> ModuleType:
     FINDER.add(name)
     init = folder / '__init__.py'
     if init.is_file():
-        spec = importlib.util.spec_from_file_location(name, init, loader=SourceOnlyLoader(name, str(init)),
-                                                      submodule_search_locations=[str(folder)])
+        spec = importlib.util.spec_from_file_location(
+            name, init, loader=SourceOnlyLoader(name, str(init)), submodule_search_locations=[str(folder)]
+        )
     else:
         spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
         spec.submodule_search_locations = [str(folder)]
@@ -120,8 +125,9 @@ def import_entry(package: str, folder: Path, entry: str, where: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith(package):
             raise HubError(f'{where}: entry module {module_name!r} not found in {folder}.') from exc
-        raise HubError(f'{where}: importing {module_name!r} failed: {exc}. Install what it needs '
-                       f'(its twinkle.toml "requires").') from exc
+        raise HubError(
+            f'{where}: importing {module_name!r} failed: {exc}. Install what it needs (its twinkle.toml "requires").'
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - the component's own import-time error, with where it came from
         raise HubError(f'{where}: importing {module_name!r} from {folder} raised {type(exc).__name__}: {exc}') from exc
     for part in attr.split('.'):

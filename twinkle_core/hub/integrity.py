@@ -14,6 +14,7 @@ of the verified source, so a folder that holds bytecode is refused before its co
 (`check_no_bytecode` / `verified_sha256`), and hub code is always compiled from its source without writing
 bytecode (`twinkle_core.hub.importer`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,7 +71,8 @@ def check_no_bytecode(folder: str | Path, where: str | None = None) -> None:
             f'{where + ": " if where else ""}{Path(folder) / found[0]}{more} is Python bytecode inside a hub '
             f'component folder. Bytecode is not covered by the sha256 pin and Python could run it instead of the '
             f'verified source, so the component is refused. Hub code never writes bytecode; delete that file '
-            f'(or the whole folder {folder}, to download it again).')
+            f'(or the whole folder {folder}, to download it again).'
+        )
 
 
 def file_hashes(folder: str | Path) -> dict[str, str]:
@@ -86,12 +88,17 @@ def check_file_hashes(folder: str | Path, pinned: dict[str, str], where: str) ->
     found = file_hashes(folder)
     changed = sorted(rel for rel in found.keys() & pinned.keys() if found[rel] != pinned[rel])
     extra, missing = sorted(found.keys() - pinned.keys()), sorted(pinned.keys() - found.keys())
-    problems = [f'{label}: {", ".join(names)}' for label, names in
-                (('changed', changed), ('not in the pin (extra)', extra), ('missing', missing)) if names]
+    problems = [
+        f'{label}: {", ".join(names)}'
+        for label, names in (('changed', changed), ('not in the pin (extra)', extra), ('missing', missing))
+        if names
+    ]
     if problems:
-        raise IntegrityError(f'{where}: the files at {folder} do not match their pin ({"; ".join(problems)}). '
-                             f'Nothing was imported. Delete that folder to download it again, or review the '
-                             f'code and re-pin it (`twinkle hub hash <folder> --files`).')
+        raise IntegrityError(
+            f'{where}: the files at {folder} do not match their pin ({"; ".join(problems)}). '
+            f'Nothing was imported. Delete that folder to download it again, or review the '
+            f'code and re-pin it (`twinkle hub hash <folder> --files`).'
+        )
 
 
 def verified_sha256(folder: str | Path, where: str | None = None) -> str:

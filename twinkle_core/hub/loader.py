@@ -9,6 +9,7 @@ A folder holding Python bytecode (``__pycache__``, ``*.pyc``: not covered by the
 instead of the source) is refused, pinned or not; hub code is imported from its sources without writing any
 (`twinkle_core.hub.importer`), so loading never changes what the next verification sees.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,14 +34,17 @@ def find_pin(ref: HubRef) -> Any | None:
     """The registry/ entry pinning `ref`'s repo at `ref`'s revision (or its only pinned revision when `ref` has
     none), or None. An entry is a pin when it has a revision and a sha256 and/or a file-hash map."""
     from twinkle_core import registry_index
+
     pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.is_pin]
     if ref.revision is not None:
         pins = [e for e in pins if e.revision == ref.revision]
     revisions = {(e.revision, e.sha256, tuple(sorted((e.files or {}).items()))) for e in pins}
     if len(revisions) > 1:
         listed = ', '.join(sorted(r for r, *_ in revisions))
-        raise HubError(f'registry/ pins {ref.repo_url} at several revisions ({listed}); say which one with '
-                       f'"@revision" in the reference.')
+        raise HubError(
+            f'registry/ pins {ref.repo_url} at several revisions ({listed}); say which one with '
+            f'"@revision" in the reference.'
+        )
     return pins[0] if pins else None
 
 
@@ -61,11 +65,13 @@ def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool 
             f'Review the code (`twinkle hub pull {ref.repo_url}@{ref.effective_revision}'
             f'{" --kernel" if kind == "kernel" else ""}`), then either pin it -- `twinkle hub hash <folder> --repo '
             f'{ref.repo_url} --revision {ref.effective_revision}` prints the entry for registry/ or for a lock file '
-            f'named by $TWINKLE_LOCK_FILE -- or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).')
+            f'named by $TWINKLE_LOCK_FILE -- or pass trust_remote_code=True (or set TWINKLE_TRUST_REMOTE_CODE=1).'
+        )
     folder = download.snapshot(ref, repo_type='kernel' if kind == 'kernel' else 'model')
     sha = verify_pin(folder, pin, str(ref)) if pin is not None else verified_sha256(folder, str(ref))
     if kind == 'kernel':  # a kernel repo in the `kernels` library's layout, imported by that library
         from twinkle_core.kernel.hub import load_layer_kernel
+
         return load_layer_kernel(ref, folder, sha)
     return _import_component(kind, ref, folder, sha)
 
@@ -80,7 +86,8 @@ def verify_pin(folder: Path, pin: Any, where: str) -> str:
         raise IntegrityError(
             f'{where}: files at {folder} have sha256 {sha}, but registry/ pins {pin.sha256} for revision '
             f'{pin.revision}. The download was altered or the pin is stale; re-download (delete that folder) '
-            f'or update the pin after reviewing the code.')
+            f'or update the pin after reviewing the code.'
+        )
     return sha
 
 

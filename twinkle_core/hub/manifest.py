@@ -15,6 +15,7 @@ A kernel (kind ``kernel``) lives in the ``kernels`` library's layout (``build/<v
 ``kernel_layer_name``, e.g. ``RMSNorm``; default: the component's name) and ``decorates`` lists model classes
 to tag with that layer name when their library did not (e.g. ``["Qwen3MLP"]``).
 """
+
 from __future__ import annotations
 
 import re
@@ -34,6 +35,7 @@ _KEYS = {'name', 'kind', 'entry', 'version', 'requires', 'description', 'replace
 @dataclass(frozen=True)
 class ComponentSpec:
     """One component of a hub repo."""
+
     name: str
     kind: str
     entry: str
@@ -76,8 +78,10 @@ class Manifest:
             return of_kind[0]
         if not of_kind:
             raise HubError(f'{where}: {MANIFEST} lists no component of kind {kind!r}.')
-        raise HubError(f'{where} holds several {kind} components ({", ".join(c.name for c in of_kind)}); '
-                       f'name one with ":Name" at the end of the reference.')
+        raise HubError(
+            f'{where} holds several {kind} components ({", ".join(c.name for c in of_kind)}); '
+            f'name one with ":Name" at the end of the reference.'
+        )
 
 
 def read_manifest(folder: str | Path) -> Manifest:
@@ -111,11 +115,14 @@ def _component(table: dict[str, Any], path: Path, index: int) -> ComponentSpec:
         if not isinstance(table.get(key), str) or not table[key]:
             raise HubError(f'{where}: {key!r} is required and must be a non-empty string.')
     from twinkle_core.registry import KINDS
+
     if table['kind'] not in KINDS:
         raise HubError(f'{where}: kind {table["kind"]!r} is not one of {", ".join(KINDS)}.')
     if not _ENTRY.match(table['entry']):
-        raise HubError(f'{where}: entry {table["entry"]!r} must look like "module:Attr" (module relative to the '
-                       f'repo root, dotted for sub-packages).')
+        raise HubError(
+            f'{where}: entry {table["entry"]!r} must look like "module:Attr" (module relative to the '
+            f'repo root, dotted for sub-packages).'
+        )
     requires = table.get('requires', [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
         raise HubError(f'{where}: requires must be a list of requirement strings like "transformers>=4.51".')
@@ -123,18 +130,32 @@ def _component(table: dict[str, Any], path: Path, index: int) -> ComponentSpec:
     if ('replaces' in table or 'decorates' in table) and table['kind'] != 'kernel':
         raise HubError(f'{where}: "replaces" and "decorates" are for kind "kernel" only.')
     if table['kind'] == 'kernel' and not table['entry'].startswith('layers:'):
-        raise HubError(f'{where}: a kernel\'s entry is "layers:<LayerClass>" (the class in the kernel package\'s '
-                       f'layers module), got {table["entry"]!r}.')
-    if not isinstance(replaces, str) or not isinstance(decorates, list) or \
-            not all(isinstance(d, str) and d for d in decorates):
+        raise HubError(
+            f'{where}: a kernel\'s entry is "layers:<LayerClass>" (the class in the kernel package\'s '
+            f'layers module), got {table["entry"]!r}.'
+        )
+    if (
+        not isinstance(replaces, str)
+        or not isinstance(decorates, list)
+        or not all(isinstance(d, str) and d for d in decorates)
+    ):
         raise HubError(f'{where}: replaces must be a layer name and decorates a list of class names.')
-    return ComponentSpec(table['name'], table['kind'], table['entry'], str(table.get('version', '0.0.0')),
-                         tuple(requires), str(table.get('description', '')), replaces, tuple(decorates))
+    return ComponentSpec(
+        table['name'],
+        table['kind'],
+        table['entry'],
+        str(table.get('version', '0.0.0')),
+        tuple(requires),
+        str(table.get('description', '')),
+        replaces,
+        tuple(decorates),
+    )
 
 
 def check_requirements(spec: ComponentSpec, where: str) -> None:
     """Raise `HubError` with the ``pip install`` line when a requirement of `spec` is missing or too old."""
     from packaging.requirements import InvalidRequirement, Requirement
+
     missing = []
     for text in spec.requires:
         try:

@@ -9,6 +9,7 @@ What is uploaded is exactly what the pin covers (`integrity.hashed_files`): the 
 folder first, so hidden files and Python bytecode (``__pycache__``, ``*.pyc``) of the author's working copy are
 neither uploaded nor hashed, and the sha256 printed here is the one the loader verifies.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ IGNORE = ['.*', '**/.*', '__pycache__/*', '**/__pycache__/*', '*.pyc', '*.pyo']
 @dataclass(frozen=True)
 class Published:
     """Where a folder went: `location` (URL or local path), the `revision` to pin and the folder's `sha256`."""
+
     ref: HubRef
     location: str
     revision: str
@@ -39,13 +41,15 @@ class Published:
         """``[[component]]`` tables for registry/ pinning this publication (`names`: (name, kind) pairs), with
         the file-hash map `files` (kernels are pinned file by file) when given."""
         listed = ''.join(f'"{rel}" = "{digest}"\n' for rel, digest in sorted((files or {}).items()))
-        return '\n'.join(f'[[component]]\nname = "{n}"\nkind = "{k}"\nhub = "{self.ref.repo_url}"\n'
-                         f'revision = "{self.revision}"\nsha256 = "{self.sha256}"\n'
-                         + (f'[component.files]\n{listed}' if files else '') for n, k in names)
+        return '\n'.join(
+            f'[[component]]\nname = "{n}"\nkind = "{k}"\nhub = "{self.ref.repo_url}"\n'
+            f'revision = "{self.revision}"\nsha256 = "{self.sha256}"\n'
+            + (f'[component.files]\n{listed}' if files else '')
+            for n, k in names
+        )
 
 
-def publish(folder: str | Path, repo: str, *, revision: str | None = None,
-            message: str | None = None) -> Published:
+def publish(folder: str | Path, repo: str, *, revision: str | None = None, message: str | None = None) -> Published:
     """Upload `folder` to `repo` (``ms://org/repo`` / ``hf://org/repo``) at `revision` (default branch)."""
     folder = Path(folder)
     manifest = read_manifest(folder)  # refuse to publish what could not be loaded
@@ -60,14 +64,22 @@ def publish(folder: str | Path, repo: str, *, revision: str | None = None,
     with tempfile.TemporaryDirectory(prefix='twinkle-publish-') as tmp:
         staged = Path(tmp) / 'component'
         _copy_hashed(folder, staged, sha)
-        location, pinned = upload_folder(staged, ref, message=message,
-                                         repo_type='kernel' if kernels_only and ref.scheme == 'hf' else None)
+        location, pinned = upload_folder(
+            staged, ref, message=message, repo_type='kernel' if kernels_only and ref.scheme == 'hf' else None
+        )
     return Published(ref, location, pinned, sha)
 
 
-def upload_folder(folder: str | Path, ref: HubRef, *, message: str, path_in_repo: str = '',
-                  private: bool | None = None, token: str | None = None,
-                  repo_type: str | None = None) -> tuple[str, str]:
+def upload_folder(
+    folder: str | Path,
+    ref: HubRef,
+    *,
+    message: str,
+    path_in_repo: str = '',
+    private: bool | None = None,
+    token: str | None = None,
+    repo_type: str | None = None,
+) -> tuple[str, str]:
     """Upload every file of `folder` to `ref`'s repo at its revision (default branch when None), under
     `path_in_repo` ('' = the repo root). The repo is created when missing, private when `private` (None: the
     hub's default); an existing repo keeps its visibility. `token` None: the hub client's own login settings.
@@ -113,33 +125,55 @@ def _copy_hashed(folder: Path, dest: Path, sha: str) -> None:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(folder / rel, dest / rel)
     if folder_sha256(dest) != sha:
-        raise HubError(f'{folder} changed while it was being published (its sha256 is no longer {sha}); '
-                       f'publish it again.')
+        raise HubError(
+            f'{folder} changed while it was being published (its sha256 is no longer {sha}); publish it again.'
+        )
 
 
-def _upload_hf(folder: Path, ref: HubRef, message: str, path_in_repo: str, private: bool | None,
-               token: str | None, repo_type: str | None) -> tuple[str, str]:
+def _upload_hf(
+    folder: Path,
+    ref: HubRef,
+    message: str,
+    path_in_repo: str,
+    private: bool | None,
+    token: str | None,
+    repo_type: str | None,
+) -> tuple[str, str]:
     from huggingface_hub import HfApi
+
     api = HfApi(token=token) if token else HfApi()
     api.create_repo(ref.repo_id, exist_ok=True, repo_type=repo_type, **_given(private=private))
     if ref.revision:
         api.create_branch(ref.repo_id, branch=ref.revision, exist_ok=True, repo_type=repo_type)
-    info = api.upload_folder(repo_id=ref.repo_id, folder_path=str(folder), revision=ref.revision,
-                             commit_message=message, ignore_patterns=IGNORE, repo_type=repo_type,
-                             **_given(path_in_repo=path_in_repo or None))
+    info = api.upload_folder(
+        repo_id=ref.repo_id,
+        folder_path=str(folder),
+        revision=ref.revision,
+        commit_message=message,
+        ignore_patterns=IGNORE,
+        repo_type=repo_type,
+        **_given(path_in_repo=path_in_repo or None),
+    )
     # Pin the immutable commit, not the branch name.
     return str(getattr(info, 'commit_url', info)), getattr(info, 'oid', None) or ref.effective_revision
 
 
-def _upload_ms(folder: Path, ref: HubRef, message: str, path_in_repo: str, private: bool | None,
-               token: str | None) -> tuple[str, str]:
+def _upload_ms(
+    folder: Path, ref: HubRef, message: str, path_in_repo: str, private: bool | None, token: str | None
+) -> tuple[str, str]:
     from modelscope.hub.api import HubApi
+
     api = HubApi()
     visibility = None if private is None else ('private' if private else 'public')
     api.create_repo(ref.repo_id, exist_ok=True, **_given(visibility=visibility, token=token))
-    api.upload_folder(repo_id=ref.repo_id, folder_path=str(folder), commit_message=message,
-                      revision=ref.effective_revision, ignore_patterns=IGNORE,
-                      **_given(path_in_repo=path_in_repo or None, token=token))
+    api.upload_folder(
+        repo_id=ref.repo_id,
+        folder_path=str(folder),
+        commit_message=message,
+        revision=ref.effective_revision,
+        ignore_patterns=IGNORE,
+        **_given(path_in_repo=path_in_repo or None, token=token),
+    )
     return f'https://modelscope.cn/models/{ref.repo_id}', ref.effective_revision
 
 

@@ -3,6 +3,7 @@
 `HubRef.parse` is strict: a malformed reference raises `HubError` saying which part is wrong and showing the
 expected form, so a typo never turns into a confusing download error.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,6 +24,7 @@ _NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_.-]*$')
 class HubRef:
     """A parsed hub reference. `revision` None means the hub's default branch; `name` None means "the only
     component of the asked kind in the repo's manifest"."""
+
     scheme: str
     org: str
     repo: str
@@ -39,13 +41,15 @@ class HubRef:
         path, _, name = rest.partition(':')
         path, at, revision = path.partition('@')
         if not is_repo_id(path):
-            raise HubError(f'Hub reference {text!r}: {path!r} is not "org/repo" (letters, digits, ".", "_", "-"; '
-                           f'form: {FORM}).')
+            raise HubError(
+                f'Hub reference {text!r}: {path!r} is not "org/repo" (letters, digits, ".", "_", "-"; form: {FORM}).'
+            )
         if at and (not _REVISION.match(revision) or '..' in revision.split('/') or revision.endswith('/')):
             raise HubError(f'Hub reference {text!r}: revision {revision!r} is empty or malformed (form: {FORM}).')
         if ':' in rest and not _NAME.match(name):
-            raise HubError(f'Hub reference {text!r}: component name {name!r} is empty or not an identifier '
-                           f'(form: {FORM}).')
+            raise HubError(
+                f'Hub reference {text!r}: component name {name!r} is empty or not an identifier (form: {FORM}).'
+            )
         org, repo = path.split('/')
         return cls(scheme, org, repo, revision or None, name or None)
 

@@ -1,5 +1,6 @@
 """Kind `kernel`: the interface, layer kernels (Hugging Face ``kernels`` layout, from the registry or a hub) and
 `apply_kernels`, plus lazy access to every registered kernel by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.kernel.base import Kernel, KernelMode
 from twinkle_core.kernel.layer import LayerKernel, apply_kernels, resolve_kernels

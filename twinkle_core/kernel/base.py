@@ -3,6 +3,7 @@
 Every kernel reports how many modules it replaced; a kernel that replaces nothing is an error, never a silent
 no-op. `mode` is 'training' (gradients flow through it) or 'inference'.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

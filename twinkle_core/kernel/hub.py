@@ -7,6 +7,7 @@ A kernel repo holds ``twinkle.toml`` (its kernel components: ``entry = "layers:<
 neither hashes files nor refuses bytecode itself, so the import runs only after verification and with bytecode
 writing off: the folder stays exactly as it was hashed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,10 +38,12 @@ def load_layer_kernel(ref: HubRef, folder: Path, sha: str) -> LayerKernel:
                 raise HubError(f'{where}: the kernels library cannot load this repo: {exc}') from exc
         layer = getattr(getattr(package, 'layers', None), spec.attr, None)
         if layer is None:
-            raise HubError(f'{where}: its kernel package has no layers.{spec.attr} (twinkle.toml entry '
-                           f'{spec.entry!r}).')
-        _loaded[key] = LayerKernel(spec.name, layer, spec.layer_name, spec.decorates,
-                                   source=f'{ref.repo_url}@{ref.effective_revision}')
+            raise HubError(
+                f'{where}: its kernel package has no layers.{spec.attr} (twinkle.toml entry {spec.entry!r}).'
+            )
+        _loaded[key] = LayerKernel(
+            spec.name, layer, spec.layer_name, spec.decorates, source=f'{ref.repo_url}@{ref.effective_revision}'
+        )
     return _loaded[key]
 
 

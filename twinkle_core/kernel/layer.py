@@ -9,6 +9,7 @@ One `apply_kernels` call installs one set: ``kernelize`` gives every other tagge
 back. Classes their library did not tag are tagged with ``replace_kernel_forward_from_hub`` (the kernel's
 `decorates`). Nothing is changed when a kernel would replace no module, or is not available on the device.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +28,7 @@ class LayerKernel(Kernel):
     """`layer`: the ``nn.Module`` subclass whose ``forward`` replaces that of every module tagged `replaces` (the
     ``kernels`` rules: no ``__init__``, no extra members, the replaced forward's signature). `devices`: the
     device types it runs on (a ``torch-universal`` build: any). `source`: where it came from (for reports)."""
+
     name: str
     layer: type
     replaces: str = ''
@@ -68,6 +70,7 @@ class _LoadedLayer:
 def resolve_kernels(kernels: Iterable[Any]) -> list[Kernel]:
     """Kernel instances for `kernels` (names, ``hf://org/repo@rev:Layer`` references or instances)."""
     from twinkle_core.registry import resolve
+
     out = []
     for spec in kernels:
         kernel = resolve('kernel', spec)
@@ -77,8 +80,9 @@ def resolve_kernels(kernels: Iterable[Any]) -> list[Kernel]:
     return out
 
 
-def apply_kernels(model: Any, kernels: Iterable[Any], *, mode: KernelMode = 'training',
-                  device: str = 'cpu') -> dict[str, int]:
+def apply_kernels(
+    model: Any, kernels: Iterable[Any], *, mode: KernelMode = 'training', device: str = 'cpu'
+) -> dict[str, int]:
     """Install `kernels` into `model` for `mode` on `device` ('cpu', 'cuda', ...); returns {kernel name: modules
     replaced}. Raises `InvalidInputError` -- before changing anything -- for an unknown mode, a kernel that is not
     available on `device`, two kernels for one layer, or a kernel that would replace no module."""
@@ -106,17 +110,23 @@ def _apply_layer_kernels(model: Any, layers: list[LayerKernel], mode: str, devic
     by_layer: dict[str, LayerKernel] = {}
     for k in layers:
         if k.replaces in by_layer:
-            raise InvalidInputError(f'kernels {by_layer[k.replaces].name!r} and {k.name!r} both replace layer '
-                                    f'{k.replaces!r}; ask for one.')
+            raise InvalidInputError(
+                f'kernels {by_layer[k.replaces].name!r} and {k.name!r} both replace layer {k.replaces!r}; ask for one.'
+            )
         by_layer[k.replaces] = k
     expected = {k.name: sum(1 for _ in _modules_of(model, k)) for k in layers}
     empty = [name for name, n in expected.items() if n == 0]
     if empty:
         tagged = sorted({getattr(type(m), 'kernel_layer_name', None) for m in model.modules()} - {None})
-        wanted = '; '.join(f'{k.name}: layer {k.replaces!r}' + (f' or classes {list(k.decorates)}' if k.decorates else '')
-                           for k in layers if k.name in empty)
-        raise InvalidInputError(f'kernel(s) {empty} would replace no module of {type(model).__name__} ({wanted}). '
-                                f'Layers this model tags: {", ".join(tagged) or "none"}.')
+        wanted = '; '.join(
+            f'{k.name}: layer {k.replaces!r}' + (f' or classes {list(k.decorates)}' if k.decorates else '')
+            for k in layers
+            if k.name in empty
+        )
+        raise InvalidInputError(
+            f'kernel(s) {empty} would replace no module of {type(model).__name__} ({wanted}). '
+            f'Layers this model tags: {", ".join(tagged) or "none"}.'
+        )
     for k in layers:
         for module in _modules_of(model, k):
             if getattr(type(module), 'kernel_layer_name', None) is None:
@@ -128,8 +138,10 @@ def _apply_layer_kernels(model: Any, layers: list[LayerKernel], mode: str, devic
     counts = {k.name: sum(1 for m in _modules_of(model, k) if _forward_of(m) is k.layer.forward) for k in layers}
     short = {n: (counts[n], expected[n]) for n in counts if counts[n] != expected[n]}
     if short:
-        raise TwinkleError(f'kernelize replaced fewer modules than tagged ({{name: (replaced, tagged)}}: {short}); '
-                           f'the kernel may not support mode {mode!r} (see the kernels library log).')
+        raise TwinkleError(
+            f'kernelize replaced fewer modules than tagged ({{name: (replaced, tagged)}}: {short}); '
+            f'the kernel may not support mode {mode!r} (see the kernels library log).'
+        )
     return counts
 
 
@@ -137,8 +149,9 @@ def _modules_of(model: Any, kernel: LayerKernel) -> Iterator[Any]:
     """Modules `kernel` replaces: tagged with its layer name, or of a class it decorates."""
     for module in model.modules():
         cls = type(module)
-        if getattr(cls, 'kernel_layer_name', None) == kernel.replaces or \
-                (cls.__name__ in kernel.decorates and getattr(cls, 'kernel_layer_name', None) is None):
+        if getattr(cls, 'kernel_layer_name', None) == kernel.replaces or (
+            cls.__name__ in kernel.decorates and getattr(cls, 'kernel_layer_name', None) is None
+        ):
             yield module
 
 
@@ -151,8 +164,9 @@ def kernels_library() -> Any:
     try:
         import kernels
     except ImportError as exc:
-        raise TwinkleError(f'Layer kernels need the Hugging Face `kernels` library ({exc}). '
-                           f'Run: pip install "twinkle-core[kernels]"') from exc
+        raise TwinkleError(
+            f'Layer kernels need the Hugging Face `kernels` library ({exc}). Run: pip install "twinkle-core[kernels]"'
+        ) from exc
     return kernels
 
 

@@ -13,6 +13,7 @@ Contract (all losses):
   gradient-accumulation steps unless it is ``'sum'`` (docs/conventions.md).
 - returns a `LossOutput` dict: ``loss`` (scalar tensor to backpropagate) and optional float metrics.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -3,6 +3,7 @@
 Reads ``outputs['logps']`` [B, T] (log-prob of ``labels[:, t]``, 0 where masked) and ``outputs['mask']``; the
 model computes the log-probs (see the Loss contract in `twinkle_core.loss.base`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -31,6 +32,7 @@ class CrossEntropyLoss(Loss):
     - ``sequence_mean``: mean over tokens within each row, then mean over the rows that have loss tokens
       (every sequence counts the same, whatever its length). Divided by k under accumulation.
     """
+
     row_keywords = frozenset()
 
     def __init__(self, reduction: Reduction = 'token_mean') -> None:

@@ -18,6 +18,7 @@ Metrics: ``rewards/chosen`` and ``rewards/rejected`` (mean implicit reward: ``be
 length-normalised for ipo, ``beta*pi/n`` for simpo), ``margin`` (mean chosen - rejected reward) and
 ``accuracy`` (fraction of pairs whose chosen reward is higher).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -34,11 +35,18 @@ DPOLossType = Literal['sigmoid', 'ipo', 'simpo']
 
 class DPOLoss(Loss):
     """Direct preference optimisation on interleaved (chosen, rejected) row pairs; see the module docstring."""
+
     row_keywords = frozenset()
     reduction = 'sequence_mean'
 
-    def __init__(self, beta: float = 0.1, loss_type: DPOLossType = 'sigmoid', label_smoothing: float = 0.0,
-                 reference_free: bool = False, simpo_gamma: float = 0.5) -> None:
+    def __init__(
+        self,
+        beta: float = 0.1,
+        loss_type: DPOLossType = 'sigmoid',
+        label_smoothing: float = 0.0,
+        reference_free: bool = False,
+        simpo_gamma: float = 0.5,
+    ) -> None:
         if loss_type not in ('sigmoid', 'ipo', 'simpo'):
             raise InvalidInputError(f"DPOLoss: unknown loss_type {loss_type!r}; choose 'sigmoid', 'ipo' or 'simpo'.")
         if beta <= 0:
@@ -70,8 +78,14 @@ class DPOLoss(Loss):
         with torch.no_grad():
             reward_c, reward_r = self.beta * chosen, self.beta * rejected
             names = ('rewards/chosen', 'rewards/rejected', 'margin', 'accuracy')
-            values = torch.stack([reward_c.mean(), reward_r.mean(), (reward_c - reward_r).mean(),
-                                  (reward_c > reward_r).to(reward_c.dtype).mean()]).tolist()
+            values = torch.stack(
+                [
+                    reward_c.mean(),
+                    reward_r.mean(),
+                    (reward_c - reward_r).mean(),
+                    (reward_c > reward_r).to(reward_c.dtype).mean(),
+                ]
+            ).tolist()
         return LossOutput(loss=losses.mean(), num_tokens=batch.num_tokens, metrics=dict(zip(names, values)))
 
     @staticmethod
@@ -79,9 +93,12 @@ class DPOLoss(Loss):
         if batch.num_rows == 0 or batch.num_rows % 2:
             raise InvalidInputError(
                 f'DPOLoss needs (chosen, rejected) row pairs -- rows 2i chosen, 2i+1 rejected -- but the batch has '
-                f'{batch.num_rows} rows; keep each pair in the same micro-batch.')
+                f'{batch.num_rows} rows; keep each pair in the same micro-batch.'
+            )
         empty = (lengths == 0).nonzero()
         if empty.numel():
             row = int(empty[0, 0])
-            raise InvalidInputError(f'DPOLoss: row {row} ({"chosen" if row % 2 == 0 else "rejected"}) has no loss '
-                                    'tokens; every completion needs labels != -100.')
+            raise InvalidInputError(
+                f'DPOLoss: row {row} ({"chosen" if row % 2 == 0 else "rejected"}) has no loss '
+                'tokens; every completion needs labels != -100.'
+            )

@@ -20,6 +20,7 @@ The teacher's logits come from, in this order:
 Student and teacher must share a vocabulary. On- vs off-policy distillation differs only in where the sequences
 come from (the student's own samples vs a fixed dataset); the loss is the same.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,6 +37,7 @@ from twinkle_core.loss.token_batch import TokenBatch
 
 class GKDLoss(Loss):
     """Generalised JSD between student and teacher token distributions at every loss position."""
+
     row_keywords = frozenset()
     needs_logits = True
     reduction = 'token_mean'
@@ -52,8 +54,9 @@ class GKDLoss(Loss):
         batch = TokenBatch(inputs, outputs, 'GKDLoss')
         student_logits = outputs.get('logits')
         if student_logits is None:
-            raise InvalidInputError("GKDLoss: outputs['logits'] is missing; the model must keep full logits "
-                                    '(GKDLoss.needs_logits is True).')
+            raise InvalidInputError(
+                "GKDLoss: outputs['logits'] is missing; the model must keep full logits (GKDLoss.needs_logits is True)."
+            )
         teacher_logits = self._teacher_logits(batch, student_logits)
         dtype = torch.promote_types(student_logits.dtype, torch.float32)
         student = F.log_softmax(student_logits.to(dtype) / self.temperature, dim=-1)
@@ -68,31 +71,40 @@ class GKDLoss(Loss):
         if value is None:
             raise InvalidInputError(
                 "GKDLoss needs the input field 'teacher_logits' ([B, T, V] aligned with labels) or a teacher_model= "
-                f'to compute them; neither was given (fields present: {sorted(batch.inputs)}).')
+                f'to compute them; neither was given (fields present: {sorted(batch.inputs)}).'
+            )
         teacher = torch.as_tensor(value, device=student_logits.device)
         if teacher.shape != student_logits.shape:
             raise InvalidInputError(
                 f'GKDLoss: teacher_logits have shape {tuple(teacher.shape)} but the student logits have shape '
-                f'{tuple(student_logits.shape)}; teacher and student need the same [B, T] layout and vocabulary.')
+                f'{tuple(student_logits.shape)}; teacher and student need the same [B, T] layout and vocabulary.'
+            )
         bad = ~torch.isfinite(teacher).all(dim=-1) & batch.mask
         if bool(bad.any()):
             b, t = (int(i) for i in bad.nonzero()[0])
-            raise InvalidInputError(f'GKDLoss: teacher_logits are not finite at row {b}, position {t} (a loss '
-                                    'position).')
-        return torch.where(batch.mask.unsqueeze(-1), teacher, torch.zeros((), dtype=teacher.dtype,
-                                                                          device=teacher.device))
+            raise InvalidInputError(
+                f'GKDLoss: teacher_logits are not finite at row {b}, position {t} (a loss position).'
+            )
+        return torch.where(
+            batch.mask.unsqueeze(-1), teacher, torch.zeros((), dtype=teacher.dtype, device=teacher.device)
+        )
 
     @torch.no_grad()
     def _run_teacher(self, inputs: dict[str, Any], device: torch.device) -> torch.Tensor:
         if isinstance(self.teacher_model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
-            self.teacher_model = AutoModelForCausalLM.from_pretrained(os.fspath(self.teacher_model),
-                                                                      dtype=torch.float32).to(device)
+
+            self.teacher_model = AutoModelForCausalLM.from_pretrained(
+                os.fspath(self.teacher_model), dtype=torch.float32
+            ).to(device)
         teacher = self.teacher_model
         teacher.eval()
         teacher_device = next(teacher.parameters()).device
-        kwargs = {name: inputs[name].to(teacher_device) for name in ('input_ids', 'position_ids', 'attention_mask')
-                  if isinstance(inputs.get(name), torch.Tensor)}
+        kwargs = {
+            name: inputs[name].to(teacher_device)
+            for name in ('input_ids', 'position_ids', 'attention_mask')
+            if isinstance(inputs.get(name), torch.Tensor)
+        }
         if 'input_ids' not in kwargs:
             raise InvalidInputError('GKDLoss: running teacher_model needs the collated input_ids in the batch.')
         return teacher(**kwargs, use_cache=False).logits.to(device)
@@ -104,8 +116,9 @@ def generalized_jsd(student_logps: torch.Tensor, teacher_logps: torch.Tensor, be
         return _kl(teacher_logps, student_logps)
     if beta == 1.0:
         return _kl(student_logps, teacher_logps)
-    mixture = torch.logsumexp(torch.stack([student_logps + math.log(1.0 - beta),
-                                           teacher_logps + math.log(beta)]), dim=0)
+    mixture = torch.logsumexp(
+        torch.stack([student_logps + math.log(1.0 - beta), teacher_logps + math.log(beta)]), dim=0
+    )
     return beta * _kl(teacher_logps, mixture) + (1.0 - beta) * _kl(student_logps, mixture)
 
 

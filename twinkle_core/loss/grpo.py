@@ -17,6 +17,7 @@ Aggregation over the micro-batch (``loss_type``):
 Rows without loss tokens are left out of the ``'grpo'`` mean. ``old_logps`` is optional: without it the batch is
 taken as on-policy (``old = sg(lp)``, so ``r == 1`` and the gradient is ``-A * grad lp``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -37,16 +38,26 @@ class GRPOLoss(Loss):
     Inputs: per-token ``advantages`` [B, T] or per-row ``advantage``; optional ``old_logps`` [B, T] (behaviour
     log-probs); ``ref_logps`` [B, T] when ``beta > 0``. ``epsilon_high=None`` means symmetric clipping.
     """
+
     row_keywords = frozenset({'old_logps', 'advantages'})
 
-    def __init__(self, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
-                 loss_type: GRPOLossType = 'grpo', max_completion_length: int | None = None) -> None:
+    def __init__(
+        self,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        beta: float = 0.0,
+        loss_type: GRPOLossType = 'grpo',
+        max_completion_length: int | None = None,
+    ) -> None:
         if loss_type not in _REDUCTIONS:
-            raise InvalidInputError(f'{type(self).__name__}: unknown loss_type {loss_type!r}; '
-                                    f'choose one of {sorted(_REDUCTIONS)}.')
+            raise InvalidInputError(
+                f'{type(self).__name__}: unknown loss_type {loss_type!r}; choose one of {sorted(_REDUCTIONS)}.'
+            )
         if epsilon < 0 or (epsilon_high is not None and epsilon_high < 0) or beta < 0:
-            raise InvalidInputError(f'{type(self).__name__}: epsilon, epsilon_high and beta must be >= 0 '
-                                    f'(got {epsilon}, {epsilon_high}, {beta}).')
+            raise InvalidInputError(
+                f'{type(self).__name__}: epsilon, epsilon_high and beta must be >= 0 '
+                f'(got {epsilon}, {epsilon_high}, {beta}).'
+            )
         if max_completion_length is not None and max_completion_length < 1:
             raise InvalidInputError(f'{type(self).__name__}: max_completion_length must be >= 1.')
         self.epsilon_low = float(epsilon)
@@ -84,8 +95,9 @@ class GRPOLoss(Loss):
         return batch.token_sum(per_token) / (max(batch.num_rows, 1) * length)
 
     @torch.no_grad()
-    def _metrics(self, batch: TokenBatch, ratio: torch.Tensor, adv: torch.Tensor,
-                 kl: torch.Tensor | None) -> dict[str, float]:
+    def _metrics(
+        self, batch: TokenBatch, ratio: torch.Tensor, adv: torch.Tensor, kl: torch.Tensor | None
+    ) -> dict[str, float]:
         low = (ratio < 1.0 - self.epsilon_low) & (adv < 0)
         high = (ratio > 1.0 + self.epsilon_high) & (adv > 0)
         per_token = {'clip_frac': low | high, 'clip_frac_low': low, 'clip_frac_high': high, 'ratio_mean': ratio}
@@ -104,8 +116,14 @@ class GSPOLoss(GRPOLoss):
     much smaller than GRPO's (paper defaults 3e-4 / 4e-4).
     """
 
-    def __init__(self, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
-                 loss_type: GRPOLossType = 'grpo', max_completion_length: int | None = None) -> None:
+    def __init__(
+        self,
+        epsilon: float = 3e-4,
+        epsilon_high: float | None = 4e-4,
+        beta: float = 0.0,
+        loss_type: GRPOLossType = 'grpo',
+        max_completion_length: int | None = None,
+    ) -> None:
         super().__init__(epsilon, epsilon_high, beta, loss_type, max_completion_length)
 
     def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

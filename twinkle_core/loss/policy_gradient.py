@@ -14,6 +14,7 @@ cispo             ``-sum sg(clip(r, lo, hi)) * lp * A``          clip_low_thresh
 dro               ``-sum (lp*A - beta/2 * (lp - q)^2)``          beta 0.05
 ================  =============================================  ==============================================
 """
+
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -28,6 +29,7 @@ from twinkle_core.loss.token_batch import TokenBatch
 
 class _SampledPolicyLoss(Loss):
     """Shared plumbing: read lp, q, A; sum the per-token objective; report the mean ratio."""
+
     row_keywords = frozenset({'old_logps', 'advantages'})
     reduction = 'sum'
 
@@ -58,8 +60,10 @@ class _ClippedRatioLoss(_SampledPolicyLoss):
         self.clip_low = float(low if clip_low_threshold is None else clip_low_threshold)
         self.clip_high = float(high if clip_high_threshold is None else clip_high_threshold)
         if not self.clip_low <= self.clip_high:
-            raise InvalidInputError(f'{type(self).__name__}: clip_low_threshold ({self.clip_low}) must be <= '
-                                    f'clip_high_threshold ({self.clip_high}).')
+            raise InvalidInputError(
+                f'{type(self).__name__}: clip_low_threshold ({self.clip_low}) must be <= '
+                f'clip_high_threshold ({self.clip_high}).'
+            )
 
     def extra_metrics(self, ratio: torch.Tensor) -> dict[str, torch.Tensor]:
         return {'clip_frac': (ratio < self.clip_low) | (ratio > self.clip_high)}
@@ -74,6 +78,7 @@ class ImportanceSamplingLoss(_SampledPolicyLoss):
 
 class PPOClipLoss(_ClippedRatioLoss):
     """Tinker ``ppo``: ``-sum min(r*A, clip(r, lo, hi)*A)``, lo/hi = clip_low/high_threshold (0.8 / 1.2)."""
+
     default_clip = (0.8, 1.2)
 
     def per_token(self, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
@@ -83,6 +88,7 @@ class PPOClipLoss(_ClippedRatioLoss):
 
 class CISPOLoss(_ClippedRatioLoss):
     """Tinker ``cispo``: ``-sum sg(clip(r, lo, hi)) * lp * A`` (clipped IS weight, REINFORCE gradient; 0.0 / 4.0)."""
+
     default_clip = (0.0, 4.0)
 
     def per_token(self, lp: torch.Tensor, q: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:

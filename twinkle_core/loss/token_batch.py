@@ -12,6 +12,7 @@ One place for the rules every such loss follows (see docs/rl.md, "Inputs and val
   (e.g. the NaN prompt logprob at position 0 of a Tinker `compute_logprobs`) never reaches the loss or a
   gradient. A NaN or inf at a loss position raises `InvalidInputError` naming the field, row and position.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,12 +30,16 @@ class TokenBatch:
         self.inputs, self.loss_name = inputs, loss_name
         logps = outputs.get('logps')
         if logps is None:
-            raise InvalidInputError(f"{loss_name}: outputs['logps'] is missing; the model must return per-token "
-                                    'log-probs of the labels (shape [B, T]).')
+            raise InvalidInputError(
+                f"{loss_name}: outputs['logps'] is missing; the model must return per-token "
+                'log-probs of the labels (shape [B, T]).'
+            )
         labels = self._tensor('labels', inputs.get('labels'), dtype=torch.long, device=logps.device)
         if labels.shape != logps.shape:
-            raise InvalidInputError(f"{loss_name}: labels have shape {tuple(labels.shape)} but outputs['logps'] "
-                                    f'has shape {tuple(logps.shape)}; they must match.')
+            raise InvalidInputError(
+                f"{loss_name}: labels have shape {tuple(labels.shape)} but outputs['logps'] "
+                f'has shape {tuple(logps.shape)}; they must match.'
+            )
         self.mask: torch.Tensor = labels != IGNORE_INDEX
         self.logps: torch.Tensor = self.masked(logps)
         self.rows, self.num_rows = self._row_ids(inputs.get('row_index'))
@@ -99,7 +104,8 @@ class TokenBatch:
         if tensor.shape != self.mask.shape:
             raise InvalidInputError(
                 f'{self.loss_name}: per-token field {name!r} has shape {tuple(tensor.shape)} but labels have shape '
-                f'{tuple(self.mask.shape)}; give one value per token, aligned with labels.')
+                f'{tuple(self.mask.shape)}; give one value per token, aligned with labels.'
+            )
         return self._finite_at_loss_positions(name, tensor)
 
     def row_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:
@@ -113,12 +119,14 @@ class TokenBatch:
         if tensor.numel() != self.num_rows:
             raise InvalidInputError(
                 f'{self.loss_name}: per-row field {name!r} has {tensor.numel()} values but the batch has '
-                f'{self.num_rows} rows; give one value per row.')
+                f'{self.num_rows} rows; give one value per row.'
+            )
         bad = ~torch.isfinite(tensor)
         if bool(bad.any()):
             row = int(bad.nonzero()[0, 0])
-            raise InvalidInputError(f'{self.loss_name}: {name!r} of row {row} is {tensor[row].item()}; '
-                                    'it must be finite.')
+            raise InvalidInputError(
+                f'{self.loss_name}: {name!r} of row {row} is {tensor[row].item()}; it must be finite.'
+            )
         return tensor
 
     def advantages(self) -> torch.Tensor:
@@ -130,8 +138,10 @@ class TokenBatch:
         raise self.missing('advantages', f"per-token [B, T], or a per-row 'advantage' [{self.num_rows}]")
 
     def missing(self, name: str, shape: str) -> InvalidInputError:
-        return InvalidInputError(f'{self.loss_name} needs the input field {name!r} ({shape}); it is missing from '
-                                 f'the batch (fields present: {sorted(self.inputs)}).')
+        return InvalidInputError(
+            f'{self.loss_name} needs the input field {name!r} ({shape}); it is missing from '
+            f'the batch (fields present: {sorted(self.inputs)}).'
+        )
 
     # ---- helpers ------------------------------------------------------------------------------------------
     def _tensor(self, name: str, value: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -140,9 +150,11 @@ class TokenBatch:
         try:
             return torch.as_tensor(value, dtype=dtype, device=device)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise InvalidInputError(f'{self.loss_name}: field {name!r} cannot be read as a tensor ({exc}); a '
-                                    'per-token field needs one value per token of every row (as many as its '
-                                    'input_ids).') from exc
+            raise InvalidInputError(
+                f'{self.loss_name}: field {name!r} cannot be read as a tensor ({exc}); a '
+                'per-token field needs one value per token of every row (as many as its '
+                'input_ids).'
+            ) from exc
 
     def _finite_at_loss_positions(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         bad = ~torch.isfinite(tensor) & self.mask
@@ -150,7 +162,8 @@ class TokenBatch:
             b, t = (int(i) for i in bad.nonzero()[0])
             raise InvalidInputError(
                 f'{self.loss_name}: {name!r} is {tensor[b, t].item()} at row {b}, position {t}, which is a loss '
-                'position; values must be finite wherever labels != -100 (masked positions may hold anything).')
+                'position; values must be finite wherever labels != -100 (masked positions may hold anything).'
+            )
         return self.masked(tensor)
 
     def _row_ids(self, row_index: Any) -> tuple[torch.Tensor, int]:
@@ -160,8 +173,10 @@ class TokenBatch:
             return rows, batch
         rows = self._tensor('row_index', row_index, dtype=torch.long, device=self.mask.device)
         if rows.shape != self.mask.shape:
-            raise InvalidInputError(f'{self.loss_name}: row_index has shape {tuple(rows.shape)} but labels have '
-                                    f'shape {tuple(self.mask.shape)}.')
+            raise InvalidInputError(
+                f'{self.loss_name}: row_index has shape {tuple(rows.shape)} but labels have '
+                f'shape {tuple(self.mask.shape)}.'
+            )
         if bool((rows[self.mask] < 0).any()):
             raise InvalidInputError(f'{self.loss_name}: row_index is negative at a loss position.')
         rows = rows.clamp(min=0)  # padding may carry -1; it is masked anyway

@@ -4,6 +4,7 @@ Both multiply each parameter group's initial lr by a factor of the step count ``
 warmup ``s / num_warmup_steps`` for ``s < num_warmup_steps`` (Hugging Face convention: the first step runs at
 lr 0 when warming up), then a decay from 1 to `min_lr_ratio` reached at ``num_training_steps`` and held after.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,11 +16,19 @@ from twinkle_core.errors import InvalidInputError
 
 
 class _WarmupDecayScheduler(LRScheduler):
-    def __init__(self, optimizer: Optimizer, num_warmup_steps: int = 0, num_training_steps: int = 1000,
-                 min_lr_ratio: float = 0.0, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        num_warmup_steps: int = 0,
+        num_training_steps: int = 1000,
+        min_lr_ratio: float = 0.0,
+        last_epoch: int = -1,
+    ) -> None:
         if num_warmup_steps < 0 or num_training_steps < 1:
-            raise InvalidInputError(f'{type(self).__name__}: need num_warmup_steps >= 0 and num_training_steps >= 1, '
-                                    f'got {num_warmup_steps} and {num_training_steps}.')
+            raise InvalidInputError(
+                f'{type(self).__name__}: need num_warmup_steps >= 0 and num_training_steps >= 1, '
+                f'got {num_warmup_steps} and {num_training_steps}.'
+            )
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise InvalidInputError(f'{type(self).__name__}: min_lr_ratio must be in [0, 1], got {min_lr_ratio}.')
         self.num_warmup_steps = num_warmup_steps

@@ -1,4 +1,5 @@
 """Kind `metric`: the interface, plus lazy access to every registered metric by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.metric.base import Metric
 

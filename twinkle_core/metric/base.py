@@ -1,4 +1,5 @@
 """The Metric interface: accumulate over steps, report and reset."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -9,6 +9,7 @@ outputs (``logps`` [B, T], optional ``logits`` [B, T, V]). Every statistic is a 
 - ``kl_ref``: k3 estimate of KL(new || ref), ``exp(ref - logps) - (ref - logps) - 1`` (needs ``ref_logps``);
 - ``entropy``: mean token entropy of the new policy (needs ``logits``).
 """
+
 from __future__ import annotations
 
 from typing import Any

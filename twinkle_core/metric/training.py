@@ -4,6 +4,7 @@ They fold the small per-micro-batch summary a model builds after each forward (t
 ``outputs = {'loss': float, 'num_loss_tokens': int, 'num_correct': int, 'num_tokens': int}``
 (`num_tokens`: real, non-padding tokens of the batch). `inputs` is not read.
 """
+
 from __future__ import annotations
 
 import time

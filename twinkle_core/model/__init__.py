@@ -1,4 +1,5 @@
 """Kind `model`: the interface, plus lazy access to every registered model by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.model.base import Model, ModelCapabilities
 

@@ -6,6 +6,7 @@ adapter); a multi-adapter model requires it (or takes it from ``with model.adapt
 Gradient accumulation: `forward_backward` accumulates gradients; `clip_grad_and_step` performs the optimizer
 step only on every `gradient_accumulation_steps`-th call (per adapter) and always returns the step's metrics.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -24,32 +25,37 @@ class ModelCapabilities:
     ``return_errors=True``: one call trains several adapters and returns ``{adapter: result}``, a rejected
     adapter's result being ``{'error': {...}}`` (others are unaffected). Without it an engine calls once per
     adapter. `max_adapters`: trainable adapters at once (None: bounded by memory only)."""
+
     mixed_adapters: bool = False
     max_adapters: int | None = 1
 
 
 class Model(ABC, metaclass=HostedComponentMeta):
     """A trainable model. Inputs are lists of `InputFeature` rows (dicts or models)."""
+
     capabilities: ModelCapabilities = ModelCapabilities()
 
     # ---- configuration -------------------------------------------------------------------------------------
     @remote_method('all', 'first')
     @abstractmethod
-    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
-                             **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1, **kwargs: Any
+    ) -> None:
         """Add a trainable LoRA adapter (`config`: a `peft.LoraConfig` or a dict of its fields)."""
 
     @remote_method('all', 'first')
     @abstractmethod
-    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
-                      **kwargs: Any) -> None:
+    def set_optimizer(
+        self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         """Optimizer by name (kind `optimizer`, e.g. 'AdamW') or class -- positionally or as ``optimizer_cls=``
         (Twinkle's spelling; see `component_arg`); kwargs go to its constructor."""
 
     @remote_method('all', 'first')
     @abstractmethod
-    def set_lr_scheduler(self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None,
-                         **kwargs: Any) -> None:
+    def set_lr_scheduler(
+        self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         """LR scheduler by name (kind `lr_scheduler`) or class -- positionally or as ``scheduler_cls=``; requires an
         optimizer."""
 
@@ -76,8 +82,9 @@ class Model(ABC, metaclass=HostedComponentMeta):
 
     @remote_method('slice_dp', 'concat', mutates=False)
     @abstractmethod
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
-                     **kwargs: Any) -> dict[str, Any]:
+    def forward_only(
+        self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True, **kwargs: Any
+    ) -> dict[str, Any]:
         """Forward without gradients. Returns per-row target-token logprobs, and the loss when labels exist and
         `compute_loss` is true (False: logprobs only, e.g. old/reference logprobs while an RL loss is set)."""
 
@@ -94,8 +101,9 @@ class Model(ABC, metaclass=HostedComponentMeta):
 
     @remote_method('all', 'first')
     @abstractmethod
-    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
-                           **kwargs: Any) -> dict[str, Any]:
+    def clip_grad_and_step(
+        self, max_norm: float | None = 1.0, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Clip gradients, optimizer step, LR step and zero_grad (honouring gradient accumulation)."""
 
     @remote_method('all', 'first')
@@ -137,14 +145,20 @@ class Model(ABC, metaclass=HostedComponentMeta):
     # ---- checkpoints ---------------------------------------------------------------------------------------
     @remote_method('all', 'first')  # every rank: gathering sharded (FSDP/TP) weights is collective; rank 0 writes
     @abstractmethod
-    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
-             adapter_name: str | None = None, **kwargs: Any) -> str:
+    def save(
+        self,
+        name: str,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Write a checkpoint; returns its directory. LoRA in PEFT format, full weights in HF format."""
 
     @remote_method('all', 'first')
     @abstractmethod
-    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
-             **kwargs: Any) -> None:
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Load a checkpoint written by `save` (weights, and optimizer/scheduler/RNG state when asked)."""
 
     # ---- weight export (the model half of the backend seam; collective over the model's ranks) ------------
@@ -170,8 +184,9 @@ class Model(ABC, metaclass=HostedComponentMeta):
         elsewhere; every rank must iterate to the end (sharded weights are gathered collectively)."""
         raise NotImplementedError(f'{type(self).__name__} does not export weights.')
 
-    def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20
-                       ) -> tuple[dict[str, Any], Iterator[list[tuple[str, Any]]]]:
+    def export_adapter(
+        self, name: str, *, bucket_bytes: int = 256 << 20
+    ) -> tuple[dict[str, Any], Iterator[list[tuple[str, Any]]]]:
         """(adapter_config.json fields, buckets keyed as in adapter_model.safetensors) of adapter `name`; same
         collective rules as `export_base`."""
         raise NotImplementedError(f'{type(self).__name__} does not export weights.')
@@ -182,17 +197,20 @@ def component_arg(method: str, value: Any, keyword: str, keyword_value: Any) -> 
     ``set_optimizer(optimizer_cls='AdamW')``): exactly one of the two. Raises TypeError otherwise."""
     if (value is None) == (keyword_value is None):
         given = 'both' if value is not None else 'neither'
-        raise TypeError(f'{method}() takes the component either positionally or as {keyword}=, exactly once '
-                        f'({given} given); e.g. {method}(\'AdamW\', lr=1e-4) or {method}({keyword}=\'AdamW\', '
-                        f'lr=1e-4).')
+        raise TypeError(
+            f'{method}() takes the component either positionally or as {keyword}=, exactly once '
+            f"({given} given); e.g. {method}('AdamW', lr=1e-4) or {method}({keyword}='AdamW', "
+            f'lr=1e-4).'
+        )
     return value if value is not None else keyword_value
 
 
 def reject_unknown_kwargs(method: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
     """Raise TypeError when a model method got keywords nothing consumes (never ignore them silently)."""
     if kwargs:
-        raise TypeError(f'{method}() got unexpected keyword arguments {sorted(kwargs)}; it accepts '
-                        f'{", ".join(accepted)}. Per-row and per-token training data (advantages, old_logps, '
-                        f'ref_logps, weights, ...) go in the rows themselves (docs/conventions.md); per-adapter '
-                        f'settings go through set_loss / set_processor / ...')
-
+        raise TypeError(
+            f'{method}() got unexpected keyword arguments {sorted(kwargs)}; it accepts '
+            f'{", ".join(accepted)}. Per-row and per-token training data (advantages, old_logps, '
+            f'ref_logps, weights, ...) go in the rows themselves (docs/conventions.md); per-adapter '
+            f'settings go through set_loss / set_processor / ...'
+        )

@@ -4,6 +4,7 @@
 and optional caller ``extra_state`` -- read with ``torch.load(weights_only=True)``: plain python values and tensors
 only. What a backend writes next to them (PEFT adapter files, Hugging Face weights) is the backend's business.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,17 +61,23 @@ def read_metadata(directory: str | os.PathLike[str]) -> dict[str, Any]:
         return {'kind': 'lora', 'adapter_name': None}
     if (directory / 'config.json').exists():
         return {'kind': 'full'}
-    raise InvalidInputError(f'{str(directory)!r} is not a checkpoint: it has neither {METADATA_FILE}, '
-                            f'adapter_config.json (PEFT) nor config.json (Hugging Face).')
+    raise InvalidInputError(
+        f'{str(directory)!r} is not a checkpoint: it has neither {METADATA_FILE}, '
+        f'adapter_config.json (PEFT) nor config.json (Hugging Face).'
+    )
 
 
 # ---- training state ----------------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     """Every global RNG state, as plain python values and tensors (loadable with ``weights_only=True``)."""
     import numpy as np
+
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {'python': random.getstate(), 'numpy': (name, keys.tolist(), pos, has_gauss, gauss),
-             'torch': torch.get_rng_state()}
+    state = {
+        'python': random.getstate(),
+        'numpy': (name, keys.tolist(), pos, has_gauss, gauss),
+        'torch': torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state
@@ -78,6 +85,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
+
     random.setstate(state['python'])
     name, keys, pos, has_gauss, gauss = state['numpy']
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
@@ -86,16 +94,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-def save_training_state(directory: Path, train_state: dict[str, Any], *, dataloader: Any = None,
-                        extra_state: Any = None) -> None:
-    payload = {'train_state': train_state, 'rng': rng_state(), 'extra_state': extra_state,
-               'dataloader': dataloader.state_dict() if dataloader is not None else None}
+def save_training_state(
+    directory: Path, train_state: dict[str, Any], *, dataloader: Any = None, extra_state: Any = None
+) -> None:
+    payload = {
+        'train_state': train_state,
+        'rng': rng_state(),
+        'extra_state': extra_state,
+        'dataloader': dataloader.state_dict() if dataloader is not None else None,
+    }
     torch.save(payload, directory / TRAINING_STATE_FILE)
 
 
 def load_training_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(directory) / TRAINING_STATE_FILE
     if not path.exists():
-        raise InvalidInputError(f'{str(directory)!r} has no {TRAINING_STATE_FILE}; it was saved without '
-                                f'save_optimizer=True, so only its weights can be loaded (load_optimizer=False).')
+        raise InvalidInputError(
+            f'{str(directory)!r} has no {TRAINING_STATE_FILE}; it was saved without '
+            f'save_optimizer=True, so only its weights can be loaded (load_optimizer=False).'
+        )
     return torch.load(path, map_location='cpu', weights_only=True)

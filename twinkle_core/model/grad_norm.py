@@ -1,4 +1,5 @@
 """Gradient-norm clipping that is correct for sharded (DTensor: FSDP2 / TP) gradients as well as plain ones."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -19,7 +20,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(group, 2.0)
         squared += float(norm.full_tensor() if hasattr(norm, 'full_tensor') else norm) ** 2
-    total = squared ** 0.5
+    total = squared**0.5
     if max_norm is not None and total > max_norm:
         coef = max_norm / (total + 1e-6)
         for g in grads:

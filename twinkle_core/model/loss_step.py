@@ -1,6 +1,7 @@
 """Backend-neutral pieces of a training step: run a loss and check what it returned, summarise a micro-batch for
 the metrics, and turn per-token target log-probs back into per-row lists. A backend computes the forward
 outputs (``logps``, ``mask``, ``correct``, ...); these helpers are the same for every backend."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,10 @@ def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> Loss
     value = result.get('loss') if isinstance(result, dict) else None
     if not isinstance(value, Tensor) or value.numel() != 1:
         name = getattr(loss, '__name__', type(loss).__name__)
-        raise TwinkleError(f'Loss {name} must return a scalar tensor or a dict with a scalar tensor "loss"; '
-                           f'got {type(value if isinstance(result, dict) else result).__name__}.')
+        raise TwinkleError(
+            f'Loss {name} must return a scalar tensor or a dict with a scalar tensor "loss"; '
+            f'got {type(value if isinstance(result, dict) else result).__name__}.'
+        )
     if value.dim() != 0:
         result['loss'] = value.reshape(())
     return result
@@ -34,10 +37,15 @@ def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> Loss
 def step_summary(batch: dict[str, Any], outputs: dict[str, Any], loss: Tensor) -> dict[str, Any]:
     """The micro-batch summary `TrainState.record` folds (``loss``, ``num_loss_tokens``, ``num_correct``,
     ``num_tokens``) as Python numbers, fetched from the device in one transfer."""
-    values = torch.stack([loss.detach().float(), outputs['mask'].sum().float(),
-                          outputs['correct'].sum().float()]).tolist()
-    return {'loss': values[0], 'num_loss_tokens': int(values[1]), 'num_correct': int(values[2]),
-            'num_tokens': int(batch['num_tokens'])}
+    values = torch.stack(
+        [loss.detach().float(), outputs['mask'].sum().float(), outputs['correct'].sum().float()]
+    ).tolist()
+    return {
+        'loss': values[0],
+        'num_loss_tokens': int(values[1]),
+        'num_correct': int(values[2]),
+        'num_tokens': int(batch['num_tokens']),
+    }
 
 
 def rows_logprobs(batch: dict[str, Any], target_logps: Tensor) -> list[list[float]]:
@@ -49,11 +57,11 @@ def rows_logprobs(batch: dict[str, Any], target_logps: Tensor) -> list[list[floa
         values = flat.reshape(-1).tolist()
         out, start = [], 0
         for n in lengths:
-            out.append([0.0] + values[start:start + n - 1])
+            out.append([0.0] + values[start : start + n - 1])
             start += n
         return out
     rows = flat.tolist()
-    return [[0.0] + rows[b][:n - 1] for b, n in enumerate(lengths)]
+    return [[0.0] + rows[b][: n - 1] for b, n in enumerate(lengths)]
 
 
 def loss_weight(reduction: str | None, *, num_loss_tokens: int, num_rows: int) -> float:
@@ -68,8 +76,10 @@ def micro_batch_shares(reduction: str | None, batches: list[dict[str, Any]]) -> 
     """(each collated micro-batch's share of the call's loss, the call's total `loss_weight`): 1 each for
     ``sum``, else its part of the loss tokens (rows). Backpropagating ``share * loss`` per micro-batch gives the
     gradients of one pass over all rows."""
-    weights = [loss_weight(reduction, num_loss_tokens=int((b['labels'] != IGNORE_INDEX).sum()),
-                           num_rows=len(b['row_lengths'])) for b in batches]
+    weights = [
+        loss_weight(reduction, num_loss_tokens=int((b['labels'] != IGNORE_INDEX).sum()), num_rows=len(b['row_lengths']))
+        for b in batches
+    ]
     if reduction == 'sum':
         return [1.0] * len(batches), 1.0
     total = sum(weights)

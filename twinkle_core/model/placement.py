@@ -1,6 +1,7 @@
 """Where a model's weights come from and where they run, for every backend: a model id -> local directory, the
 default device (CUDA ``cuda:$LOCAL_RANK`` under torchrun, then Apple MPS, then CPU) and dtype (bfloat16 on GPUs,
 float32 on CPU)."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,16 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.hub.ref import HubRef, is_hub_ref
 
-_DTYPES = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16, 'fp16': torch.float16, 'float16': torch.float16,
-           'half': torch.float16, 'fp32': torch.float32, 'float32': torch.float32, 'float': torch.float32}
+_DTYPES = {
+    'bf16': torch.bfloat16,
+    'bfloat16': torch.bfloat16,
+    'fp16': torch.float16,
+    'float16': torch.float16,
+    'half': torch.float16,
+    'fp32': torch.float32,
+    'float32': torch.float32,
+    'float': torch.float32,
+}
 
 
 def resolve_model_dir(model_id: str | os.PathLike[str]) -> str:
@@ -21,6 +30,7 @@ def resolve_model_dir(model_id: str | os.PathLike[str]) -> str:
     text = str(model_id)
     if is_hub_ref(text):
         from twinkle_core.hub.download import snapshot
+
         return str(snapshot(HubRef.parse(text)))
     return text
 
@@ -49,6 +59,7 @@ def load_tokenizer_if_any(model_dir: str) -> Any:
     """The tokenizer stored with the model (`twinkle_core.template.tokenizer.load_tokenizer`), or None when the
     local directory has none."""
     from twinkle_core.template.tokenizer import load_tokenizer
+
     local = Path(model_dir)
     if local.is_dir() and not any(local.glob('tokenizer*')):
         return None

@@ -11,6 +11,7 @@
   one pass over all rows.
 A row that already holds the field keeps nothing of its own: giving both is an error.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -19,8 +20,9 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import as_input_features
 
 
-def with_row_keywords(inputs: Any, *, old_logps: Sequence[Any] | None = None,
-                      advantages: Sequence[Any] | None = None, loss: Any = None) -> Any:
+def with_row_keywords(
+    inputs: Any, *, old_logps: Sequence[Any] | None = None, advantages: Sequence[Any] | None = None, loss: Any = None
+) -> Any:
     """`inputs` with ``old_logps`` / ``advantages`` folded into its rows (unchanged when both are None). A keyword
     that `loss` declares it does not read (`Loss.row_keywords`) is refused rather than silently unused."""
     if old_logps is None and advantages is None:
@@ -28,11 +30,15 @@ def with_row_keywords(inputs: Any, *, old_logps: Sequence[Any] | None = None,
     uses = getattr(loss, 'row_keywords', None)
     for name, values in (('old_logps', old_logps), ('advantages', advantages)):
         if values is not None and uses is not None and name not in uses:
-            raise InvalidInputError(f'{name}= is not read by {type(loss).__name__}; set a loss that reads it (e.g. '
-                                    f'set_loss("GRPOLoss")) or leave it out.')
+            raise InvalidInputError(
+                f'{name}= is not read by {type(loss).__name__}; set a loss that reads it (e.g. '
+                f'set_loss("GRPOLoss")) or leave it out.'
+            )
     if isinstance(inputs, dict) and 'input_ids' not in inputs:
-        raise InvalidInputError('old_logps= / advantages= go with one adapter\'s rows (inputs=[...]); for several '
-                                'adapters put the fields into each adapter\'s rows.')
+        raise InvalidInputError(
+            "old_logps= / advantages= go with one adapter's rows (inputs=[...]); for several "
+            "adapters put the fields into each adapter's rows."
+        )
     rows = [dict(row) for row in as_input_features(inputs)]
     for name, values in (('old_logps', old_logps), ('advantages', advantages)):
         if values is not None and len(values) != len(rows):
@@ -56,15 +62,17 @@ def check_row_lengths(rows: Sequence[Any], max_length: int | None, source: str) 
     for i, row in enumerate(rows):
         n = len(row['input_ids'])
         if n > max_length:
-            raise InvalidInputError(f'Batch row {i} has {n} tokens, more than the limit of {max_length} ({source}). '
-                                    f'Truncate it (e.g. the template\'s max_length) or drop it.')
+            raise InvalidInputError(
+                f'Batch row {i} has {n} tokens, more than the limit of {max_length} ({source}). '
+                f"Truncate it (e.g. the template's max_length) or drop it."
+            )
 
 
 def micro_batches(rows: list[Any], micro_batch_size: int) -> list[list[Any]]:
     """Consecutive chunks of at most `micro_batch_size` rows."""
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise InvalidInputError(f'micro_batch_size must be an int >= 1, got {micro_batch_size!r}.')
-    return [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    return [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
 
 
 def _left_padded(values: Any, length: int, row: int, name: str) -> list[float]:

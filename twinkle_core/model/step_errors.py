@@ -5,6 +5,7 @@ micro-batch rejected: nothing of it reaches its adapter, and no other tenant is 
 as a `TenantStepError` for that tenant only; a mixed call collects them in a `MixedStepError`, which also carries
 the results of the tenants that succeeded (their gradients *were* accumulated).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -24,8 +25,12 @@ class TenantStepError(TwinkleError):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form, for a server to return to this tenant only."""
-        return {'adapter_name': self.adapter_name, 'stage': self.stage, 'message': self.detail,
-                'type': type(self).__name__}
+        return {
+            'adapter_name': self.adapter_name,
+            'stage': self.stage,
+            'message': self.detail,
+            'type': type(self).__name__,
+        }
 
 
 class MixedStepError(TwinkleError):
@@ -34,6 +39,7 @@ class MixedStepError(TwinkleError):
 
     def __init__(self, errors: dict[str, TenantStepError], results: dict[str, dict[str, Any]]) -> None:
         names = ', '.join(f'{n} ({e.stage})' for n, e in errors.items())
-        super().__init__(f'{len(errors)} tenant(s) rejected in a mixed step: {names}. '
-                         + ' | '.join(str(e) for e in errors.values()))
+        super().__init__(
+            f'{len(errors)} tenant(s) rejected in a mixed step: {names}. ' + ' | '.join(str(e) for e in errors.values())
+        )
         self.errors, self.results = errors, results

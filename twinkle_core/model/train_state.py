@@ -13,6 +13,7 @@ skipped (gradients dropped, weights and optimizer state untouched) and reported 
 
 A unit stepped without `set_optimizer` gets `DEFAULT_OPTIMIZER` once, with a warning (`optimizer_for_step`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,8 +55,9 @@ class TrainState:
     `ComponentNotFoundError` with suggestions.
     """
 
-    def __init__(self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *,
-                 gradient_accumulation_steps: int = 1) -> None:
+    def __init__(
+        self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *, gradient_accumulation_steps: int = 1
+    ) -> None:
         if gradient_accumulation_steps < 1:
             raise InvalidInputError(f'gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.')
         self.name = name
@@ -66,11 +68,13 @@ class TrainState:
         self.loss: Any = resolve('loss', DEFAULT_LOSS)
         self.processor: Any = resolve('processor', DEFAULT_PROCESSOR)
         self.template: Any = None
-        self.specs: dict[str, dict[str, Any]] = {'loss': {'name': DEFAULT_LOSS, 'kwargs': {}},
-                                                 'processor': {'name': DEFAULT_PROCESSOR, 'kwargs': {}}}
-        self.optimizer_steps = 0      # optimizer steps taken
+        self.specs: dict[str, dict[str, Any]] = {
+            'loss': {'name': DEFAULT_LOSS, 'kwargs': {}},
+            'processor': {'name': DEFAULT_PROCESSOR, 'kwargs': {}},
+        }
+        self.optimizer_steps = 0  # optimizer steps taken
         self.pending_micro_steps = 0  # clip_grad_and_step calls since the last optimizer step
-        self.micro_batches = 0        # forward_backward calls in total
+        self.micro_batches = 0  # forward_backward calls in total
         self.last_grad_norm: float | None = None
         self.metrics: dict[bool, list[Metric]] = {True: self._new_metrics(), False: self._new_metrics()}
 
@@ -84,8 +88,9 @@ class TrainState:
         ``params=``). Replacing the optimizer drops the LR scheduler bound to the old one."""
         params = self.parameters()
         if not params:
-            raise TwinkleError(f'{self.name!r} has no trainable parameters; add an adapter or unfreeze the model '
-                               f'before set_optimizer.')
+            raise TwinkleError(
+                f'{self.name!r} has no trainable parameters; add an adapter or unfreeze the model before set_optimizer.'
+            )
         self.optimizer = resolve('optimizer', optimizer, params=params, **kwargs)
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
@@ -102,6 +107,7 @@ class TrainState:
 
     def set_processor(self, processor: Any, **kwargs: Any) -> None:
         from twinkle_core.processor import InputProcessor
+
         if processor is InputProcessor:  # the interface itself (the Twinkle documents pass it): the default one
             processor = 'InputProcessor'
         self.processor = resolve('processor', processor, **kwargs)
@@ -109,21 +115,29 @@ class TrainState:
 
     def set_template(self, template: Any, **kwargs: Any) -> None:
         self.template = resolve('template', template, **kwargs)
-        self.specs['template'] = {'name': spec_name(template),
-                                  'kwargs': {k: v for k, v in kwargs.items() if is_json_plain(v)}}
+        self.specs['template'] = {
+            'name': spec_name(template),
+            'kwargs': {k: v for k, v in kwargs.items() if is_json_plain(v)},
+        }
 
     def require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            raise TwinkleError(f'{self.name!r} has no optimizer yet; call set_optimizer(...) first '
-                               f'(e.g. set_optimizer("AdamW", lr=1e-4)).')
+            raise TwinkleError(
+                f'{self.name!r} has no optimizer yet; call set_optimizer(...) first '
+                f'(e.g. set_optimizer("AdamW", lr=1e-4)).'
+            )
         return self.optimizer
 
     def optimizer_for_step(self) -> torch.optim.Optimizer:
         """The optimizer; when none was set, `DEFAULT_OPTIMIZER` is set first (once, with a warning naming it)."""
         if self.optimizer is None:
             lr = DEFAULT_LR_FULL if self.name == FULL else DEFAULT_LR_ADAPTER
-            logger.warning('%r is stepped without set_optimizer(...): using %s(lr=%g). Call set_optimizer to choose.',
-                           self.name, DEFAULT_OPTIMIZER, lr)
+            logger.warning(
+                '%r is stepped without set_optimizer(...): using %s(lr=%g). Call set_optimizer to choose.',
+                self.name,
+                DEFAULT_OPTIMIZER,
+                lr,
+            )
             self.set_optimizer(DEFAULT_OPTIMIZER, lr=lr)
         return self.require_optimizer()
 
@@ -132,8 +146,10 @@ class TrainState:
         optimizer = self.require_optimizer()
         unknown = sorted(set(fields) - set(optimizer.defaults))
         if unknown:
-            raise InvalidInputError(f'update_optimizer: {type(optimizer).__name__} has no hyper-parameter(s) '
-                                    f'{unknown}; it has {sorted(optimizer.defaults)}.')
+            raise InvalidInputError(
+                f'update_optimizer: {type(optimizer).__name__} has no hyper-parameter(s) '
+                f'{unknown}; it has {sorted(optimizer.defaults)}.'
+            )
         for group in optimizer.param_groups:
             group.update(fields)
 
@@ -151,6 +167,7 @@ class TrainState:
             return 0.0
         if any(hasattr(p.grad, 'device_mesh') for p in grads):  # FSDP2/TP shards: the norm spans all ranks
             from twinkle_core.model.grad_norm import clip_grad_norm
+
             self.last_grad_norm = clip_grad_norm(grads, max_norm)
             return self.last_grad_norm
         limit = math.inf if max_norm is None else float(max_norm)
@@ -230,25 +247,37 @@ class TrainState:
     # ---- configuration and checkpoints ------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable description: component names and arguments, accumulation, counters."""
-        return {'name': self.name, 'gradient_accumulation_steps': self.gradient_accumulation_steps,
-                'optimizer_steps': self.optimizer_steps,
-                'num_trainable_parameters': sum(p.numel() for p in self.parameters()),
-                **{kind: {'name': s['name'], 'kwargs': {k: v for k, v in s['kwargs'].items() if is_json_plain(v)}}
-                   for kind, s in self.specs.items()}}
+        return {
+            'name': self.name,
+            'gradient_accumulation_steps': self.gradient_accumulation_steps,
+            'optimizer_steps': self.optimizer_steps,
+            'num_trainable_parameters': sum(p.numel() for p in self.parameters()),
+            **{
+                kind: {'name': s['name'], 'kwargs': {k: v for k, v in s['kwargs'].items() if is_json_plain(v)}}
+                for kind, s in self.specs.items()
+            },
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer and scheduler state plus counters: what `load_state_dict` needs for a bit-exact resume."""
-        return {'version': STATE_VERSION,
-                'optimizer': self.optimizer.state_dict() if self.optimizer is not None else None,
-                'lr_scheduler': self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-                'specs': {k: v for k, v in self.specs.items() if k in ('optimizer', 'lr_scheduler')},
-                'optimizer_steps': self.optimizer_steps, 'pending_micro_steps': self.pending_micro_steps,
-                'micro_batches': self.micro_batches, 'last_grad_norm': self.last_grad_norm,
-                'gradient_accumulation_steps': self.gradient_accumulation_steps}
+        return {
+            'version': STATE_VERSION,
+            'optimizer': self.optimizer.state_dict() if self.optimizer is not None else None,
+            'lr_scheduler': self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            'specs': {k: v for k, v in self.specs.items() if k in ('optimizer', 'lr_scheduler')},
+            'optimizer_steps': self.optimizer_steps,
+            'pending_micro_steps': self.pending_micro_steps,
+            'micro_batches': self.micro_batches,
+            'last_grad_norm': self.last_grad_norm,
+            'gradient_accumulation_steps': self.gradient_accumulation_steps,
+        }
 
-    def load_state_dict(self, state: dict[str, Any], *,
-                        load_optimizer_state: Callable[[torch.optim.Optimizer, dict[str, Any]], None] | None = None,
-                        ) -> None:
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        *,
+        load_optimizer_state: Callable[[torch.optim.Optimizer, dict[str, Any]], None] | None = None,
+    ) -> None:
         """Restore `state_dict()`. An optimizer/scheduler that was saved but is not set yet is rebuilt from its
         recorded registry name and arguments; one set by class or instance must be set again first.
         `load_optimizer_state(optimizer, saved)` loads the saved optimizer state (default
@@ -258,8 +287,10 @@ class TrainState:
                 continue
             spec = state['specs'].get(kind)
             if spec is None or ':' in spec['name']:
-                raise TwinkleError(f'The checkpoint has {kind} state but {self.name!r} has no {kind}; call '
-                                   f'set_{kind}(...) as in the original run before loading.')
+                raise TwinkleError(
+                    f'The checkpoint has {kind} state but {self.name!r} has no {kind}; call '
+                    f'set_{kind}(...) as in the original run before loading.'
+                )
             setter(spec['name'], **spec['kwargs'])
         if state.get('optimizer') is not None:
             optimizer = self.require_optimizer()

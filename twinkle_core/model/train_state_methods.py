@@ -10,6 +10,7 @@ outermost wrapped call of that model: a failing ``forward`` inside ``forward_bac
 even ``SystemExit``) is logged and skipped; it never replaces the training error. Errors a
 call *returns* (``return_errors=True`` of `MultiLoraTransformersModel`) are data for its caller and fire nothing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,6 +31,7 @@ _calls = threading.local()  # per thread: `models` (ids of models inside a wrapp
 def reports_failure(stage: str) -> Callable[[_F], _F]:
     """Wrap a model method (``adapter_name`` passed as a keyword) so that an exception escaping it fires
     ``twinkle_failure`` with `failure_context(stage, ...)`, once per exception and model, then propagates as is."""
+
     def decorator(fn: _F) -> _F:
         @functools.wraps(fn)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -48,7 +50,9 @@ def reports_failure(stage: str) -> Callable[[_F], _F]:
                 models.pop()
                 if not models:
                     reported.clear()  # drop the references (and their tracebacks' tensors) after the call
+
         return wrapper  # type: ignore[return-value]
+
     return decorator
 
 
@@ -69,8 +73,14 @@ def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseE
         step: int | None = int(model._state(name).optimizer_steps)
     except Exception:  # noqa: BLE001 - unknown adapter
         step = None
-    return {'where': getattr(model, 'backend', 'transformers'), 'model_id': getattr(model, 'model_id', None),
-            'model_class': type(model).__name__, 'adapter_name': name, 'stage': stage, 'step': step}
+    return {
+        'where': getattr(model, 'backend', 'transformers'),
+        'model_id': getattr(model, 'model_id', None),
+        'model_class': type(model).__name__,
+        'adapter_name': name,
+        'stage': stage,
+        'step': step,
+    }
 
 
 def report_failure(model: Any, exc: BaseException, stage: str, adapter_name: str | None = None) -> None:
@@ -78,8 +88,13 @@ def report_failure(model: Any, exc: BaseException, stage: str, adapter_name: str
     try:
         emit_failure(exc, failure_context(model, stage, adapter_name, exc))
     except BaseException as hook_exc:  # noqa: BLE001 - must never mask the error being reported
-        logger.warning('twinkle_failure notification for %s.%s failed and is skipped: %s: %s',
-                       type(model).__name__, stage, type(hook_exc).__name__, hook_exc)
+        logger.warning(
+            'twinkle_failure notification for %s.%s failed and is skipped: %s: %s',
+            type(model).__name__,
+            stage,
+            type(hook_exc).__name__,
+            hook_exc,
+        )
 
 
 class TrainStateMethods:
@@ -102,13 +117,15 @@ class TrainStateMethods:
         raise NotImplementedError
 
     # ---- configuration ---------------------------------------------------------------------------------------
-    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
-                      **kwargs: Any) -> None:
+    def set_optimizer(
+        self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         optimizer = component_arg('set_optimizer', optimizer, 'optimizer_cls', optimizer_cls)
         self._state(adapter_name).set_optimizer(optimizer, **kwargs)
 
-    def set_lr_scheduler(self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None,
-                         **kwargs: Any) -> None:
+    def set_lr_scheduler(
+        self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         scheduler = component_arg('set_lr_scheduler', scheduler, 'scheduler_cls', scheduler_cls)
         self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
 
@@ -118,8 +135,9 @@ class TrainStateMethods:
     def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._state(adapter_name).set_processor(processor, **kwargs)
 
-    def set_template(self, template: Any, *, adapter_name: str | None = None, model_id: Any = None,
-                     **kwargs: Any) -> None:
+    def set_template(
+        self, template: Any, *, adapter_name: str | None = None, model_id: Any = None, **kwargs: Any
+    ) -> None:
         """Template by name (kind ``template``); named templates get `model_id` (a model dir or tokenizer), by
         default the model's tokenizer."""
         if isinstance(template, (str, type)):
@@ -131,8 +149,9 @@ class TrainStateMethods:
         self._state(adapter_name).update_optimizer(**fields)
 
     @reports_failure('clip_grad_and_step')
-    def clip_grad_and_step(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None,
-                           **kwargs: Any) -> dict[str, Any]:
+    def clip_grad_and_step(
+        self, max_norm: float | None = 1.0, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         return self._state(adapter_name).clip_grad_and_step(max_norm)
 
     @reports_failure('clip_grad_norm')
@@ -156,15 +175,19 @@ class TrainStateMethods:
         name = self._name(adapter_name)
         state = self._state(name)
         metrics = state.calculate_metric(is_training)
-        emit_metrics(state.optimizer_steps, metrics, {'adapter_name': name, 'is_training': is_training,
-                                                      'model_id': self.model_id})
+        emit_metrics(
+            state.optimizer_steps,
+            metrics,
+            {'adapter_name': name, 'is_training': is_training, 'model_id': self.model_id},
+        )
         return metrics
 
     def _require_pending(self, what: str) -> Any:
         if self._pending is None:
-            raise TwinkleError(f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet'
-                               + (' (or, for calculate_loss, a forward_only with labels).' if what == 'calculate_loss'
-                                  else '.'))
+            raise TwinkleError(
+                f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet'
+                + (' (or, for calculate_loss, a forward_only with labels).' if what == 'calculate_loss' else '.')
+            )
         return self._pending
 
     #: the loss of the last `forward_only` (float, or {adapter: float} when mixed); what `calculate_loss()` returns

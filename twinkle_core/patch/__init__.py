@@ -1,4 +1,5 @@
 """Kind `patch`: the interface, plus lazy access to every registered patch by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.patch.base import Patch
 

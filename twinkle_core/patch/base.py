@@ -1,4 +1,5 @@
 """The Patch interface: a named, reversible adjustment of a model or library behaviour."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

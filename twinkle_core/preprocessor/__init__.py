@@ -4,6 +4,7 @@ Built-ins (entry points): SelfCognitionProcessor, AlpacaProcessor, MessagesProce
 GSM8KProcessor. Row filters for `Dataset.filter`: `LengthFilter`, `LossTokensFilter`, `MessageLengthFilter`,
 `Filter.from_callable`.
 """
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.preprocessor.base import Filter, Preprocessor
 from twinkle_core.preprocessor.filters import LengthFilter, LossTokensFilter, MessageLengthFilter

@@ -1,4 +1,5 @@
 """Alpaca rows ``{instruction, input?, output, system?}`` -> a Trajectory."""
+
 from __future__ import annotations
 
 from typing import Any

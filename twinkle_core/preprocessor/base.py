@@ -1,4 +1,5 @@
 """Preprocessors map raw dataset rows to the standard `Trajectory` format; Filters keep or drop rows."""
+
 from __future__ import annotations
 
 import json
@@ -73,4 +74,5 @@ def require_fields(row: dict[str, Any], fields: Iterable[str], who: str, *, hint
         names = ', '.join(repr(f) for f in missing)
         raise InvalidInputError(
             f'{who}: row is missing field(s) {names}; it has {sorted(row)}. Row: {row_excerpt(row)}'
-            + (f' {hint}' if hint else ''))
+            + (f' {hint}' if hint else '')
+        )

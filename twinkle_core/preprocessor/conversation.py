@@ -1,5 +1,6 @@
 """Chat rows: ``messages`` (role/content, OpenAI style), ShareGPT ``conversations`` (from/value) or ms-swift style
 ``query`` / ``response`` (with optional ``history`` pairs and ``system``)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -10,9 +11,18 @@ from twinkle_core.preprocessor.messages_util import message
 
 # ShareGPT speaker names -> standard roles.
 SHAREGPT_ROLES: dict[str, str] = {
-    'system': 'system', 'human': 'user', 'user': 'user', 'gpt': 'assistant', 'assistant': 'assistant',
-    'bing': 'assistant', 'chatgpt': 'assistant', 'bard': 'assistant', 'function_call': 'assistant',
-    'tool': 'tool', 'observation': 'tool', 'function': 'tool',
+    'system': 'system',
+    'human': 'user',
+    'user': 'user',
+    'gpt': 'assistant',
+    'assistant': 'assistant',
+    'bing': 'assistant',
+    'chatgpt': 'assistant',
+    'bard': 'assistant',
+    'function_call': 'assistant',
+    'tool': 'tool',
+    'observation': 'tool',
+    'function': 'tool',
 }
 ROLES = ('system', 'user', 'assistant', 'tool')
 #: The columns by which a row is a chat in one of the layouts `MessagesProcessor` reads.
@@ -45,8 +55,10 @@ class MessagesProcessor(Preprocessor):
         elif row.get('query') is not None and row.get('response') is not None:
             raw, role_key, content_key, roles = query_response_turns(row), 'role', 'content', None
         else:
-            raise InvalidInputError(f"{who}: row is missing field 'messages' (or ShareGPT 'conversations', or "
-                                    f"'query' and 'response'); it has {sorted(row)}. Row: {row_excerpt(row)}")
+            raise InvalidInputError(
+                f"{who}: row is missing field 'messages' (or ShareGPT 'conversations', or "
+                f"'query' and 'response'); it has {sorted(row)}. Row: {row_excerpt(row)}"
+            )
         if not isinstance(raw, list) or not raw:
             raise InvalidInputError(f'{who}: the conversation must be a non-empty list. Row: {row_excerpt(row)}')
         messages = []
@@ -61,18 +73,23 @@ class MessagesProcessor(Preprocessor):
                 out[name] = row[name]
         return out
 
-    def _convert(self, item: Any, turn: int, role_key: str, content_key: str, roles: dict[str, str] | None,
-                 row: dict[str, Any]) -> dict[str, Any]:
+    def _convert(
+        self, item: Any, turn: int, role_key: str, content_key: str, roles: dict[str, str] | None, row: dict[str, Any]
+    ) -> dict[str, Any]:
         who = type(self).__name__
         if not isinstance(item, dict) or item.get(role_key) is None or item.get(content_key) is None:
-            raise InvalidInputError(f'{who}: turn {turn} needs fields {role_key!r} and {content_key!r}, got '
-                                    f'{item!r}. Row: {row_excerpt(row)}')
+            raise InvalidInputError(
+                f'{who}: turn {turn} needs fields {role_key!r} and {content_key!r}, got '
+                f'{item!r}. Row: {row_excerpt(row)}'
+            )
         speaker = str(item[role_key])
         role = roles.get(speaker.lower()) if roles is not None else speaker
         if role not in ROLES:
             known = sorted(roles) if roles is not None else list(ROLES)
-            raise InvalidInputError(f'{who}: turn {turn} has unknown {role_key} {speaker!r}; expected one of '
-                                    f'{known}. Row: {row_excerpt(row)}')
+            raise InvalidInputError(
+                f'{who}: turn {turn} has unknown {role_key} {speaker!r}; expected one of '
+                f'{known}. Row: {row_excerpt(row)}'
+            )
         out = message(role, str(item[content_key]))
         if item.get('loss') is not None:
             out['loss'] = bool(item['loss'])
@@ -87,7 +104,8 @@ def query_response_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
     """An ms-swift style row's turns: each `history` pair, then `query` and `response`."""
     history = row.get('history') or []
     if not isinstance(history, list) or any(not isinstance(p, (list, tuple)) or len(p) != 2 for p in history):
-        raise InvalidInputError(f'MessagesProcessor: history must be a list of [query, response] pairs. Row: '
-                                f'{row_excerpt(row)}')
+        raise InvalidInputError(
+            f'MessagesProcessor: history must be a list of [query, response] pairs. Row: {row_excerpt(row)}'
+        )
     turns = [*history, (row['query'], row['response'])]
     return [message(role, str(text)) for pair in turns for role, text in zip(('user', 'assistant'), pair)]

@@ -1,4 +1,5 @@
 """Built-in row filters for `Dataset.filter`."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,8 +20,10 @@ class LengthFilter(Filter):
     def __call__(self, row: dict[str, Any]) -> bool:
         ids = row.get('input_ids')
         if ids is None:
-            raise InvalidInputError('LengthFilter counts tokens: apply it after Dataset.encode() (row has no '
-                                    f"'input_ids'). Row: {row_excerpt(row)}")
+            raise InvalidInputError(
+                'LengthFilter counts tokens: apply it after Dataset.encode() (row has no '
+                f"'input_ids'). Row: {row_excerpt(row)}"
+            )
         return self.min_length <= len(ids) and (self.max_length is None or len(ids) <= self.max_length)
 
 
@@ -34,8 +37,10 @@ class LossTokensFilter(Filter):
     def __call__(self, row: dict[str, Any]) -> bool:
         labels = row.get('labels')
         if labels is None:
-            raise InvalidInputError('LossTokensFilter counts labelled tokens: apply it after Dataset.encode() '
-                                    f"(row has no 'labels'). Row: {row_excerpt(row)}")
+            raise InvalidInputError(
+                'LossTokensFilter counts labelled tokens: apply it after Dataset.encode() '
+                f"(row has no 'labels'). Row: {row_excerpt(row)}"
+            )
         return sum(1 for t in labels if t != IGNORE_INDEX) >= self.min_tokens
 
 

@@ -1,4 +1,5 @@
 """GSM8K rows ``{question, answer}`` -> a Trajectory with the numeric `ground_truth` kept for rewards."""
+
 from __future__ import annotations
 
 import re
@@ -8,8 +9,10 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.preprocessor.base import Preprocessor, require_fields, row_excerpt
 from twinkle_core.preprocessor.messages_util import message, with_system
 
-GSM8K_SYSTEM = ('Solve the math problem step by step. At the end, give the final answer as a number after '
-                "'####' (for example '#### 42') or in \\boxed{}.")
+GSM8K_SYSTEM = (
+    'Solve the math problem step by step. At the end, give the final answer as a number after '
+    "'####' (for example '#### 42') or in \\boxed{}."
+)
 _NUMBER = re.compile(r'-?\d[\d,]*(?:\.\d+)?')
 
 
@@ -36,7 +39,8 @@ class GSM8KProcessor(Preprocessor):
         answer = str(row['answer'])
         truth = extract_gsm8k_answer(answer)
         if truth is None:
-            raise InvalidInputError(f"{type(self).__name__}: field 'answer' has no final number after '####'. "
-                                    f'Row: {row_excerpt(row)}')
+            raise InvalidInputError(
+                f"{type(self).__name__}: field 'answer' has no final number after '####'. Row: {row_excerpt(row)}"
+            )
         messages = with_system(self.system, [message('user', str(row['question'])), message('assistant', answer)])
         return {'messages': messages, 'ground_truth': truth}

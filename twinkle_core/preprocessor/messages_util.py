@@ -1,4 +1,5 @@
 """Small helpers preprocessors share to build `Trajectory` dicts with one Arrow-friendly schema."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Self-cognition rows ``{query, response}`` with ``{{NAME}}`` / ``{{AUTHOR}}`` placeholders -> a Trajectory."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,5 +24,12 @@ class SelfCognitionProcessor(Preprocessor):
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         require_fields(row, ('query', 'response'), type(self).__name__)
-        return {'messages': with_system(self.system, [message('user', self._fill(str(row['query']))),
-                                                      message('assistant', self._fill(str(row['response'])))])}
+        return {
+            'messages': with_system(
+                self.system,
+                [
+                    message('user', self._fill(str(row['query']))),
+                    message('assistant', self._fill(str(row['response']))),
+                ],
+            )
+        }

@@ -1,4 +1,5 @@
 """Kind `processor`: the interface, plus lazy access to every registered processor by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.processor.base import InputProcessor
 

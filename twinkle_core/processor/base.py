@@ -1,4 +1,5 @@
 """The InputProcessor interface: a list of `InputFeature` rows -> model-ready tensors (collation)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

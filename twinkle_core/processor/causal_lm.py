@@ -22,6 +22,7 @@ Output batch (every tensor [B, T]; packed batches have B = 1 and hold all rows b
   ``mm_token_type_ids`` [B, T] (long, **not** shifted: 1 on image tokens, 0 on text and padding). Batches
   without images carry none of these.
 """
+
 from __future__ import annotations
 
 from numbers import Number
@@ -45,12 +46,20 @@ class CausalLMProcessor(InputProcessor):
     broadcast per position (multi-adapter batches rely on ``adapter_index``).
     """
 
-    def __init__(self, padding_free: bool = False, pad_token_id: int = 0, pad_to_multiple_of: int | None = None,
-                 per_row_index_fields: Sequence[str] = ('adapter_index',), padding_side: str = 'right') -> None:
+    def __init__(
+        self,
+        padding_free: bool = False,
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
+        per_row_index_fields: Sequence[str] = ('adapter_index',),
+        padding_side: str = 'right',
+    ) -> None:
         if padding_side != 'right':
-            raise InvalidInputError(f"padding_side={padding_side!r}: training batches are padded on the right (each "
-                                    f"row's positions start at its first token); use padding_side='right' or "
-                                    f'padding_free=True.')
+            raise InvalidInputError(
+                f'padding_side={padding_side!r}: training batches are padded on the right (each '
+                f"row's positions start at its first token); use padding_side='right' or "
+                f'padding_free=True.'
+            )
         self.padding_free = padding_free
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -69,8 +78,7 @@ class CausalLMProcessor(InputProcessor):
         batch.update(_image_fields(rows))
         batch.update(row_lengths=lengths, num_tokens=sum(lengths), packed=self.padding_free)
         if device is not None:
-            batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                     for k, v in batch.items()}
+            batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         return batch
 
     # ---- layouts -------------------------------------------------------------------------------------------
@@ -110,9 +118,19 @@ class _Columns:
         self.token_fields = token_fields
         self.index_fields = index_fields
         self.present_index_fields: set[str] = set()
-        self.cols: dict[str, list[Any]] = {k: [] for k in ('input_ids', 'position_ids', 'labels', 'target_ids',
-                                                            'row_index', TOKEN_TYPE_FIELD, *token_fields,
-                                                            *index_fields)}
+        self.cols: dict[str, list[Any]] = {
+            k: []
+            for k in (
+                'input_ids',
+                'position_ids',
+                'labels',
+                'target_ids',
+                'row_index',
+                TOKEN_TYPE_FIELD,
+                *token_fields,
+                *index_fields,
+            )
+        }
         self.has_token_types = False
 
     def add_row(self, b: int, row: dict[str, Any], n: int) -> None:
@@ -171,8 +189,9 @@ def _is_numeric_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(v, Number) for v in value)
 
 
-def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
-                     index_fields: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def _classify_fields(
+    rows: list[dict[str, Any]], lengths: list[int], index_fields: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
     """Split the extra fields into per-token (numeric, as long as input_ids in every row that has them) and
     per-row fields. A field that is per-token in one row but not in another is an error naming the row."""
     token_fields: dict[str, int] = {}
@@ -180,8 +199,10 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
     for i, (row, n) in enumerate(zip(rows, lengths)):
         mask = row.get('attention_mask')
         if mask is not None and not all(int(m) == 1 for m in as_list(mask)):
-            raise InvalidInputError(f'Batch row {i} has padding inside (attention_mask contains 0); pass unpadded '
-                                    f'rows: the processor pads or packs them.')
+            raise InvalidInputError(
+                f'Batch row {i} has padding inside (attention_mask contains 0); pass unpadded '
+                f'rows: the processor pads or packs them.'
+            )
         for name, value in row.items():
             if name in INPUT_FIELDS or name in index_fields or name in _IMAGE_FIELDS or value is None:
                 continue
@@ -189,11 +210,14 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
             if name in token_fields and not per_token:
                 raise InvalidInputError(
                     f'Batch row {i}: per-token field {name!r} has {len(value) if hasattr(value, "__len__") else 1} '
-                    f'values but the row has {n} tokens (row {token_fields[name]} had one per token).')
+                    f'values but the row has {n} tokens (row {token_fields[name]} had one per token).'
+                )
             if per_token:
                 if name in row_fields:
-                    raise InvalidInputError(f'Batch row {i}: field {name!r} is per-token here but per-row in an '
-                                            f'earlier row; give it one value per token in every row.')
+                    raise InvalidInputError(
+                        f'Batch row {i}: field {name!r} is per-token here but per-row in an '
+                        f'earlier row; give it one value per token in every row.'
+                    )
                 token_fields.setdefault(name, i)
             else:
                 row_fields.setdefault(name)
@@ -202,8 +226,12 @@ def _classify_fields(rows: list[dict[str, Any]], lengths: list[int],
 
 def _image_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``pixel_values`` / ``image_grid_thw`` of every image row, concatenated in row order, and ``image_counts``."""
-    grids = [torch.as_tensor(r['image_grid_thw'], dtype=torch.long).view(-1, 3)
-             if r.get('image_grid_thw') is not None else torch.zeros(0, 3, dtype=torch.long) for r in rows]
+    grids = [
+        torch.as_tensor(r['image_grid_thw'], dtype=torch.long).view(-1, 3)
+        if r.get('image_grid_thw') is not None
+        else torch.zeros(0, 3, dtype=torch.long)
+        for r in rows
+    ]
     if not any(len(g) for g in grids):
         return {}
     pixels = []
@@ -212,11 +240,16 @@ def _image_fields(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         values = torch.as_tensor(row.get('pixel_values'), dtype=torch.float32)
         if values.dim() != 2 or values.shape[0] != int(grid.prod(-1).sum()):
-            raise InvalidInputError(f'Batch row {i}: pixel_values has shape {tuple(values.shape)} but its '
-                                    f'image_grid_thw {grid.tolist()} needs {int(grid.prod(-1).sum())} patch rows.')
+            raise InvalidInputError(
+                f'Batch row {i}: pixel_values has shape {tuple(values.shape)} but its '
+                f'image_grid_thw {grid.tolist()} needs {int(grid.prod(-1).sum())} patch rows.'
+            )
         pixels.append(values)
-    return {'pixel_values': torch.cat(pixels), 'image_grid_thw': torch.cat(grids),
-            'image_counts': [len(g) for g in grids]}
+    return {
+        'pixel_values': torch.cat(pixels),
+        'image_grid_thw': torch.cat(grids),
+        'image_counts': [len(g) for g in grids],
+    }
 
 
 def _row_fields(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:

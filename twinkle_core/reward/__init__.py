@@ -1,4 +1,5 @@
 """Kind `reward`: the interface, plus lazy access to every registered reward by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.reward.base import Reward as Reward
 

@@ -3,6 +3,7 @@
 Each scores Trajectory dicts: the completion is the last (assistant) message; the reference answer is the first
 present field of ``answer_fields`` (default ``ground_truth``, then ``answer``, then ``solution``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -28,8 +29,9 @@ class MathAccuracyReward(Reward):
     ``1,000 == 1000``), otherwise a comparison of LaTeX-normalised strings.
     """
 
-    def __init__(self, answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS, answer_tag: str = 'answer',
-                 boxed_only: bool = False) -> None:
+    def __init__(
+        self, answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS, answer_tag: str = 'answer', boxed_only: bool = False
+    ) -> None:
         self.answer_fields, self.answer_tag, self.boxed_only = tuple(answer_fields), answer_tag, boxed_only
 
     def extract(self, completion: str) -> str | None:
@@ -61,8 +63,11 @@ class GSM8KAccuracyReward(MathAccuracyReward):
     """
 
     def extract(self, completion: str) -> str | None:
-        for span in (extract_tag(completion, self.answer_tag), extract_gsm8k_marker(completion),
-                     extract_boxed(completion)):
+        for span in (
+            extract_tag(completion, self.answer_tag),
+            extract_gsm8k_marker(completion),
+            extract_boxed(completion),
+        ):
             if span is not None:
                 return extract_last_number(span)
         return extract_last_number(completion)

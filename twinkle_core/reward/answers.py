@@ -2,6 +2,7 @@
 
 Pure functions on strings, shared by the accuracy and format rewards.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,17 @@ def completion_text(trajectory: Any, index: int, who: str) -> str:
     """The completion of a Trajectory (dict or model): its last message's content, which must be the assistant's."""
     messages = trajectory.get('messages') if isinstance(trajectory, dict) else getattr(trajectory, 'messages', None)
     if not messages:
-        raise InvalidInputError(f'{who}: trajectory {index} has no messages; append the sampled completion as the '
-                                'last (assistant) message.')
+        raise InvalidInputError(
+            f'{who}: trajectory {index} has no messages; append the sampled completion as the last (assistant) message.'
+        )
     last = messages[-1]
     role = last.get('role') if isinstance(last, dict) else getattr(last, 'role', None)
     content = last.get('content') if isinstance(last, dict) else getattr(last, 'content', None)
     if role != 'assistant':
-        raise InvalidInputError(f'{who}: the last message of trajectory {index} has role {role!r}; it must be the '
-                                "sampled completion with role 'assistant'.")
+        raise InvalidInputError(
+            f'{who}: the last message of trajectory {index} has role {role!r}; it must be the '
+            "sampled completion with role 'assistant'."
+        )
     return content or ''
 
 
@@ -40,8 +44,10 @@ def ground_truth(trajectory: Any, index: int, fields: Sequence[str], who: str) -
         value = get(name)
         if value is not None:
             return str(value)
-    raise InvalidInputError(f'{who}: trajectory {index} has none of the ground-truth fields {list(fields)}; put the '
-                            'reference answer in one of them (or pass answer_fields=...).')
+    raise InvalidInputError(
+        f'{who}: trajectory {index} has none of the ground-truth fields {list(fields)}; put the '
+        'reference answer in one of them (or pass answer_fields=...).'
+    )
 
 
 def extract_boxed(text: str) -> str | None:

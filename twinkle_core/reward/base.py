@@ -1,4 +1,5 @@
 """The Reward interface: completed trajectories -> one float each."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

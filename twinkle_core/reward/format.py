@@ -1,4 +1,5 @@
 """Format rewards: 1.0 when the completion has the expected shape (e.g. ``<think>..</think><answer>..</answer>``)."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,14 @@ class FormatReward(Reward):
     `answer_pattern` (default: anything non-empty).
     """
 
-    def __init__(self, pattern: str | None = None, *, think_tag: str | None = 'think', answer_tag: str = 'answer',
-                 answer_pattern: str = r'.+?') -> None:
+    def __init__(
+        self,
+        pattern: str | None = None,
+        *,
+        think_tag: str | None = 'think',
+        answer_tag: str = 'answer',
+        answer_pattern: str = r'.+?',
+    ) -> None:
         if pattern is None:
             think = rf'<{re.escape(think_tag)}>.*?</{re.escape(think_tag)}>\s*' if think_tag else ''
             pattern = rf'\s*{think}<{re.escape(answer_tag)}>\s*(?:{answer_pattern})\s*</{re.escape(answer_tag)}>\s*'

@@ -1,4 +1,5 @@
 """Kind `runtime`: where components live. `initialize(mode=...)` picks one by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.runtime.base import Runtime
 from twinkle_core.runtime.context import HostedComponentMeta, current_runtime, initialize, shutdown

@@ -1,4 +1,5 @@
 """The Runtime interface: where components live (this process, Ray actors, an HTTP server)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -13,8 +14,15 @@ class Runtime(ABC):
         """Bring the runtime up (idempotent)."""
 
     @abstractmethod
-    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
-              device_mesh: Any = None) -> Any:
+    def build(
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        remote_group: str | None = None,
+        device_mesh: Any = None,
+    ) -> Any:
         """Construct a component of class `cls` (locally, or as a proxy to remote workers)."""
 
     def weight_sync(self, model: Any, sampler: Any, **options: Any) -> Any | None:

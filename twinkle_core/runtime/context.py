@@ -4,6 +4,7 @@ Under the `local` runtime (the default) `remote_group` is dropped and the object
 runtime (e.g. `ray`) the runtime's `build` returns a proxy whose methods follow the interface's `remote_method`
 declarations. This is the one place where construction is redirected; it is explicit in `initialize(mode=...)`.
 """
+
 from __future__ import annotations
 
 from abc import ABCMeta
@@ -17,8 +18,14 @@ _mesh: DeviceMesh | None = None
 _groups: list[DeviceGroup] = []
 
 
-def initialize(mode: str = 'local', *, groups: list[DeviceGroup] | None = None,
-               global_device_mesh: DeviceMesh | None = None, notifier: Any = None, **kwargs: Any) -> Runtime:
+def initialize(
+    mode: str = 'local',
+    *,
+    groups: list[DeviceGroup] | None = None,
+    global_device_mesh: DeviceMesh | None = None,
+    notifier: Any = None,
+    **kwargs: Any,
+) -> Runtime:
     """Pick and start the runtime plugin named `mode` (kind `runtime`). Calling it again replaces the runtime.
 
     `notifier`: alert somebody when the job fails -- a webhook URL, a dict of `WebhookNotifier` arguments
@@ -27,8 +34,10 @@ def initialize(mode: str = 'local', *, groups: list[DeviceGroup] | None = None,
     """
     global _active, _mesh, _groups
     from twinkle_core.registry import resolve
+
     if notifier is not None:
         from twinkle_core.hooks.notifier import install_notifier
+
         install_notifier(notifier)
     runtime = resolve('runtime', mode)
     if _active is not None and _active is not runtime:
@@ -64,8 +73,9 @@ def shutdown() -> None:
 class HostedComponentMeta(ABCMeta):
     """Metaclass of components a runtime may host elsewhere (models, samplers, data loaders)."""
 
-    def __call__(cls, *args: Any, remote_group: str | None = None, lazy_collect: bool | None = None,
-                 **kwargs: Any) -> Any:
+    def __call__(
+        cls, *args: Any, remote_group: str | None = None, lazy_collect: bool | None = None, **kwargs: Any
+    ) -> Any:
         """`remote_group` names the device group to host the component in (ignored by the local runtime);
         `lazy_collect=True` makes a remote proxy return fetch-on-use results (local calls return values); None: the
         runtime's default (``initialize(..., lazy_collect=...)``)."""

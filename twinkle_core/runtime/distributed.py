@@ -9,6 +9,7 @@ Metrics reduce across the data-parallel ranks with `all_reduce_mean` / `weighted
 single-process loss of the same global batch scale their backward with `data_parallel_loss_scale`.
 torch is imported inside the functions: importing this module stays torch-free.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,11 +41,13 @@ def default_backend(device_type: str) -> str:
 
 def is_initialized() -> bool:
     import torch.distributed as dist
+
     return dist.is_available() and dist.is_initialized()
 
 
-def init_process_group(mesh: Any = None, *, backend: str | None = None,
-                       timeout: timedelta = timedelta(minutes=10)) -> bool:
+def init_process_group(
+    mesh: Any = None, *, backend: str | None = None, timeout: timedelta = timedelta(minutes=10)
+) -> bool:
     """Initialise the default process group if this is a multi-process run; return True if one exists after.
 
     A run is multi-process when ``WORLD_SIZE`` > 1 or `mesh` spans more than one rank. The mesh must match the
@@ -60,9 +63,11 @@ def init_process_group(mesh: Any = None, *, backend: str | None = None,
         return True
     world = env_world_size()
     if mesh_world is not None and mesh_world > 1 and world == 1:
-        raise MeshError(f'the device mesh spans {mesh_world} ranks but this process was not launched as one of '
-                        f'{mesh_world}: start the script with `torchrun --nproc_per_node {mesh_world} script.py` '
-                        f'(which sets {", ".join(TORCHRUN_ENV)}), or use the ray runtime.')
+        raise MeshError(
+            f'the device mesh spans {mesh_world} ranks but this process was not launched as one of '
+            f'{mesh_world}: start the script with `torchrun --nproc_per_node {mesh_world} script.py` '
+            f'(which sets {", ".join(TORCHRUN_ENV)}), or use the ray runtime.'
+        )
     if world == 1:
         return False
     _check_world(mesh_world, world)
@@ -73,8 +78,7 @@ def init_process_group(mesh: Any = None, *, backend: str | None = None,
     backend = backend or default_backend(device_type)
     if device_type == 'cuda':
         torch.cuda.set_device(env_local_rank())
-    dist.init_process_group(backend=backend, init_method='env://', rank=env_rank(), world_size=world,
-                            timeout=timeout)
+    dist.init_process_group(backend=backend, init_method='env://', rank=env_rank(), world_size=world, timeout=timeout)
     return True
 
 
@@ -104,6 +108,7 @@ def destroy_process_group(*, synchronize: bool = True) -> None:
     if not is_initialized():
         return
     import torch.distributed as dist
+
     if synchronize:
         for group in _synchronized_groups():
             work = dist.barrier(group=group, async_op=True)
@@ -119,6 +124,7 @@ def _synchronized_groups() -> list[Any]:
     there could wait for processes that never join it, so they are destroyed without one.
     """
     import torch.distributed as dist
+
     names = getattr(getattr(dist.distributed_c10d, '_world', None), 'pg_names', None) or {}
     world = dist.group.WORLD
     mesh_groups = [pg for pg in names if pg is not world and str(getattr(pg, 'group_desc', '')).startswith('mesh_')]
@@ -127,13 +133,16 @@ def _synchronized_groups() -> list[Any]:
 
 def _check_world(mesh_world: int | None, world: int) -> None:
     if mesh_world is not None and mesh_world != world:
-        raise MeshError(f'the device mesh has world_size={mesh_world} but the process group has {world} ranks; '
-                        f'build the mesh with DeviceMesh.from_sizes(..., world_size={world}).')
+        raise MeshError(
+            f'the device mesh has world_size={mesh_world} but the process group has {world} ranks; '
+            f'build the mesh with DeviceMesh.from_sizes(..., world_size={world}).'
+        )
 
 
 def get_rank() -> int:
     if is_initialized():
         import torch.distributed as dist
+
         return dist.get_rank()
     return 0
 
@@ -141,6 +150,7 @@ def get_rank() -> int:
 def get_world_size() -> int:
     if is_initialized():
         import torch.distributed as dist
+
         return dist.get_world_size()
     return 1
 
@@ -153,12 +163,14 @@ def is_main_process() -> bool:
 def barrier() -> None:
     if is_initialized():
         import torch.distributed as dist
+
         dist.barrier()
 
 
 def _reduce_device() -> Any:
     import torch
     import torch.distributed as dist
+
     return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else torch.device('cpu')
 
 
@@ -168,6 +180,7 @@ def all_reduce_sum(values: list[float], group: Any = None) -> list[float]:
         return list(values)
     import torch
     import torch.distributed as dist
+
     t = torch.tensor(values, dtype=torch.float64, device=_reduce_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()
@@ -188,6 +201,7 @@ def all_reduce_mean(metrics: Mapping[str, Any], group: Any = None) -> dict[str, 
     if not is_initialized() or not keys:
         return dict(metrics)
     import torch.distributed as dist
+
     world = dist.get_world_size(group)
     sums = all_reduce_sum([float(metrics[k]) for k in keys], group)
     return {**metrics, **{k: s / world for k, s in zip(keys, sums)}}
@@ -204,5 +218,6 @@ def data_parallel_loss_scale(local_count: float, group: Any = None) -> float:
     if not is_initialized():
         return 1.0
     import torch.distributed as dist
+
     (total,) = all_reduce_sum([float(local_count)], group)
     return dist.get_world_size(group) * float(local_count) / total if total else 0.0

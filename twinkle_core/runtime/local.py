@@ -9,6 +9,7 @@ this runtime created after a barrier (`distributed.destroy_process_group` explai
 from aborting the process at exit). A script that never gets there (an exception, a forgotten shutdown) has the group
 destroyed by an exit hook, without the barrier: the other ranks may be stuck in a collective and would never join it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -24,22 +25,37 @@ class LocalRuntime(Runtime):
     def __init__(self) -> None:
         self._owns_process_group = False
 
-    def start(self, *, groups: list[Any] | None = None, global_device_mesh: Any = None, backend: str | None = None,
-              **kwargs: Any) -> None:
+    def start(
+        self,
+        *,
+        groups: list[Any] | None = None,
+        global_device_mesh: Any = None,
+        backend: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         """`backend` overrides the process-group backend (default: gloo on CPU, nccl on CUDA)."""
         if kwargs:
             raise TypeError(f'the local runtime takes no options besides `backend`, got {sorted(kwargs)}')
         if groups:
-            raise TypeError('device groups place components on Ray actors; the local runtime runs everything in '
-                            "this process. Use initialize(mode='ray', groups=...) or drop `groups`.")
+            raise TypeError(
+                'device groups place components on Ray actors; the local runtime runs everything in '
+                "this process. Use initialize(mode='ray', groups=...) or drop `groups`."
+            )
         existed = distributed.is_initialized()
         created = distributed.init_process_group(global_device_mesh, backend=backend) and not existed
         if created and not self._owns_process_group:
             atexit.register(self._destroy_at_exit)
         self._owns_process_group = self._owns_process_group or created
 
-    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
-              device_mesh: Any = None) -> Any:
+    def build(
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        remote_group: str | None = None,
+        device_mesh: Any = None,
+    ) -> Any:
         if device_mesh is not None:
             kwargs = {**kwargs, 'device_mesh': device_mesh}
         return cls(*args, **kwargs)

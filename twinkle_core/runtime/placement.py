@@ -1,4 +1,5 @@
 """`get_device_placement`: where this script's components run, as text (the Twinkle documents log it)."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,10 @@ def get_device_placement() -> str:
     runtime = current_runtime()
     lines = [f'runtime: {runtime.name if runtime is not None else "none (call twinkle_core.initialize)"}']
     if 'RANK' in os.environ:
-        lines.append(f'rank {os.environ["RANK"]} of {os.environ.get("WORLD_SIZE", "?")} '
-                     f'(local rank {os.environ.get("LOCAL_RANK", "?")})')
+        lines.append(
+            f'rank {os.environ["RANK"]} of {os.environ.get("WORLD_SIZE", "?")} '
+            f'(local rank {os.environ.get("LOCAL_RANK", "?")})'
+        )
     mesh = global_device_mesh()
     if mesh is not None:
         lines.append(f'global mesh: {mesh!r}')

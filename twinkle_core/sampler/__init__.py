@@ -1,4 +1,5 @@
 """Kind `sampler`: the interface, plus lazy access to every registered sampler by name."""
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 

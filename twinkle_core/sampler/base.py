@@ -6,6 +6,7 @@ A weight update runs ``begin_weight_update()`` -> ``load_weights(bucket)`` per b
 -> ``end_weight_update()``; the end resets the prefix cache so no request is served from KV computed with the old
 weights.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -25,6 +26,7 @@ class SamplerCapabilities:
     `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported. `adapter_from_tensors`: `add_adapter`
     takes in-memory tensors directly (False: they are written to a PEFT directory first). `weights_in_process`:
     the model runs in the caller's process (False: e.g. vLLM's engine core; weights go through RPC)."""
+
     per_row_adapters: bool = True
     max_adapters: int | None = None
     max_adapters_per_call: int | None = None
@@ -38,8 +40,9 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
 
     @remote_method('slice_dp', 'concat', mutates=False)
     @abstractmethod
-    def sample(self, inputs: Any, sampling_params: Any = None, *, adapter_name: str | list[str] | None = None,
-               **kwargs: Any) -> list[Any]:
+    def sample(
+        self, inputs: Any, sampling_params: Any = None, *, adapter_name: str | list[str] | None = None, **kwargs: Any
+    ) -> list[Any]:
         """`inputs`: prompts (InputFeature dicts or Trajectories). Returns one `SampleResponse` per prompt."""
 
     @remote_method('all', 'first')
@@ -56,8 +59,14 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
         tensors)`` (or ``path=`` when `named_tensors` is a PEFT directory)."""
 
     @remote_method('all', 'none')
-    def add_adapter(self, name: str, config: Mapping[str, Any] | Any = None,
-                    tensors: Mapping[str, Any] | None = None, *, path: str | None = None) -> None:
+    def add_adapter(
+        self,
+        name: str,
+        config: Mapping[str, Any] | Any = None,
+        tensors: Mapping[str, Any] | None = None,
+        *,
+        path: str | None = None,
+    ) -> None:
         """Add or replace LoRA adapter `name` from PEFT-format `tensors` plus its `config` (adapter_config.json
         fields), or from a PEFT directory `path`. A replaced adapter never serves results computed with its old
         weights. A failed replacement leaves the old adapter in place."""

@@ -1,6 +1,7 @@
 """`TextCodec`: how a sampler turns chat prompts into token ids and completions into text -- through a template
 when one is set, else the tokenizer's own chat template. Shared by every sampler so they encode and decode alike.
 Image prompts need a template that encodes images (a `VisionTemplate`); a text-only one refuses them."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,6 +22,7 @@ class TextCodec:
         """Template by name (kind ``template``), class or instance. Names and classes get `model_id` (a model dir
         or tokenizer), by default the tokenizer; `kwargs` go to the template's constructor."""
         from twinkle_core.registry import resolve
+
         if isinstance(template, (str, type)):
             kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
         self.template = resolve('template', template, **kwargs)
@@ -38,12 +40,19 @@ class TextCodec:
             row['input_ids'] = list(row['input_ids'])
         else:
             messages = [m.model_dump(exclude_none=True) for m in trajectory.messages]
-            row = {'input_ids': list(self.tokenizer.apply_chat_template(
-                messages, tools=trajectory.tools, add_generation_prompt=True, tokenize=True, return_dict=False))}
+            row = {
+                'input_ids': list(
+                    self.tokenizer.apply_chat_template(
+                        messages, tools=trajectory.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+                    )
+                )
+            }
         if row.get('pixel_values') is None and _has_images(trajectory):
             used = type(self.template).__name__ if self.template is not None else "the tokenizer's chat template"
-            raise InvalidInputError(f'The prompt has images but {used} encodes text only; set a vision template '
-                                    "(sampler.set_template('VisionTemplate')) on a vision-language model.")
+            raise InvalidInputError(
+                f'The prompt has images but {used} encodes text only; set a vision template '
+                "(sampler.set_template('VisionTemplate')) on a vision-language model."
+            )
         return row
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str | None:
@@ -59,5 +68,8 @@ def _has_images(trajectory: Trajectory) -> bool:
     """Whether `trajectory` holds images (an ``images`` list, or image parts in a message's content)."""
     if getattr(trajectory, 'images', None):
         return True
-    return any(isinstance(m.content, list) and any(isinstance(part, dict) and part.get('type') in ('image', 'image_url')
-                                                   for part in m.content) for m in trajectory.messages)
+    return any(
+        isinstance(m.content, list)
+        and any(isinstance(part, dict) and part.get('type') in ('image', 'image_url') for part in m.content)
+        for m in trajectory.messages
+    )

@@ -6,6 +6,7 @@ Image prompts: a Trajectory with images (encoded by a vision template) or an enc
 ``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (`IMAGE_FIELDS`). `encode_prompt_row` keeps those
 fields next to the ids; `completion_feature` carries them into the trainable row of each completion.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,9 @@ def prompt_rows(inputs: Any) -> list[Any]:
         if isinstance(inputs[0], int):
             return [list(inputs)]
         return list(inputs)
-    raise InvalidInputError(f'sample() expects InputFeature dicts, Trajectories or token-id lists, got '
-                            f'{type(inputs).__name__}.')
+    raise InvalidInputError(
+        f'sample() expects InputFeature dicts, Trajectories or token-id lists, got {type(inputs).__name__}.'
+    )
 
 
 def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> dict[str, Any]:
@@ -57,8 +59,10 @@ def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> d
             raise InvalidInputError(f'Prompt {index} is not a valid Trajectory: {exc}') from exc
     if isinstance(row, Trajectory):
         if encode_chat is None:
-            raise InvalidInputError(f'Prompt {index} is a Trajectory but the sampler has no template or tokenizer; '
-                                    'call `sampler.set_template(...)` or pass input_ids.')
+            raise InvalidInputError(
+                f'Prompt {index} is a Trajectory but the sampler has no template or tokenizer; '
+                'call `sampler.set_template(...)` or pass input_ids.'
+            )
         encoded = encode_chat(row)
         row = dict(encoded) if isinstance(encoded, Mapping) else {'input_ids': encoded}
     if isinstance(row, dict):
@@ -67,8 +71,10 @@ def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> d
     elif isinstance(row, (list, tuple)):
         ids = list(row)
     else:
-        raise InvalidInputError(f'Prompt {index} is a {type(row).__name__}; expected an InputFeature dict '
-                                '(input_ids), a Trajectory (messages) or a list of token ids.')
+        raise InvalidInputError(
+            f'Prompt {index} is a {type(row).__name__}; expected an InputFeature dict '
+            '(input_ids), a Trajectory (messages) or a list of token ids.'
+        )
     if not isinstance(ids, (list, tuple)) or not ids:
         raise InvalidInputError(f'Prompt {index} is empty; every prompt needs at least one token.')
     if not all(isinstance(t, int) for t in ids):
@@ -82,12 +88,16 @@ def _image_fields(row: dict[str, Any], num_tokens: int, index: int) -> dict[str,
         return {}
     missing = [name for name in IMAGE_FIELDS if name not in present]
     if missing:
-        raise InvalidInputError(f'Prompt {index} has {present} but not {missing}: an image prompt needs '
-                                f'{list(IMAGE_FIELDS)} together (encode it with a VisionTemplate).')
+        raise InvalidInputError(
+            f'Prompt {index} has {present} but not {missing}: an image prompt needs '
+            f'{list(IMAGE_FIELDS)} together (encode it with a VisionTemplate).'
+        )
     types = [int(t) for t in as_list(row[TOKEN_TYPE_FIELD])]
     if len(types) != num_tokens:
-        raise InvalidInputError(f'Prompt {index}: {TOKEN_TYPE_FIELD} has {len(types)} values for {num_tokens} '
-                                'tokens; it needs one per token (1 on image tokens).')
+        raise InvalidInputError(
+            f'Prompt {index}: {TOKEN_TYPE_FIELD} has {len(types)} values for {num_tokens} '
+            'tokens; it needs one per token (1 on image tokens).'
+        )
     return {'pixel_values': row['pixel_values'], 'image_grid_thw': row['image_grid_thw'], TOKEN_TYPE_FIELD: types}
 
 
@@ -113,8 +123,10 @@ def adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[
     else from each row's own `adapter_name` field."""
     if isinstance(adapter_name, (list, tuple)):
         if len(adapter_name) != len(rows):
-            raise InvalidInputError(f'adapter_name has {len(adapter_name)} entries for {len(rows)} prompts; '
-                                    'give one per prompt (None for the base model).')
+            raise InvalidInputError(
+                f'adapter_name has {len(adapter_name)} entries for {len(rows)} prompts; '
+                'give one per prompt (None for the base model).'
+            )
         return list(adapter_name)
     if adapter_name is not None:
         return [adapter_name] * len(rows)
@@ -132,12 +144,25 @@ def sequence_seed(base_seed: int, sample_index: int, prompt: Sequence[int]) -> i
 
 
 #: per-token fields of a prompt row, which do not carry over to its completion's trainable row
-TOKEN_FIELDS = frozenset({'input_ids', 'labels', 'attention_mask', 'position_ids', 'weights', 'old_logps',
-                          'ref_logps', 'advantages', 'advantage', TOKEN_TYPE_FIELD})
+TOKEN_FIELDS = frozenset(
+    {
+        'input_ids',
+        'labels',
+        'attention_mask',
+        'position_ids',
+        'weights',
+        'old_logps',
+        'ref_logps',
+        'advantages',
+        'advantage',
+        TOKEN_TYPE_FIELD,
+    }
+)
 
 
-def completion_feature(row: Any, prompt: list[int], tokens: list[int], text: str | None,
-                       images: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def completion_feature(
+    row: Any, prompt: list[int], tokens: list[int], text: str | None, images: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The trainable row of a sampled completion: the prompt row's other fields (e.g. ``ground_truth``),
     ``input_ids`` = prompt + completion, ``labels`` the same with the prompt masked (``IGNORE_INDEX``) and, when
     the row has ``messages``, the completion `text` appended as the assistant's message. `images`: the prompt's
@@ -153,19 +178,33 @@ def completion_feature(row: Any, prompt: list[int], tokens: list[int], text: str
     return {**fields, 'input_ids': list(prompt) + list(tokens), 'labels': [IGNORE_INDEX] * len(prompt) + list(tokens)}
 
 
-def sampled_sequence(params: SamplingParams, row: Any, prompt: list[int], tokens: list[int], logprobs: list[float],
-                     top: list[list[tuple[int, float]]] | None, stop_reason: str,
-                     text: str | None, images: Mapping[str, Any] | None = None) -> SampledSequence:
+def sampled_sequence(
+    params: SamplingParams,
+    row: Any,
+    prompt: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    top: list[list[tuple[int, float]]] | None,
+    stop_reason: str,
+    text: str | None,
+    images: Mapping[str, Any] | None = None,
+) -> SampledSequence:
     """One sample as every sampler returns it. `logprobs`: the sampled tokens' log-probs; `top`: per step the
     `params.alternatives` most likely (token, log-prob), most likely first (None when none were asked for);
     `images`: the prompt's image fields (see `completion_feature`)."""
     if params.logprob_pairs is not None:
         k = params.logprob_pairs
-        shaped: Any = [[(t, lp)] + [pair for pair in (step or [])[:k] if pair[0] != t]
-                       for t, lp, step in zip(tokens, logprobs, top or [[]] * len(tokens))]
+        shaped: Any = [
+            [(t, lp)] + [pair for pair in (step or [])[:k] if pair[0] != t]
+            for t, lp, step in zip(tokens, logprobs, top or [[]] * len(tokens))
+        ]
     else:
         shaped = logprobs if params.logprobs else None
-    return SampledSequence(tokens=tokens, logprobs=shaped, stop_reason=stop_reason, text=text,
-                           top_logprobs=[step[:params.top_logprobs] for step in top] if params.top_logprobs and top
-                           else None,
-                           new_input_feature=completion_feature(row, prompt, tokens, text, images))
+    return SampledSequence(
+        tokens=tokens,
+        logprobs=shaped,
+        stop_reason=stop_reason,
+        text=text,
+        top_logprobs=[step[: params.top_logprobs] for step in top] if params.top_logprobs and top else None,
+        new_input_feature=completion_feature(row, prompt, tokens, text, images),
+    )

@@ -2,6 +2,7 @@
 
 Built-ins (entry points): ``Template`` / ``ChatTemplate`` (any tokenizer with a chat template), ``Qwen3Template``.
 """
+
 from twinkle_core._lazy import kind_getattr
 from twinkle_core.template.base import Template
 

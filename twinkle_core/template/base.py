@@ -1,4 +1,5 @@
 """The Template interface: trajectories <-> token ids, with assistant-only loss labels."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -1,4 +1,5 @@
 """`ChatTemplate` (registered as ``Template``): encodes trajectories with any tokenizer that has a chat template."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,19 +33,25 @@ class ChatTemplate(Template):
         chat_template_kwargs: extra variables for the Jinja template (e.g. ``enable_thinking``).
     """
 
-    def __init__(self, model_id_or_tokenizer: Any, max_length: int | None = None,
-                 truncation_strategy: TruncationStrategy = 'right',
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_id_or_tokenizer: Any,
+        max_length: int | None = None,
+        truncation_strategy: TruncationStrategy = 'right',
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if truncation_strategy not in TRUNCATION_STRATEGIES:
-            raise InvalidInputError(f'truncation_strategy must be one of {TRUNCATION_STRATEGIES}, '
-                                    f'got {truncation_strategy!r}.')
+            raise InvalidInputError(
+                f'truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}.'
+            )
         if max_length is not None and max_length < 2:
             raise InvalidInputError(f'max_length must be at least 2 (or None for no limit), got {max_length}.')
         self.tokenizer = load_tokenizer(model_id_or_tokenizer)
         if not getattr(self.tokenizer, 'chat_template', None):
             raise InvalidInputError(
                 f'The tokenizer of {model_id_or_tokenizer!r} has no chat template. Set tokenizer.chat_template '
-                'or use a model-specific template.')
+                'or use a model-specific template.'
+            )
         self.max_length = max_length
         self.truncation_strategy = truncation_strategy
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -60,6 +67,7 @@ class ChatTemplate(Template):
         `max_length` keeps its end (the generation prompt) under both 'left' and 'right'; 'error' raises.
         """
         from jinja2 import TemplateError
+
         try:
             traj = trajectory if isinstance(trajectory, Trajectory) else Trajectory.model_validate(trajectory)
         except ValueError as exc:  # pydantic.ValidationError
@@ -68,21 +76,27 @@ class ChatTemplate(Template):
             return self._encode(traj, add_generation_prompt)
         except TemplateError as exc:
             roles = [m.role for m in traj.messages]
-            raise InvalidInputError(f'The chat template of {self.tokenizer.name_or_path!r} rejected a conversation '
-                                    f'with roles {roles}: {exc}') from exc
+            raise InvalidInputError(
+                f'The chat template of {self.tokenizer.name_or_path!r} rejected a conversation '
+                f'with roles {roles}: {exc}'
+            ) from exc
 
     def _encode(self, traj: Trajectory, add_generation_prompt: bool) -> dict[str, Any]:
         messages = [m.model_dump(exclude_none=True, exclude={'loss'}) for m in traj.messages]
         extras = traj.model_dump(exclude={'messages', 'tools'})
         input_ids, labels = self._token_ids(traj, messages, add_generation_prompt)
         if labels is None:
-            return {'input_ids': self._truncate(input_ids, None, keep_end=True)[0],
-                    'messages': prompt_messages(messages), **extras}
+            return {
+                'input_ids': self._truncate(input_ids, None, keep_end=True)[0],
+                'messages': prompt_messages(messages),
+                **extras,
+            }
         input_ids, labels = self._truncate(input_ids, labels)
         return {'input_ids': input_ids, 'labels': labels, **extras}
 
-    def _token_ids(self, traj: Trajectory, messages: list[dict[str, Any]], add_generation_prompt: bool
-                   ) -> tuple[list[int], list[int] | None]:
+    def _token_ids(
+        self, traj: Trajectory, messages: list[dict[str, Any]], add_generation_prompt: bool
+    ) -> tuple[list[int], list[int] | None]:
         """Untruncated ``(input_ids, labels)`` of `messages` (`traj`'s, as rendered): labels from each message's
         loss flag; or, for a generation prompt, the ids without trailing assistant turns and labels None."""
         kwargs = self._render_kwargs(traj)
@@ -101,8 +115,9 @@ class ChatTemplate(Template):
         text = L.render(self.tokenizer, messages, add_generation_prompt=True, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
-    def _encode_with_labels(self, messages: list[dict[str, Any]], flags: list[bool], kwargs: dict[str, Any]
-                            ) -> tuple[list[int], list[int]]:
+    def _encode_with_labels(
+        self, messages: list[dict[str, Any]], flags: list[bool], kwargs: dict[str, Any]
+    ) -> tuple[list[int], list[int]]:
         wanted = [i for i, f in enumerate(flags) if f]
         found = None
         only_assistant = all(messages[i]['role'] == 'assistant' for i in wanted)
@@ -112,21 +127,26 @@ class ChatTemplate(Template):
             found = L.prefix_spans(self.tokenizer, messages, wanted, **kwargs)
         input_ids, spans = found
         eos = self.tokenizer.eos_token_id
-        chosen = [L.trim_after_eos(input_ids, spans[i], eos) if messages[i]['role'] == 'assistant' else spans[i]
-                  for i in wanted]
+        chosen = [
+            L.trim_after_eos(input_ids, spans[i], eos) if messages[i]['role'] == 'assistant' else spans[i]
+            for i in wanted
+        ]
         return input_ids, L.build_labels(input_ids, chosen)
 
-    def _truncate(self, input_ids: list[int], labels: list[int] | None, keep_end: bool = False
-                  ) -> tuple[list[int], list[int] | None]:
+    def _truncate(
+        self, input_ids: list[int], labels: list[int] | None, keep_end: bool = False
+    ) -> tuple[list[int], list[int] | None]:
         """Apply the truncation strategy; `keep_end` (prompts) turns 'right' into 'left' so that the generation
         prompt survives."""
         n, limit = len(input_ids), self.max_length
         if limit is None or n <= limit:
             return input_ids, labels
         if self.truncation_strategy == 'error':
-            raise InvalidInputError(f'Encoded row has {n} tokens, more than max_length={limit}. Raise max_length, '
-                                    "drop long rows (e.g. Dataset.filter(MessageLengthFilter(...))), or use "
-                                    "truncation_strategy='right'/'left'.")
+            raise InvalidInputError(
+                f'Encoded row has {n} tokens, more than max_length={limit}. Raise max_length, '
+                'drop long rows (e.g. Dataset.filter(MessageLengthFilter(...))), or use '
+                "truncation_strategy='right'/'left'."
+            )
         from_left = self.truncation_strategy == 'left' or keep_end
         window = slice(n - limit, n) if from_left else slice(0, limit)
         input_ids = input_ids[window]
@@ -139,8 +159,7 @@ class ChatTemplate(Template):
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def decode_completion(self, completion: Sequence[int] | dict[str, Any], *, skip_special_tokens: bool = True
-                          ) -> str:
+    def decode_completion(self, completion: Sequence[int] | dict[str, Any], *, skip_special_tokens: bool = True) -> str:
         """Text of a completion: sampled token ids (decoded as given), or an encoded row (its labelled tokens)."""
         if isinstance(completion, dict):
             completion = [t for t in completion.get('labels') or [] if t != L.IGNORE_INDEX]
@@ -153,9 +172,14 @@ class ChatTemplate(Template):
         tok = self.tokenizer
         backend = getattr(tok, 'backend_tokenizer', None)
         digest.update(backend.to_str().encode() if backend is not None else repr(tok.get_vocab()).encode())
-        config = {'chat_template': tok.chat_template, 'eos': tok.eos_token_id, 'max_length': self.max_length,
-                  'truncation': self.truncation_strategy, 'kwargs': self.chat_template_kwargs,
-                  'class': f'{type(self).__module__}.{type(self).__qualname__}'}
+        config = {
+            'chat_template': tok.chat_template,
+            'eos': tok.eos_token_id,
+            'max_length': self.max_length,
+            'truncation': self.truncation_strategy,
+            'kwargs': self.chat_template_kwargs,
+            'class': f'{type(self).__module__}.{type(self).__qualname__}',
+        }
         digest.update(json.dumps(config, sort_keys=True, default=repr).encode())
         for cls in type(self).__mro__:  # code changes invalidate cached encodings
             if cls.__module__.startswith(('twinkle', '__main__')) or cls is type(self):
@@ -168,8 +192,10 @@ class ChatTemplate(Template):
 
     def __repr__(self) -> str:
         name = getattr(self.tokenizer, 'name_or_path', '?')
-        return (f'{type(self).__name__}({name!r}, max_length={self.max_length}, '
-                f'truncation_strategy={self.truncation_strategy!r})')
+        return (
+            f'{type(self).__name__}({name!r}, max_length={self.max_length}, '
+            f'truncation_strategy={self.truncation_strategy!r})'
+        )
 
 
 def prompt_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

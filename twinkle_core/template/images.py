@@ -13,6 +13,7 @@ A SOURCE is a ``PIL.Image``, encoded bytes (PNG, JPEG, WebP, GIF, BMP), a ``{'by
 (the `datasets` ``Image`` feature), a local path or ``file://`` URL, or a ``data:image/...;base64,`` URL.
 Remote URLs are refused (training never downloads on the fly: put the files in the data set).
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,6 +35,7 @@ FORMATS = ('PNG', 'JPEG', 'WEBP', 'GIF', 'BMP')
 def load_image(source: Any, *, where: str = 'image') -> Any:
     """`source` as an RGB ``PIL.Image``; `InvalidInputError` naming `where` when it cannot be one."""
     from PIL import Image
+
     if isinstance(source, Image.Image):
         return _checked(source, where).convert('RGB')
     if isinstance(source, dict):
@@ -48,13 +50,16 @@ def load_image(source: Any, *, where: str = 'image') -> Any:
         return decode_image_bytes(bytes(source), where=where)
     if isinstance(source, (str, os.PathLike)):
         return decode_image_bytes(_read_reference(os.fspath(source), where), where=where)
-    raise InvalidInputError(f'{where}: cannot read an image from a {type(source).__name__}; give a PIL image, bytes, '
-                            'a {"bytes", "path"} dict, a local path or a data: URL.')
+    raise InvalidInputError(
+        f'{where}: cannot read an image from a {type(source).__name__}; give a PIL image, bytes, '
+        'a {"bytes", "path"} dict, a local path or a data: URL.'
+    )
 
 
 def decode_image_bytes(data: bytes, *, where: str = 'image', expected_format: str | None = None) -> Any:
     """Decode PNG/JPEG/... bytes into an RGB ``PIL.Image``, enforcing the size limits and, when given, the format."""
     from PIL import Image, UnidentifiedImageError
+
     if len(data) > MAX_IMAGE_BYTES:
         raise InvalidInputError(f'{where}: {len(data)} bytes is more than the {MAX_IMAGE_BYTES}-byte image limit.')
     try:
@@ -74,8 +79,9 @@ def decode_image_bytes(data: bytes, *, where: str = 'image', expected_format: st
 def _checked(image: Any, where: str) -> Any:
     width, height = image.size
     if width < 1 or height < 1 or width * height > MAX_IMAGE_PIXELS:
-        raise InvalidInputError(f'{where}: a {width}x{height} image is outside the accepted size (1 to '
-                                f'{MAX_IMAGE_PIXELS} pixels).')
+        raise InvalidInputError(
+            f'{where}: a {width}x{height} image is outside the accepted size (1 to {MAX_IMAGE_PIXELS} pixels).'
+        )
     return image
 
 
@@ -89,9 +95,11 @@ def _read_reference(ref: str, where: str) -> bytes:
         except ValueError as exc:
             raise InvalidInputError(f'{where}: the data: URL is not valid base64 ({exc}).') from exc
     if ref.startswith(('http://', 'https://')):
-        raise InvalidInputError(f'{where}: {ref!r} is a remote URL; images are never downloaded during training. '
-                                'Store the files with the data set and refer to them by path.')
-    path = ref[len('file://'):] if ref.startswith('file://') else ref
+        raise InvalidInputError(
+            f'{where}: {ref!r} is a remote URL; images are never downloaded during training. '
+            'Store the files with the data set and refer to them by path.'
+        )
+    path = ref[len('file://') :] if ref.startswith('file://') else ref
     try:
         with open(path, 'rb') as handle:
             return handle.read(MAX_IMAGE_BYTES + 1)
@@ -100,8 +108,9 @@ def _read_reference(ref: str, where: str) -> bytes:
 
 
 # ---- images inside messages --------------------------------------------------------------------------------
-def split_images(messages: list[dict[str, Any]], images: list[Any] | None = None
-                 ) -> tuple[list[dict[str, Any]], list[Any]]:
+def split_images(
+    messages: list[dict[str, Any]], images: list[Any] | None = None
+) -> tuple[list[dict[str, Any]], list[Any]]:
     """Messages with every image replaced by an ``{'type': 'image'}`` part, and the image sources in order.
 
     Accepts both layouts described in the module docstring (not mixed within one trajectory). Text-only
@@ -122,8 +131,10 @@ def split_images(messages: list[dict[str, Any]], images: list[Any] | None = None
             for k, text in enumerate(pieces):
                 if k:
                     if not pool:
-                        raise InvalidInputError(f'message {index} has more {IMAGE_PLACEHOLDER} tags than the '
-                                                f'trajectory has images ({len(images or [])}).')
+                        raise InvalidInputError(
+                            f'message {index} has more {IMAGE_PLACEHOLDER} tags than the '
+                            f'trajectory has images ({len(images or [])}).'
+                        )
                     found.append(pool.pop(0))
                     parts.append({'type': 'image'})
                 if text:
@@ -132,8 +143,10 @@ def split_images(messages: list[dict[str, Any]], images: list[Any] | None = None
         else:
             out.append(message)
     if pool:
-        raise InvalidInputError(f'the trajectory has {len(images or [])} images but only {len(images or []) - len(pool)}'
-                                f' {IMAGE_PLACEHOLDER} tags in its messages; write one tag where each image goes.')
+        raise InvalidInputError(
+            f'the trajectory has {len(images or [])} images but only {len(images or []) - len(pool)}'
+            f' {IMAGE_PLACEHOLDER} tags in its messages; write one tag where each image goes.'
+        )
     return out, found
 
 
@@ -151,8 +164,9 @@ def _normalise_part(part: Any, message_index: int, found: list[Any]) -> dict[str
             raise InvalidInputError(f'message {message_index}: an {kind!r} part has no {kind!r} field.')
         found.append(source)
         return {'type': 'image'}
-    raise InvalidInputError(f'message {message_index}: content parts of type {kind!r} are not supported (text and '
-                            'image are).')
+    raise InvalidInputError(
+        f'message {message_index}: content parts of type {kind!r} are not supported (text and image are).'
+    )
 
 
 def text_of(content: Any) -> str:

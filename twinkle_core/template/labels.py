@@ -12,6 +12,7 @@ Two ways to find each message's tokens, both exact:
    The full conversation is tokenized once and tokens are assigned by character offsets. Everything a template
    renders after the EOS token of an assistant turn (a newline separator) carries no loss.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,22 +43,26 @@ def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False,
-           **kwargs: Any) -> str:
+def render(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False, **kwargs: Any
+) -> str:
     if not messages:
         return ''
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
-def generation_mask_spans(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any
-                          ) -> tuple[list[int], dict[int, tuple[int, int]]] | None:
+def generation_mask_spans(
+    tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any
+) -> tuple[list[int], dict[int, tuple[int, int]]] | None:
     """Token ids and ``{message index: token span}`` for assistant messages, from the template's generation mask.
 
     None when the mask's runs do not map one-to-one onto the assistant messages (then use `prefix_spans`).
     """
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                        return_assistant_tokens_mask=True, **kwargs)
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
+    )
     input_ids, mask = list(out['input_ids']), list(out['assistant_masks'])
     assistant = [i for i, m in enumerate(messages) if m['role'] == 'assistant']
     runs = mask_runs(mask)
@@ -66,8 +71,9 @@ def generation_mask_spans(tokenizer: Any, messages: list[dict[str, Any]], **kwar
     return input_ids, dict(zip(assistant, runs))
 
 
-def prefix_spans(tokenizer: Any, messages: list[dict[str, Any]], wanted: Sequence[int], **kwargs: Any
-                 ) -> tuple[list[int], dict[int, tuple[int, int]]]:
+def prefix_spans(
+    tokenizer: Any, messages: list[dict[str, Any]], wanted: Sequence[int], **kwargs: Any
+) -> tuple[list[int], dict[int, tuple[int, int]]]:
     """Token ids of the full conversation and ``{message index: token span}`` for each index in `wanted`."""
     full = render(tokenizer, messages, **kwargs)
     eos_text = tokenizer.eos_token or ''
@@ -75,14 +81,16 @@ def prefix_spans(tokenizer: Any, messages: list[dict[str, Any]], wanted: Sequenc
     for i in wanted:
         is_assistant = messages[i]['role'] == 'assistant'
         before = render(tokenizer, messages[:i], add_generation_prompt=is_assistant, **kwargs)
-        upto = render(tokenizer, messages[:i + 1], **kwargs)
+        upto = render(tokenizer, messages[: i + 1], **kwargs)
         if upto.startswith(before) and full.startswith(upto):
             char_spans[i] = (len(before), len(upto))
         else:
             char_spans[i] = _locate_in_full(full, before, messages[i], i, eos_text)
     if not getattr(tokenizer, 'is_fast', False):
-        raise InvalidInputError(f'{type(tokenizer).__name__} is a slow tokenizer; finding assistant tokens without '
-                                '{% generation %} markers needs character offsets (use a fast tokenizer).')
+        raise InvalidInputError(
+            f'{type(tokenizer).__name__} is a slow tokenizer; finding assistant tokens without '
+            '{% generation %} markers needs character offsets (use a fast tokenizer).'
+        )
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc['input_ids']), enc['offset_mapping']
     token_spans: dict[int, tuple[int, int]] = {}
@@ -108,7 +116,8 @@ def _locate_in_full(full: str, before: str, message: dict[str, Any], index: int,
     raise InvalidInputError(
         f'Cannot locate message {index} ({message["role"]}) in the rendered conversation: the chat template does '
         'not render its content verbatim. Use a chat template with {% generation %} markers or a model-specific '
-        'Template.')
+        'Template.'
+    )
 
 
 def _common_prefix(a: str, b: str) -> str:

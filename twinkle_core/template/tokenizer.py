@@ -1,4 +1,5 @@
 """Tokenizer loading for templates: a tokenizer object, a local directory, ``ms://``/``hf://`` refs, or an HF id."""
+
 from __future__ import annotations
 
 import os
@@ -20,23 +21,28 @@ def load_tokenizer(model_id_or_tokenizer: Any, **kwargs: Any) -> Any:
         return model_id_or_tokenizer
     source = resolve_source(model_id_or_tokenizer)
     from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(source, **kwargs)
     except OSError as exc:
         raise InvalidInputError(
             f'Could not load a tokenizer from {model_id_or_tokenizer!r}: give a local model directory, an ms:// or '
-            f'hf:// reference, or a cached Hugging Face id. ({exc})') from exc
+            f'hf:// reference, or a cached Hugging Face id. ({exc})'
+        ) from exc
 
 
 def resolve_source(model_id: Any) -> str:
     """A local directory (hub references downloaded or found in the hub cache) or a plain HF id, as a string."""
     if not isinstance(model_id, (str, os.PathLike)):
-        raise InvalidInputError(f'A template needs a tokenizer, a local model directory or a model id, got '
-                                f'{type(model_id).__name__}.')
+        raise InvalidInputError(
+            f'A template needs a tokenizer, a local model directory or a model id, got {type(model_id).__name__}.'
+        )
     source = os.fspath(model_id)
     from twinkle_core.hub.ref import is_hub_ref
+
     if is_hub_ref(source):
         from twinkle_core.hub.download import snapshot
         from twinkle_core.hub.ref import HubRef
+
         source = str(snapshot(HubRef.parse(source)))
     return source

@@ -11,6 +11,7 @@ tokens, 0 elsewhere). The raw images are not kept in the row: `Dataset.encode` d
 cached encoding stores each image once, as the patches the model consumes. Text-only trajectories encode exactly
 as `ChatTemplate` would.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,12 +42,19 @@ class VisionTemplate(ChatTemplate):
     A subclass that sets ``images_optional = True`` also serves text-only checkpoints of a family: without an
     image processor (or image token) it encodes text, and a row with images is an error naming the model.
     """
+
     images_optional = False
 
-    def __init__(self, model_id_or_tokenizer: Any, max_length: int | None = None,
-                 truncation_strategy: TruncationStrategy = 'right', min_pixels: int | None = None,
-                 max_pixels: int | None = None, image_token: str = IMAGE_TOKEN,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_id_or_tokenizer: Any,
+        max_length: int | None = None,
+        truncation_strategy: TruncationStrategy = 'right',
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        image_token: str = IMAGE_TOKEN,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         processor = model_id_or_tokenizer
         if hasattr(processor, 'image_processor') and hasattr(processor, 'tokenizer'):
             tokenizer, image_processor = processor.tokenizer, processor.image_processor
@@ -55,8 +63,12 @@ class VisionTemplate(ChatTemplate):
         else:
             source = resolve_source(processor)
             tokenizer, image_processor = source, self._image_processor_of(source)
-        super().__init__(tokenizer, max_length=max_length, truncation_strategy=truncation_strategy,
-                         chat_template_kwargs=chat_template_kwargs)
+        super().__init__(
+            tokenizer,
+            max_length=max_length,
+            truncation_strategy=truncation_strategy,
+            chat_template_kwargs=chat_template_kwargs,
+        )
         self.image_processor = image_processor
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
@@ -65,8 +77,10 @@ class VisionTemplate(ChatTemplate):
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(image_token)
         problem = None
         if self.image_token_id is None or self.image_token_id == self.tokenizer.unk_token_id:
-            problem = (f'the tokenizer of {self.tokenizer.name_or_path!r} has no {image_token!r} token: it is not a '
-                       'vision-language tokenizer (or pass image_token=...)')
+            problem = (
+                f'the tokenizer of {self.tokenizer.name_or_path!r} has no {image_token!r} token: it is not a '
+                'vision-language tokenizer (or pass image_token=...)'
+            )
         elif image_processor is None:
             problem = f'{self.tokenizer.name_or_path!r} has no image processor (preprocessor_config.json)'
         if problem and not self.images_optional:
@@ -96,8 +110,9 @@ class VisionTemplate(ChatTemplate):
         input_ids, labels = self._token_ids(traj, messages, add_generation_prompt)
         vision = self.process_images(images)
         input_ids, labels = self.expand_image_tokens(input_ids, labels, vision['tokens_per_image'])
-        input_ids, labels = self._truncate_whole_images(input_ids, labels, len(vision['tokens_per_image']),
-                                                        keep_end=add_generation_prompt)
+        input_ids, labels = self._truncate_whole_images(
+            input_ids, labels, len(vision['tokens_per_image']), keep_end=add_generation_prompt
+        )
         row: dict[str, Any] = {'input_ids': input_ids}
         if labels is not None:
             row['labels'] = labels
@@ -109,6 +124,7 @@ class VisionTemplate(ChatTemplate):
         """PIL images -> ``pixel_values`` (float32 numpy ``[patches, dim]``), ``image_grid_thw`` and
         ``tokens_per_image`` (what each image costs in the token sequence)."""
         import numpy as np
+
         kwargs: dict[str, Any] = {}
         if self.min_pixels is not None or self.max_pixels is not None:
             size = dict(getattr(self.image_processor, 'size', None) or {})
@@ -119,18 +135,24 @@ class VisionTemplate(ChatTemplate):
             kwargs['size'] = size
         out = self.image_processor(images=images, return_tensors='np', **kwargs)
         grid = np.asarray(out['image_grid_thw']).astype(int).tolist()
-        tokens = [t * h * w // self.merge_size ** 2 for t, h, w in grid]
-        return {'pixel_values': np.asarray(out['pixel_values'], dtype=np.float32), 'image_grid_thw': grid,
-                'tokens_per_image': tokens}
+        tokens = [t * h * w // self.merge_size**2 for t, h, w in grid]
+        return {
+            'pixel_values': np.asarray(out['pixel_values'], dtype=np.float32),
+            'image_grid_thw': grid,
+            'tokens_per_image': tokens,
+        }
 
-    def expand_image_tokens(self, input_ids: list[int], labels: list[int] | None, tokens_per_image: list[int]
-                            ) -> tuple[list[int], list[int] | None]:
+    def expand_image_tokens(
+        self, input_ids: list[int], labels: list[int] | None, tokens_per_image: list[int]
+    ) -> tuple[list[int], list[int] | None]:
         """Replace the k-th image pad token by ``tokens_per_image[k]`` copies (labels: -100 on all of them)."""
         found = input_ids.count(self.image_token_id)
         if found != len(tokens_per_image):
-            raise InvalidInputError(f'The rendered conversation has {found} {self.image_token!r} tokens for '
-                                    f'{len(tokens_per_image)} images: the chat template must write one per image '
-                                    f'(and the text must not contain {self.image_token!r} itself).')
+            raise InvalidInputError(
+                f'The rendered conversation has {found} {self.image_token!r} tokens for '
+                f'{len(tokens_per_image)} images: the chat template must write one per image '
+                f'(and the text must not contain {self.image_token!r} itself).'
+            )
         ids_out: list[int] = []
         labels_out: list[int] | None = [] if labels is not None else None
         k = 0
@@ -143,25 +165,31 @@ class VisionTemplate(ChatTemplate):
                 labels_out += [labels[i] if repeat == 1 and token != self.image_token_id else -100] * repeat
         return ids_out, labels_out
 
-    def _truncate_whole_images(self, input_ids: list[int], labels: list[int] | None, num_images: int,
-                               keep_end: bool) -> tuple[list[int], list[int] | None]:
+    def _truncate_whole_images(
+        self, input_ids: list[int], labels: list[int] | None, num_images: int, keep_end: bool
+    ) -> tuple[list[int], list[int] | None]:
         image_tokens = input_ids.count(self.image_token_id)
         ids, labs = self._truncate(input_ids, labels, keep_end=keep_end)
         if ids.count(self.image_token_id) != image_tokens:
             raise InvalidInputError(
                 f'Encoded row has {len(input_ids)} tokens ({image_tokens} of them for {num_images} images), more than '
                 f'max_length={self.max_length}, and truncating would cut an image. Raise max_length or lower '
-                f'max_pixels (fewer tokens per image).')
+                f'max_pixels (fewer tokens per image).'
+            )
         return ids, labs
 
     def fingerprint(self) -> str:
         import hashlib
         import json
+
         digest = hashlib.sha256(super().fingerprint().encode())
         processor = self.image_processor
         config = processor.to_dict() if hasattr(processor, 'to_dict') else repr(processor)
-        digest.update(json.dumps([config, self.min_pixels, self.max_pixels, self.image_token],
-                                 sort_keys=True, default=repr).encode())
+        digest.update(
+            json.dumps(
+                [config, self.min_pixels, self.max_pixels, self.image_token], sort_keys=True, default=repr
+            ).encode()
+        )
         return digest.hexdigest()[:32]
 
 
@@ -169,11 +197,14 @@ def load_image_processor(source: str | os.PathLike[str]) -> Any:
     """The image processor stored with a model (the Pillow implementation where transformers has one: the
     torchvision-based 'fast' processors need torchvision, which CPU installs of this project do not have)."""
     from transformers import AutoImageProcessor
+
     try:
         return AutoImageProcessor.from_pretrained(source, backend='pil')
     except (OSError, ValueError, TypeError) as exc:
         try:
             return AutoImageProcessor.from_pretrained(source)
         except (OSError, ValueError) as second:
-            raise InvalidInputError(f'Could not load an image processor from {os.fspath(source)!r}: a vision '
-                                    f'template needs a vision-language model directory ({second}).') from exc
+            raise InvalidInputError(
+                f'Could not load an image processor from {os.fspath(source)!r}: a vision '
+                f'template needs a vision-language model directory ({second}).'
+            ) from exc

@@ -7,6 +7,7 @@ Only numpy floating-point arrays of two or more dimensions are packed; 1-D per-t
 stay lists, as every consumer reads them. Packing is pure Python (duck-typed arrays: twinkle-client imports no
 numpy); unpacking imports numpy.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,11 +44,11 @@ def unpack_arrays(value: Any, where: str = 'body') -> Any:
 
 def _unpack(packed: dict[str, Any], where: str) -> Any:
     import numpy as np
+
     dtype, shape = packed.get('dtype'), packed.get('shape')
     if dtype not in PACKED_DTYPES:
         raise InvalidInputError(f'{where}: packed array dtype {dtype!r} is not one of {list(PACKED_DTYPES)}.')
-    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                                              for n in shape):
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise InvalidInputError(f'{where}: packed array shape must be a list of non-negative integers, got {shape!r}.')
     try:
         data = base64.b64decode(str(packed[ARRAY_KEY]), validate=True)
@@ -56,6 +57,7 @@ def _unpack(packed: dict[str, Any], where: str) -> Any:
     little = np.dtype(dtype).newbyteorder('<')
     count = math.prod(shape)
     if len(data) != count * little.itemsize:
-        raise InvalidInputError(f'{where}: packed array has {len(data)} bytes; shape {shape} of {dtype} needs '
-                                f'{count * little.itemsize}.')
+        raise InvalidInputError(
+            f'{where}: packed array has {len(data)} bytes; shape {shape} of {dtype} needs {count * little.itemsize}.'
+        )
     return np.frombuffer(data, dtype=little).reshape(shape).astype(dtype)

@@ -1,14 +1,20 @@
 """JSON-ready values: one conversion for everything twinkle writes as JSON (call results, client arguments,
 adapter configs, log context). Pure Python: no torch or numpy import (twinkle-client uses it too).
 """
+
 from __future__ import annotations
 
 import enum
 from typing import Any, Callable
 
 
-def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], Any] = str,
-            pack: Callable[[Any], Any] | None = None) -> Any:
+def to_json(
+    value: Any,
+    *,
+    exclude_none: bool = False,
+    default: Callable[[Any], Any] = str,
+    pack: Callable[[Any], Any] | None = None,
+) -> Any:
     """A JSON-ready copy of `value`.
 
     Enums become their value; None, bools, numbers and strings stay; dict keys become strings; lists, tuples
@@ -18,6 +24,7 @@ def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], 
     ``default(value)``: its text by default; pass a function that raises to refuse such values. `exclude_none`
     drops None fields of models and ``to_dict()`` objects.
     """
+
     def convert(v: Any) -> Any:
         return to_json(v, exclude_none=exclude_none, default=default, pack=pack)
 
@@ -45,6 +52,9 @@ def to_json(value: Any, *, exclude_none: bool = False, default: Callable[[Any], 
 def is_json_plain(value: Any) -> bool:
     """True when `value` is JSON data as it is: None, a string, number or bool, or lists/tuples and
     string-keyed dicts of those (what can be stored and read back unchanged, bar tuples becoming lists)."""
-    return value is None or isinstance(value, (str, int, float, bool)) or (
-        isinstance(value, (list, tuple)) and all(is_json_plain(v) for v in value)) or (
-        isinstance(value, dict) and all(isinstance(k, str) and is_json_plain(v) for k, v in value.items()))
+    return (
+        value is None
+        or isinstance(value, (str, int, float, bool))
+        or (isinstance(value, (list, tuple)) and all(is_json_plain(v) for v in value))
+        or (isinstance(value, dict) and all(isinstance(k, str) and is_json_plain(v) for k, v in value.items()))
+    )

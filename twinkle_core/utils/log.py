@@ -1,4 +1,5 @@
 """`get_logger`: the twinkle logger a script logs with (the Twinkle documents' ``logger = get_logger()``)."""
+
 from __future__ import annotations
 
 import logging

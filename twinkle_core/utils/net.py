@@ -1,4 +1,5 @@
 """Network helpers."""
+
 from __future__ import annotations
 
 import socket

@@ -1,12 +1,21 @@
 """twinkle-client: drive a twinkle server from a laptop (httpx + pydantic; no torch).
 
-    from twinkle_client import init_twinkle_client, MultiLoraTransformersModel, TorchSampler
-    client = init_twinkle_client(base_url='http://127.0.0.1:8000', api_key='tml-...')
-    model = MultiLoraTransformersModel(model_id='Qwen/Qwen3-0.6B')   # = RemoteModel: whatever backend the server runs
+from twinkle_client import init_twinkle_client, MultiLoraTransformersModel, TorchSampler
+client = init_twinkle_client(base_url='http://127.0.0.1:8000', api_key='tml-...')
+model = MultiLoraTransformersModel(model_id='Qwen/Qwen3-0.6B')   # = RemoteModel: whatever backend the server runs
 """
+
 from twinkle_client.client import TwinkleClient, init_twinkle_client
 from twinkle_client.http import RemoteError, RemoteInputError
 from twinkle_client.remote import MultiLoraTransformersModel, RemoteModel, RemoteSampler, TorchSampler
 
-__all__ = ['MultiLoraTransformersModel', 'RemoteError', 'RemoteInputError', 'RemoteModel', 'RemoteSampler',
-           'TorchSampler', 'TwinkleClient', 'init_twinkle_client']
+__all__ = [
+    'MultiLoraTransformersModel',
+    'RemoteError',
+    'RemoteInputError',
+    'RemoteModel',
+    'RemoteSampler',
+    'TorchSampler',
+    'TwinkleClient',
+    'init_twinkle_client',
+]

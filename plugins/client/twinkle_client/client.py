@@ -1,4 +1,5 @@
 """`init_twinkle_client`: the connection used by remote models and samplers, plus run/checkpoint listings."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,6 +15,7 @@ _default: TwinkleClient | None = None
 class Record(BaseModel):
     """A listed item: the server's fields as attributes (``run.training_run_id``), ``model_dump_json()``, and
     dict-style access (``run['training_run_id']``)."""
+
     model_config = ConfigDict(extra='allow', frozen=True)
 
     def __getitem__(self, key: str) -> Any:

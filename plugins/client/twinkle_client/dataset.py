@@ -9,6 +9,7 @@ there against a hosted model's template when a `twinkle_client.dataloader.DataLo
 
 Components are registered names; the data comes from ``ms://`` / ``hf://`` or a root the operator allowed.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -63,8 +64,10 @@ class Dataset:
 
 def _name(component: Any, op: str) -> str:
     if not isinstance(component, str):
-        raise InvalidInputError(f'{op}: a server-side dataset takes registered component names (strings), got '
-                                f'{type(component).__name__}; objects cannot travel to the server.')
+        raise InvalidInputError(
+            f'{op}: a server-side dataset takes registered component names (strings), got '
+            f'{type(component).__name__}; objects cannot travel to the server.'
+        )
     return component
 
 

@@ -1,4 +1,5 @@
 """The HTTP connection to a twinkle server (httpx; API key in `X-API-Key`)."""
+
 from __future__ import annotations
 
 from typing import Any

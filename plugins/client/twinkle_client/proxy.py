@@ -6,6 +6,7 @@ whitelists the same set. Arguments are sent as JSON (pydantic models as dicts, a
 2+ dimensions as base64, see `twinkle_core.utils.arrays`): batches are encoded client-side (InputFeature rows), so
 no torch is needed here.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -24,8 +25,10 @@ def plain(value: Any) -> Any:
 
 
 def _refuse(value: Any) -> Any:
-    raise InvalidInputError(f'cannot send a {type(value).__name__} to the server; pass names of registered '
-                            f'components and plain data (lists, dicts, numbers, strings)')
+    raise InvalidInputError(
+        f'cannot send a {type(value).__name__} to the server; pass names of registered '
+        f'components and plain data (lists, dicts, numbers, strings)'
+    )
 
 
 def build_methods(interface: type, call: Callable[..., Any], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -49,4 +52,3 @@ def build_methods(interface: type, call: Callable[..., Any], skip: frozenset[str
 def remote_call(conn: Any, kind: str, ident: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     body = {'args': plain(list(args)), 'kwargs': plain(kwargs)}
     return conn.post(f'/twinkle/v1/{kind}/{ident}/call/{name}', body)['result']
-

@@ -12,6 +12,7 @@ in any process, under any adapter name.
     model.forward_backward(inputs=rows, adapter_name='mine'); model.clip_grad_and_step(adapter_name='mine')
     path = model.save('step-10', save_optimizer=True, adapter_name='mine')
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,28 +35,35 @@ class _RemoteModel:
         self._adapters: dict[str, str] = {}  # adapter name -> server model id
         self._current: list[str] = []
 
-    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
-                             **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1, **kwargs: Any
+    ) -> None:
         """Create adapter `adapter_name` on the server (`config`: a peft `LoraConfig` or dict of its fields;
         `kwargs` override its fields)."""
         if adapter_name in self._adapters:
             raise InvalidInputError(f'adapter {adapter_name!r} already exists')
         fields = {**(plain(config) or {}), **plain(kwargs)}
-        out = self.client.conn.post('/twinkle/v1/models', {'base_model': self.model_id, 'config': fields,
-                                                           'seed': fields.pop('seed', None),
-                                                           'gradient_accumulation_steps': gradient_accumulation_steps})
+        out = self.client.conn.post(
+            '/twinkle/v1/models',
+            {
+                'base_model': self.model_id,
+                'config': fields,
+                'seed': fields.pop('seed', None),
+                'gradient_accumulation_steps': gradient_accumulation_steps,
+            },
+        )
         self._adapters[adapter_name] = out['model_id']
 
-    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
-             **kwargs: Any) -> None:
+    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Load a `twinkle://` checkpoint; an adapter name not created yet is created from the checkpoint."""
         name = self._name(adapter_name, must_exist=False)
         if name not in self._adapters:
             out = self.client.conn.post('/twinkle/v1/models/load', {'path': path, 'load_optimizer': load_optimizer})
             self._adapters[name] = out['model_id']
             return
-        remote_call(self.client.conn, 'models', self._adapters[name], 'load', (path,),
-                    {'load_optimizer': load_optimizer})
+        remote_call(
+            self.client.conn, 'models', self._adapters[name], 'load', (path,), {'load_optimizer': load_optimizer}
+        )
 
     def list_adapters(self) -> list[str]:
         return list(self._adapters)
@@ -80,14 +88,16 @@ class _RemoteModel:
         if name is None:
             raise InvalidInputError(f'adapter_name is required; adapters: {self.list_adapters() or "none yet"}')
         if must_exist and name not in self._adapters:
-            raise InvalidInputError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"} '
-                                    f'(add_adapter_to_model or load a checkpoint first)')
+            raise InvalidInputError(
+                f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"} '
+                f'(add_adapter_to_model or load a checkpoint first)'
+            )
         return name
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = self._name(kwargs.pop('adapter_name', None))
         if isinstance(kwargs.get('inputs'), dict) and 'input_ids' not in kwargs['inputs']:
-            raise InvalidInputError('a remote model takes one adapter\'s rows per call; the server mixes tenants')
+            raise InvalidInputError("a remote model takes one adapter's rows per call; the server mixes tenants")
         return remote_call(self.client.conn, 'models', self._adapters[name], method, args, kwargs)
 
 
@@ -111,15 +121,27 @@ def _forward(self: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, An
     return self._call(method, args, kwargs)
 
 
-RemoteModel = type('RemoteModel', (_RemoteModel,), {
-    **build_methods(Model, _forward, skip=frozenset({'add_adapter_to_model', 'load', 'list_adapters', 'remove_adapter'})),
-    '__doc__': 'A model hosted by the server (whatever its backend), with the methods of the Model interface.',
-    '__module__': __name__})
+RemoteModel = type(
+    'RemoteModel',
+    (_RemoteModel,),
+    {
+        **build_methods(
+            Model, _forward, skip=frozenset({'add_adapter_to_model', 'load', 'list_adapters', 'remove_adapter'})
+        ),
+        '__doc__': 'A model hosted by the server (whatever its backend), with the methods of the Model interface.',
+        '__module__': __name__,
+    },
+)
 
-RemoteSampler = type('RemoteSampler', (_RemoteSampler,), {
-    **build_methods(Sampler, _forward),
-    '__doc__': 'The sampler hosted by the server (whatever it is), with the methods of the Sampler interface.',
-    '__module__': __name__})
+RemoteSampler = type(
+    'RemoteSampler',
+    (_RemoteSampler,),
+    {
+        **build_methods(Sampler, _forward),
+        '__doc__': 'The sampler hosted by the server (whatever it is), with the methods of the Sampler interface.',
+        '__module__': __name__,
+    },
+)
 
 # Twinkle's names for the same proxies (its documents build these classes under the http runtime).
 MultiLoraTransformersModel = RemoteModel

@@ -4,6 +4,7 @@
 
 Without ``base_url`` (a server script: ``initialize(mode='http', groups=...)``) it starts the server instead,
 through the runtime registered as ``http_server`` (twinkle-server), and serves until the server stops."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,10 +17,18 @@ SERVER_RUNTIME = 'http_server'
 class HttpRuntime(Runtime):
     name = 'http'
 
-    def start(self, *, groups: Any = None, global_device_mesh: Any = None, base_url: str | None = None,
-              api_key: str | None = None, **kwargs: Any) -> None:
+    def start(
+        self,
+        *,
+        groups: Any = None,
+        global_device_mesh: Any = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if base_url is None and api_key is None:  # the server side: start one (by registry name: twinkle-server)
             from twinkle_core.registry import resolve
+
             resolve('runtime', SERVER_RUNTIME).start(groups=groups, global_device_mesh=global_device_mesh, **kwargs)
             return
         if kwargs:
@@ -27,13 +36,22 @@ class HttpRuntime(Runtime):
         if base_url is None or api_key is None:
             raise TypeError("initialize(mode='http') needs base_url= and api_key= (or neither, to start a server)")
         from twinkle_client.client import init_twinkle_client
+
         self.client = init_twinkle_client(base_url, api_key)
 
-    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
-              device_mesh: Any = None) -> Any:
+    def build(
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        remote_group: str | None = None,
+        device_mesh: Any = None,
+    ) -> Any:
         from twinkle_client import remote
         from twinkle_core.model.base import Model
         from twinkle_core.sampler.base import Sampler
+
         if issubclass(cls, Model):
             return remote.RemoteModel(*args, client=self.client, **kwargs)
         if issubclass(cls, Sampler):

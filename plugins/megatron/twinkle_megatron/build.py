@@ -7,6 +7,7 @@ torch's RMSNorm (equal to Hugging Face's in fp32) that also marks its weight ``s
 `finalize_model_grads` sums its gradient over the tensor-parallel ranks under sequence parallelism (megatron's
 own torch norm refuses sequence parallelism). The TransformerEngine spec is not used yet (docs/megatron.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,10 @@ def layer_spec(arch: Architecture, num_layers: int) -> Any:
     """The block spec of one chunk of `num_layers` layers."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-    layer = specs.get_gpt_layer_local_spec(num_experts=arch.num_experts, qk_layernorm=arch.qk_norm,
-                                           normalization='RMSNorm')
+
+    layer = specs.get_gpt_layer_local_spec(
+        num_experts=arch.num_experts, qk_layernorm=arch.qk_norm, normalization='RMSNorm'
+    )
     sub = layer.submodules
     sub.input_layernorm = sub.pre_mlp_layernorm = RMSNorm
     sub.self_attention.submodules.core_attention = SDPAttention
@@ -51,6 +54,7 @@ def build_chunks(arch: Architecture, layout: Layout, dtype: torch.dtype, device:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
+
     if arch.is_moe:
         define_missing_te_gemm()
     config = TransformerConfig(**transformer_config_kwargs(arch, layout, dtype))
@@ -60,12 +64,18 @@ def build_chunks(arch: Architecture, layout: Layout, dtype: torch.dtype, device:
     for stage in range(layout.vpp):
         vp = stage if layout.vpp > 1 else None
         with tensors_as_cuda():  # a tied output layer on the last stage is moved with Tensor.cuda()
-            chunk = GPTModel(config, spec, vocab_size=padded_vocab_size(arch.vocab_size, layout.tp),
-                             max_sequence_length=arch.max_position_embeddings,
-                             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
-                             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-                             share_embeddings_and_output_weights=arch.tied_embeddings,
-                             position_embedding_type='rope', rotary_base=int(arch.rope_theta), vp_stage=vp)
+            chunk = GPTModel(
+                config,
+                spec,
+                vocab_size=padded_vocab_size(arch.vocab_size, layout.tp),
+                max_sequence_length=arch.max_position_embeddings,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                share_embeddings_and_output_weights=arch.tied_embeddings,
+                position_embedding_type='rope',
+                rotary_base=int(arch.rope_theta),
+                vp_stage=vp,
+            )
         mark_tensor_parallel(chunk)
         chunks.append(chunk.to(device))
     return chunks
@@ -76,6 +86,7 @@ def mark_tensor_parallel(chunk: Any) -> None:
     initialises weights (``perform_initialization``), which is off here: the checkpoint fills them. The gradient
     norm counts a weight without them once per model-parallel group instead of once per shard."""
     from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
     for name, param in chunk.named_parameters():
         dim = convert.tp_split_dim(name)
         if dim is not None and not hasattr(param, 'tensor_model_parallel'):  # biases have them already
@@ -91,7 +102,7 @@ def global_name(chunk: Any, local_name: str) -> str:
     """`local_name` with a chunk-local layer index replaced by the global one (``decoder.layers.{i}``)."""
     if not local_name.startswith('decoder.layers.'):
         return local_name
-    index, rest = local_name[len('decoder.layers.'):].split('.', 1)
+    index, rest = local_name[len('decoder.layers.') :].split('.', 1)
     layer = unwrap(chunk).decoder.layers[int(index)]
     return f'decoder.layers.{layer.layer_number - 1}.{rest}'
 
@@ -115,6 +126,7 @@ def base_parameters(chunk: Any, expert_offset: int = 0) -> dict[str, torch.Tenso
 def hf_tensor_reader(model_dir: str | Path) -> Callable[[str], torch.Tensor]:
     """A function name -> tensor over the checkpoint's safetensors files (read lazily, one tensor at a time)."""
     from safetensors import safe_open
+
     root = Path(model_dir)
     index = root / 'model.safetensors.index.json'
     if index.exists():
@@ -122,8 +134,10 @@ def hf_tensor_reader(model_dir: str | Path) -> Callable[[str], torch.Tensor]:
     else:
         files = sorted(root.glob('*.safetensors'))
         if not files:
-            raise InvalidInputError(f'{root} has no *.safetensors weights; MegatronModel loads safetensors '
-                                    f'checkpoints (save the model with save_pretrained(safe_serialization=True)).')
+            raise InvalidInputError(
+                f'{root} has no *.safetensors weights; MegatronModel loads safetensors '
+                f'checkpoints (save the model with save_pretrained(safe_serialization=True)).'
+            )
         where = {}
         for f in files:
             with safe_open(f, framework='pt') as handle:
@@ -137,18 +151,28 @@ def hf_tensor_reader(model_dir: str | Path) -> Callable[[str], torch.Tensor]:
         if f not in handles:
             handles[f] = safe_open(f, framework='pt')
         return handles[f].get_tensor(name)
+
     return read
 
 
 @torch.no_grad()
-def load_hf_weights(chunks: list[Any], arch: Architecture, read: Callable[[str], torch.Tensor], *, tp: int,
-                    tp_rank: int, expert_offset: int = 0) -> None:
+def load_hf_weights(
+    chunks: list[Any],
+    arch: Architecture,
+    read: Callable[[str], torch.Tensor],
+    *,
+    tp: int,
+    tp_rank: int,
+    expert_offset: int = 0,
+) -> None:
     """Fill every base weight of `chunks` with this rank's shard of the HF tensors `read` returns."""
     padded = padded_vocab_size(arch.vocab_size, tp)
     for chunk in chunks:
         for name, param in base_parameters(chunk, expert_offset).items():
             value = convert.to_megatron(arch, name, read, tp=tp, tp_rank=tp_rank, padded_vocab=padded)
             if tuple(value.shape) != tuple(param.shape):
-                raise InvalidInputError(f'{name}: the checkpoint gives shape {tuple(value.shape)}, the Megatron '
-                                        f'model expects {tuple(param.shape)} (config and weights disagree).')
+                raise InvalidInputError(
+                    f'{name}: the checkpoint gives shape {tuple(value.shape)}, the Megatron '
+                    f'model expects {tuple(param.shape)} (config and weights disagree).'
+                )
             param.copy_(value)

@@ -13,6 +13,7 @@
 The directory is written atomically: rank 0 creates the temporary directory and shares its path, every rank
 writes its files, rank 0 renames it into place after a barrier.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,23 +58,28 @@ def copy_model_files(source_dir: str | Path, directory: Path) -> None:
             shutil.copy2(f, directory / f.name)
 
 
-def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str,
-              expert_offset: int = 0) -> None:
+def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: str, expert_offset: int = 0) -> None:
     """Gather the base weights and (rank 0) write them in Hugging Face format. Collective."""
-    tensors = {name: t.detach().cpu().contiguous() for name, t in export.hf_base_weights(chunks, arch, expert_offset)
-               if not (arch.tied_embeddings and name == 'lm_head.weight')}  # HF files leave a tied head out
+    tensors = {
+        name: t.detach().cpu().contiguous()
+        for name, t in export.hf_base_weights(chunks, arch, expert_offset)
+        if not (arch.tied_embeddings and name == 'lm_head.weight')
+    }  # HF files leave a tied head out
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
+
         copy_model_files(source_dir, directory)
         save_file(tensors, str(directory / 'model.safetensors'), metadata={'format': 'pt'})
 
 
-def save_lora(chunks: list, arch: Architecture, config: Any, directory: Path, *, adapter: str,
-              base_model_id: str) -> None:
+def save_lora(
+    chunks: list, arch: Architecture, config: Any, directory: Path, *, adapter: str, base_model_id: str
+) -> None:
     """Gather adapter `adapter` and (rank 0) write it in PEFT format. Collective."""
     tensors = {key: t.detach().cpu().contiguous() for key, t in export.peft_weights(chunks, arch, adapter)}
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
+
         fields = peft_config_dict(config, base_model_id)
         (directory / 'adapter_config.json').write_text(json.dumps(fields, indent=2))
         save_file(tensors, str(directory / 'adapter_model.safetensors'), metadata={'format': 'pt'})
@@ -82,6 +88,7 @@ def save_lora(chunks: list, arch: Architecture, config: Any, directory: Path, *,
 def peft_config_dict(config: Any, base_model_id: str) -> dict[str, Any]:
     """``adapter_config.json`` fields of a `peft.LoraConfig` (target modules as a sorted list)."""
     from twinkle_core.utils.json import to_json
+
     fields = to_json(config.to_dict())
     fields['base_model_name_or_path'] = base_model_id
     fields['target_modules'] = sorted(lora.target_projections(config.target_modules))
@@ -93,6 +100,7 @@ def load_lora(chunks: list, directory: str | Path, *, adapter: str, tp: int, tp_
     """Copy a PEFT adapter's factors into this rank's shards of adapter `adapter` (every factor of it must be in
     the file)."""
     from safetensors.torch import load_file
+
     path = Path(directory) / 'adapter_model.safetensors'
     if not path.exists():
         raise InvalidInputError(f'{directory} has no adapter_model.safetensors (PEFT format).')
@@ -105,8 +113,9 @@ def load_lora(chunks: list, directory: str | Path, *, adapter: str, tp: int, tp_
             full = torch.cat([full, full.new_zeros(param.shape[0] * tp - full.shape[0], *full.shape[1:])])
         shard = full.chunk(tp, dim=dim)[tp_rank] if dim is not None and tp > 1 else full
         if tuple(shard.shape) != tuple(param.shape):
-            raise InvalidInputError(f'{key}: shape {tuple(tensors[key].shape)} does not fit this adapter (its '
-                                    f'rank or the model differ).')
+            raise InvalidInputError(
+                f'{key}: shape {tuple(tensors[key].shape)} does not fit this adapter (its rank or the model differ).'
+            )
         param.copy_(shard)
 
 
@@ -129,6 +138,8 @@ def save_optimizer(state: Any, directory: Path) -> None:
 def load_optimizer(state: Any, directory: str | Path) -> None:
     files = optimizer_files(directory)
     if not files[0].exists():
-        raise InvalidInputError(f'{directory} has no optimizer state for this rank ({files[0].name}): it was saved '
-                                f'without save_optimizer=True or with another tensor/pipeline layout.')
+        raise InvalidInputError(
+            f'{directory} has no optimizer state for this rank ({files[0].name}): it was saved '
+            f'without save_optimizer=True or with another tensor/pipeline layout.'
+        )
     state.load_shard(*files)

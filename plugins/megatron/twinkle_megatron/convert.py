@@ -11,6 +11,7 @@ padded vocabulary with zeros.
 Names here are Megatron names relative to one model chunk with global indices: ``decoder.layers.{layer}.…`` and
 ``….experts.local_experts.{expert}.…`` count over the whole model (`build.base_parameters` makes them so).
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,11 @@ from twinkle_megatron.architecture import Architecture
 # megatron suffix within a layer -> HF suffix(es) within ``model.layers.{i}.``
 _LAYER = {
     'input_layernorm.weight': ('input_layernorm.weight',),
-    'self_attention.linear_qkv.weight': ('self_attn.q_proj.weight', 'self_attn.k_proj.weight',
-                                         'self_attn.v_proj.weight'),
+    'self_attention.linear_qkv.weight': (
+        'self_attn.q_proj.weight',
+        'self_attn.k_proj.weight',
+        'self_attn.v_proj.weight',
+    ),
     'self_attention.linear_qkv.bias': ('self_attn.q_proj.bias', 'self_attn.k_proj.bias', 'self_attn.v_proj.bias'),
     'self_attention.q_layernorm.weight': ('self_attn.q_norm.weight',),
     'self_attention.k_layernorm.weight': ('self_attn.k_norm.weight',),
@@ -37,9 +41,11 @@ _LAYER = {
 }
 _EXPERT = re.compile(r'mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight')
 _LAYER_NAME = re.compile(r'decoder\.layers\.(\d+)\.(.+)')
-_TOP = {'embedding.word_embeddings.weight': 'model.embed_tokens.weight',
-        'decoder.final_layernorm.weight': 'model.norm.weight',
-        'output_layer.weight': 'lm_head.weight'}
+_TOP = {
+    'embedding.word_embeddings.weight': 'model.embed_tokens.weight',
+    'decoder.final_layernorm.weight': 'model.norm.weight',
+    'output_layer.weight': 'lm_head.weight',
+}
 COLUMN, ROW = 0, 1
 
 
@@ -99,8 +105,9 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
-def to_megatron(arch: Architecture, name: str, hf: Callable[[str], Tensor], *, tp: int, tp_rank: int,
-                padded_vocab: int) -> Tensor:
+def to_megatron(
+    arch: Architecture, name: str, hf: Callable[[str], Tensor], *, tp: int, tp_rank: int, padded_vocab: int
+) -> Tensor:
     """Rank `tp_rank`'s shard of Megatron parameter `name`, built from HF tensors fetched by name with `hf`."""
     sources = [hf(n) for n in hf_names(arch, name)]
     dim = tp_split_dim(name)
@@ -139,5 +146,5 @@ def to_hf(arch: Architecture, name: str, full: Tensor) -> list[tuple[str, Tensor
     if name.endswith('linear_fc1.weight'):
         return list(zip(names, full.chunk(2, dim=0)))
     if name.endswith(('word_embeddings.weight', 'output_layer.weight')):
-        return [(names[0], full[:arch.vocab_size])]
+        return [(names[0], full[: arch.vocab_size])]
     return [(names[0], full)]

@@ -21,6 +21,7 @@ without arguments names a CPU tensor by its CUDA type and ``Tensor.cuda()`` leav
 The RNG tracker needs no bridge: `groups.initialize` asks megatron for its inference tracker
 (``model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)``), which uses CPU generators.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,7 @@ import torch
 #: megatron-core modules with a CUDA assumption on the CPU path -> what it is
 MODULES: dict[str, str] = {
     'megatron.core.transformer.utils': 'get_default_causal_mask builds the causal mask with device="cuda"',
-    'megatron.core.models.common.embeddings.rotary_pos_embedding':
-        'RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device()',
+    'megatron.core.models.common.embeddings.rotary_pos_embedding': 'RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device()',
     'megatron.core.pipeline_parallel.schedules': 'the token counter of every schedule is created on "cuda"',
     'megatron.core.pipeline_parallel.p2p_communication': 'p2p receive buffers on torch.cuda.current_device()',
     'megatron.core.optimizer.clip_grads': 'the grad-norm and overflow buffers are created on "cuda"',
@@ -43,14 +43,25 @@ MODULES: dict[str, str] = {
     'megatron.core.optimizer.distrib_optimizer': 'gather buffers on torch.cuda.current_device()',
     'megatron.core.distributed.param_and_grad_buffer': 'a warm-up tensor on "cuda"',
     'megatron.core.utils': 'GlobalMemoryBuffer (attention scores, sequence-parallel gathers) on '
-                           'torch.cuda.current_device()',
+    'torch.cuda.current_device()',
     'megatron.core.tensor_parallel.layers': 'weight buffers on torch.cuda.current_device()',
     'megatron.core.tensor_parallel.mappings': 'all-gather buffers on torch.cuda.current_device()',
     'megatron.core.transformer.moe.moe_utils': 'router statistics on "cuda"',
     'megatron.core.transformer.moe.router': 'the router weight is cast on torch.cuda.current_device()',
 }
-_FACTORIES = ('zeros', 'ones', 'empty', 'full', 'tensor', 'arange', 'zeros_like', 'ones_like', 'empty_like',
-              'randn', 'rand')
+_FACTORIES = (
+    'zeros',
+    'ones',
+    'empty',
+    'full',
+    'tensor',
+    'arange',
+    'zeros_like',
+    'ones_like',
+    'empty_like',
+    'randn',
+    'rand',
+)
 _applied: list[str] = []
 
 
@@ -81,6 +92,7 @@ class _CpuTorch:
             if 'device' in kwargs:
                 kwargs['device'] = _cpu(kwargs['device'])
             return fn(*args, **kwargs)
+
         make.__name__ = fn.__name__
         return make
 
@@ -137,5 +149,6 @@ def define_missing_te_gemm() -> None:
     there -- the router then uses ``torch.mm`` -- and nothing else; with TransformerEngine installed the name
     exists and this does nothing."""
     from megatron.core.transformer.moe import moe_utils
+
     if not hasattr(moe_utils, 'te_general_gemm'):
         moe_utils.te_general_gemm = None

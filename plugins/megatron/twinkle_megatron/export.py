@@ -7,6 +7,7 @@ its Hugging Face / PEFT name. One tensor is in flight at a time; other ranks yie
 rank of the model must iterate to the end. Expert weights are sent by expert-data-parallel replica 0 of each
 expert-parallel rank, under their global expert index.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -48,6 +49,7 @@ def _sends(name: str) -> bool:
     """This rank's tp group gathers and sends `name`: data-parallel replica 0 of its pipeline stage (for expert
     weights: expert-data-parallel replica 0 of its expert-parallel rank)."""
     from megatron.core import parallel_state as ps
+
     if is_expert(name):
         return ps.get_expert_data_parallel_rank() == 0
     return ps.get_data_parallel_rank() == 0
@@ -58,6 +60,7 @@ def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Te
     `local`: this rank's name -> (its shard, how tp shards join into the full tensor); names are global (layer
     and expert indices of the whole model)."""
     from megatron.core import parallel_state as ps
+
     rank = dist.get_rank()
     mine = sorted(n for n in local if _sends(n))
     published: list[Any] = [None] * dist.get_world_size()
@@ -80,14 +83,17 @@ def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Te
                 yield name, full.clone()
             continue
         if rank == sender:
-            header = torch.tensor([_DTYPES.index(full.dtype), full.dim(), *full.shape] + [0] * (8 - full.dim()),
-                                  dtype=torch.long, device=full.device)
+            header = torch.tensor(
+                [_DTYPES.index(full.dtype), full.dim(), *full.shape] + [0] * (8 - full.dim()),
+                dtype=torch.long,
+                device=full.device,
+            )
             dist.send(header, dst=0)
             dist.send(full.contiguous(), dst=0)
         elif rank == 0:
             header = torch.empty(10, dtype=torch.long, device=_device())
             dist.recv(header, src=sender)
-            shape = header[2:2 + int(header[1])].tolist()
+            shape = header[2 : 2 + int(header[1])].tolist()
             tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=_device())
             dist.recv(tensor, src=sender)
             yield name, tensor
@@ -111,8 +117,11 @@ def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) ->
     """Every base weight as (HF name, full tensor) on rank 0, vocabulary padding dropped; a tied output layer is
     ``lm_head.weight``, the embedding tensor itself (as in the HF module's state dict). `expert_offset`: this
     rank's first expert (expert parallelism)."""
-    items = {n: v for n, v in base_items(chunks, expert_offset).items()
-             if not (n == 'output_layer.weight' and arch.tied_embeddings)}
+    items = {
+        n: v
+        for n, v in base_items(chunks, expert_offset).items()
+        if not (n == 'output_layer.weight' and arch.tied_embeddings)
+    }
     for name, full in stream_full(items):
         for hf_name, tensor in convert.to_hf(arch, name, full):
             yield hf_name, tensor

@@ -7,6 +7,7 @@ one with another layout raises.
 
 A single process (no launcher) gets a one-rank gloo group of its own, so the same code path runs everywhere.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,14 +27,24 @@ def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: i
     if mesh is None:
         return Layout(sp=sequence_parallel, vpp=virtual_pipeline)
     if mesh.size('fsdp') > 1:
-        raise MeshError(f'MegatronModel does not shard with FSDP ({mesh!r}); use dp_size with the distributed '
-                        f'optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism.')
+        raise MeshError(
+            f'MegatronModel does not shard with FSDP ({mesh!r}); use dp_size with the distributed '
+            f'optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism.'
+        )
     if mesh.size('cp') > 1:
-        raise MeshError('Context parallelism (cp_size > 1) needs TransformerEngine attention, which the local '
-                        '(non-TE) layer spec lacks: install transformer-engine[pytorch] on a CUDA machine, or use '
-                        'sequence parallelism (tp_size > 1, sequence_parallel=True).')
-    return Layout(tp=mesh.size('tp'), pp=mesh.size('pp'), dp=mesh.size('dp'), vpp=virtual_pipeline,
-                  sp=sequence_parallel, ep=mesh.ep_size)
+        raise MeshError(
+            'Context parallelism (cp_size > 1) needs TransformerEngine attention, which the local '
+            '(non-TE) layer spec lacks: install transformer-engine[pytorch] on a CUDA machine, or use '
+            'sequence parallelism (tp_size > 1, sequence_parallel=True).'
+        )
+    return Layout(
+        tp=mesh.size('tp'),
+        pp=mesh.size('pp'),
+        dp=mesh.size('dp'),
+        vpp=virtual_pipeline,
+        sp=sequence_parallel,
+        ep=mesh.ep_size,
+    )
 
 
 def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
@@ -46,25 +57,29 @@ def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
 
     if _active is not None:
         if _active != layout:
-            raise MeshError(f'This process already runs a MegatronModel split as {_active}; Megatron keeps one '
-                            f'layout per process, so a model split as {layout} needs its own process.')
+            raise MeshError(
+                f'This process already runs a MegatronModel split as {_active}; Megatron keeps one '
+                f'layout per process, so a model split as {layout} needs its own process.'
+            )
         return
     if not distributed.init_process_group(mesh):
         if layout.tp * layout.pp * layout.dp > 1:
-            raise MeshError(f'{layout} needs {layout.tp * layout.pp * layout.dp} ranks; launch with torchrun or a '
-                            f'Ray group of that size.')
+            raise MeshError(
+                f'{layout} needs {layout.tp * layout.pp * layout.dp} ranks; launch with torchrun or a '
+                f'Ray group of that size.'
+            )
         backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{free_port()}', rank=0,
-                                world_size=1)
+        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)
         _owns_world = True
     world = dist.get_world_size()
     if layout.tp * layout.pp * layout.dp != world:
-        raise MeshError(f'{layout} covers {layout.tp * layout.pp * layout.dp} ranks but the process group has '
-                        f'{world}.')
+        raise MeshError(f'{layout} covers {layout.tp * layout.pp * layout.dp} ranks but the process group has {world}.')
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
-        expert_model_parallel_size=layout.ep)
+        expert_model_parallel_size=layout.ep,
+    )
     # the inference tracker keeps CPU generators usable where CUDA ones do not exist (same seeds on a GPU)
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
     _active = layout
@@ -77,6 +92,7 @@ def shutdown() -> None:
     if _active is None:
         return
     from megatron.core import parallel_state
+
     parallel_state.destroy_model_parallel()
     if _owns_world:
         distributed.destroy_process_group(synchronize=False)
@@ -85,26 +101,35 @@ def shutdown() -> None:
 
 def tp_group() -> Any:
     from megatron.core import parallel_state
+
     return parallel_state.get_tensor_model_parallel_group()
 
 
 def dp_group() -> Any:
     from megatron.core import parallel_state
+
     return parallel_state.get_data_parallel_group()
 
 
 def pp_group() -> Any:
     from megatron.core import parallel_state
+
     return parallel_state.get_pipeline_model_parallel_group()
 
 
 def expert_parallel_size() -> int:
     from megatron.core import parallel_state
+
     return parallel_state.get_expert_model_parallel_world_size()
 
 
 def ranks() -> dict[str, int]:
     """This process's tp / pp / dp / ep coordinates."""
     from megatron.core import parallel_state as ps
-    return {'tp': ps.get_tensor_model_parallel_rank(), 'pp': ps.get_pipeline_model_parallel_rank(),
-            'dp': ps.get_data_parallel_rank(), 'ep': ps.get_expert_model_parallel_rank()}
+
+    return {
+        'tp': ps.get_tensor_model_parallel_rank(),
+        'pp': ps.get_pipeline_model_parallel_rank(),
+        'dp': ps.get_data_parallel_rank(),
+        'ep': ps.get_expert_model_parallel_rank(),
+    }

@@ -6,6 +6,7 @@ unpadded Hugging Face model. The log-sum-exp, the target logit and the argmax ar
 with three small all-reduces / one all-gather; the backward needs no communication (the logits' gradient is
 local). Losses that need the full logits (``needs_logits``) get them from `full_logits`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,8 +36,13 @@ def _masked(logits: Tensor, start: int, vocab_size: int) -> Tensor:
 
 class _VocabParallelLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor, vocab_size: int,  # type: ignore[override]
-                group: Any) -> Tensor:
+    def forward(
+        ctx: Any,
+        logits: Tensor,
+        targets: Tensor,
+        vocab_size: int,  # type: ignore[override]
+        group: Any,
+    ) -> Tensor:
         start, end = _local_range(logits, group)
         x = _masked(logits, start, vocab_size)
         size = dist.get_world_size(group) if group is not None else 1
@@ -96,5 +102,6 @@ def full_logits(logits: Tensor, vocab_size: int, group: Any = None) -> Tensor:
     size = dist.get_world_size(group) if group is not None else 1
     if size > 1:
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
         logits = gather_from_tensor_model_parallel_region(logits)
     return logits[..., :vocab_size]

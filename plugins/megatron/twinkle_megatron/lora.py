@@ -19,6 +19,7 @@ adapter seed and the module name, then sharded: the same adapter whatever the la
 Several named adapters live side by side: a wrapped linear holds each adapter's `AdapterFactors` and adds the
 `active` one's update; `only_trainable` scopes gradients to one adapter (see `twinkle_megatron.units`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,15 @@ TARGETS = {
     'mlp.linear_fc1': ('column', ('gate_proj', 'up_proj')),
     'mlp.linear_fc2': ('row', ('down_proj',)),
 }
-HF_MODULE = {'q_proj': 'self_attn', 'k_proj': 'self_attn', 'v_proj': 'self_attn', 'o_proj': 'self_attn',
-             'gate_proj': 'mlp', 'up_proj': 'mlp', 'down_proj': 'mlp'}
+HF_MODULE = {
+    'q_proj': 'self_attn',
+    'k_proj': 'self_attn',
+    'v_proj': 'self_attn',
+    'o_proj': 'self_attn',
+    'gate_proj': 'mlp',
+    'up_proj': 'mlp',
+    'down_proj': 'mlp',
+}
 ALL_LINEAR = tuple(HF_MODULE)  # PEFT's 'all-linear': every decoder projection, not the output layer
 OUTPUT = 'lm_head'  # the output layer (vocabulary-parallel), adapted only when named
 KNOWN = ALL_LINEAR + (OUTPUT,)
@@ -54,8 +62,10 @@ def target_projections(target_modules: Any) -> tuple[str, ...]:
     names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
     unknown = sorted({n.rsplit('.', 1)[-1] for n in names} - set(KNOWN))
     if unknown:
-        raise InvalidInputError(f'MegatronModel adapts the decoder projections {", ".join(ALL_LINEAR)} (or '
-                                f'"all-linear") and {OUTPUT}; target_modules also names {unknown}.')
+        raise InvalidInputError(
+            f'MegatronModel adapts the decoder projections {", ".join(ALL_LINEAR)} (or '
+            f'"all-linear") and {OUTPUT}; target_modules also names {unknown}.'
+        )
     return tuple(p for p in KNOWN if p in {n.rsplit('.', 1)[-1] for n in names})
 
 
@@ -65,10 +75,15 @@ def part_rows(arch: Architecture, projection: str, tp: int = 1) -> tuple[int, in
     h, d = arch.hidden_size, arch.head_dim
     if projection == OUTPUT:
         return padded_vocab_size(arch.vocab_size, tp), h
-    return {'q_proj': (arch.num_heads * d, h), 'k_proj': (arch.num_kv_heads * d, h),
-            'v_proj': (arch.num_kv_heads * d, h), 'o_proj': (h, arch.num_heads * d),
-            'gate_proj': (arch.ffn_hidden_size, h), 'up_proj': (arch.ffn_hidden_size, h),
-            'down_proj': (h, arch.ffn_hidden_size)}[projection]
+    return {
+        'q_proj': (arch.num_heads * d, h),
+        'k_proj': (arch.num_kv_heads * d, h),
+        'v_proj': (arch.num_kv_heads * d, h),
+        'o_proj': (h, arch.num_heads * d),
+        'gate_proj': (arch.ffn_hidden_size, h),
+        'up_proj': (arch.ffn_hidden_size, h),
+        'down_proj': (h, arch.ffn_hidden_size),
+    }[projection]
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -87,11 +102,26 @@ class AdapterFactors(nn.Module):
     """One adapter's LoRA factors on one Megatron linear: per adapted HF projection ``lora_A[part]`` and
     ``lora_B[part]``, sharded over tp like the base layer (see the module docstring)."""
 
-    def __init__(self, *, kind: str, parts: tuple[str, ...], arch: Architecture, r: int, scaling: float,
-                 dropout: float, tp: int, tp_rank: int, sequence_parallel: bool, seed: int, name: str,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        kind: str,
+        parts: tuple[str, ...],
+        arch: Architecture,
+        r: int,
+        scaling: float,
+        dropout: float,
+        tp: int,
+        tp_rank: int,
+        sequence_parallel: bool,
+        seed: int,
+        name: str,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
         self.parts, self.scaling = parts, scaling
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.lora_A, self.lora_B = nn.ParameterDict(), nn.ParameterDict()
@@ -119,8 +149,17 @@ class LoraParallelLinear(nn.Module):
     `layer_parts`: the HF projections the layer fuses, in output order. `like`: a tensor of the factors' dtype
     and device (default: the base weight; a tied output layer has no weight of its own)."""
 
-    def __init__(self, base: nn.Module, *, kind: str, layer_parts: tuple[str, ...], arch: Architecture, tp: int,
-                 sequence_parallel: bool, like: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        *,
+        kind: str,
+        layer_parts: tuple[str, ...],
+        arch: Architecture,
+        tp: int,
+        sequence_parallel: bool,
+        like: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.base_layer = base
         self.kind, self.layer_parts, self.arch = kind, layer_parts, arch
@@ -144,6 +183,7 @@ class LoraParallelLinear(nn.Module):
 
     def _column(self, x: torch.Tensor, f: AdapterFactors) -> torch.Tensor:
         from megatron.core.tensor_parallel import mappings
+
         if self.sequence_parallel:
             x = mappings.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True)
         x = f.dropout(x)
@@ -168,6 +208,7 @@ class LoraParallelLinear(nn.Module):
 
     def _row(self, x: torch.Tensor, f: AdapterFactors) -> torch.Tensor:
         from megatron.core.tensor_parallel import mappings
+
         (part,) = f.parts
         h = mappings.reduce_from_tensor_model_parallel_region(f.dropout(x) @ f.lora_A[part].T)
         y = (h @ f.lora_B[part].T) * f.scaling
@@ -188,8 +229,17 @@ def _targets(chunk: Any) -> Iterator[tuple[nn.Module, str, str, str, tuple[str, 
         yield model, 'output_layer', 'output_layer', 'column', (OUTPUT,)
 
 
-def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, adapter: str, tp: int, tp_rank: int,
-             sequence_parallel: bool, seed: int) -> int:
+def add_lora(
+    chunks: list[Any],
+    arch: Architecture,
+    config: Any,
+    *,
+    adapter: str,
+    tp: int,
+    tp_rank: int,
+    sequence_parallel: bool,
+    seed: int,
+) -> int:
     """Add adapter `adapter` (`config`: a `peft.LoraConfig`) to the targeted linears of `chunks` (wrapping them in
     `LoraParallelLinear` where needed) and freeze the base model; returns how many linears it adapts."""
     check_adapter_name(adapter)
@@ -207,13 +257,31 @@ def add_lora(chunks: list[Any], arch: Architecture, config: Any, *, adapter: str
             module = getattr(parent, attr)
             if not isinstance(module, LoraParallelLinear):
                 like = next(unwrap(chunk).decoder.parameters()) if attr == 'output_layer' else None
-                module = LoraParallelLinear(module, kind=kind, layer_parts=layer_parts, arch=arch, tp=tp,
-                                            sequence_parallel=sequence_parallel, like=like)
+                module = LoraParallelLinear(
+                    module,
+                    kind=kind,
+                    layer_parts=layer_parts,
+                    arch=arch,
+                    tp=tp,
+                    sequence_parallel=sequence_parallel,
+                    like=like,
+                )
                 setattr(parent, attr, module)
             module.adapters[adapter] = AdapterFactors(
-                kind=kind, parts=parts, arch=arch, r=r, scaling=scaling, dropout=float(config.lora_dropout), tp=tp,
-                tp_rank=tp_rank, sequence_parallel=sequence_parallel, seed=seed, name=name,
-                dtype=module.factor_dtype, device=module.factor_device)
+                kind=kind,
+                parts=parts,
+                arch=arch,
+                r=r,
+                scaling=scaling,
+                dropout=float(config.lora_dropout),
+                tp=tp,
+                tp_rank=tp_rank,
+                sequence_parallel=sequence_parallel,
+                seed=seed,
+                name=name,
+                dtype=module.factor_dtype,
+                device=module.factor_device,
+            )
             count += 1
     return count
 
@@ -267,8 +335,12 @@ def only_trainable(chunks: list[Any], adapter: str | None) -> Iterator[None]:
 
 def adapter_parameters(chunks: list[Any], adapter: str) -> list[nn.Parameter]:
     """Adapter `adapter`'s factors on this rank."""
-    return [p for module in lora_modules(chunks).values() if adapter in module.adapters
-            for p in module.adapters[adapter].parameters()]
+    return [
+        p
+        for module in lora_modules(chunks).values()
+        if adapter in module.adapters
+        for p in module.adapters[adapter].parameters()
+    ]
 
 
 def peft_key(layer: int | None, part: str, factor: str) -> str:

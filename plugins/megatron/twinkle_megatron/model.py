@@ -20,6 +20,7 @@ dp > 1). The pieces:
 Several named adapters train on one frozen base, each with its own optimizer, loss and processor
 (`twinkle_megatron.units`); a call names its adapter with ``adapter_name=`` (needed once there are several).
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,21 +64,33 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         distributed_optimizer: shard optimizer state over dp (default: when dp > 1).
         seed: Megatron's RNG seed (dropout, LoRA initialisation).
     """
+
     backend = 'megatron'
     capabilities = ModelCapabilities(mixed_adapters=False, max_adapters=None)
 
-    def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None, max_length: int | None = None, device_mesh: Any = None,
-                 sequence_parallel: bool = False, virtual_pipeline_stages: int = 1,
-                 distributed_optimizer: bool | None = None, seed: int = 42) -> None:
+    def __init__(
+        self,
+        model_id: str | os.PathLike[str],
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        max_length: int | None = None,
+        device_mesh: Any = None,
+        sequence_parallel: bool = False,
+        virtual_pipeline_stages: int = 1,
+        distributed_optimizer: bool | None = None,
+        seed: int = 42,
+    ) -> None:
         from transformers import AutoConfig
+
         cpu_compat.apply()
         self.model_id = str(model_id)
         self.model_dir = resolve_model_dir(model_id)
         self.arch = architecture_of(AutoConfig.from_pretrained(self.model_dir))
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
-        self.layout = groups.layout_of(self.device_mesh, sequence_parallel=sequence_parallel,
-                                       virtual_pipeline=virtual_pipeline_stages)
+        self.layout = groups.layout_of(
+            self.device_mesh, sequence_parallel=sequence_parallel, virtual_pipeline=virtual_pipeline_stages
+        )
         check_layout(self.arch, self.layout)
         groups.initialize(self.device_mesh, self.layout, seed=seed)
         self.seed = seed
@@ -85,8 +98,14 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         self.dtype = resolve_dtype(dtype, self.device)
         self.ranks = groups.ranks()
         self.chunks: list[Any] = build.build_chunks(self.arch, self.layout, self.dtype, self.device)
-        build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(self.model_dir), tp=self.layout.tp,
-                              tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
+        build.load_hf_weights(
+            self.chunks,
+            self.arch,
+            build.hf_tensor_reader(self.model_dir),
+            tp=self.layout.tp,
+            tp_rank=self.ranks['tp'],
+            expert_offset=self._expert_offset(),
+        )
         self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length = int(max_length or self.arch.max_position_embeddings)
@@ -101,8 +120,14 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         return self.ranks['ep'] * (self.arch.num_experts // self.layout.ep)
 
     def _new_unit(self, name: str, lora_config: Any = None, gradient_accumulation_steps: int = 1) -> TrainingUnit:
-        return TrainingUnit(name, self.chunks, lora_config=lora_config, distributed=self.distributed_optimizer,
-                            dtype=self.dtype, gradient_accumulation_steps=gradient_accumulation_steps)
+        return TrainingUnit(
+            name,
+            self.chunks,
+            lora_config=lora_config,
+            distributed=self.distributed_optimizer,
+            dtype=self.dtype,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        )
 
     # ---- adapters --------------------------------------------------------------------------------------------
     def list_adapters(self) -> list[str]:
@@ -128,8 +153,9 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         return self._unit(adapter_name).state
 
     # ---- configuration ---------------------------------------------------------------------------------------
-    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
-                             **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1, **kwargs: Any
+    ) -> None:
         """Add the tensor-parallel LoRA adapter `adapter_name` on the frozen base (`config`: a ``peft.LoraConfig``
         or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``; ``seed``: initialisation seed,
         default the model's), with its own optimizer, loss and processor, set after this call. The first adapter
@@ -145,8 +171,16 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         full = self.units.pop(FULL, None)
         if full is not None and full.state.optimizer is not None:
             logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
-        lora.add_lora(self.chunks, self.arch, config, adapter=adapter_name, tp=self.layout.tp,
-                      tp_rank=self.ranks['tp'], sequence_parallel=self.layout.sp, seed=seed)
+        lora.add_lora(
+            self.chunks,
+            self.arch,
+            config,
+            adapter=adapter_name,
+            tp=self.layout.tp,
+            tp_rank=self.ranks['tp'],
+            sequence_parallel=self.layout.sp,
+            seed=seed,
+        )
         self.units[adapter_name] = self._new_unit(adapter_name, config, gradient_accumulation_steps)
 
     def remove_adapter(self, adapter_name: str) -> None:
@@ -160,14 +194,22 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
 
     # ---- training step ---------------------------------------------------------------------------------------
     @reports_failure('forward_backward')
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, old_logps: Any = None,
-                         advantages: Any = None, micro_batch_size: int | None = None,
-                         **kwargs: Any) -> dict[str, Any]:
+    def forward_backward(
+        self,
+        *,
+        inputs: Any,
+        adapter_name: str | None = None,
+        old_logps: Any = None,
+        advantages: Any = None,
+        micro_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Forward, loss and backward through the pipeline schedule. Returns ``{'loss', 'logprobs', 'metrics'}``.
         `micro_batch_size`: rows per pipeline micro-batch (default: the rows split into pp micro-batches); the
         gradients equal one pass over all rows."""
-        reject_unknown_kwargs('forward_backward', kwargs,
-                              ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
+        reject_unknown_kwargs(
+            'forward_backward', kwargs, ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size')
+        )
         unit = self._unit(adapter_name)
         inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=unit.state.loss)
         self._eval_loss = None
@@ -176,13 +218,21 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         return result
 
     @reports_failure('forward_only')
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
-                     micro_batch_size: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    def forward_only(
+        self,
+        *,
+        inputs: Any,
+        adapter_name: str | None = None,
+        compute_loss: bool = True,
+        micro_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`."""
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
         with torch.no_grad():
-            result = self._run(self._unit(adapter_name), inputs, micro_batch_size, training=False,
-                               compute_loss=compute_loss)
+            result = self._run(
+                self._unit(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
+            )
         self._eval_loss = result.get('loss')
         return result
 
@@ -193,18 +243,23 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         loss = self._loss_of_last_forward_only()
         loss = self._unit(adapter_name).last_loss if loss is None else loss
         if loss is None:
-            raise TwinkleError('calculate_loss() needs a preceding forward_backward or forward_only with labels '
-                               '(MegatronModel runs forward, loss and backward as one pipeline schedule).')
+            raise TwinkleError(
+                'calculate_loss() needs a preceding forward_backward or forward_only with labels '
+                '(MegatronModel runs forward, loss and backward as one pipeline schedule).'
+            )
         return loss
 
     def forward(self, **kwargs: Any) -> Any:
-        raise TwinkleError('MegatronModel runs forward, loss and backward as one pipeline schedule: call '
-                           'forward_backward(inputs=...) (or forward_only for no gradients).')
+        raise TwinkleError(
+            'MegatronModel runs forward, loss and backward as one pipeline schedule: call '
+            'forward_backward(inputs=...) (or forward_only for no gradients).'
+        )
 
     backward = forward
 
-    def _run(self, unit: TrainingUnit, inputs: Any, micro_batch_size: int | None, *, training: bool,
-             compute_loss: bool) -> dict[str, Any]:
+    def _run(
+        self, unit: TrainingUnit, inputs: Any, micro_batch_size: int | None, *, training: bool, compute_loss: bool
+    ) -> dict[str, Any]:
         unit.wrap()
         state = unit.state
         rows = as_input_features(inputs)
@@ -222,11 +277,18 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         for chunk in unit.chunks:
             chunk.train(training)
         with unit.scope():
-            infos = schedule.run(unit.chunks, micro, loss=state.loss, vocab_size=self.arch.vocab_size,
-                                 scale=state.loss_scale() * dp_share, forward_only=not training,
-                                 compute_loss=compute_loss, pad_token_id=self.pad_token_id,
-                                 pad_multiple=self.layout.tp if self.layout.sp else 1,
-                                 same_shape_group=groups.dp_group() if self.layout.ep > 1 else None)
+            infos = schedule.run(
+                unit.chunks,
+                micro,
+                loss=state.loss,
+                vocab_size=self.arch.vocab_size,
+                scale=state.loss_scale() * dp_share,
+                forward_only=not training,
+                compute_loss=compute_loss,
+                pad_token_id=self.pad_token_id,
+                pad_multiple=self.layout.tp if self.layout.sp else 1,
+                same_shape_group=groups.dp_group() if self.layout.ep > 1 else None,
+            )
         result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
         with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
         if with_loss:
@@ -245,8 +307,9 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
     def _reduce_summary(self, summary: dict[str, Any], reduction: str | None, weight: float) -> dict[str, Any]:
         """This data rank's summary -> the global batch's (collective over the data-parallel group)."""
         counts = ('num_loss_tokens', 'num_correct', 'num_tokens')
-        sums = all_reduce_sum([summary['loss'] * weight, weight, *(float(summary[k]) for k in counts)],
-                              groups.dp_group())
+        sums = all_reduce_sum(
+            [summary['loss'] * weight, weight, *(float(summary[k]) for k in counts)], groups.dp_group()
+        )
         if reduction == 'sum':
             loss = all_reduce_sum([summary['loss']], groups.dp_group())[0]
         else:
@@ -260,18 +323,30 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         groups.shutdown()
 
     def model_info(self) -> dict[str, Any]:
-        return {'model_id': self.model_id, 'max_length': self.max_length, 'backend': self.backend,
-                'layout': self._layout_json()}
+        return {
+            'model_id': self.model_id,
+            'max_length': self.max_length,
+            'backend': self.backend,
+            'layout': self._layout_json(),
+        }
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         unit = self._unit(adapter_name)
         state = unit.state
         adapter = None if unit.adapter is None else self._adapter_config_json(unit.adapter)
-        return {'model_id': self.model_id, 'backend': self.backend, 'architecture': self.arch.model_type,
-                'device': str(self.device), 'dtype': str(self.dtype).removeprefix('torch.'),
-                'max_length': self.max_length, 'layout': self._layout_json(),
-                'distributed_optimizer': self.distributed_optimizer, 'cpu_bridges': cpu_compat.applied(),
-                'adapter': adapter, **state.describe()}
+        return {
+            'model_id': self.model_id,
+            'backend': self.backend,
+            'architecture': self.arch.model_type,
+            'device': str(self.device),
+            'dtype': str(self.dtype).removeprefix('torch.'),
+            'max_length': self.max_length,
+            'layout': self._layout_json(),
+            'distributed_optimizer': self.distributed_optimizer,
+            'cpu_bridges': cpu_compat.applied(),
+            'adapter': adapter,
+            **state.describe(),
+        }
 
     def _layout_json(self) -> dict[str, Any]:
         lay = self.layout
@@ -290,6 +365,7 @@ def lora_config(config: Any, **overrides: Any) -> Any:
     """`config` (a `peft.LoraConfig`, a dict of its fields or None) plus `overrides` -> a causal-LM `LoraConfig`
     (``target_modules`` default ``'all-linear'``). Unknown fields raise `InvalidInputError`."""
     from peft import LoraConfig
+
     fields = (config.to_dict() if isinstance(config, LoraConfig) else dict(config or {})) | overrides
     fields.setdefault('target_modules', 'all-linear')
     fields.setdefault('task_type', 'CAUSAL_LM')

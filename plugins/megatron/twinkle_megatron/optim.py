@@ -12,6 +12,7 @@ AdamW on CPU, TransformerEngine/Apex FusedAdam on GPUs when installed), ``'Adam'
 ``weight_decay=0``) and ``'SGD'``. Megatron applies weight decay to weight matrices only, not to norms and
 biases. The LR scheduler drives the inner torch optimizer, so every twinkle LR scheduler works.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -29,27 +30,41 @@ _ADAM = {'adamw': 'adam', 'adam': 'adam', 'sgd': 'sgd'}
 def optimizer_config(name: Any, kwargs: dict[str, Any], *, distributed: bool, dtype: torch.dtype) -> Any:
     """`megatron.core.optimizer.OptimizerConfig` for a twinkle optimizer name and its torch-style kwargs."""
     from megatron.core.optimizer import OptimizerConfig
+
     key = name.lower() if isinstance(name, str) else getattr(name, '__name__', '').lower()
     if key not in _ADAM:
-        raise InvalidInputError(f'MegatronModel builds Megatron optimizers: AdamW, Adam or SGD; got {name!r}. '
-                                f'(Other torch optimizers cannot drive Megatron\'s sharded grad buffers.)')
+        raise InvalidInputError(
+            f'MegatronModel builds Megatron optimizers: AdamW, Adam or SGD; got {name!r}. '
+            f"(Other torch optimizers cannot drive Megatron's sharded grad buffers.)"
+        )
     args = dict(kwargs)
     unknown = sorted(set(args) - {'lr', 'weight_decay', 'betas', 'eps', 'momentum'})
     if unknown:
-        raise InvalidInputError(f'set_optimizer({name!r}): MegatronModel does not take {unknown}; it takes lr, '
-                                f'weight_decay, betas, eps (Adam) and momentum (SGD).')
+        raise InvalidInputError(
+            f'set_optimizer({name!r}): MegatronModel does not take {unknown}; it takes lr, '
+            f'weight_decay, betas, eps (Adam) and momentum (SGD).'
+        )
     if key == 'adam' and args.get('weight_decay', 0.0):
-        raise InvalidInputError('set_optimizer("Adam", weight_decay=...): Megatron\'s Adam decays weights '
-                                'decoupled (AdamW); ask for "AdamW" instead.')
+        raise InvalidInputError(
+            'set_optimizer("Adam", weight_decay=...): Megatron\'s Adam decays weights '
+            'decoupled (AdamW); ask for "AdamW" instead.'
+        )
     betas = args.pop('betas', (0.9, 0.999))
     fp16 = dtype in (torch.bfloat16, torch.float16)
     return OptimizerConfig(
-        optimizer=_ADAM[key], lr=float(args.get('lr', 1e-3)),
+        optimizer=_ADAM[key],
+        lr=float(args.get('lr', 1e-3)),
         weight_decay=float(args.get('weight_decay', 0.01 if key == 'adamw' else 0.0)),
-        adam_beta1=float(betas[0]), adam_beta2=float(betas[1]), adam_eps=float(args.get('eps', 1e-8)),
-        sgd_momentum=float(args.get('momentum', 0.0)), use_distributed_optimizer=distributed,
-        clip_grad=0.0, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        params_dtype=dtype if fp16 else torch.float32)
+        adam_beta1=float(betas[0]),
+        adam_beta2=float(betas[1]),
+        adam_eps=float(args.get('eps', 1e-8)),
+        sgd_momentum=float(args.get('momentum', 0.0)),
+        use_distributed_optimizer=distributed,
+        clip_grad=0.0,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype if fp16 else torch.float32,
+    )
 
 
 class ParamGroupsView(torch.optim.Optimizer):
@@ -90,10 +105,18 @@ class MegatronTrainState(TrainState):
     ``self.optimizer`` is the inner torch optimizer (what LR schedulers, `update_optimizer` and the metrics
     read); ``self.megatron_optimizer`` steps it. `distributed`: use the distributed optimizer."""
 
-    def __init__(self, name: str, parameters: Callable[[], Iterable[torch.nn.Parameter]], *, chunks: list[Any],
-                 distributed: bool, dtype: torch.dtype, gradient_accumulation_steps: int = 1,
-                 scope: Callable[[], ContextManager[Any]] = nullcontext,
-                 prepare: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        name: str,
+        parameters: Callable[[], Iterable[torch.nn.Parameter]],
+        *,
+        chunks: list[Any],
+        distributed: bool,
+        dtype: torch.dtype,
+        gradient_accumulation_steps: int = 1,
+        scope: Callable[[], ContextManager[Any]] = nullcontext,
+        prepare: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(name, parameters, gradient_accumulation_steps=gradient_accumulation_steps)
         self.chunks = chunks
         self.scope = scope  # entered while the optimizer is built and the grads reduced (see lora.only_trainable)
@@ -105,6 +128,7 @@ class MegatronTrainState(TrainState):
 
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         from megatron.core.optimizer import get_megatron_optimizer
+
         config = optimizer_config(optimizer, kwargs, distributed=self.distributed, dtype=self.dtype)
         self.prepare()
         with self.scope(), tensors_as_cuda():
@@ -118,6 +142,7 @@ class MegatronTrainState(TrainState):
         """Reduce the accumulated grads (once per step) and hand them to the optimizer."""
         if not self._grads_ready:
             from megatron.core.distributed import finalize_model_grads
+
             with self.scope():
                 finalize_model_grads(self.chunks)
             with tensors_as_cuda():
@@ -128,6 +153,7 @@ class MegatronTrainState(TrainState):
         """The gradient norm over every model-parallel rank (each shard counted once; dense and expert
         optimizers together), then, given `max_norm`, clip every optimizer's gradients by it."""
         from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
         self.require_optimizer()
         self._finalize()
         with tensors_as_cuda():
@@ -136,8 +162,12 @@ class MegatronTrainState(TrainState):
                 for optimizer in getattr(self.megatron_optimizer, 'chained_optimizers', [self.megatron_optimizer]):
                     params = optimizer.get_parameters()
                     if params and not getattr(optimizer, 'is_stub_optimizer', False):
-                        clip_grad_by_total_norm_fp32(params, float(max_norm), norm,
-                                                     optimizer.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+                        clip_grad_by_total_norm_fp32(
+                            params,
+                            float(max_norm),
+                            norm,
+                            optimizer.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+                        )
         self.last_grad_norm = norm
         return norm
 
@@ -174,8 +204,9 @@ class MegatronTrainState(TrainState):
         if self.megatron_optimizer is None:
             return
         if write:
-            torch.save({'state_dict': self.megatron_optimizer.state_dict(), 'adam_step': self._adam_step()},
-                       optimizer_file)
+            torch.save(
+                {'state_dict': self.megatron_optimizer.state_dict(), 'adam_step': self._adam_step()}, optimizer_file
+            )
         if self.distributed:
             self.megatron_optimizer.save_parameter_state(str(parameter_file))
 

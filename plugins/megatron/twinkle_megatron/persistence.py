@@ -3,6 +3,7 @@
 Both are collective over the model's ranks (weights are gathered over tp and pp to global rank 0); see
 `twinkle_megatron.checkpoint` for the directory layout and `twinkle_megatron.export` for the streaming.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,9 +31,17 @@ class PersistenceMethods:
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     @reports_failure('save')
-    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
-             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
-             **kwargs: Any) -> str:
+    def save(
+        self,
+        name: str,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        extra_state: Any = None,
+        **kwargs: Any,
+    ) -> str:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory. LoRA in PEFT
         format, full weights in Hugging Face format; ``save_optimizer=True`` adds everything an exact resume
         needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
@@ -41,24 +50,40 @@ class PersistenceMethods:
         target = Path(output_dir or 'output') / name
         with ckpt.collective_directory(target) as tmp:
             if unit.adapter is not None:
-                ckpt.save_lora(self.chunks, self.arch, unit.lora_config, tmp, adapter=unit.adapter,
-                               base_model_id=self.model_id)
+                ckpt.save_lora(
+                    self.chunks, self.arch, unit.lora_config, tmp, adapter=unit.adapter, base_model_id=self.model_id
+                )
             else:
-                ckpt.save_full(self.chunks, self.arch, tmp, source_dir=self.model_dir,
-                               expert_offset=self._expert_offset())
+                ckpt.save_full(
+                    self.chunks, self.arch, tmp, source_dir=self.model_dir, expert_offset=self._expert_offset()
+                )
             if save_optimizer:
                 ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
-                write_metadata(tmp, kind='lora' if unit.adapter else 'full', adapter_name=unit.adapter,
-                               model_id=self.model_id, step=state.optimizer_steps, backend='megatron',
-                               layout=self._layout_json(), has_training_state=save_optimizer)
+                write_metadata(
+                    tmp,
+                    kind='lora' if unit.adapter else 'full',
+                    adapter_name=unit.adapter,
+                    model_id=self.model_id,
+                    step=state.optimizer_steps,
+                    backend='megatron',
+                    layout=self._layout_json(),
+                    has_training_state=save_optimizer,
+                )
                 if save_optimizer:
                     save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
         return str(target)
 
     @reports_failure('load')
-    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
-             dataloader: Any = None, **kwargs: Any) -> Any:
+    def load(
+        self,
+        path: str,
+        *,
+        load_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """Load a checkpoint written by `save` (by this or any other backend), a PEFT adapter directory or a
         Hugging Face model directory. A LoRA checkpoint loads into adapter `adapter_name` (default: the model's
         only adapter, else the saved name or ``'default'``), which is added first when the model lacks it.
@@ -70,14 +95,23 @@ class PersistenceMethods:
                 adapter_name = adapters[0] if len(adapters) == 1 else meta.get('adapter_name') or 'default'
             if adapter_name not in adapters:
                 from peft import LoraConfig
+
                 self.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path))
             ckpt.load_lora(self.chunks, path, adapter=adapter_name, tp=self.layout.tp, tp_rank=self.ranks['tp'])
         else:
             if adapters:
-                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapters '
-                                        f'{adapters}; load it into a model without adapters.')
-            build.load_hf_weights(self.chunks, self.arch, build.hf_tensor_reader(path), tp=self.layout.tp,
-                                  tp_rank=self.ranks['tp'], expert_offset=self._expert_offset())
+                raise InvalidInputError(
+                    f'{path!r} holds full model weights but this model trains adapters '
+                    f'{adapters}; load it into a model without adapters.'
+                )
+            build.load_hf_weights(
+                self.chunks,
+                self.arch,
+                build.hf_tensor_reader(path),
+                tp=self.layout.tp,
+                tp_rank=self.ranks['tp'],
+                expert_offset=self._expert_offset(),
+            )
         unit = self._unit(adapter_name)
         state = unit.state
         if state.megatron_optimizer is not None:
@@ -103,8 +137,11 @@ class PersistenceMethods:
     def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         a = self.arch
         dtype = str(self.dtype).removeprefix('torch.')
-        shapes = {'model.embed_tokens.weight': (a.vocab_size, a.hidden_size), 'model.norm.weight': (a.hidden_size,),
-                  'lm_head.weight': (a.vocab_size, a.hidden_size)}  # tied: the embedding, as in export_base
+        shapes = {
+            'model.embed_tokens.weight': (a.vocab_size, a.hidden_size),
+            'model.norm.weight': (a.hidden_size,),
+            'lm_head.weight': (a.vocab_size, a.hidden_size),
+        }  # tied: the embedding, as in export_base
         for i in range(a.num_layers):
             p = f'model.layers.{i}.'
             shapes[p + 'input_layernorm.weight'] = shapes[p + 'post_attention_layernorm.weight'] = (a.hidden_size,)
@@ -117,9 +154,11 @@ class PersistenceMethods:
             if a.is_moe:
                 shapes[p + 'mlp.gate.weight'] = (a.num_experts, a.hidden_size)
                 for e in range(a.num_experts):
-                    for proj, shape in (('gate_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
-                                        ('up_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
-                                        ('down_proj', (a.hidden_size, a.moe_ffn_hidden_size))):
+                    for proj, shape in (
+                        ('gate_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
+                        ('up_proj', (a.moe_ffn_hidden_size, a.hidden_size)),
+                        ('down_proj', (a.hidden_size, a.moe_ffn_hidden_size)),
+                    ):
                         shapes[f'{p}mlp.experts.{e}.{proj}.weight'] = shape
             else:
                 for proj in ('gate_proj', 'up_proj', 'down_proj'):
@@ -134,9 +173,9 @@ class PersistenceMethods:
         if name not in self.list_adapters():
             adapters = self.list_adapters() or 'none'
             raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {adapters}.')
-        return self._adapter_config_json(name), bucketed(export.peft_weights(self.chunks, self.arch, name),
-                                                         bucket_bytes)
+        return self._adapter_config_json(name), bucketed(
+            export.peft_weights(self.chunks, self.arch, name), bucket_bytes
+        )
 
     def _adapter_config_json(self, adapter: str) -> dict[str, Any]:
         return ckpt.peft_config_dict(self.units[adapter].lora_config, self.model_id)
-

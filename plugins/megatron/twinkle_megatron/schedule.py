@@ -12,6 +12,7 @@ On the last pipeline stage each micro-batch's loss is computed from vocabulary-p
 (`twinkle_megatron.logps`) and backpropagated with the factor `scale * share` (accumulation, data-parallel
 weighting, the micro-batch's part of the call). What the loss reports travels back to every pipeline stage.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_par
 @dataclass
 class MicroBatch:
     """A collated micro-batch (`batch`, what the loss sees) and the fixed-shape tensors the model runs on."""
+
     batch: dict[str, Any]
     share: float  # this micro-batch's part of the call's loss
     model_inputs: dict[str, torch.Tensor] | None = None
@@ -47,8 +49,9 @@ def attention_mask(row_index: torch.Tensor) -> torch.Tensor:
     return ~allowed.unsqueeze(1)
 
 
-def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: int,
-                     same_shape_group: Any = None) -> tuple[int, int]:
+def pad_model_inputs(
+    micro: list[MicroBatch], *, multiple: int, pad_token_id: int, same_shape_group: Any = None
+) -> tuple[int, int]:
     """Give every micro-batch fixed-shape model inputs; returns (rows, length) of that shape. `same_shape_group`:
     ranks that must all use one shape (expert parallelism gathers tokens across the data-parallel ranks)."""
     rows = max(len(m.batch['row_lengths']) for m in micro)
@@ -58,9 +61,11 @@ def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: in
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=same_shape_group)
         rows, width = int(shape[0]), int(shape[1])
         if int(shape[2]) != len(micro):
-            raise InvalidInputError(f'Under expert parallelism every data-parallel rank must run the same number '
-                                    f'of micro-batches; this rank has {len(micro)}, another {int(shape[2])}. '
-                                    f'Give every rank the same number of rows.')
+            raise InvalidInputError(
+                f'Under expert parallelism every data-parallel rank must run the same number '
+                f'of micro-batches; this rank has {len(micro)}, another {int(shape[2])}. '
+                f'Give every rank the same number of rows.'
+            )
     width = -(-width // multiple) * multiple
     for m in micro:
         ids, pos, index = m.batch['input_ids'], m.batch['position_ids'], m.batch['row_index']
@@ -71,8 +76,11 @@ def pad_model_inputs(micro: list[MicroBatch], *, multiple: int, pad_token_id: in
         full_index = index.new_full(shape, -1)
         full_ids[:b, :s], full_pos[:b, :s], full_index[:b, :s] = ids, pos, index
         packed = bool(m.batch.get('packed'))  # padded rows need no mask: causal attention never sees padding
-        m.model_inputs = {'input_ids': full_ids, 'position_ids': full_pos,
-                          'attention_mask': attention_mask(full_index) if packed else None}
+        m.model_inputs = {
+            'input_ids': full_ids,
+            'position_ids': full_pos,
+            'attention_mask': attention_mask(full_index) if packed else None,
+        }
     return rows, width
 
 
@@ -85,24 +93,39 @@ def loss_outputs(logits: torch.Tensor, batch: dict[str, Any], loss: Any, vocab_s
     target_logps = vocab_parallel_logps(logits, batch['target_ids'], vocab_size, group)
     labels = batch['labels']
     mask = labels != IGNORE_INDEX
-    outputs: dict[str, Any] = {'target_logps': target_logps, 'logps': torch.where(mask, target_logps, 0.0),
-                               'mask': mask,
-                               'correct': (vocab_parallel_argmax(logits, vocab_size, group) == labels) & mask}
+    outputs: dict[str, Any] = {
+        'target_logps': target_logps,
+        'logps': torch.where(mask, target_logps, 0.0),
+        'mask': mask,
+        'correct': (vocab_parallel_argmax(logits, vocab_size, group) == labels) & mask,
+    }
     if getattr(loss, 'needs_logits', False):
         outputs['logits'] = full_logits(logits, vocab_size, group)
     return outputs
 
 
-def run(chunks: list[Any], micro: list[MicroBatch], *, loss: Any, vocab_size: int, scale: float,
-        forward_only: bool, compute_loss: bool, pad_token_id: int, pad_multiple: int,
-        same_shape_group: Any = None) -> list[dict[str, Any]]:
+def run(
+    chunks: list[Any],
+    micro: list[MicroBatch],
+    *,
+    loss: Any,
+    vocab_size: int,
+    scale: float,
+    forward_only: bool,
+    compute_loss: bool,
+    pad_token_id: int,
+    pad_multiple: int,
+    same_shape_group: Any = None,
+) -> list[dict[str, Any]]:
     """Run `micro` through the pipeline; returns, on every rank, each micro-batch's ``{'logprobs', 'loss',
     'summary', 'metrics'}`` (loss entries only where a loss was computed). Backward runs unless `forward_only`.
     `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism);
     `same_shape_group`: see `pad_model_inputs`."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    rows, width = pad_model_inputs(micro, multiple=pad_multiple, pad_token_id=pad_token_id,
-                                   same_shape_group=same_shape_group)
+
+    rows, width = pad_model_inputs(
+        micro, multiple=pad_multiple, pad_token_id=pad_token_id, same_shape_group=same_shape_group
+    )
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
         m = next(data_iterator)
@@ -116,20 +139,30 @@ def run(chunks: list[Any], micro: list[MicroBatch], *, loss: Any, vocab_size: in
         if compute_loss and bool(outputs['mask'].any()):
             result = run_loss(loss, m.batch, outputs)
             value = result['loss'] * (scale * m.share)
-            info.update(loss=float(result['loss'].detach()), metrics=dict(result.get('metrics') or {}),
-                        summary=step_summary(m.batch, outputs, result['loss']))
+            info.update(
+                loss=float(result['loss'].detach()),
+                metrics=dict(result.get('metrics') or {}),
+                summary=step_summary(m.batch, outputs, result['loss']),
+            )
         return value, torch.ones((), dtype=torch.int), info
 
     iterators: Any = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
     infos = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iterators, model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=len(micro), seq_length=width, micro_batch_size=rows, forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=iterators,
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(micro),
+        seq_length=width,
+        micro_batch_size=rows,
+        forward_only=forward_only,
+    )
     return _from_last_stage(list(infos))
 
 
 def _from_last_stage(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The last pipeline stage's per-micro-batch results, on every stage of the pipeline."""
     from megatron.core import parallel_state as ps
+
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return infos
     box = [infos if ps.is_pipeline_last_stage() else None]

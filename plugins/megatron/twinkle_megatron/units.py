@@ -7,6 +7,7 @@ else -- not gradient buffers, not optimizer state, not loss or processor. While 
 Megatron's DDP, optimizer and `finalize_model_grads` (which all select ``requires_grad`` parameters) see this
 unit alone.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -24,15 +25,30 @@ class TrainingUnit:
     adapter's `peft.LoraConfig` (None for ``FULL``). `chunks` are the DDP wrappers once `wrap` ran (before it,
     the modules)."""
 
-    def __init__(self, name: str, modules: list[Any], *, lora_config: Any = None, distributed: bool,
-                 dtype: torch.dtype, gradient_accumulation_steps: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        modules: list[Any],
+        *,
+        lora_config: Any = None,
+        distributed: bool,
+        dtype: torch.dtype,
+        gradient_accumulation_steps: int = 1,
+    ) -> None:
         self.name, self.modules, self.lora_config = name, modules, lora_config
         self.adapter = None if name == FULL else name
         self.chunks: list[Any] = list(modules)
         self.wrapped = False
-        self.state = MegatronTrainState(name, self.parameters, chunks=self.chunks, distributed=distributed,
-                                        dtype=dtype, gradient_accumulation_steps=gradient_accumulation_steps,
-                                        scope=self.scope, prepare=self.wrap)
+        self.state = MegatronTrainState(
+            name,
+            self.parameters,
+            chunks=self.chunks,
+            distributed=distributed,
+            dtype=dtype,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            scope=self.scope,
+            prepare=self.wrap,
+        )
         self.last_loss: float | None = None  # of the last forward_backward, for calculate_loss
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -52,9 +68,13 @@ class TrainingUnit:
         if self.wrapped:
             return
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=self.state.distributed)
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self.state.distributed
+        )
         with self.scope(), torch.enable_grad():  # DDP hooks grad accumulators, which exist only with autograd on
-            self.chunks[:] = [DistributedDataParallel(config=m.config, ddp_config=ddp_config, module=m,
-                                                      disable_bucketing=i > 0) for i, m in enumerate(self.modules)]
+            self.chunks[:] = [
+                DistributedDataParallel(config=m.config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
+                for i, m in enumerate(self.modules)
+            ]
         self.wrapped = True

@@ -1,4 +1,5 @@
 """Errors of the Ray runtime. Each names the group, the rank and the method involved."""
+
 from __future__ import annotations
 
 from twinkle_core.errors import TwinkleError

@@ -5,6 +5,7 @@ ranks, fixes the group's mesh), join one torch.distributed process group, and ho
 group. `wait` collects a call's per-rank results and turns the first failure into `RemoteCallError`; a failure
 that leaves other ranks running or stuck (e.g. inside a collective) marks the group broken.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,8 +29,9 @@ FAILURE_GRACE_S = 2.0  # after one rank fails, how long to wait for the others b
 class WorkerGroup:
     """The actors of `spec`. ``spec.options`` may set ``num_cpus`` / ``num_gpus`` per rank and ``env`` vars."""
 
-    def __init__(self, spec: DeviceGroup, *, nproc_per_node: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, spec: DeviceGroup, *, nproc_per_node: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.world_size = spec.world_size
@@ -50,42 +52,54 @@ class WorkerGroup:
         """Start the actors with `mesh` (default: data parallel over all ranks); later meshes must match it."""
         if self.started:
             if mesh is not None and mesh != self.mesh:
-                raise MeshError(f'device group {self.name!r} already runs with {self.mesh!r}; a component asked for '
-                                f'{mesh!r}. Components of one group share its mesh: omit device_mesh or use a '
-                                'separate DeviceGroup.')
+                raise MeshError(
+                    f'device group {self.name!r} already runs with {self.mesh!r}; a component asked for '
+                    f'{mesh!r}. Components of one group share its mesh: omit device_mesh or use a '
+                    'separate DeviceGroup.'
+                )
             return
         device_type = self.spec.device_type
         mesh = mesh or DeviceMesh.from_sizes(dp_size=self.world_size, device_type=device_type)
         if mesh.world_size != self.world_size:
-            raise MeshError(f'{mesh!r} has {mesh.world_size} ranks but device group {self.name!r} has '
-                            f'{self.world_size}; size the mesh to the group.')
+            raise MeshError(
+                f'{mesh!r} has {mesh.world_size} ranks but device group {self.name!r} has '
+                f'{self.world_size}; size the mesh to the group.'
+            )
         resources = self._rank_resources()
         total = ray.cluster_resources()
         short = {k: v * self.world_size for k, v in resources.items() if v * self.world_size > total.get(k, 0)}
         if short:
-            raise TwinkleError(f'device group {self.name!r} needs {self.world_size} x {resources} but the whole Ray '
-                               f'cluster has {{{", ".join(f"{k!r}: {total.get(k, 0)}" for k in short)}}}. Add '
-                               'resources (e.g. ray.init(num_cpus=...)), or lower the group\'s ranks or its '
-                               "options['num_cpus'].")
-        self.placement_group = placement_group([dict(resources) for _ in range(self.world_size)], strategy='PACK',
-                                               name=f'twinkle-{self.name}-{id(self):x}')
+            raise TwinkleError(
+                f'device group {self.name!r} needs {self.world_size} x {resources} but the whole Ray '
+                f'cluster has {{{", ".join(f"{k!r}: {total.get(k, 0)}" for k in short)}}}. Add '
+                "resources (e.g. ray.init(num_cpus=...)), or lower the group's ranks or its "
+                "options['num_cpus']."
+            )
+        self.placement_group = placement_group(
+            [dict(resources) for _ in range(self.world_size)], strategy='PACK', name=f'twinkle-{self.name}-{id(self):x}'
+        )
         try:
             ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
             self.shutdown()
-            raise TwinkleError(f'device group {self.name!r} needs {self.world_size} x {resources} but the Ray cluster '
-                               f'could not place them within {PLACEMENT_TIMEOUT_S:.0f}s (available: '
-                               f'{ray.available_resources()}). Add resources or shrink the group.') from None
+            raise TwinkleError(
+                f'device group {self.name!r} needs {self.world_size} x {resources} but the Ray cluster '
+                f'could not place them within {PLACEMENT_TIMEOUT_S:.0f}s (available: '
+                f'{ray.available_resources()}). Add resources or shrink the group.'
+            ) from None
         actor_cls = ray.remote(GroupWorker)
         self.workers = [
             actor_cls.options(
-                num_cpus=resources.get('CPU', 0), num_gpus=resources.get('GPU', 0),
+                num_cpus=resources.get('CPU', 0),
+                num_gpus=resources.get('GPU', 0),
                 resources={k: v for k, v in resources.items() if k not in ('CPU', 'GPU')} or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group,
-                                                                     placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=rank
+                ),
                 runtime_env={'env_vars': self.env} if self.env else None,
             ).remote(self.name, rank, self.world_size, rank % self.nproc_per_node, self.nproc_per_node, self.env)
-            for rank in range(self.world_size)]
+            for rank in range(self.world_size)
+        ]
         self.mesh = mesh
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         self.wait([w.setup.remote(addr, port, mesh) for w in self.workers], 'setup')
@@ -123,14 +137,15 @@ class WorkerGroup:
         self.check_usable()
         obj_id = next(self._ids)
         payload = ray.put((cls, args, kwargs, _driver_rng_state()))
-        self.wait([w.construct.remote(obj_id, payload, self.mesh) for w in self.workers],
-                  f'{cls.__name__}.__init__')
+        self.wait([w.construct.remote(obj_id, payload, self.mesh) for w in self.workers], f'{cls.__name__}.__init__')
         return obj_id
 
     def check_usable(self) -> None:
         if self.broken:
-            raise GroupBrokenError(f'device group {self.name!r} is unusable: {self.broken}. Its ranks may be stuck in '
-                                   'a collective; call twinkle_core.shutdown() (or initialize again) to release it.')
+            raise GroupBrokenError(
+                f'device group {self.name!r} is unusable: {self.broken}. Its ranks may be stuck in '
+                'a collective; call twinkle_core.shutdown() (or initialize again) to release it.'
+            )
 
     # ---- results -----------------------------------------------------------------------------------------------
     def wait(self, refs: list[Any], method: str) -> list[Any]:
@@ -183,4 +198,3 @@ def _failed(ref: Any) -> bool:
         return False
     except Exception:  # noqa: BLE001
         return True
-

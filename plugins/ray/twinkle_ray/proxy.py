@@ -10,6 +10,7 @@ A `LazyResult` of one group passed as `inputs` to a ``slice_dp`` method of the s
 (each rank gets its own part), so e.g. batches of a lazily collected `DataLoader` hosted in the model group never
 reach the driver.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ class LazyResult:
     access and ``repr`` all fetch it.
     """
 
-    def __init__(self, group: WorkerGroup, refs: list[Any], collect: str, method: str,
-                 collect_ranks: list[int] | None = None) -> None:
+    def __init__(
+        self, group: WorkerGroup, refs: list[Any], collect: str, method: str, collect_ranks: list[int] | None = None
+    ) -> None:
         self._group, self._refs, self._collect, self._method = group, refs, collect, method
         self._collect_ranks = collect_ranks if collect_ranks is not None else list(range(len(refs)))
         self._value: Any = None
@@ -125,9 +127,11 @@ class ComponentProxy:
             raise AttributeError(name)
         cls = self._twinkle_cls
         what = 'is not declared with @remote_method' if hasattr(cls, name) else 'is not a method of the class'
-        raise AttributeError(f'{cls.__name__}.{name} {what}, so it cannot be reached on a component hosted in device '
-                             f'group {self._group.name!r}. Remote methods: {sorted(self._twinkle_specs)}; declare '
-                             'others on the interface (twinkle_core.dispatch.remote_method) with dispatch/collect.')
+        raise AttributeError(
+            f'{cls.__name__}.{name} {what}, so it cannot be reached on a component hosted in device '
+            f'group {self._group.name!r}. Remote methods: {sorted(self._twinkle_specs)}; declare '
+            'others on the interface (twinkle_core.dispatch.remote_method) with dispatch/collect.'
+        )
 
     def __repr__(self) -> str:
         return f'<{self._twinkle_cls.__name__} proxy on group {self._group.name!r} ({self._group.mesh!r})>'
@@ -142,11 +146,16 @@ class ComponentProxy:
             args, kwargs, inputs, inputs_at = _pop_inputs(self._twinkle_cls, name, args, kwargs)
             per_rank_inputs = self._slice_inputs(inputs, name)
         arguments = ray.put((args, kwargs))
-        refs = [group.workers[r].call.remote(self._obj_id, name, arguments, per_rank_inputs[i], inputs_at)
-                for i, r in enumerate(ranks)]
+        refs = [
+            group.workers[r].call.remote(self._obj_id, name, arguments, per_rank_inputs[i], inputs_at)
+            for i, r in enumerate(ranks)
+        ]
         mesh = group.mesh
-        collect_ranks = [0] if spec.collect == 'first' else \
-            [i for i, r in enumerate(ranks) if mesh is None or mesh.is_data_leader(r)]
+        collect_ranks = (
+            [0]
+            if spec.collect == 'first'
+            else [i for i, r in enumerate(ranks) if mesh is None or mesh.is_data_leader(r)]
+        )
         result = LazyResult(group, refs, spec.collect, f'{self._twinkle_cls.__name__}.{name}', collect_ranks)
         return result if self._lazy else result.result()
 
@@ -158,13 +167,17 @@ class ComponentProxy:
                 return inputs.refs  # produced rank by rank in this group: each rank keeps its own part
             inputs = inputs.result()
         if not isinstance(inputs, (list, tuple)):
-            raise InvalidInputError(f'{self._twinkle_cls.__name__}.{method} splits `inputs` across the '
-                                    f'{mesh.data_world_size} data ranks of group {group.name!r}, so it must be a '
-                                    f'list of rows; got {type(inputs).__name__}.')
+            raise InvalidInputError(
+                f'{self._twinkle_cls.__name__}.{method} splits `inputs` across the '
+                f'{mesh.data_world_size} data ranks of group {group.name!r}, so it must be a '
+                f'list of rows; got {type(inputs).__name__}.'
+            )
         if len(inputs) < mesh.data_world_size:
-            raise InvalidInputError(f'{self._twinkle_cls.__name__}.{method}: {len(inputs)} rows cannot be split across '
-                                    f'{mesh.data_world_size} data ranks of group {group.name!r}; pass at least '
-                                    f'{mesh.data_world_size} rows (a multiple of it balances the ranks).')
+            raise InvalidInputError(
+                f'{self._twinkle_cls.__name__}.{method}: {len(inputs)} rows cannot be split across '
+                f'{mesh.data_world_size} data ranks of group {group.name!r}; pass at least '
+                f'{mesh.data_world_size} rows (a multiple of it balances the ranks).'
+            )
         slices = [ray.put(s) for s in split_for_dp(list(inputs), mesh.data_world_size)]
         return [slices[mesh.data_rank(r)] for r in range(group.world_size)]
 
@@ -182,14 +195,17 @@ class ComponentProxy:
             if all(exhausted):
                 return
             if any(exhausted):
-                raise TwinkleError(f'{what} in group {group.name!r}: ranks {[r for r, e in enumerate(exhausted) if e]} '
-                                   'ran out of items before the others; every rank must yield the same number.')
+                raise TwinkleError(
+                    f'{what} in group {group.name!r}: ranks {[r for r, e in enumerate(exhausted) if e]} '
+                    'ran out of items before the others; every rank must yield the same number.'
+                )
             item = LazyResult(group, [p[1] for p in pairs], 'concat', what, leaders)
             yield item if self._lazy else item.result()
 
 
-def _pop_inputs(cls: type, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-                ) -> tuple[tuple[Any, ...], dict[str, Any], Any, str | int]:
+def _pop_inputs(
+    cls: type, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], Any, str | int]:
     """Remove the `inputs` argument from a call; return the rest, its value and where it goes back."""
     if INPUTS in kwargs:
         rest = dict(kwargs)
@@ -198,15 +214,19 @@ def _pop_inputs(cls: type, name: str, args: tuple[Any, ...], kwargs: dict[str, A
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if INPUTS in positional and positional.index(INPUTS) < len(args):
         i = positional.index(INPUTS)
-        return args[:i] + args[i + 1:], kwargs, args[i], i
+        return args[:i] + args[i + 1 :], kwargs, args[i], i
     raise InvalidInputError(f'{cls.__name__}.{name} needs `inputs` (the rows to split across data ranks).')
 
 
 def make_proxy_class(cls: type) -> type[ComponentProxy]:
     """A `ComponentProxy` subclass with one method per `remote_method` of `cls` (and iteration if `cls` iterates)."""
     specs = remote_methods(cls)
-    namespace: dict[str, Any] = {'_twinkle_cls': cls, '_twinkle_specs': specs, '__module__': __name__,
-                                 '__doc__': f'Proxy of {cls.__qualname__} hosted in a Ray device group.'}
+    namespace: dict[str, Any] = {
+        '_twinkle_cls': cls,
+        '_twinkle_specs': specs,
+        '__module__': __name__,
+        '__doc__': f'Proxy of {cls.__qualname__} hosted in a Ray device group.',
+    }
     for name, spec in specs.items():
         namespace[name] = _proxy_method(cls, name, spec)
     if hasattr(cls, '__iter__'):

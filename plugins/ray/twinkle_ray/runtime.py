@@ -8,6 +8,7 @@ Connects to a running cluster (``address='auto'`` / ``'ray://...'``) or starts a
 a Ray instance that was already initialised is reused and left running at shutdown. Shutdown kills the actors and
 removes the placement groups of every device group.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,10 +32,18 @@ class RayRuntime(Runtime):
         self._owns_ray = False
         self._lazy_collect = False
 
-    def start(self, *, groups: list[DeviceGroup] | None = None, global_device_mesh: DeviceMesh | None = None,
-              address: str | None = None, num_cpus: int | None = None, nproc_per_node: int | None = None,
-              runtime_env: dict[str, Any] | None = None, lazy_collect: bool = False,
-              **ray_init_kwargs: Any) -> None:
+    def start(
+        self,
+        *,
+        groups: list[DeviceGroup] | None = None,
+        global_device_mesh: DeviceMesh | None = None,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        nproc_per_node: int | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        lazy_collect: bool = False,
+        **ray_init_kwargs: Any,
+    ) -> None:
         """Connect to (or start) Ray and register `groups` (their actors start when a component first uses them).
 
         `nproc_per_node` sets each worker's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (torchrun's meaning).
@@ -45,9 +54,12 @@ class RayRuntime(Runtime):
         import ray
 
         from twinkle_ray.group import WorkerGroup
+
         if not groups:
-            raise MeshError("the ray runtime needs device groups: initialize(mode='ray', groups=[DeviceGroup("
-                            "name='model', ranks=2), ...]).")
+            raise MeshError(
+                "the ray runtime needs device groups: initialize(mode='ray', groups=[DeviceGroup("
+                "name='model', ranks=2), ...])."
+            )
         names = [g.name for g in groups]
         if len(set(names)) != len(names):
             raise MeshError(f'device group names must be unique, got {names}.')
@@ -55,22 +67,37 @@ class RayRuntime(Runtime):
             if address is None and num_cpus is None:  # a local instance: room for one actor per rank at least
                 needed = sum(g.world_size * g.options.get('num_cpus', 1) for g in groups)
                 num_cpus = max(os.cpu_count() or 1, int(needed + 0.999))
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
-                     log_to_driver=ray_init_kwargs.pop('log_to_driver', True), **ray_init_kwargs)
+            ray.init(
+                address=address,
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=ray_init_kwargs.pop('log_to_driver', True),
+                **ray_init_kwargs,
+            )
             self._owns_ray = True
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
         self._default_mesh = global_device_mesh
         self.groups = {g.name: WorkerGroup(g, nproc_per_node=nproc_per_node, env=env) for g in groups}
 
-    def build(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, remote_group: str | None = None,
-              device_mesh: DeviceMesh | None = None, lazy_collect: bool | None = None) -> Any:
+    def build(
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        remote_group: str | None = None,
+        device_mesh: DeviceMesh | None = None,
+        lazy_collect: bool | None = None,
+    ) -> Any:
         """Construct `cls` on every rank of `remote_group` and return its driver-side proxy."""
         if remote_group not in self.groups:
-            raise MeshError(f'unknown device group {remote_group!r}; groups are {sorted(self.groups)}. Declare it in '
-                            "initialize(mode='ray', groups=[DeviceGroup(name=..., ranks=...)]).")
+            raise MeshError(
+                f'unknown device group {remote_group!r}; groups are {sorted(self.groups)}. Declare it in '
+                "initialize(mode='ray', groups=[DeviceGroup(name=..., ranks=...)])."
+            )
         group = self.groups[remote_group]
-        if device_mesh is None and self._default_mesh is not None \
-                and self._default_mesh.world_size == group.world_size:
+        if device_mesh is None and self._default_mesh is not None and self._default_mesh.world_size == group.world_size:
             device_mesh = self._default_mesh
         group.ensure_started(device_mesh)
         obj_id = group.construct(cls, args, kwargs)
@@ -81,9 +108,11 @@ class RayRuntime(Runtime):
         """`WeightSync` between a model and a sampler hosted in two device groups (broadcast over a side process
         group; `twinkle_ray.weight_sync`), or None when they are not both Ray proxies."""
         from twinkle_ray.proxy import ComponentProxy
+
         if not (isinstance(model, ComponentProxy) and isinstance(sampler, ComponentProxy)):
             return None
         from twinkle_ray.weight_sync import WeightSync
+
         return WeightSync(model, sampler, **options)
 
     def group(self, name: str) -> Any:
@@ -96,6 +125,7 @@ class RayRuntime(Runtime):
         self.groups = {}
         if self._owns_ray:
             import ray
+
             ray.shutdown()
             self._owns_ray = False
 
@@ -103,4 +133,5 @@ class RayRuntime(Runtime):
 @functools.cache
 def _proxy_class(cls: type) -> type:
     from twinkle_ray.proxy import make_proxy_class
+
     return make_proxy_class(cls)

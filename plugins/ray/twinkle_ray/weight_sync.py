@@ -11,6 +11,7 @@ weights on request) is decided by `twinkle_core.checkpoint_engine.CheckpointEngi
 `BroadcastCheckpointEngine`. Each sampler rank receives in its actor and imports through the Sampler interface
 (vLLM's engine process gets them through its own RPC).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,15 +33,27 @@ class WeightSync:
     `close()` (or when the runtime shuts down the groups).
     """
 
-    def __init__(self, model: Any, sampler: Any, *, adapter_name: str | None = None,
-                 sampler_adapter_name: str | None = None, bucket_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sampler: Any,
+        *,
+        adapter_name: str | None = None,
+        sampler_adapter_name: str | None = None,
+        bucket_bytes: int = 256 << 20,
+    ) -> None:
         from twinkle_ray.proxy import ComponentProxy
+
         if not isinstance(model, ComponentProxy) or not isinstance(sampler, ComponentProxy):
-            raise TwinkleError('WeightSync connects components hosted in two device groups (built with '
-                               "remote_group=...); in one process use CheckpointEngineManager(model=, sampler=).")
+            raise TwinkleError(
+                'WeightSync connects components hosted in two device groups (built with '
+                'remote_group=...); in one process use CheckpointEngineManager(model=, sampler=).'
+            )
         if model._group is sampler._group:
-            raise TwinkleError(f'model and sampler are both in device group {model._group.name!r}; WeightSync needs '
-                               'separate groups (in one process use CheckpointEngineManager(model=, sampler=)).')
+            raise TwinkleError(
+                f'model and sampler are both in device group {model._group.name!r}; WeightSync needs '
+                'separate groups (in one process use CheckpointEngineManager(model=, sampler=)).'
+            )
         self.model, self.sampler = model, sampler
         self.options = {'adapter_name': adapter_name, 'sampler_adapter_name': sampler_adapter_name}
         self.bucket_bytes = bucket_bytes
@@ -53,45 +66,83 @@ class WeightSync:
         model_group, sampler_group = self.model._group, self.sampler._group
         send = [w.run.remote(_sync_weights, self._key, merge_and_sync) for w in model_group.workers]
         receive = [w.run.remote(_sync_weights, self._key, merge_and_sync) for w in sampler_group.workers]
-        return wait_across([(model_group, send, 'WeightSync.sync_weights (send)'),
-                            (sampler_group, receive, 'WeightSync.sync_weights (receive)')])[0][0]
+        return wait_across(
+            [
+                (model_group, send, 'WeightSync.sync_weights (send)'),
+                (sampler_group, receive, 'WeightSync.sync_weights (receive)'),
+            ]
+        )[0][0]
 
     def _open(self) -> None:
         import ray
+
         model_group, sampler_group = self.model._group, self.sampler._group
         for group in (model_group, sampler_group):
             group.check_usable()
         key = f'twinkle-sync-{next(_names)}'
         addr, port = ray.get(model_group.workers[0].rendezvous_address.remote())
         world = 1 + sampler_group.world_size
-        refs = [model_group.workers[0].run.remote(_open_endpoint, key, self.model._obj_id, 'model', addr, port, 0,
-                                                  world, self.options, self.bucket_bytes)]
-        peers = [w.run.remote(_open_export_peer, key, self.model._obj_id, self.options, self.bucket_bytes)
-                 for w in model_group.workers[1:]]
-        refs += [w.run.remote(_open_endpoint, key, self.sampler._obj_id, 'sampler', addr, port, 1 + r, world,
-                              self.options, self.bucket_bytes) for r, w in enumerate(sampler_group.workers)]
-        wait_across([(model_group, refs[:1] + peers, 'WeightSync.open'),
-                     (sampler_group, refs[1:], 'WeightSync.open')])
+        refs = [
+            model_group.workers[0].run.remote(
+                _open_endpoint, key, self.model._obj_id, 'model', addr, port, 0, world, self.options, self.bucket_bytes
+            )
+        ]
+        peers = [
+            w.run.remote(_open_export_peer, key, self.model._obj_id, self.options, self.bucket_bytes)
+            for w in model_group.workers[1:]
+        ]
+        refs += [
+            w.run.remote(
+                _open_endpoint,
+                key,
+                self.sampler._obj_id,
+                'sampler',
+                addr,
+                port,
+                1 + r,
+                world,
+                self.options,
+                self.bucket_bytes,
+            )
+            for r, w in enumerate(sampler_group.workers)
+        ]
+        wait_across([(model_group, refs[:1] + peers, 'WeightSync.open'), (sampler_group, refs[1:], 'WeightSync.open')])
         self._key = key
 
     def close(self) -> None:
         if self._key is None:
             return
         import ray
+
         workers = [*self.model._group.workers, *self.sampler._group.workers]
         ray.get([w.run.remote(_close_endpoint, self._key) for w in workers])
         self._key = None
 
 
 # ---- executed inside the actors (GroupWorker.run passes the worker first) -------------------------------------
-def _open_endpoint(worker: Any, key: str, obj_id: int, side: str, addr: str, port: int, rank: int, world: int,
-                   options: dict[str, Any], bucket_bytes: int) -> None:
+def _open_endpoint(
+    worker: Any,
+    key: str,
+    obj_id: int,
+    side: str,
+    addr: str,
+    port: int,
+    rank: int,
+    world: int,
+    options: dict[str, Any],
+    bucket_bytes: int,
+) -> None:
     from twinkle_core.checkpoint_engine import CheckpointEngineManager
+
     pg = side_process_group(addr, port, rank, world)
     engine = _side_group_engine(pg, rank, bucket_bytes)
     component = worker.objects[obj_id]
-    manager = CheckpointEngineManager(**({'model': component} if side == 'model' else {'sampler': component}),
-                                      engine=engine, bucket_bytes=bucket_bytes, **options)
+    manager = CheckpointEngineManager(
+        **({'model': component} if side == 'model' else {'sampler': component}),
+        engine=engine,
+        bucket_bytes=bucket_bytes,
+        **options,
+    )
     worker.objects[key] = manager
 
 
@@ -100,12 +151,15 @@ def _open_export_peer(worker: Any, key: str, obj_id: int, options: dict[str, Any
     nothing (its manager's engine is never used)."""
     from twinkle_core.checkpoint_engine import CheckpointEngineManager
     from twinkle_core.checkpoint_engine.in_process import InProcessCheckpointEngine
-    worker.objects[key] = CheckpointEngineManager(model=worker.objects[obj_id], engine=InProcessCheckpointEngine(),
-                                                  bucket_bytes=bucket_bytes, **options)
+
+    worker.objects[key] = CheckpointEngineManager(
+        model=worker.objects[obj_id], engine=InProcessCheckpointEngine(), bucket_bytes=bucket_bytes, **options
+    )
 
 
 def _sync_weights(worker: Any, key: str, merge_and_sync: bool) -> dict[str, Any]:
     from dataclasses import asdict
+
     return asdict(worker.objects[key].sync_weights(merge_and_sync=merge_and_sync))
 
 
@@ -125,11 +179,13 @@ def side_process_group(addr: str, port: int, rank: int, world: int) -> Any:
     import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
+
     backend = 'nccl' if torch.cuda.is_available() else 'gloo'
     store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=SYNC_TIMEOUT)
     prefix = dist.PrefixStore(f'twinkle-sync-{addr}-{port}', store)
-    pg, _ = c10d._new_process_group_helper(world, rank, [], dist.Backend(backend), prefix,
-                                           group_name=f'twinkle-sync-{addr}-{port}', timeout=SYNC_TIMEOUT)
+    pg, _ = c10d._new_process_group_helper(
+        world, rank, [], dist.Backend(backend), prefix, group_name=f'twinkle-sync-{addr}-{port}', timeout=SYNC_TIMEOUT
+    )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
     return pg
 
@@ -146,6 +202,7 @@ def _side_group_engine(pg: Any, rank: int, bucket_bytes: int) -> Any:
 
         def close(self) -> None:
             import torch.distributed as dist
+
             dist.destroy_process_group(self.group)
 
     return SideGroupBroadcastEngine(src=0, group=pg, bucket_bytes=bucket_bytes)

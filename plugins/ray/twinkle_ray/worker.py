@@ -6,6 +6,7 @@ global_device_mesh=<the group's mesh>)``, i.e. exactly the code path of a torchr
 the group are real objects living in every worker of the group, addressed by an id; the driver-side proxy calls
 their methods through `call`. A method that raises comes back as `RemoteCallError` naming group, rank and method.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -20,11 +21,26 @@ from twinkle_ray.errors import RemoteCallError
 class GroupWorker:
     """Rank `rank` of device group `group` (``world_size`` ranks)."""
 
-    def __init__(self, group: str, rank: int, world_size: int, local_rank: int, local_world_size: int,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        local_world_size: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
-        os.environ.update({'RANK': str(rank), 'WORLD_SIZE': str(world_size), 'LOCAL_RANK': str(local_rank),
-                           'LOCAL_WORLD_SIZE': str(local_world_size), 'TWINKLE_DEVICE_GROUP': group, **(env or {})})
+        os.environ.update(
+            {
+                'RANK': str(rank),
+                'WORLD_SIZE': str(world_size),
+                'LOCAL_RANK': str(local_rank),
+                'LOCAL_WORLD_SIZE': str(local_world_size),
+                'TWINKLE_DEVICE_GROUP': group,
+                **(env or {}),
+            }
+        )
         self.objects: dict[Any, Any] = {}  # components (by id) and runtime helpers (by key) living here
         self._iterators: dict[int, Any] = {}
 
@@ -32,6 +48,7 @@ class GroupWorker:
     def rendezvous_address(self) -> tuple[str, int]:
         """(ip, free port) of this worker; rank 0's is the group's torch.distributed rendezvous."""
         import ray
+
         return ray.util.get_node_ip_address(), free_port('')
 
     def setup(self, master_addr: str, master_port: int, mesh: Any) -> None:
@@ -43,11 +60,14 @@ class GroupWorker:
     def _initialize(mesh: Any) -> None:
         import twinkle_core
         from twinkle_core.runtime import distributed
+
         twinkle_core.initialize(mode='local', global_device_mesh=mesh)
         if not distributed.is_initialized():  # a 1-rank group: still give it a process group, like every group
             import torch.distributed as dist
-            dist.init_process_group(distributed.default_backend(mesh.device_type), init_method='env://',
-                                    rank=0, world_size=1)
+
+            dist.init_process_group(
+                distributed.default_backend(mesh.device_type), init_method='env://', rank=0, world_size=1
+            )
 
     def construct(self, obj_id: int, payload: tuple[type, tuple[Any, ...], dict[str, Any], Any], mesh: Any) -> None:
         """Build ``cls(*args, **kwargs)`` from ``payload = (cls, args, kwargs, torch_rng_state)`` here, after
@@ -58,16 +78,24 @@ class GroupWorker:
         def build() -> Any:
             if rng_state is not None:
                 import torch
+
                 torch.set_rng_state(rng_state)
             kw = dict(kwargs)
             if kw.get('device_mesh') is None and _accepts(cls, 'device_mesh'):
                 kw['device_mesh'] = mesh
             return cls(*args, **kw)
+
         self.objects[obj_id] = self._guard(f'{cls.__name__}.__init__', build)
 
     # ---- calls -------------------------------------------------------------------------------------------------
-    def call(self, obj_id: int, method: str, arguments: tuple[tuple[Any, ...], dict[str, Any]], inputs: Any = None,
-             inputs_at: str | int | None = None) -> Any:
+    def call(
+        self,
+        obj_id: int,
+        method: str,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]],
+        inputs: Any = None,
+        inputs_at: str | int | None = None,
+    ) -> Any:
         """``obj.method(*args, **kwargs)`` (``arguments = (args, kwargs)``), with `inputs` placed at `inputs_at`
         (a keyword or a positional index) when given.
 
@@ -110,8 +138,9 @@ class GroupWorker:
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - re-raised with the actor's identity
-            raise RemoteCallError(self.group, self.rank, method, f'{type(e).__name__}: {e}',
-                                  traceback.format_exc()) from None
+            raise RemoteCallError(
+                self.group, self.rank, method, f'{type(e).__name__}: {e}', traceback.format_exc()
+            ) from None
 
 
 def _accepts(cls: type, name: str) -> bool:

@@ -5,14 +5,19 @@
 
 Names are imported lazily, so loading the `twinkle server` CLI hook stays cheap.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_LAZY = {'ServerConfig': 'twinkle_server.config', 'TenantLimits': 'twinkle_server.config',
-         'create_app': 'twinkle_server.app', 'serve': 'twinkle_server.launch',
-         'start_in_thread': 'twinkle_server.launch'}
+_LAZY = {
+    'ServerConfig': 'twinkle_server.config',
+    'TenantLimits': 'twinkle_server.config',
+    'create_app': 'twinkle_server.app',
+    'serve': 'twinkle_server.launch',
+    'start_in_thread': 'twinkle_server.launch',
+}
 __all__ = sorted(_LAZY)
 
 

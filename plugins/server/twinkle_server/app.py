@@ -3,6 +3,7 @@ metrics at /metrics.
 
 Middleware, outermost first: request ids and access log (`logs.py`), HTTP request counts (`metrics.py`), the drain
 gate (`drain.py`), body limit and seq_id release (`guard.py`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,9 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # the metadata database first: an unreachable one fails the start before any model loads
-        store = Store.open(config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}',
-                           write_behind=True)
+        store = Store.open(
+            config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}', write_behind=True
+        )
         try:
             loaded = engines if engines is not None else build_engines(config, device)
             app.state.service = Service(config, loaded, asyncio.get_running_loop(), store=store)
@@ -67,8 +69,16 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
         routes_service,
         routes_training,
     )
-    for module in (routes_service, routes_training, routes_checkpoints, routes_sampling, routes_futures, native,
-                   native_datasets):
+
+    for module in (
+        routes_service,
+        routes_training,
+        routes_checkpoints,
+        routes_sampling,
+        routes_futures,
+        native,
+        native_datasets,
+    ):
         app.include_router(module.router)
     return app
 
@@ -102,8 +112,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            err = ApiError(404, f'no route {request.method} {request.url.path}; the Tinker API is under /api/v1, '
-                                f'the native API under /twinkle/v1')
+            err = ApiError(
+                404,
+                f'no route {request.method} {request.url.path}; the Tinker API is under /api/v1, '
+                f'the native API under /twinkle/v1',
+            )
         elif exc.status_code == 405:
             err = ApiError(405, f'{request.method} is not allowed on {request.url.path}')
         else:
@@ -112,7 +125,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        msg = '; '.join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        msg = '; '.join(f'{".".join(str(p) for p in e["loc"])}: {e["msg"]}' for e in exc.errors())
         err = ApiError(400, f'invalid request: {msg}')
         return JSONResponse(err.body(), status_code=400, headers=err.headers())
 
@@ -120,5 +133,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception('unhandled error on %s', request.url.path)
         ctx = logs.current()  # this handler runs outside the request-id middleware, which left its context set
-        return JSONResponse(ApiError(500, f'internal error: {type(exc).__name__}: {exc}').body(), status_code=500,
-                            headers={'x-request-id': ctx.request_id} if ctx and ctx.request_id else None)
+        return JSONResponse(
+            ApiError(500, f'internal error: {type(exc).__name__}: {exc}').body(),
+            status_code=500,
+            headers={'x-request-id': ctx.request_id} if ctx and ctx.request_id else None,
+        )

@@ -7,6 +7,7 @@ or revoked key is always the same 401, so a caller learns nothing about which pa
 Failed logins are throttled (`LoginThrottle`) per client address *and key id*, so one caller's guesses never lock
 out another tenant's valid key; the address is the peer's, or the one a trusted proxy forwarded (`launch.py`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,6 +26,7 @@ KEY_ID_LEN = 12
 @dataclass(frozen=True)
 class Tenant:
     """The authenticated caller. Every tenant-owned row is looked up with `name`."""
+
     name: str
     key_id: str
 
@@ -50,7 +52,7 @@ def split_key(api_key: str | None) -> tuple[str, str] | None:
     """(key id, secret) of a well-formed key, else None."""
     if not api_key or not api_key.startswith(PREFIX) or len(api_key) <= len(PREFIX) + KEY_ID_LEN:
         return None
-    return api_key[len(PREFIX):len(PREFIX) + KEY_ID_LEN], api_key[len(PREFIX) + KEY_ID_LEN:]
+    return api_key[len(PREFIX) : len(PREFIX) + KEY_ID_LEN], api_key[len(PREFIX) + KEY_ID_LEN :]
 
 
 def _verify(parts: tuple[str, str] | None, row: tuple[str, bytes, bytes] | None) -> Tenant:
@@ -79,8 +81,11 @@ def _digest(salt: bytes, secret: str) -> bytes:
 
 
 def _unauthorized() -> ApiError:
-    return ApiError(401, 'Missing or invalid API key: send a key issued by `twinkle server keys create --tenant NAME` '
-                         'in the X-API-Key header.')
+    return ApiError(
+        401,
+        'Missing or invalid API key: send a key issued by `twinkle server keys create --tenant NAME` '
+        'in the X-API-Key header.',
+    )
 
 
 class LoginThrottle:
@@ -104,8 +109,12 @@ class LoginThrottle:
         parts = split_key(api_key)
         key_id, row = parts[0] if parts else None, None
         if key_id is not None:
-            self._pairs.admit(f'{address} {key_id}', self.max_per_minute,
-                              f'too many failed logins from {address} with key id {key_id}', record=False)
+            self._pairs.admit(
+                f'{address} {key_id}',
+                self.max_per_minute,
+                f'too many failed logins from {address} with key id {key_id}',
+                record=False,
+            )
             row = store.api_key(key_id)
         if row is None:
             self._unknown.admit(address, self.max_per_minute, f'too many failed logins from {address}', record=False)

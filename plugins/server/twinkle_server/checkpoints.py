@@ -6,6 +6,7 @@ same path with `twinkle://`). On disk it is `<data_dir>/checkpoints/<tenant>/<ru
 `twinkle_checkpoint.json` (base model, LoRA config). Writes go to a temporary sibling directory that is
 renamed into place with `os.replace`, so a crash never leaves a half-written checkpoint behind a listed name.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,12 @@ class CheckpointPath:
 def parse_path(path: str) -> CheckpointPath:
     """Parse `tinker://run/weights/name` (or `twinkle://...`); raises 400 naming the expected shape."""
     scheme = next((s for s in SCHEMES if path.startswith(s)), None)
-    parts = path[len(scheme):].split('/') if scheme else []
+    parts = path[len(scheme) :].split('/') if scheme else []
     if scheme is None or len(parts) != 3 or parts[1] not in SEGMENT_KIND or not parts[0] or not parts[2]:
-        raise bad_request(f'invalid checkpoint path {path!r}: expected tinker://<run_id>/weights/<name> or '
-                          f'tinker://<run_id>/sampler_weights/<name>')
+        raise bad_request(
+            f'invalid checkpoint path {path!r}: expected tinker://<run_id>/weights/<name> or '
+            f'tinker://<run_id>/sampler_weights/<name>'
+        )
     return CheckpointPath(parts[0], parts[1], parts[2], scheme)
 
 
@@ -60,11 +63,15 @@ _CONTROL = ('Cc', 'Zl', 'Zp')  # control characters, line and paragraph separato
 def validate_name(name: str) -> str:
     """`name` when it can name a checkpoint directory (and be shown in a listing); else a 400 naming the rule."""
     if not name.strip() or any(unicodedata.category(c) in _CONTROL for c in name):
-        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not be blank and must not '
-                          f'contain control characters (newlines, tabs, NUL, escapes)')
+        raise bad_request(
+            f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not be blank and must not '
+            f'contain control characters (newlines, tabs, NUL, escapes)'
+        )
     if '/' in name or '\\' in name or name.startswith('.'):
-        raise bad_request(f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not contain "/" or "\\" '
-                          f'and must not start with "."')
+        raise bad_request(
+            f'invalid checkpoint name {name[:MAX_NAME_CHARS]!r}: a name must not contain "/" or "\\" '
+            f'and must not start with "."'
+        )
     if len(name) > MAX_NAME_CHARS:
         raise bad_request(f'checkpoint name of {len(name)} characters is too long (at most {MAX_NAME_CHARS})')
     return name

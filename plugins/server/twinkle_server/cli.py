@@ -1,13 +1,14 @@
 """`twinkle server ...` subcommands, added to the core CLI through the `twinkle_cli` hook.
 
-    twinkle server start --model Qwen/Qwen3-0.6B=/models/qwen3 --data-dir ./server-data --port 8000
-    twinkle server start --config server.yaml [--port 9000 ...]            # flags given override the file
-    twinkle server config check server.yaml                                 # every problem, with its line
-    twinkle server keys create --tenant alice --data-dir ./server-data      # prints tml-...
-    twinkle server keys revoke --tenant alice --data-dir ./server-data
-    twinkle server keys create --tenant alice --data-dir ./d --database-url postgresql://twinkle@db/twinkle
-    twinkle server keys create --tenant alice --config server.yaml         # the store the file's storage names
+twinkle server start --model Qwen/Qwen3-0.6B=/models/qwen3 --data-dir ./server-data --port 8000
+twinkle server start --config server.yaml [--port 9000 ...]            # flags given override the file
+twinkle server config check server.yaml                                 # every problem, with its line
+twinkle server keys create --tenant alice --data-dir ./server-data      # prints tml-...
+twinkle server keys revoke --tenant alice --data-dir ./server-data
+twinkle server keys create --tenant alice --data-dir ./d --database-url postgresql://twinkle@db/twinkle
+twinkle server keys create --tenant alice --config server.yaml         # the store the file's storage names
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,54 +29,104 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
     server = subparsers.add_parser('server', help='run the multi-tenant training server; manage API keys')
     sub = server.add_subparsers(dest='server_command', metavar='SUBCOMMAND', required=True)
 
-    start = sub.add_parser('start', help='serve models over the Tinker-compatible and native APIs',
-                           description='Serve base models. Either flags alone (--model, --data-dir) or --config '
-                                       'FILE (docs/deployment.md); with --config, each flag given overrides the '
-                                       "file's value (the model flags apply to every model; --model replaces its "
-                                       'models).')
-    start.add_argument('--config', metavar='FILE', help='a server config file (YAML): models, device groups, '
-                                                        'deployment, limits, storage (docs/deployment.md)')
-    start.add_argument('--model', action='append', metavar='NAME=PATH',
-                       help='a model to host: a local directory or ms:// / hf:// id, optionally under a public '
-                            'alias (NAME=PATH). Repeat for several base models. Required without --config.')
+    start = sub.add_parser(
+        'start',
+        help='serve models over the Tinker-compatible and native APIs',
+        description='Serve base models. Either flags alone (--model, --data-dir) or --config '
+        'FILE (docs/deployment.md); with --config, each flag given overrides the '
+        "file's value (the model flags apply to every model; --model replaces its "
+        'models).',
+    )
+    start.add_argument(
+        '--config',
+        metavar='FILE',
+        help='a server config file (YAML): models, device groups, deployment, limits, storage (docs/deployment.md)',
+    )
+    start.add_argument(
+        '--model',
+        action='append',
+        metavar='NAME=PATH',
+        help='a model to host: a local directory or ms:// / hf:// id, optionally under a public '
+        'alias (NAME=PATH). Repeat for several base models. Required without --config.',
+    )
     start.add_argument('--host', help='default 127.0.0.1')
     start.add_argument('--port', type=int, help='default 8000')
     start.add_argument('--data-dir', help='SQLite metadata and checkpoints live here. Required without --config.')
-    start.add_argument('--database-url', metavar='URL',
-                       help='the metadata database when it is not SQLite in --data-dir: '
-                            'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH')
+    start.add_argument(
+        '--database-url',
+        metavar='URL',
+        help='the metadata database when it is not SQLite in --data-dir: '
+        'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH',
+    )
     start.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: CUDA when available)')
     start.add_argument('--max-body-mb', type=float, help='largest accepted request body (default 64)')
     start.add_argument('--max-queued-samples', type=int, help='per model; more answers 429 (default 256)')
-    start.add_argument('--limits', help='JSON file of limits overriding the defaults key by key: '
-                                        '{"default": {...}, "tenants": {name: {...}}} (docs/server.md)')
-    start.add_argument('--seq-gap-timeout', type=float, metavar='SECONDS',
-                       help="how long a model's request may wait for a missing earlier seq_id before it is failed "
-                            '(default 120)')
-    start.add_argument('--max-failed-logins', type=int, metavar='N',
-                       help='failed logins per minute, per client address and key id, before further tries are '
-                            'answered 429 (default 30)')
-    start.add_argument('--trusted-proxy', action='append', metavar='ADDR',
-                       help='a reverse proxy (IP address or CIDR network) whose X-Forwarded-For names the client '
-                            'address; repeatable. Without it the header is ignored')
-    start.add_argument('--backend', metavar='NAME',
-                       help='the training backend, by registry name (kind model): MultiLoraTransformersModel '
-                            '(default: many adapters, mixed passes) or any installed model backend')
-    start.add_argument('--backend-args', metavar='JSON',
-                       help='JSON object of backend constructor arguments, e.g. \'{"max_length": 4096}\'')
-    start.add_argument('--pass-strategy', default=None, metavar='STRATEGY',
-                       help="multi-LoRA backends: how adapters' queued forward/backward work shares passes: auto "
-                            '(measured, the default), mixed (one pass) or one_by_one')
-    start.add_argument('--sampler', metavar='NAME',
-                       help='the sampler serving generation, by registry name: TorchSampler (default) or '
-                            'vLLMSampler (pip install twinkle-vllm)')
-    start.add_argument('--sampler-args', metavar='JSON',
-                       help='JSON object of sampler constructor arguments, e.g. '
-                            '\'{"engine_args": {"max_model_len": 4096}}\'')
-    start.add_argument('--allow-path', action='append', metavar='DIR',
-                       help='a directory native calls may name files in (besides each model\'s own); repeatable')
-    start.add_argument('--log-format', choices=('text', 'json'), default='text',
-                       help='log lines on stderr: text, or json (one object per line with request_id, tenant, model)')
+    start.add_argument(
+        '--limits',
+        help='JSON file of limits overriding the defaults key by key: '
+        '{"default": {...}, "tenants": {name: {...}}} (docs/server.md)',
+    )
+    start.add_argument(
+        '--seq-gap-timeout',
+        type=float,
+        metavar='SECONDS',
+        help="how long a model's request may wait for a missing earlier seq_id before it is failed (default 120)",
+    )
+    start.add_argument(
+        '--max-failed-logins',
+        type=int,
+        metavar='N',
+        help='failed logins per minute, per client address and key id, before further tries are '
+        'answered 429 (default 30)',
+    )
+    start.add_argument(
+        '--trusted-proxy',
+        action='append',
+        metavar='ADDR',
+        help='a reverse proxy (IP address or CIDR network) whose X-Forwarded-For names the client '
+        'address; repeatable. Without it the header is ignored',
+    )
+    start.add_argument(
+        '--backend',
+        metavar='NAME',
+        help='the training backend, by registry name (kind model): MultiLoraTransformersModel '
+        '(default: many adapters, mixed passes) or any installed model backend',
+    )
+    start.add_argument(
+        '--backend-args',
+        metavar='JSON',
+        help='JSON object of backend constructor arguments, e.g. \'{"max_length": 4096}\'',
+    )
+    start.add_argument(
+        '--pass-strategy',
+        default=None,
+        metavar='STRATEGY',
+        help="multi-LoRA backends: how adapters' queued forward/backward work shares passes: auto "
+        '(measured, the default), mixed (one pass) or one_by_one',
+    )
+    start.add_argument(
+        '--sampler',
+        metavar='NAME',
+        help='the sampler serving generation, by registry name: TorchSampler (default) or '
+        'vLLMSampler (pip install twinkle-vllm)',
+    )
+    start.add_argument(
+        '--sampler-args',
+        metavar='JSON',
+        help='JSON object of sampler constructor arguments, e.g. \'{"engine_args": {"max_model_len": 4096}}\'',
+    )
+    start.add_argument(
+        '--allow-path',
+        action='append',
+        metavar='DIR',
+        help="a directory native calls may name files in (besides each model's own); repeatable",
+    )
+    start.add_argument(
+        '--log-format',
+        choices=('text', 'json'),
+        default='text',
+        help='log lines on stderr: text, or json (one object per line with request_id, tenant, model)',
+    )
     start.set_defaults(func=_start)
 
     config = sub.add_parser('config', help='server config files')
@@ -86,27 +137,40 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
 
     keys = sub.add_parser('keys', help='API keys (tml-...) of tenants')
     keys_sub = keys.add_subparsers(dest='keys_command', metavar='ACTION', required=True)
-    for action, helptext, fn in (('create', 'issue a new key for a tenant (printed once)', _create_key),
-                                 ('revoke', 'revoke every key of a tenant', _revoke_keys)):
+    for action, helptext, fn in (
+        ('create', 'issue a new key for a tenant (printed once)', _create_key),
+        ('revoke', 'revoke every key of a tenant', _revoke_keys),
+    ):
         p = keys_sub.add_parser(action, help=helptext)
         p.add_argument('--tenant', required=True)
-        p.add_argument('--config', metavar='FILE', help="the server's config file: its storage section names the "
-                                                        'store (--data-dir / --database-url given override it)')
-        p.add_argument('--data-dir', help='the server\'s --data-dir. Required without --config.')
-        p.add_argument('--database-url', default=None, metavar='URL',
-                       help="the server's metadata database when it is not SQLite in --data-dir: "
-                            'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH')
+        p.add_argument(
+            '--config',
+            metavar='FILE',
+            help="the server's config file: its storage section names the "
+            'store (--data-dir / --database-url given override it)',
+        )
+        p.add_argument('--data-dir', help="the server's --data-dir. Required without --config.")
+        p.add_argument(
+            '--database-url',
+            default=None,
+            metavar='URL',
+            help="the server's metadata database when it is not SQLite in --data-dir: "
+            'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH',
+        )
         p.set_defaults(func=fn)
 
 
 def _start(args: argparse.Namespace) -> int:
     from twinkle_core.errors import TwinkleError
     from twinkle_server.launch import serve
+
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     from twinkle_server.config_yaml import ConfigError
+
     try:
         config = config_from_args(args)
         from twinkle_server.store import Store
+
         Store.open(config.database_url, config.data_dir).close()  # an unreachable database fails here, clearly
     except ConfigError as exc:
         print(f'twinkle server start: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
@@ -128,6 +192,7 @@ def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
     """Without --config: every model from --model, served with the same backend and sampler."""
     from twinkle_core.registry import resolve_class
     from twinkle_server.config import ServerConfig
+
     if not args.model or not args.data_dir:
         raise ValueError('--model and --data-dir are required (or give a config file with --config)')
     models = dict(ServerConfig.parse_model(m) for m in args.model)
@@ -139,47 +204,82 @@ def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
     # an unknown or uninstalled backend or sampler fails here, not after loading
     resolve_class('model', args.backend or 'MultiLoraTransformersModel')
     resolve_class('sampler', args.sampler or 'TorchSampler')
-    given = {key: value for key, value in (
-        ('host', args.host), ('port', args.port), ('max_queued_samples', args.max_queued_samples),
-        ('seq_gap_timeout_s', args.seq_gap_timeout), ('max_failed_logins_per_minute', args.max_failed_logins),
-        ('backend', args.backend), ('sampler', args.sampler)) if value is not None}
+    given = {
+        key: value
+        for key, value in (
+            ('host', args.host),
+            ('port', args.port),
+            ('max_queued_samples', args.max_queued_samples),
+            ('seq_gap_timeout_s', args.seq_gap_timeout),
+            ('max_failed_logins_per_minute', args.max_failed_logins),
+            ('backend', args.backend),
+            ('sampler', args.sampler),
+        )
+        if value is not None
+    }
     if args.max_body_mb is not None:
         given['max_body_bytes'] = int(args.max_body_mb * 1024 * 1024)
-    return ServerConfig(models=models, data_dir=args.data_dir, database_url=args.database_url,
-                        default_limits=default, tenant_limits=per_tenant,
-                        allowed_roots=tuple(args.allow_path or ()), trusted_proxies=tuple(args.trusted_proxy or ()),
-                        backend_args=backend_args,
-                        sampler_args=sampler_args, **given)
+    return ServerConfig(
+        models=models,
+        data_dir=args.data_dir,
+        database_url=args.database_url,
+        default_limits=default,
+        tenant_limits=per_tenant,
+        allowed_roots=tuple(args.allow_path or ()),
+        trusted_proxies=tuple(args.trusted_proxy or ()),
+        backend_args=backend_args,
+        sampler_args=sampler_args,
+        **given,
+    )
 
 
 def _config_from_file(args: argparse.Namespace) -> ServerConfig:
     """--config FILE with every flag given laid over it (`config_file.load_server_config` overrides)."""
     from twinkle_server.config import ServerConfig
     from twinkle_server.config_file import load_server_config
-    server = {key: value for key, value in (
-        ('host', args.host), ('port', args.port), ('max_body_mb', args.max_body_mb),
-        ('max_queued_samples', args.max_queued_samples), ('seq_gap_timeout_s', args.seq_gap_timeout),
-        ('max_failed_logins_per_minute', args.max_failed_logins), ('allowed_roots', args.allow_path),
-        ('trusted_proxies', args.trusted_proxy)) if value is not None}
-    model: dict = {key: value for key, value in (('backend', args.backend), ('sampler', args.sampler),
-                                                 ('device', args.device)) if value is not None}
-    for key, text, option in (('backend_args', args.backend_args, '--backend-args'),
-                              ('sampler_args', args.sampler_args, '--sampler-args')):
+
+    server = {
+        key: value
+        for key, value in (
+            ('host', args.host),
+            ('port', args.port),
+            ('max_body_mb', args.max_body_mb),
+            ('max_queued_samples', args.max_queued_samples),
+            ('seq_gap_timeout_s', args.seq_gap_timeout),
+            ('max_failed_logins_per_minute', args.max_failed_logins),
+            ('allowed_roots', args.allow_path),
+            ('trusted_proxies', args.trusted_proxy),
+        )
+        if value is not None
+    }
+    model: dict = {
+        key: value
+        for key, value in (('backend', args.backend), ('sampler', args.sampler), ('device', args.device))
+        if value is not None
+    }
+    for key, text, option in (
+        ('backend_args', args.backend_args, '--backend-args'),
+        ('sampler_args', args.sampler_args, '--sampler-args'),
+    ):
         if text is not None:
             model[key] = ServerConfig.parse_json_object(text, option)
     if args.pass_strategy is not None:
         model.setdefault('backend_args', {})['pass_strategy'] = args.pass_strategy
     overrides: dict = {'server': server} if server else {}
-    storage = {key: value for key, value in (('data_dir', args.data_dir), ('database_url', args.database_url))
-               if value is not None}
+    storage = {
+        key: value
+        for key, value in (('data_dir', args.data_dir), ('database_url', args.database_url))
+        if value is not None
+    }
     if storage:
         overrides['storage'] = storage
     if args.limits is not None:
         ServerConfig.load_limits(args.limits)  # its own messages for a bad file
         overrides['limits'] = json.loads(Path(args.limits).read_text())
     if args.model:  # --model replaces the file's models
-        overrides['models'] = [{'name': name, 'path': path, **model}
-                               for name, path in (ServerConfig.parse_model(m) for m in args.model)]
+        overrides['models'] = [
+            {'name': name, 'path': path, **model} for name, path in (ServerConfig.parse_model(m) for m in args.model)
+        ]
     elif model:  # the other model flags apply to every model of the file
         overrides['models'] = model
     return load_server_config(args.config, overrides)
@@ -187,6 +287,7 @@ def _config_from_file(args: argparse.Namespace) -> ServerConfig:
 
 def _check_config(args: argparse.Namespace) -> int:
     from twinkle_server.config_file import ConfigError, describe, load_server_config
+
     try:
         config = load_server_config(args.file)
     except ConfigError as exc:
@@ -202,6 +303,7 @@ def _count(errors: list[str]) -> str:
 
 def _create_key(args: argparse.Namespace) -> int:
     from twinkle_server.auth import create_api_key
+
     store = _open_store(args, 'create')
     if store is None:
         return 2
@@ -232,13 +334,14 @@ def _open_store(args: argparse.Namespace, action: str) -> Any:
     storage section under the flags given); None after printing why it cannot be opened."""
     from twinkle_server.config_file import ConfigError, load_storage
     from twinkle_server.store import DatabaseError, Store
+
     data_dir, database_url = args.data_dir, args.database_url
     try:
         if args.config:
             given = {'data_dir': data_dir, 'database_url': database_url}
             data_dir, database_url = load_storage(args.config, {k: v for k, v in given.items() if v is not None})
         elif not data_dir:
-            raise ValueError('--data-dir is required (or give the server\'s config file with --config)')
+            raise ValueError("--data-dir is required (or give the server's config file with --config)")
         return Store.open(database_url, data_dir)
     except ConfigError as exc:
         print(f'twinkle server keys {action}: {_count(exc.errors)}:\n{exc}', file=sys.stderr)

@@ -9,6 +9,7 @@ Limits come in one table (`Limits`) with built-in defaults sized for a small mac
 key: `{"default": {...}, "tenants": {"alice": {...}}}`. The `default` entry overrides only the keys it names in
 the built-in table, and a tenant's entry only the keys it names in the (overridden) default. `null` = unlimited.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ from twinkle_core.template.images import MAX_IMAGE_PIXELS
 class TenantLimits:
     """Per-request and per-tenant caps; `None` = unlimited. Exceeding one answers a 4xx naming the cap and its
     value, before any large allocation (never 402). Caps a client can wait out answer 429 with Retry-After."""
+
     # ---- per request ----
     max_tokens_per_request: int | None = 32768  # tokens summed over a forward_backward's datums
     max_rows_per_request: int | None = 1024  # datums of one forward_backward
@@ -79,6 +81,7 @@ MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'ep_size')
 @dataclass(frozen=True)
 class HubPushConfig:
     """Pushing saved checkpoints to a model hub: the settings (checked by `config_file`, used by `hub_push`)."""
+
     enabled: bool = False
     hub: str = 'ms'  # 'ms' (ModelScope) | 'hf' (Hugging Face)
     repo_prefix: str | None = None  # e.g. 'my-org/twinkle-': repositories are named from it
@@ -93,6 +96,7 @@ class GroupSpec:
     `device_type` device (None: CUDA when this machine has it, else CPU) and reserving, per rank, `num_cpus` /
     `num_gpus` Ray resources (None: 1 CPU, plus 1 GPU for CUDA) and any custom Ray `resources` (e.g.
     ``{'node_b': 1}`` to place the group on nodes that offer `node_b`)."""
+
     ranks: int = 1
     device_type: str | None = None
     num_cpus: float | None = None
@@ -102,8 +106,12 @@ class GroupSpec:
     def device_group(self, name: str) -> Any:
         """The `twinkle_core.mesh.DeviceGroup` named `name` for these settings."""
         from twinkle_core.mesh import DeviceGroup
-        options = {k: v for k, v in (('num_cpus', self.num_cpus), ('num_gpus', self.num_gpus),
-                                     ('resources', self.resources)) if v is not None}
+
+        options = {
+            k: v
+            for k, v in (('num_cpus', self.num_cpus), ('num_gpus', self.num_gpus), ('resources', self.resources))
+            if v is not None
+        }
         return DeviceGroup(name=name, ranks=self.ranks, device_type=self.device_type, options=options)
 
 
@@ -111,6 +119,7 @@ class GroupSpec:
 class RayConfig:
     """How the server reaches Ray: `address` None starts a local instance (with `num_cpus`), 'auto' joins the
     cluster this node belongs to, 'ray://host:10001' connects a client."""
+
     address: str | None = None
     namespace: str | None = None
     num_cpus: int | None = None
@@ -119,6 +128,7 @@ class RayConfig:
 @dataclass(frozen=True)
 class DeploymentConfig:
     """`mode`: 'embedded' (every model in the server process) or 'ray' (models in Ray device groups)."""
+
     mode: str = 'embedded'
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -130,6 +140,7 @@ class ModelSpec:
     `sampler_args`). `device` places an embedded engine; `train_group`, `mesh` (DeviceMesh.from_sizes sizes, None =
     data parallel over the group), `sampler_replicas` and `sampler_group` place it on Ray. `hub_push`: this model's
     effective push settings (the server's, with the model's overrides), None when pushing is not configured."""
+
     name: str
     path: str
     backend: str = 'MultiLoraTransformersModel'
@@ -157,18 +168,25 @@ class ModelSpec:
     def device_mesh(self) -> Any:
         """The `twinkle_core.mesh.DeviceMesh` of the training group (data parallel when `mesh` is None)."""
         from twinkle_core.mesh import DeviceMesh
-        return DeviceMesh.from_sizes(**(self.mesh or {}), world_size=self.train_group.ranks,
-                                     device_type=self.train_group.device_type)
+
+        return DeviceMesh.from_sizes(
+            **(self.mesh or {}), world_size=self.train_group.ranks, device_type=self.train_group.device_type
+        )
 
     def ray_only_settings(self) -> list[str]:
         """The keys of this spec (relative to the model) that only a Ray deployment can honour."""
         out = []
-        for key, group, size in (('train_group', self.train_group, 'ranks'),
-                                 ('sampler_group', self.sampler_group, 'ranks_per_replica')):
+        for key, group, size in (
+            ('train_group', self.train_group, 'ranks'),
+            ('sampler_group', self.sampler_group, 'ranks_per_replica'),
+        ):
             if group.ranks != 1:
                 out.append(f'{key}.{size}')
-            out += [f'{key}.{k}' for k in ('device_type', 'num_cpus', 'num_gpus', 'resources')
-                    if getattr(group, k) is not None]
+            out += [
+                f'{key}.{k}'
+                for k in ('device_type', 'num_cpus', 'num_gpus', 'resources')
+                if getattr(group, k) is not None
+            ]
         if self.mesh and self.mesh_world_size() != 1:
             out.append('mesh')
         if self.sampler_replicas != 1:
@@ -183,6 +201,7 @@ class ServerConfig:
     `model_specs` (name -> `ModelSpec`) is what engines are built from. Left empty, it is derived from `models` and
     the server-wide `backend*` / `sampler*` fields (the flags of `twinkle server start`); given (a config file),
     `models` is derived from it (or must agree with it)."""
+
     models: dict[str, str]
     data_dir: str
     host: str = '127.0.0.1'
@@ -231,13 +250,20 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for proxy in self.trusted_proxies:
             if not is_ip_or_network(proxy):
-                raise ValueError(f'trusted proxy {proxy!r} is not an IP address or network (e.g. 10.0.0.5, '
-                                 f'10.0.0.0/8)')
+                raise ValueError(f'trusted proxy {proxy!r} is not an IP address or network (e.g. 10.0.0.5, 10.0.0.0/8)')
         if not self.model_specs:
-            self.model_specs = {name: ModelSpec(name, path, backend=self.backend, backend_args=dict(self.backend_args),
-                                                sampler=self.sampler, sampler_args=dict(self.sampler_args),
-                                                hub_push=self.hub_push)
-                                for name, path in self.models.items()}
+            self.model_specs = {
+                name: ModelSpec(
+                    name,
+                    path,
+                    backend=self.backend,
+                    backend_args=dict(self.backend_args),
+                    sampler=self.sampler,
+                    sampler_args=dict(self.sampler_args),
+                    hub_push=self.hub_push,
+                )
+                for name, path in self.models.items()
+            }
         elif not self.models:
             self.models = {name: spec.path for name, spec in self.model_specs.items()}
         elif self.models != {name: spec.path for name, spec in self.model_specs.items()}:
@@ -247,8 +273,10 @@ class ServerConfig:
         if self.deployment.mode == 'embedded':
             for spec in self.model_specs.values():
                 if spec.ray_only_settings():
-                    raise ValueError(f'ServerConfig: model {spec.name!r} sets {", ".join(spec.ray_only_settings())}, '
-                                     f'which needs deployment.mode: ray')
+                    raise ValueError(
+                        f'ServerConfig: model {spec.name!r} sets {", ".join(spec.ray_only_settings())}, '
+                        f'which needs deployment.mode: ray'
+                    )
 
     def limits(self, tenant: str) -> TenantLimits:
         return self.tenant_limits.get(tenant, self.default_limits)
@@ -286,6 +314,8 @@ class ServerConfig:
         if not isinstance(raw, dict) or set(raw) - {'default', 'tenants'}:
             raise ValueError(f'--limits {path}: expected {{"default": {{...}}, "tenants": {{"name": {{...}}}}}}')
         default = TenantLimits().merged(raw.get('default') or {}, f'--limits {path} default')
-        tenants = {name: default.merged(entry or {}, f'--limits {path} tenants.{name}')
-                   for name, entry in (raw.get('tenants') or {}).items()}
+        tenants = {
+            name: default.merged(entry or {}, f'--limits {path} tenants.{name}')
+            for name, entry in (raw.get('tenants') or {}).items()
+        }
         return default, tenants

@@ -8,6 +8,7 @@ the chosen deployment mode cannot honour. Relative paths are relative to the fil
 directory for values given on the command line). Defaults live on the dataclasses in `config.py`: only keys the
 file names are passed on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -106,8 +107,11 @@ class _Checker:
         if 'allowed_roots' in server:
             server['allowed_roots'] = tuple(self.directories(server['allowed_roots'], ('server', 'allowed_roots')))
         if 'trusted_proxies' in server:
-            server['trusted_proxies'] = tuple(proxy for i, proxy in enumerate(server['trusted_proxies'])
-                                              if self.check(proxy, ('server', 'trusted_proxies', i), PROXY))
+            server['trusted_proxies'] = tuple(
+                proxy
+                for i, proxy in enumerate(server['trusted_proxies'])
+                if self.check(proxy, ('server', 'trusted_proxies', i), PROXY)
+            )
         storage = self.storage(top.get('storage'))
         self.fields(top.get('auth'), ('auth',), AUTH)
         default, tenants = self.limits(top.get('limits'), ('limits',))
@@ -116,8 +120,16 @@ class _Checker:
         specs = self.models(top.get('models'), ('models',), deployment, hub_push)
         if self.errors:
             raise ConfigError(sorted(self.errors, key=_line_of))
-        return ServerConfig(models={}, **storage, **server, default_limits=default, tenant_limits=tenants,
-                            deployment=deployment, hub_push=hub_push, model_specs=specs)
+        return ServerConfig(
+            models={},
+            **storage,
+            **server,
+            default_limits=default,
+            tenant_limits=tenants,
+            deployment=deployment,
+            hub_push=hub_push,
+            model_specs=specs,
+        )
 
     # ---- primitives ----------------------------------------------------------------------------------------------
     def error(self, path: KeyPath, problem: str, expected: str | None = None, note: str | None = None) -> None:
@@ -156,8 +168,11 @@ class _Checker:
         missing = [key for key in required if section.get(key) is None]
         for key in missing:
             self.error(path + (key,), 'missing', rules[key].expected)
-        return {key: sub for key, sub in section.items()
-                if key not in missing and self.check(sub, path + (key,), rules[key])}
+        return {
+            key: sub
+            for key, sub in section.items()
+            if key not in missing and self.check(sub, path + (key,), rules[key])
+        }
 
     def local_path(self, value: str, path: KeyPath) -> str:
         """`value` made absolute against the file's directory (the working directory for command-line values)."""
@@ -190,6 +205,7 @@ class _Checker:
         other path in the file."""
         from twinkle_server.db.base import DatabaseError
         from twinkle_server.db.url import parse_url
+
         try:
             kind, target = parse_url(url)
         except DatabaseError as exc:
@@ -205,8 +221,9 @@ class _Checker:
         default = TenantLimits().merged(self.limit_values(section.get('default'), path + ('default',)))
         tenants = {}
         named = section.get('tenants')
-        if named is not None and self.check(named, path + ('tenants',), Rule((dict,), 'a mapping of tenant names '
-                                                                                       'to limits')):
+        if named is not None and self.check(
+            named, path + ('tenants',), Rule((dict,), 'a mapping of tenant names to limits')
+        ):
             for name, entry in named.items():
                 tenants[name] = default.merged(self.limit_values(entry, path + ('tenants', name)))
         return default, tenants
@@ -218,11 +235,17 @@ class _Checker:
         section = self.fields(value, path, DEPLOYMENT)
         ray = self.fields(section.pop('ray', None), path + ('ray',), RAY)
         if ray.get('address') and ray.get('num_cpus') is not None:
-            self.error(path + ('ray', 'num_cpus'), 'only for a Ray instance the server starts (address: null)',
-                       note='a running cluster has its own resources; leave num_cpus out')
+            self.error(
+                path + ('ray', 'num_cpus'),
+                'only for a Ray instance the server starts (address: null)',
+                note='a running cluster has its own resources; leave num_cpus out',
+            )
         if section.get('mode') == 'ray' and importlib.util.find_spec('twinkle_ray') is None:
-            self.error(path + ('mode',), 'ray needs the Ray runtime, which is not installed',
-                       'twinkle-ray installed: pip install twinkle-ray')
+            self.error(
+                path + ('mode',),
+                'ray needs the Ray runtime, which is not installed',
+                'twinkle-ray installed: pip install twinkle-ray',
+            )
         return DeploymentConfig(**section, ray=RayConfig(**ray))
 
     def hub_push(self, value: Any, path: KeyPath, base: HubPushConfig | None) -> HubPushConfig | None:
@@ -232,12 +255,16 @@ class _Checker:
         section = self.fields(value, path, HUB_PUSH)
         merged = dataclasses.replace(base or HubPushConfig(), **section)
         if merged.enabled and not merged.repo_prefix:
-            self.error(path + ('repo_prefix',), 'missing while pushing is enabled',
-                       "a prefix of the hub repositories, e.g. 'my-org/twinkle-'")
+            self.error(
+                path + ('repo_prefix',),
+                'missing while pushing is enabled',
+                "a prefix of the hub repositories, e.g. 'my-org/twinkle-'",
+            )
         return merged
 
-    def models(self, value: Any, path: KeyPath, deployment: DeploymentConfig,
-               hub_push: HubPushConfig | None) -> dict[str, ModelSpec]:
+    def models(
+        self, value: Any, path: KeyPath, deployment: DeploymentConfig, hub_push: HubPushConfig | None
+    ) -> dict[str, ModelSpec]:
         if value is None or value == []:
             self.error(path, 'missing', 'a list of models, each with at least name and path')
             return {}
@@ -250,15 +277,19 @@ class _Checker:
             if spec is None:
                 continue
             if spec.name in first:
-                self.error(path + (i, 'name'), f'duplicate model name {spec.name!r}',
-                           f'each name once; models[{first[spec.name]}] already has it')
+                self.error(
+                    path + (i, 'name'),
+                    f'duplicate model name {spec.name!r}',
+                    f'each name once; models[{first[spec.name]}] already has it',
+                )
                 continue
             first[spec.name] = i
             specs[spec.name] = spec
         return specs
 
-    def model(self, value: Any, path: KeyPath, deployment: DeploymentConfig,
-              hub_push: HubPushConfig | None) -> ModelSpec | None:
+    def model(
+        self, value: Any, path: KeyPath, deployment: DeploymentConfig, hub_push: HubPushConfig | None
+    ) -> ModelSpec | None:
         fields = self.fields(value, path, MODEL, required=('name', 'path') if isinstance(value, dict) else ())
         if 'path' in fields:
             fields['path'] = self.model_path(fields['path'], path + ('path',))
@@ -271,8 +302,11 @@ class _Checker:
             sampler['ranks'] = sampler.pop('ranks_per_replica')
         for key, group in (('train_group', train), ('sampler_group', sampler)):
             if group.get('resources') is not None:
-                group['resources'] = {name: amount for name, amount in group['resources'].items()
-                                      if self.check(amount, path + (key, 'resources', name), AMOUNT)} or None
+                group['resources'] = {
+                    name: amount
+                    for name, amount in group['resources'].items()
+                    if self.check(amount, path + (key, 'resources', name), AMOUNT)
+                } or None
             if group.get('device_type') is not None:
                 group['device_type'] = {'gpu': 'cuda'}.get(group['device_type'].lower(), group['device_type'].lower())
         if fields.get('mesh') is not None:
@@ -287,6 +321,7 @@ class _Checker:
     def model_path(self, value: str, path: KeyPath) -> str:
         from twinkle_core.errors import HubError
         from twinkle_core.hub.ref import HubRef, is_hub_ref
+
         if is_hub_ref(value):
             try:
                 HubRef.parse(value)
@@ -295,8 +330,11 @@ class _Checker:
             return value
         resolved = self.local_path(value, path)
         if not Path(resolved).is_dir():
-            self.error(path, f'{resolved} does not exist' if not Path(resolved).exists() else
-                       f'{resolved} is not a directory', 'a local model directory or an ms:// / hf:// id')
+            self.error(
+                path,
+                f'{resolved} does not exist' if not Path(resolved).exists() else f'{resolved} is not a directory',
+                'a local model directory or an ms:// / hf:// id',
+            )
         return resolved
 
     def component(self, kind: str, name: str, path: KeyPath) -> None:
@@ -311,31 +349,47 @@ class _Checker:
         """Mesh against train group; settings the deployment mode cannot honour."""
         ranks = spec.train_group.ranks
         if spec.mesh and spec.mesh_world_size() != ranks:
-            self.error(path + ('mesh',), f'the mesh spans {spec.mesh_world_size()} ranks but train_group.ranks is '
-                       f'{ranks}', 'the product of the mesh sizes to equal train_group.ranks')
+            self.error(
+                path + ('mesh',),
+                f'the mesh spans {spec.mesh_world_size()} ranks but train_group.ranks is {ranks}',
+                'the product of the mesh sizes to equal train_group.ranks',
+            )
         elif spec.mesh:
             from twinkle_core.errors import MeshError
+
             try:
-                dataclasses.replace(spec, train_group=dataclasses.replace(spec.train_group, device_type='cpu')) \
-                    .device_mesh()
+                dataclasses.replace(
+                    spec, train_group=dataclasses.replace(spec.train_group, device_type='cpu')
+                ).device_mesh()
             except MeshError as exc:
                 self.error(path + ('mesh',), str(exc).rstrip('.'), 'sizes DeviceMesh.from_sizes accepts')
         if deployment.mode == 'embedded':
             for key in spec.ray_only_settings():
-                self.error(path + tuple(key.split('.')), 'needs deployment.mode: ray',
-                           note='embedded mode runs each model once, in the server process')
+                self.error(
+                    path + tuple(key.split('.')),
+                    'needs deployment.mode: ray',
+                    note='embedded mode runs each model once, in the server process',
+                )
         else:
             if spec.device is not None:
-                self.error(path + ('device',), 'only used with deployment.mode: embedded',
-                           note='in ray mode set train_group.device_type and sampler_group.device_type')
+                self.error(
+                    path + ('device',),
+                    'only used with deployment.mode: embedded',
+                    note='in ray mode set train_group.device_type and sampler_group.device_type',
+                )
             if spec.train_group.ranks > 1 and not takes_device_mesh(spec.backend):
-                self.error(path + ('train_group', 'ranks'), f'{spec.backend} trains on one rank (it takes no '
-                           'device_mesh)', 'ranks: 1, or a backend that takes a mesh (e.g. TransformersModel, one '
-                           'adapter at a time)')
+                self.error(
+                    path + ('train_group', 'ranks'),
+                    f'{spec.backend} trains on one rank (it takes no device_mesh)',
+                    'ranks: 1, or a backend that takes a mesh (e.g. TransformersModel, one adapter at a time)',
+                )
             if spec.sampler_group.ranks > 1:
-                self.error(path + ('sampler_group', 'ranks_per_replica'), 'a sampler replica is one process',
-                           'ranks_per_replica: 1; give a replica several GPUs with num_gpus instead (e.g. for '
-                           'vLLM tensor_parallel_size)')
+                self.error(
+                    path + ('sampler_group', 'ranks_per_replica'),
+                    'a sampler replica is one process',
+                    'ranks_per_replica: 1; give a replica several GPUs with num_gpus instead (e.g. for '
+                    'vLLM tensor_parallel_size)',
+                )
 
 
 def takes_device_mesh(backend: str) -> bool:
@@ -344,6 +398,7 @@ def takes_device_mesh(backend: str) -> bool:
     import inspect
 
     from twinkle_core.registry import resolve_class
+
     try:
         return 'device_mesh' in inspect.signature(resolve_class('model', backend).__init__).parameters
     except Exception:  # noqa: BLE001
@@ -354,6 +409,7 @@ def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
     """None when the registry resolves `name`, else (what is wrong, what is expected), each in one line."""
     from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError
     from twinkle_core.registry import list_components, resolve_class
+
     what = 'model backend' if kind == 'model' else kind
     try:
         resolve_class(kind, name)
@@ -363,8 +419,10 @@ def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
     except ComponentNotFoundError:
         installed = [c.name for c in list_components(kind) if c.source != 'index']
         close = difflib.get_close_matches(name, installed, n=1, cutoff=0.5)
-        return (f'unknown {what} {name!r}' + (f'; did you mean {close[0]}?' if close else ''),
-                f'an installed {what}: {", ".join(installed) or "none is installed"}')
+        return (
+            f'unknown {what} {name!r}' + (f'; did you mean {close[0]}?' if close else ''),
+            f'an installed {what}: {", ".join(installed) or "none is installed"}',
+        )
     except Exception as exc:  # noqa: BLE001 - a broken plugin or untrusted hub code: report, don't crash the check
         return f'{name!r} cannot be loaded: ' + ' '.join(f'{type(exc).__name__}: {exc}'.split()), f'a loadable {what}'
 
@@ -381,8 +439,15 @@ def _line_of(message: str) -> int:
 
 
 def _kind(value: Any) -> str:
-    for types, name in ((type(None), 'null'), (bool, 'boolean'), (int, 'integer'), (float, 'number'),
-                        (str, 'string'), (list, 'list'), (dict, 'mapping')):
+    for types, name in (
+        (type(None), 'null'),
+        (bool, 'boolean'),
+        (int, 'integer'),
+        (float, 'number'),
+        (str, 'string'),
+        (list, 'list'),
+        (dict, 'mapping'),
+    ):
         if isinstance(value, types):
             return name
     return type(value).__name__
@@ -394,7 +459,9 @@ def _show(value: Any) -> str:
 
 def _yaml(value: Any) -> str:
     """`value` as the file spells it (true, null, 'text'), cut to 60 characters."""
-    text = {True: 'true', False: 'false', None: 'null'}.get(value, repr(value)) \
-        if value is None or isinstance(value, bool) else repr(value)
+    text = (
+        {True: 'true', False: 'false', None: 'null'}.get(value, repr(value))
+        if value is None or isinstance(value, bool)
+        else repr(value)
+    )
     return text if len(text) <= 60 else text[:57] + '...'
-

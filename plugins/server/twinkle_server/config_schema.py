@@ -3,6 +3,7 @@
 `config_file` checks a file against these tables; `docs/deployment.md` describes every key (a test holds the
 two equal).
 """
+
 from __future__ import annotations
 
 import re
@@ -15,6 +16,7 @@ from twinkle_server.config import DEVICE_TYPES, HUBS, MESH_KEYS, is_ip_or_networ
 @dataclass(frozen=True)
 class Rule:
     """What a value must be: one of `types` (bool is never an int) and `ok`; `expected` says so in words."""
+
     types: tuple[type, ...]
     expected: str
     ok: Callable[[Any], bool] = lambda value: True
@@ -24,8 +26,9 @@ class Rule:
 
 def int_rule(lo: int, hi: int | None = None, nullable: bool = False) -> Rule:
     words = f'an integer from {lo} to {hi}' if hi is not None else f'an integer >= {lo}'
-    return Rule((int,), words + (' or null' if nullable else ''),
-                 lambda v: v >= lo and (hi is None or v <= hi), nullable)
+    return Rule(
+        (int,), words + (' or null' if nullable else ''), lambda v: v >= lo and (hi is None or v <= hi), nullable
+    )
 
 
 def number_rule(lo: float, inclusive: bool, nullable: bool = False) -> Rule:
@@ -46,48 +49,88 @@ BOOL = Rule((bool,), 'true or false')
 MAPPING = Rule((dict,), 'a mapping of names to values')
 LIST = Rule((list,), 'a list of directories')
 ADDRESSES = Rule((list,), 'a list of IP addresses or networks')
-PROXY = Rule((str,), 'an IP address or network, e.g. 10.0.0.5 or 10.0.0.0/8', is_ip_or_network,
-             problem='not an IP address or network')
+PROXY = Rule(
+    (str,),
+    'an IP address or network, e.g. 10.0.0.5 or 10.0.0.0/8',
+    is_ip_or_network,
+    problem='not an IP address or network',
+)
 POSITIVE = number_rule(0, inclusive=False)
 DEVICE_TYPE = choice_rule(*DEVICE_TYPES, 'gpu', nullable=True, fold=True)
-RESOURCES = {'num_cpus': number_rule(0, inclusive=False, nullable=True), 'num_gpus': number_rule(0, True, nullable=True),
-              'resources': Rule((dict,), 'a mapping of Ray resource names to amounts per rank', nullable=True)}
+RESOURCES = {
+    'num_cpus': number_rule(0, inclusive=False, nullable=True),
+    'num_gpus': number_rule(0, True, nullable=True),
+    'resources': Rule((dict,), 'a mapping of Ray resource names to amounts per rank', nullable=True),
+}
 AMOUNT = number_rule(0, inclusive=True)
 LIMIT = int_rule(0, nullable=True)
 
 TOP = ('server', 'storage', 'auth', 'limits', 'deployment', 'hub_push', 'models')
 SERVER: dict[str, Rule] = {
-    'host': text_rule(), 'port': int_rule(1, 65535), 'max_body_mb': POSITIVE,
-    'long_poll_s': Rule((int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)',
-                         lambda v: 0 < v < 45),
-    'session_ttl_s': POSITIVE, 'seq_gap_timeout_s': POSITIVE, 'max_failed_logins_per_minute': int_rule(1),
-    'max_queued_samples': int_rule(1), 'max_batch': int_rule(1), 'allowed_roots': LIST, 'drain_timeout_s': POSITIVE,
+    'host': text_rule(),
+    'port': int_rule(1, 65535),
+    'max_body_mb': POSITIVE,
+    'long_poll_s': Rule(
+        (int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)', lambda v: 0 < v < 45
+    ),
+    'session_ttl_s': POSITIVE,
+    'seq_gap_timeout_s': POSITIVE,
+    'max_failed_logins_per_minute': int_rule(1),
+    'max_queued_samples': int_rule(1),
+    'max_batch': int_rule(1),
+    'allowed_roots': LIST,
+    'drain_timeout_s': POSITIVE,
     'trusted_proxies': ADDRESSES,
-    'image_decode_budget_mb': number_rule(0, inclusive=False, nullable=True)}
+    'image_decode_budget_mb': number_rule(0, inclusive=False, nullable=True),
+}
 STORAGE: dict[str, Rule] = {
     'data_dir': text_rule('a directory for metadata and checkpoints'),
-    'database_url': text_rule('a database URL or null', nullable=True)}
+    'database_url': text_rule('a database URL or null', nullable=True),
+}
 AUTH: dict[str, Rule] = {
-    'api_keys_required': Rule((bool,), 'true: every request carries a key from `twinkle server keys create`',
-                               lambda v: v is True, problem='not supported')}
+    'api_keys_required': Rule(
+        (bool,),
+        'true: every request carries a key from `twinkle server keys create`',
+        lambda v: v is True,
+        problem='not supported',
+    )
+}
 DEPLOYMENT: dict[str, Rule] = {'mode': choice_rule('embedded', 'ray'), 'ray': MAPPING}
 RAY: dict[str, Rule] = {
-    'address': text_rule("null (start Ray here), 'auto', 'ray://HOST:PORT' or 'HOST:PORT'",
-                     r'auto|ray://\S+|[\w.-]+:\d+', nullable=True),
-    'namespace': text_rule(nullable=True), 'num_cpus': int_rule(1, nullable=True)}
+    'address': text_rule(
+        "null (start Ray here), 'auto', 'ray://HOST:PORT' or 'HOST:PORT'", r'auto|ray://\S+|[\w.-]+:\d+', nullable=True
+    ),
+    'namespace': text_rule(nullable=True),
+    'num_cpus': int_rule(1, nullable=True),
+}
 HUB_PUSH: dict[str, Rule] = {
-    'enabled': BOOL, 'hub': choice_rule(*HUBS), 'private': BOOL,
-    'repo_prefix': text_rule("'NAMESPACE' or 'NAMESPACE/NAME-PREFIX' (a hub user or organization)",
-                         r'[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?', nullable=True),
-    'token_env': text_rule('the NAME of an environment variable holding the token', r'[A-Za-z_][A-Za-z0-9_]*',
-                       nullable=True),
-    'per_request': BOOL}
+    'enabled': BOOL,
+    'hub': choice_rule(*HUBS),
+    'private': BOOL,
+    'repo_prefix': text_rule(
+        "'NAMESPACE' or 'NAMESPACE/NAME-PREFIX' (a hub user or organization)",
+        r'[A-Za-z0-9][A-Za-z0-9._-]*(/.*)?',
+        nullable=True,
+    ),
+    'token_env': text_rule(
+        'the NAME of an environment variable holding the token', r'[A-Za-z_][A-Za-z0-9_]*', nullable=True
+    ),
+    'per_request': BOOL,
+}
 MODEL: dict[str, Rule] = {
-    'name': text_rule(), 'path': text_rule('a model directory or an ms:// / hf:// id'), 'backend': text_rule(),
-    'backend_args': MAPPING, 'sampler': text_rule(), 'sampler_args': MAPPING,
+    'name': text_rule(),
+    'path': text_rule('a model directory or an ms:// / hf:// id'),
+    'backend': text_rule(),
+    'backend_args': MAPPING,
+    'sampler': text_rule(),
+    'sampler_args': MAPPING,
     'device': text_rule('cpu, cuda, cuda:N or null', r'cpu|cuda(:\d+)?', nullable=True),
-    'train_group': MAPPING, 'mesh': Rule((dict,), 'a mapping of mesh sizes', nullable=True),
-    'sampler_replicas': int_rule(1), 'sampler_group': MAPPING, 'hub_push': MAPPING}
+    'train_group': MAPPING,
+    'mesh': Rule((dict,), 'a mapping of mesh sizes', nullable=True),
+    'sampler_replicas': int_rule(1),
+    'sampler_group': MAPPING,
+    'hub_push': MAPPING,
+}
 TRAIN_GROUP: dict[str, Rule] = {'ranks': int_rule(1), 'device_type': DEVICE_TYPE, **RESOURCES}
 SAMPLER_GROUP: dict[str, Rule] = {'ranks_per_replica': int_rule(1), 'device_type': DEVICE_TYPE, **RESOURCES}
 MESH: dict[str, Rule] = {key: int_rule(1) for key in MESH_KEYS}

@@ -13,6 +13,7 @@
 
 Problems are collected as `FILE:LINE: key.path: what is wrong (what is expected)` and raised as one `ConfigError`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,6 +54,7 @@ def key_text(path: KeyPath) -> str:
 @dataclass
 class Document:
     """A parsed config file: `values` and the `lines` its keys are on (COMMAND_LINE for overrides)."""
+
     file: str
     values: Any
     lines: dict[KeyPath, int] = field(default_factory=dict)
@@ -81,15 +83,18 @@ class Document:
         if isinstance(override, dict) and isinstance(value, dict):
             out = dict(value)
             for key, sub in override.items():
-                out[key] = self._merge(value.get(key), sub, path + (key,)) if key in value else \
-                    self._replace(sub, path + (key,))
+                out[key] = (
+                    self._merge(value.get(key), sub, path + (key,))
+                    if key in value
+                    else self._replace(sub, path + (key,))
+                )
             return out
         if path == ('models',) and isinstance(override, dict) and isinstance(value, list):
             return [self._merge(item, override, path + (i,)) for i, item in enumerate(value)]
         return self._replace(override, path)
 
     def _replace(self, override: Any, path: KeyPath) -> Any:
-        for p in [p for p in self.lines if p[:len(path)] == path]:
+        for p in [p for p in self.lines if p[: len(path)] == path]:
             del self.lines[p]
         self._mark(override, path)
         return copy.deepcopy(override)
@@ -119,8 +124,12 @@ def read_document(path: str | os.PathLike[str]) -> Document:
     except yaml.YAMLError as exc:
         raise ConfigError([f'{file}: not valid YAML: {exc}']) from None
     except RecursionError:
-        raise ConfigError([f'{file}:{loader.get_mark().line + 1}: not valid YAML: {_TOO_DEEP} (expected at most '
-                           f'{MAX_DEPTH} levels of mappings and lists)']) from None
+        raise ConfigError(
+            [
+                f'{file}:{loader.get_mark().line + 1}: not valid YAML: {_TOO_DEEP} (expected at most '
+                f'{MAX_DEPTH} levels of mappings and lists)'
+            ]
+        ) from None
     doc = Document(file, None, {(): 1})
     errors: list[str] = []
     if node is not None:
@@ -157,13 +166,21 @@ class _Reader:
         if len(path) > MAX_DEPTH:
             raise _TooBig(self.doc.message(path[:1], _TOO_DEEP, f'at most {MAX_DEPTH} levels of mappings and lists'))
         if self.values > MAX_VALUES:
-            raise _TooBig(self.doc.message(path[:1], f'the file expands to more than {MAX_VALUES} values',
-                                           note='each alias repeats the value it names: is one repeated many times?'))
+            raise _TooBig(
+                self.doc.message(
+                    path[:1],
+                    f'the file expands to more than {MAX_VALUES} values',
+                    note='each alias repeats the value it names: is one repeated many times?',
+                )
+            )
         if isinstance(node, yaml.ScalarNode):
             return self.scalar(node, path)
         if id(node) in self.open:
-            self.errors.append(self.doc.message(path, 'an alias refers to a value that contains it',
-                                                'an alias outside the anchored value'))
+            self.errors.append(
+                self.doc.message(
+                    path, 'an alias refers to a value that contains it', 'an alias outside the anchored value'
+                )
+            )
             return None
         self.open.add(id(node))
         try:
@@ -198,12 +215,15 @@ class _Reader:
                     if key not in own:
                         merged.setdefault(key, pair)
             elif not isinstance(key_node, yaml.ScalarNode):
-                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a key must be a plain name '
-                                   f'(expected name: value)')
+                self.errors.append(
+                    f'{self.doc.file}:{line}: {key_text(path)}: a key must be a plain name (expected name: value)'
+                )
             elif str(key_node.value) in own:
                 key = str(key_node.value)
-                self.errors.append(f'{self.doc.file}:{line}: {key_text(path + (key,))}: duplicate key, first on '
-                                   f'line {own[key]} (expected each key once per mapping)')
+                self.errors.append(
+                    f'{self.doc.file}:{line}: {key_text(path + (key,))}: duplicate key, first on '
+                    f'line {own[key]} (expected each key once per mapping)'
+                )
             else:
                 own[str(key_node.value)] = line
                 merged[str(key_node.value)] = (key_node, value_node)
@@ -217,11 +237,15 @@ class _Reader:
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for source in reversed(sources):
             if not isinstance(source, yaml.MappingNode):
-                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) takes a mapping '
-                                   f'(expected <<: *anchor or <<: [*a, *b])')
+                self.errors.append(
+                    f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) takes a mapping '
+                    f'(expected <<: *anchor or <<: [*a, *b])'
+                )
             elif id(source) in self.merging:
-                self.errors.append(f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) refers to a '
-                                   f'mapping that contains it (expected a merge of another mapping)')
+                self.errors.append(
+                    f'{self.doc.file}:{line}: {key_text(path)}: a merge key (<<) refers to a '
+                    f'mapping that contains it (expected a merge of another mapping)'
+                )
             else:
                 out.update(self.pairs(source, path))
         return out
@@ -279,13 +303,16 @@ class _Reader:
             return (value if value else default), close + 1
         if end >= len(text) or '}' not in text[end:]:
             raise _Unterminated
-        form = text[i:text.index('}', end) + 1]
+        form = text[i : text.index('}', end) + 1]
         self.errors.append(self.doc.message(path, f'unsupported reference {form} in {text!r}', _FORMS))
         return form, i + len(form)
 
     def _variable(self, name: str, path: KeyPath, used: bool) -> str:
         value = os.environ.get(name)
         if value is None and used:
-            self.errors.append(self.doc.message(path, f'environment variable {name} is not set',
-                                                note=f'set it, or write ${{{name}:-default}}'))
+            self.errors.append(
+                self.doc.message(
+                    path, f'environment variable {name} is not set', note=f'set it, or write ${{{name}:-default}}'
+                )
+            )
         return value or ''

@@ -1,4 +1,5 @@
 """FastAPI dependencies shared by every route: the service, the authenticated tenant, JSON bodies."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,7 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        problems = '; '.join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        problems = '; '.join(f'{".".join(str(p) for p in e["loc"]) or "body"}: {e["msg"]}' for e in exc.errors())
         raise bad_request(f'invalid {model.__name__}: {problems}') from None
     except RecursionError:
         raise bad_request(f'invalid {model.__name__}: nested too deeply') from None

@@ -9,6 +9,7 @@ request is in flight) is failed at once. At the deadline, work still queued is f
 work still running with `SHUTDOWN_RUNNING`: every future gets a definite answer, recorded in the store, so a client
 polling it — here, or on a restarted server with the same data dir — never hangs. Then the server shuts down.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,10 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_QUEUED = 'server shut down before this request ran; retry on another server'
 SHUTDOWN_RUNNING = 'server shut down before this request finished; retry on another server'
-DRAINING = ('server is draining (shutting down): it accepts no new work; retry shortly, or on another server '
-            '(results of accepted requests can still be retrieved here until it stops)')
+DRAINING = (
+    'server is draining (shutting down): it accepts no new work; retry shortly, or on another server '
+    '(results of accepted requests can still be retrieved here until it stops)'
+)
 #: what a draining server still answers: collecting results, keeping sessions alive, monitoring
 EXEMPT_PATHS = frozenset({'/api/v1/retrieve_future', '/api/v1/session_heartbeat', '/api/v1/telemetry', '/metrics'})
 POLL_S = 0.05
@@ -84,15 +87,22 @@ class Drain:
 
     async def _run(self, on_done: Callable[[], Any] | None) -> None:
         started = time.monotonic()
-        logger.warning('draining: accepting no new work; waiting up to %g s for %d accepted request(s)',
-                       self.timeout_s, self.futures.pending_total())
+        logger.warning(
+            'draining: accepting no new work; waiting up to %g s for %d accepted request(s)',
+            self.timeout_s,
+            self.futures.pending_total(),
+        )
         try:
             while not self._settled() and time.monotonic() < (self._deadline or 0):
                 await asyncio.sleep(POLL_S)
             queued, running = self.fail_queued(), self.fail_running()
             if queued or running:
-                logger.warning('drain timed out after %.1f s: failed %d queued and %d running request(s)',
-                               time.monotonic() - started, queued, running)
+                logger.warning(
+                    'drain timed out after %.1f s: failed %d queued and %d running request(s)',
+                    time.monotonic() - started,
+                    queued,
+                    running,
+                )
             else:
                 logger.info('drained in %.1f s: all accepted work finished', time.monotonic() - started)
         except Exception:  # noqa: BLE001 - the server must still shut down

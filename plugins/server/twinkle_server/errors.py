@@ -5,6 +5,7 @@ body (`{"error": ..., "category": "user"}`) and `x-should-retry: false`; never 4
 caps a client can wait out (429 with `Retry-After`) are retryable, and work that needs disk space the server
 lacks (507 with `x-should-retry: true` and `Retry-After`: the operator frees space, the SDK's retry gets through).
 """
+
 from __future__ import annotations
 
 import errno
@@ -22,8 +23,14 @@ DISK_RETRY_AFTER_S = 10.0
 class ApiError(Exception):
     """A request that cannot be served. `status` 4xx = the caller's fault (not retried), 5xx = ours."""
 
-    def __init__(self, status: int, message: str, category: Category | None = None,
-                 retry_after_s: float | None = None, retryable: bool | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        category: Category | None = None,
+        retry_after_s: float | None = None,
+        retryable: bool | None = None,
+    ) -> None:
         """`retryable`: say so explicitly (`x-should-retry`); None: decided by the status."""
         super().__init__(message)
         self.status = status
@@ -73,9 +80,14 @@ def over_limit(name: str, value: int, asked: int | str, what: str, status: int =
 
 def out_of_disk(what: str) -> ApiError:
     """507 for work that needs disk space the server lacks: retryable, since the operator can free space."""
-    return ApiError(507, f'the server is out of disk space: {what}. Retry later (the tinker SDK retries by itself) '
-                         f'or delete old checkpoints.', category='server', retry_after_s=DISK_RETRY_AFTER_S,
-                    retryable=True)
+    return ApiError(
+        507,
+        f'the server is out of disk space: {what}. Retry later (the tinker SDK retries by itself) '
+        f'or delete old checkpoints.',
+        category='server',
+        retry_after_s=DISK_RETRY_AFTER_S,
+        retryable=True,
+    )
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -95,10 +107,15 @@ def as_api_error(exc: BaseException) -> ApiError:
         return exc
     if is_disk_full(exc):
         from twinkle_server.db.writebehind import BacklogFull  # here: that module imports this one
-        what = exc.strerror if isinstance(exc, BacklogFull) else \
-            'a write ran out of space; nothing was overwritten (the previous checkpoint of that name is intact)'
+
+        what = (
+            exc.strerror
+            if isinstance(exc, BacklogFull)
+            else 'a write ran out of space; nothing was overwritten (the previous checkpoint of that name is intact)'
+        )
         return out_of_disk(what)
     from twinkle_core.errors import TwinkleError
+
     if isinstance(exc, (TwinkleError, ValueError, KeyError, TypeError)):  # the caller's input or settings
         return ApiError(422, f'{type(exc).__name__}: {exc}')
     return ApiError(500, f'internal error: {type(exc).__name__}: {exc}')

@@ -5,6 +5,7 @@ Finished results are written to the store, so a client can still collect them af
 were pending when the server died are failed at start-up with a message that says to resubmit. The first answer
 a future gets is final: a late one (work that finished after a drain failed it) is ignored.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ class FutureTable:
     def recover(self) -> int:
         """Fail futures left pending by a previous process. Returns how many."""
         n = 0
-        body = json.dumps({'error': 'the server restarted before this request finished; submit it again',
-                           'category': 'server'}).encode()
+        body = json.dumps(
+            {'error': 'the server restarted before this request finished; submit it again', 'category': 'server'}
+        ).encode()
         for request_id in self.store.pending_futures():
             self.store.finish_future(request_id, 'failed', JSON, body)
             n += 1

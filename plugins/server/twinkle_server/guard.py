@@ -14,6 +14,7 @@
   stranger cannot skip someone else's work. Retryable refusals (408/409/429/5xx) keep the seq_id: the client
   sends the same request again. Whatever slips through is bounded by the scheduler's `seq_gap_timeout_s`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,9 +49,12 @@ def drain_budget(limit: int) -> int:
 
 class BodyTooLarge(ApiError):
     def __init__(self, size: int | str, limit: int) -> None:
-        super().__init__(413, f'request body of {size} bytes exceeds the server limit of {limit} bytes '
-                              f'(--max-body-mb); send smaller batches (the tinker SDK splits forward_backward '
-                              f'into chunks)')
+        super().__init__(
+            413,
+            f'request body of {size} bytes exceeds the server limit of {limit} bytes '
+            f'(--max-body-mb); send smaller batches (the tinker SDK splits forward_backward '
+            f'into chunks)',
+        )
 
 
 class RequestGuard:
@@ -131,7 +135,7 @@ class _Body:
             chunk = message.get('body', b'')
             self.size += len(chunk)
             if len(self.prefix) < PEEK_BYTES:
-                self.prefix += chunk[:PEEK_BYTES - len(self.prefix)]
+                self.prefix += chunk[: PEEK_BYTES - len(self.prefix)]
             self.complete = not message.get('more_body', False)
         elif message['type'] == 'http.disconnect':
             self.complete = True
@@ -179,8 +183,12 @@ def sequence_ref(prefix: bytes, content_type: str) -> tuple[str, int] | None:
         return _protobuf_ref(prefix)
     try:  # a complete JSON body
         body = json.loads(prefix)
-        if isinstance(body, dict) and isinstance(body.get('model_id'), str) and \
-                isinstance(body.get('seq_id'), int) and not isinstance(body['seq_id'], bool):
+        if (
+            isinstance(body, dict)
+            and isinstance(body.get('model_id'), str)
+            and isinstance(body.get('seq_id'), int)
+            and not isinstance(body['seq_id'], bool)
+        ):
             return body['model_id'], body['seq_id']
     except (ValueError, RecursionError):
         pass
@@ -202,7 +210,7 @@ def _protobuf_ref(data: bytes) -> tuple[str, int] | None:
             elif wire == 2:
                 length, pos = _varint(data, pos)
                 if field == 1 and pos + length <= len(data):
-                    model_id = data[pos:pos + length].decode()
+                    model_id = data[pos : pos + length].decode()
                 pos += length
             elif wire in (1, 5):
                 pos += 8 if wire == 1 else 4
@@ -244,8 +252,11 @@ async def send_error(send: Send, err: ApiError, *, more_body: bool = False) -> N
     `more_body` the response is complete for the client (its Content-Length) but open for the server, which
     ends it with an empty `http.response.body` once it has drained the request."""
     payload = json.dumps(err.body()).encode()
-    headers = [(b'content-type', b'application/json'), (b'content-length', str(len(payload)).encode()),
-               (b'connection', b'close')]
+    headers = [
+        (b'content-type', b'application/json'),
+        (b'content-length', str(len(payload)).encode()),
+        (b'connection', b'close'),
+    ]
     headers += [(k.encode(), v.encode()) for k, v in err.headers().items()]
     await send({'type': 'http.response.start', 'status': err.status, 'headers': headers})
     await send({'type': 'http.response.body', 'body': payload, 'more_body': more_body})

@@ -18,6 +18,7 @@ native: `model.save(name, hub_push=True)`).
   `Checkpoint` keeps only `user_metadata`), as ``twinkle.hub_push.*`` keys of `user_metadata`. When the server
   stops, queued pushes and one still running after `STOP_WAIT_S` are recorded failed (save again to retry).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,10 @@ def validate(cfg: HubPushConfig | None, where: str = 'hub_push') -> None:
         raise ValueError(f'{where}.hub must be one of {", ".join(HUBS)}, got {cfg.hub!r}')
     namespace = (cfg.repo_prefix or '').split('/', 1)[0]
     if not namespace or not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9._-]*', namespace):
-        raise ValueError(f'{where}.repo_prefix must be "namespace" or "namespace/name-prefix" (a hub user or '
-                         f'organization), got {cfg.repo_prefix!r}')
+        raise ValueError(
+            f'{where}.repo_prefix must be "namespace" or "namespace/name-prefix" (a hub user or '
+            f'organization), got {cfg.repo_prefix!r}'
+        )
 
 
 def requested(user_metadata: Mapping[str, Any] | None) -> bool:
@@ -86,14 +89,19 @@ def repo_for(cfg: HubPushConfig, tenant: str, run_id: str) -> HubRef:
     name = re.sub(r'\.{2,}', '.', re.sub(r'-{2,}', '-', name)).strip('-.')
     if len(name) > MAX_REPO_NAME:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-        name = f'{name[:MAX_REPO_NAME - 9].rstrip("-.")}-{digest}'
+        name = f'{name[: MAX_REPO_NAME - 9].rstrip("-.")}-{digest}'
     return HubRef(cfg.hub, namespace, name)
 
 
 def listing_fields(push: PushRow) -> dict[str, Any]:
     """A push as shown in checkpoint listings (the `hub_push` object)."""
-    out: dict[str, Any] = {'state': push.state, 'repo': push.repo, 'path_in_repo': push.path_in_repo,
-                           'private': push.private, 'requested_at': _iso(push.requested_at)}
+    out: dict[str, Any] = {
+        'state': push.state,
+        'repo': push.repo,
+        'path_in_repo': push.path_in_repo,
+        'private': push.private,
+        'requested_at': _iso(push.requested_at),
+    }
     if push.pushed_at is not None:
         out['pushed_at'] = _iso(push.pushed_at)
     if push.error:
@@ -103,15 +111,22 @@ def listing_fields(push: PushRow) -> dict[str, Any]:
 
 def listing_metadata(push: PushRow) -> dict[str, str]:
     """The same as ``twinkle.hub_push.*`` string entries of `user_metadata` (what the Tinker SDK keeps)."""
-    return {f'{STATUS_PREFIX}{k}': (str(v).lower() if isinstance(v, bool) else str(v))
-            for k, v in listing_fields(push).items()}
+    return {
+        f'{STATUS_PREFIX}{k}': (str(v).lower() if isinstance(v, bool) else str(v))
+        for k, v in listing_fields(push).items()
+    }
 
 
 class HubPusher:
     """Decides which saves are pushed, and pushes them on one background thread."""
 
-    def __init__(self, store: Store, data_dir: str | Path, configs: Mapping[str, HubPushConfig | None],
-                 uploader: Uploader = upload_folder) -> None:
+    def __init__(
+        self,
+        store: Store,
+        data_dir: str | Path,
+        configs: Mapping[str, HubPushConfig | None],
+        uploader: Uploader = upload_folder,
+    ) -> None:
         """`configs`: each hosted base model's effective push settings (None: not configured)."""
         for model, cfg in configs.items():
             validate(cfg, f'model {model!r} hub_push')
@@ -125,8 +140,9 @@ class HubPusher:
         self._running: dict[Future[None], PushRow] = {}
         self._lock = threading.Lock()
 
-    def wanted(self, base_model: str, user_metadata: Mapping[str, Any] | None, asked: bool = False,
-               listed: bool = True) -> HubPushConfig | None:
+    def wanted(
+        self, base_model: str, user_metadata: Mapping[str, Any] | None, asked: bool = False, listed: bool = True
+    ) -> HubPushConfig | None:
         """The settings a save of `base_model` is pushed with, or None when it is not pushed. `asked`: the
         request opted in another way than `user_metadata` (the native `hub_push=True`)."""
         cfg = self.configs.get(base_model)
@@ -139,13 +155,22 @@ class HubPusher:
     def submit(self, row: CheckpointRow, cfg: HubPushConfig) -> PushRow:
         """Record a pending push of the just-written checkpoint `row` and queue its upload. Called on the
         model's worker thread right after the write: only hard-links files here. Never raises."""
-        push = PushRow(row.run_id, row.checkpoint_id, row.tenant, '', row.checkpoint_id, cfg.private, 'pending',
-                       time.time())
+        push = PushRow(
+            row.run_id, row.checkpoint_id, row.tenant, '', row.checkpoint_id, cfg.private, 'pending', time.time()
+        )
         staged = None
         try:
             ref = repo_for(cfg, row.tenant, row.run_id)
-            push = PushRow(row.run_id, row.checkpoint_id, row.tenant, ref.repo_url, row.checkpoint_id, cfg.private,
-                           'pending', push.requested_at)
+            push = PushRow(
+                row.run_id,
+                row.checkpoint_id,
+                row.tenant,
+                ref.repo_url,
+                row.checkpoint_id,
+                cfg.private,
+                'pending',
+                push.requested_at,
+            )
             staged = self._stage(Path(row.directory))
             self.store.put_push(push)
             with self._lock:
@@ -183,8 +208,14 @@ class HubPusher:
             token = os.environ.get(cfg.token_env) if cfg.token_env else None
             if cfg.token_env and not token:
                 raise RuntimeError(f'the environment variable {cfg.token_env} (hub_push.token_env) is not set')
-            self.uploader(staged, ref, message=f'twinkle server: {push.checkpoint_id} of {push.run_id}',
-                          path_in_repo=push.path_in_repo, private=cfg.private, token=token)
+            self.uploader(
+                staged,
+                ref,
+                message=f'twinkle server: {push.checkpoint_id} of {push.run_id}',
+                path_in_repo=push.path_in_repo,
+                private=cfg.private,
+                token=token,
+            )
             logger.info('pushed %s/%s to %s', push.run_id, push.checkpoint_id, push.repo)
         except Exception as exc:  # noqa: BLE001 - recorded, never raised into the server
             error = _describe(exc)
@@ -245,7 +276,7 @@ def _remove_stale(staging: Path) -> None:
 def _describe(exc: BaseException) -> str:
     """An error as recorded for clients: type and message, at most `MAX_ERROR_CHARS` characters."""
     text = f'{type(exc).__name__}: {exc}'
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + '...'
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + '...'
 
 
 def _iso(t: float) -> str:

@@ -1,5 +1,6 @@
 """Run the server: in the foreground (`serve`, what `twinkle server start` calls: drains on SIGTERM/SIGINT) or in a
 background thread (`start_in_thread`, for tests, benchmarks and notebooks)."""
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,12 @@ def serve(config: ServerConfig, device: str | None = None, log_format: str = 'te
     cannot shut down torch under a running call."""
     logs.configure(log_format)
     app = create_app(config, device=device)
-    server = DrainingServer(uvicorn_config(app, config, log_level='info', log_config=None, access_log=False,
-                                           timeout_graceful_shutdown=GRACEFUL_CLOSE_S), app)
+    server = DrainingServer(
+        uvicorn_config(
+            app, config, log_level='info', log_config=None, access_log=False, timeout_graceful_shutdown=GRACEFUL_CLOSE_S
+        ),
+        app,
+    )
     try:
         server.run()
     except KeyboardInterrupt:  # SIGINT is re-raised once the drain and shutdown are done
@@ -61,9 +66,15 @@ def uvicorn_config(app: FastAPI, config: ServerConfig, **options: Any) -> uvicor
     """uvicorn's settings for `config`. `X-Forwarded-For` sets the client address (which the failed-login throttle
     counts by) only on a connection from one of `config.trusted_proxies`: uvicorn's own default trusts 127.0.0.1,
     which would let any local caller pick a fresh address for every guess."""
-    return uvicorn.Config(app, host=config.host, port=config.port, timeout_keep_alive=75,
-                          proxy_headers=bool(config.trusted_proxies),
-                          forwarded_allow_ips=list(config.trusted_proxies), **options)
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        timeout_keep_alive=75,
+        proxy_headers=bool(config.trusted_proxies),
+        forwarded_allow_ips=list(config.trusted_proxies),
+        **options,
+    )
 
 
 class DrainingServer(uvicorn.Server):
@@ -81,8 +92,9 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         self._drain_requested = True  # a signal handler: no logging here (the drain logs as it starts)
-        service.futures.loop.call_soon_threadsafe(service.drain.start, lambda: super(DrainingServer, self)
-                                                  .handle_exit(sig, None))
+        service.futures.loop.call_soon_threadsafe(
+            service.drain.start, lambda: super(DrainingServer, self).handle_exit(sig, None)
+        )
 
 
 @dataclass
@@ -104,13 +116,15 @@ class RunningServer:
         """Drain as on SIGTERM (no new work; accepted work finishes within `drain_timeout_s` or is failed), then
         stop; returns when the server thread has ended (or after `timeout_s`)."""
         service = self.service
-        service.futures.loop.call_soon_threadsafe(service.drain.start,
-                                                  lambda: setattr(self.server, 'should_exit', True))
+        service.futures.loop.call_soon_threadsafe(
+            service.drain.start, lambda: setattr(self.server, 'should_exit', True)
+        )
         self.thread.join(timeout=timeout_s)
 
 
-def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None,
-                    timeout_s: float = 120.0) -> RunningServer:
+def start_in_thread(
+    config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None, timeout_s: float = 120.0
+) -> RunningServer:
     """Start uvicorn on `config.host:config.port` in a daemon thread and wait until it serves requests."""
     app = create_app(config, engines=engines, device=device)
     server = uvicorn.Server(uvicorn_config(app, config, log_level='warning'))
@@ -124,15 +138,32 @@ def start_in_thread(config: ServerConfig, engines: dict[str, Engine] | None = No
     return RunningServer(f'http://{config.host}:{config.port}', server, thread)
 
 
-def start_process(models: dict[str, str], data_dir: str, port: int, *, extra_args: tuple[str, ...] = (),
-                  env: dict[str, str] | None = None, timeout_s: float = 120.0) -> subprocess.Popen:
+def start_process(
+    models: dict[str, str],
+    data_dir: str,
+    port: int,
+    *,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> subprocess.Popen:
     """Run `twinkle server start` as a subprocess on 127.0.0.1:`port` and wait until /api/v1/healthz answers.
 
     `models` maps public names to model dirs. Raises RuntimeError (with the tail of the server's stderr) if the
     process exits or does not come up within `timeout_s`; the caller owns the returned process.
     """
-    cmd = [sys.executable, '-m', 'twinkle_core.cli.main', 'server', 'start', '--data-dir', str(data_dir),
-           '--port', str(port), *extra_args]
+    cmd = [
+        sys.executable,
+        '-m',
+        'twinkle_core.cli.main',
+        'server',
+        'start',
+        '--data-dir',
+        str(data_dir),
+        '--port',
+        str(port),
+        *extra_args,
+    ]
     for name, path in models.items():
         cmd += ['--model', f'{name}={path}']
     log = tempfile.TemporaryFile()  # not a pipe: a long-running server must never block on a full pipe

@@ -12,6 +12,7 @@
   (`ts, level, logger, msg, request_id, tenant, model, thread`, plus `exc` with the traceback); `TextFormatter`
   appends the context to the usual line. `configure` installs them on the root logger (what `serve` calls).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Awaitable, Callable, Iterator
 
-__all__ = ['ContextFilter', 'JsonFormatter', 'RequestContext', 'RequestIdMiddleware', 'TextFormatter', 'annotate',
-           'bound', 'configure', 'current', 'merged', 'snapshot']
+__all__ = [
+    'ContextFilter',
+    'JsonFormatter',
+    'RequestContext',
+    'RequestIdMiddleware',
+    'TextFormatter',
+    'annotate',
+    'bound',
+    'configure',
+    'current',
+    'merged',
+    'snapshot',
+]
 
 LOG_FORMATS = ('text', 'json')
 HEADER = b'x-request-id'
@@ -40,6 +52,7 @@ QUIET_PATHS = frozenset({'/metrics', '/api/v1/healthz'})  # polled by monitors: 
 @dataclass
 class RequestContext:
     """Who and what a log record is about. Mutable: `annotate` fills it in as a request is handled."""
+
     request_id: str | None = None
     tenant: str | None = None
     model: str | None = None
@@ -118,10 +131,15 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC)
         out: dict[str, Any] = {
-            'ts': ts.strftime('%Y-%m-%dT%H:%M:%S.') + f'{ts.microsecond // 1000:03d}Z', 'level': record.levelname,
-            'logger': record.name, 'msg': record.getMessage(), 'request_id': getattr(record, 'request_id', None),
-            'tenant': getattr(record, 'tenant', None), 'model': getattr(record, 'model', None),
-            'thread': record.threadName}
+            'ts': ts.strftime('%Y-%m-%dT%H:%M:%S.') + f'{ts.microsecond // 1000:03d}Z',
+            'level': record.levelname,
+            'logger': record.name,
+            'msg': record.getMessage(),
+            'request_id': getattr(record, 'request_id', None),
+            'tenant': getattr(record, 'tenant', None),
+            'model': getattr(record, 'model', None),
+            'thread': record.threadName,
+        }
         if record.exc_info:
             out['exc'] = self.formatException(record.exc_info)
         if record.stack_info:
@@ -137,8 +155,11 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        fields = [f'{name}={value}' for name in ('request_id', 'tenant', 'model')
-                  if (value := getattr(record, name, None)) is not None]
+        fields = [
+            f'{name}={value}'
+            for name in ('request_id', 'tenant', 'model')
+            if (value := getattr(record, name, None)) is not None
+        ]
         if not fields:
             return text
         line, sep, rest = text.partition('\n')  # keep a traceback below the line it belongs to
@@ -205,5 +226,11 @@ class RequestIdMiddleware:
     @staticmethod
     def _access(scope: Scope, status: int, start: float) -> None:
         path = scope.get('path', '')
-        access_logger.log(logging.DEBUG if path in QUIET_PATHS else logging.INFO, '%s %s %d %.1f ms',
-                          scope.get('method'), path, status, (time.perf_counter() - start) * 1000)
+        access_logger.log(
+            logging.DEBUG if path in QUIET_PATHS else logging.INFO,
+            '%s %s %d %.1f ms',
+            scope.get('method'),
+            path,
+            status,
+            (time.perf_counter() - start) * 1000,
+        )

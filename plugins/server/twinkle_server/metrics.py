@@ -6,6 +6,7 @@ Gauges (queue depth, running work, pending futures, live adapters, memory) are r
 endpoint is scraped. Labels name base models, operations and routes, never tenants: `/metrics` answers without an
 API key (bind the server to localhost or keep the path behind the proxy; docs/server.md, "Operations").
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ HTTP_METHODS = frozenset({'GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTI
 @dataclass
 class Family:
     """One metric family: its samples are (name suffix, labels, value), e.g. ('_bucket', {'le': '0.1'}, 3)."""
+
     name: str
     type: str  # counter | gauge | histogram
     help: str
@@ -85,8 +87,16 @@ class Metrics:
         self._tokens: dict[Labels, int] = defaultdict(int)
         self._http: dict[Labels, int] = defaultdict(int)
 
-    def engine_call(self, model: str, op: str, seconds: float, *, done: int = 0, failed: int = 0,
-                    tokens: dict[str, int] | None = None) -> None:
+    def engine_call(
+        self,
+        model: str,
+        op: str,
+        seconds: float,
+        *,
+        done: int = 0,
+        failed: int = 0,
+        tokens: dict[str, int] | None = None,
+    ) -> None:
         """One engine call of `op` on `model` that took `seconds`: `done`/`failed` work items, `tokens` processed
         by operation (e.g. ``{'sample': 40, 'sample_prompt': 12}``)."""
         with self._lock:
@@ -112,18 +122,30 @@ class Metrics:
 
     def families(self) -> list[Family]:
         with self._lock:
-            calls = Family('twinkle_engine_call_seconds', 'histogram',
-                           'Duration of engine calls by base model and operation (one call may serve several '
-                           'requests: a mixed forward/backward pass, a sampling batch).')
+            calls = Family(
+                'twinkle_engine_call_seconds',
+                'histogram',
+                'Duration of engine calls by base model and operation (one call may serve several '
+                'requests: a mixed forward/backward pass, a sampling batch).',
+            )
             for key, hist in sorted(self._calls.items()):
                 calls.samples.extend(hist.samples(dict(key)))
-            items = Family('twinkle_work_items_total', 'counter',
-                           'Engine work items (one per request) finished, by base model, operation and outcome.')
-            tokens = Family('twinkle_tokens_total', 'counter',
-                            'Tokens processed by base model and operation: input tokens of forward_backward and '
-                            'forward, generated tokens (sample) and prompt tokens (sample_prompt) of sampling.')
-            http = Family('twinkle_http_requests_total', 'counter',
-                          'HTTP requests answered, by method, route template and status code.')
+            items = Family(
+                'twinkle_work_items_total',
+                'counter',
+                'Engine work items (one per request) finished, by base model, operation and outcome.',
+            )
+            tokens = Family(
+                'twinkle_tokens_total',
+                'counter',
+                'Tokens processed by base model and operation: input tokens of forward_backward and '
+                'forward, generated tokens (sample) and prompt tokens (sample_prompt) of sampling.',
+            )
+            http = Family(
+                'twinkle_http_requests_total',
+                'counter',
+                'HTTP requests answered, by method, route template and status code.',
+            )
             for family, counts in ((items, self._items), (tokens, self._tokens), (http, self._http)):
                 for key, n in sorted(counts.items()):
                     family.add(dict(key), n)
@@ -132,9 +154,12 @@ class Metrics:
 
 def render(service: Service) -> str:
     """The whole exposition: the service's gauges, then its counters and histograms, then process memory."""
-    queue = Family('twinkle_queue_depth', 'gauge',
-                   'Accepted engine work not yet running (queued, or waiting for an earlier seq_id), by base model '
-                   'and kind (train, sample, call).')
+    queue = Family(
+        'twinkle_queue_depth',
+        'gauge',
+        'Accepted engine work not yet running (queued, or waiting for an earlier seq_id), by base model '
+        'and kind (train, sample, call).',
+    )
     running = Family('twinkle_running_work', 'gauge', 'Work items in the engine call running now, by base model.')
     adapters = Family('twinkle_live_adapters', 'gauge', 'Training models (LoRA adapters) loaded, by base model.')
     for name, worker in sorted(service.workers.items()):
@@ -158,10 +183,16 @@ def _memory() -> list[Family]:
         out.append(Family('process_resident_memory_bytes', 'gauge', 'Resident memory size in bytes.').add({}, rss))
     torch = sys.modules.get('torch')  # never import torch (or initialise CUDA) just to report on it
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        allocated = Family('twinkle_cuda_memory_allocated_bytes', 'gauge',
-                           'GPU memory held by tensors (torch.cuda.memory_allocated), by device.')
-        reserved = Family('twinkle_cuda_memory_reserved_bytes', 'gauge',
-                          "GPU memory reserved by torch's caching allocator (torch.cuda.memory_reserved), by device.")
+        allocated = Family(
+            'twinkle_cuda_memory_allocated_bytes',
+            'gauge',
+            'GPU memory held by tensors (torch.cuda.memory_allocated), by device.',
+        )
+        reserved = Family(
+            'twinkle_cuda_memory_reserved_bytes',
+            'gauge',
+            "GPU memory reserved by torch's caching allocator (torch.cuda.memory_reserved), by device.",
+        )
         for i in range(torch.cuda.device_count()):
             allocated.add({'device': f'cuda:{i}'}, torch.cuda.memory_allocated(i))
             reserved.add({'device': f'cuda:{i}'}, torch.cuda.memory_reserved(i))

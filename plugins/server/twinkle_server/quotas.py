@@ -1,6 +1,7 @@
 """Limits enforced per request and per tenant (`TenantLimits`, see config.py): each check raises the `ApiError`
 that names the cap and its value, before anything large is allocated. `MinuteWindow` is the sliding-minute
 counter behind the request-rate limit and the failed-login throttle."""
+
 from __future__ import annotations
 
 import threading
@@ -29,8 +30,11 @@ class MinuteWindow:
             window = self._window(key, now)
             if len(window) >= limit:
                 wait = WINDOW_S - (now - window[0])
-                raise ApiError(429, f'{what}: {len(window)} in the last minute (limit {limit}); try again in '
-                                    f'{wait:.0f} s', retry_after_s=wait)
+                raise ApiError(
+                    429,
+                    f'{what}: {len(window)} in the last minute (limit {limit}); try again in {wait:.0f} s',
+                    retry_after_s=wait,
+                )
             if record:
                 window.append(now)
 
@@ -70,27 +74,37 @@ class Quotas:
         """`live`: the tenant's training models loaded now."""
         limits = self.config.limits(tenant)
         if limits.max_lora_rank is not None and rank > limits.max_lora_rank:
-            raise unprocessable(f'LoRA rank {rank} exceeds the limit max_lora_rank={limits.max_lora_rank} for '
-                                f'tenant {tenant!r}')
+            raise unprocessable(
+                f'LoRA rank {rank} exceeds the limit max_lora_rank={limits.max_lora_rank} for tenant {tenant!r}'
+            )
         if limits.max_adapters is not None and live >= limits.max_adapters:  # waiting does not help: 403
-            raise ApiError(403, f'tenant {tenant!r} already has {live} live training models (limit '
-                                f'max_adapters={limits.max_adapters}); unload a model or finish its session first')
+            raise ApiError(
+                403,
+                f'tenant {tenant!r} already has {live} live training models (limit '
+                f'max_adapters={limits.max_adapters}); unload a model or finish its session first',
+            )
 
     def check_new_session(self, tenant: str) -> None:
         cap = self.config.limits(tenant).max_sessions
         if cap is not None:
             live = self.store.count_live_sessions(tenant, time.time() - self.config.session_ttl_s)
             if live >= cap:
-                raise ApiError(403, f'tenant {tenant!r} already has {live} open sessions (limit max_sessions={cap}); '
-                                    f'finish a session (or let it expire) first')
+                raise ApiError(
+                    403,
+                    f'tenant {tenant!r} already has {live} open sessions (limit max_sessions={cap}); '
+                    f'finish a session (or let it expire) first',
+                )
 
     def check_pending(self, tenant: str, pending: int) -> None:
         """`pending`: the tenant's requests queued or running now (a cap it can wait out: 429)."""
         cap = self.config.limits(tenant).max_pending_futures
         if cap is not None and pending >= cap:
-            raise ApiError(429, f'tenant {tenant!r} has {cap} requests queued or running (limit '
-                                f'max_pending_futures={cap}); retrieve results before sending more',
-                           retry_after_s=2.0)
+            raise ApiError(
+                429,
+                f'tenant {tenant!r} has {cap} requests queued or running (limit '
+                f'max_pending_futures={cap}); retrieve results before sending more',
+                retry_after_s=2.0,
+            )
 
     def check_train_request(self, tenant: str, lengths: list[int], context: int) -> None:
         """A forward_backward of datums with `lengths` tokens each, on a model with `context` positions."""
@@ -99,12 +113,16 @@ class Quotas:
         if limits.max_rows_per_request is not None and rows > limits.max_rows_per_request:
             raise over_limit('max_rows_per_request', limits.max_rows_per_request, rows, 'the number of datums')
         if limits.max_tokens_per_request is not None and tokens > limits.max_tokens_per_request:
-            raise over_limit('max_tokens_per_request', limits.max_tokens_per_request, tokens,
-                             'the total number of tokens')
+            raise over_limit(
+                'max_tokens_per_request', limits.max_tokens_per_request, tokens, 'the total number of tokens'
+            )
         longest = max(lengths, default=0)
         if longest + 1 > context:  # the server appends the last target token
-            raise ApiError(413, f'datum {lengths.index(longest)} has {longest} tokens; the model\'s context length '
-                                f'is {context} (input + last target token must fit)')
+            raise ApiError(
+                413,
+                f"datum {lengths.index(longest)} has {longest} tokens; the model's context length "
+                f'is {context} (input + last target token must fit)',
+            )
 
     def check_sample_request(self, tenant: str, num_samples: int, max_tokens: int) -> None:
         limits = self.config.limits(tenant)

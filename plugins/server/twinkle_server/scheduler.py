@@ -14,6 +14,7 @@ and batching of compatible work (forward/backward passes of different adapters; 
 - Every engine call is timed and its tokens counted (`metrics.Metrics`), and runs with the log context of the
   requests it serves (`logs.bound`). For a drain, `fail_gaps` and `abandon` fail work that can no longer run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,6 +40,7 @@ KINDS = ('train', 'sample', 'call')
 @dataclass
 class Work:
     """A unit of engine work. Exactly one of `train`, `sample`, `call` is set."""
+
     tenant: str
     on_done: Done
     on_error: Failed
@@ -74,8 +76,15 @@ class _Sequence:
 class ModelWorker:
     """Executes one engine's work queue on a dedicated thread."""
 
-    def __init__(self, engine: Engine, *, max_queued_samples: int = 256, max_batch: int = 16,
-                 seq_gap_timeout_s: float = 120.0, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_queued_samples: int = 256,
+        max_batch: int = 16,
+        seq_gap_timeout_s: float = 120.0,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queued_samples = max_queued_samples
@@ -101,7 +110,7 @@ class ModelWorker:
     def end_sequence(self, model_id: str) -> None:
         with self._cond:
             seq = self._sequences.pop(model_id, None)
-        for work in (seq.parked.values() if seq else ()):
+        for work in seq.parked.values() if seq else ():
             self._fail(work, ApiError(404, f'model {model_id!r} was unloaded before this request ran'))
 
     def submit(self, work: Work) -> None:
@@ -114,16 +123,22 @@ class ModelWorker:
                 raise ApiError(503, self._refusal)
             if work.sample is not None:
                 if self._queued_samples >= self.max_queued_samples:
-                    raise ApiError(429, f'sampling queue of {self.engine.base_model!r} is full '
-                                        f'({self.max_queued_samples} requests); retry shortly')
+                    raise ApiError(
+                        429,
+                        f'sampling queue of {self.engine.base_model!r} is full '
+                        f'({self.max_queued_samples} requests); retry shortly',
+                    )
                 self._queued_samples += 1
             if work.model_id is not None and work.seq_id is not None:
                 seq = self._sequences.get(work.model_id)
                 if seq is None:
                     raise ApiError(404, f'model {work.model_id!r} is not loaded')
                 if self._used(seq, work.seq_id):
-                    raise ApiError(400, f'seq_id {work.seq_id} of model {work.model_id!r} was already used '
-                                        f'(next expected: {seq.next_seq})')
+                    raise ApiError(
+                        400,
+                        f'seq_id {work.seq_id} of model {work.model_id!r} was already used '
+                        f'(next expected: {seq.next_seq})',
+                    )
                 seq.parked[work.seq_id] = work
                 self._release(seq)
             else:
@@ -240,10 +255,14 @@ class ModelWorker:
                 continue
             waiting = sorted(seq.parked)
             missing = [s for s in range(seq.next_seq, waiting[-1]) if s not in seq.parked]
-            err = ApiError(408, f'model {model_id!r}: seq_id {missing[0] if len(missing) == 1 else missing} never '
-                                f'arrived within {self.seq_gap_timeout_s:.0f} s (refused, lost or never sent), so '
-                                f'seq_id {waiting} did not run; send the next request with seq_id '
-                                f'{waiting[-1] + 1}', category='user')
+            err = ApiError(
+                408,
+                f'model {model_id!r}: seq_id {missing[0] if len(missing) == 1 else missing} never '
+                f'arrived within {self.seq_gap_timeout_s:.0f} s (refused, lost or never sent), so '
+                f'seq_id {waiting} did not run; send the next request with seq_id '
+                f'{waiting[-1] + 1}',
+                category='user',
+            )
             failed += [(seq.parked[s], err) for s in waiting]
             seq.parked.clear()
             seq.next_seq = waiting[-1] + 1
@@ -316,8 +335,17 @@ class ModelWorker:
         with logs.bound(work.context):
             if not counted:
                 self.metrics.work_failed(self.engine.base_model, work.operation)
-            emit_failure(exc, {'where': 'server', 'base_model': self.engine.base_model, 'tenant': work.tenant,
-                               'model_id': work.model_id, 'seq_id': work.seq_id, 'kind': work.kind})
+            emit_failure(
+                exc,
+                {
+                    'where': 'server',
+                    'base_model': self.engine.base_model,
+                    'tenant': work.tenant,
+                    'model_id': work.model_id,
+                    'seq_id': work.seq_id,
+                    'kind': work.kind,
+                },
+            )
             try:
                 work.on_error(exc)
             except BaseException:  # noqa: BLE001
@@ -341,8 +369,7 @@ class ModelWorker:
                 results = [exc] * len(batch)
             seconds = time.perf_counter() - start
             tokens = _tokens(batch, results)
-            logger.info('engine %s: %d request(s), %d token(s), %.3f s', op, len(batch), sum(tokens.values()),
-                        seconds)
+            logger.info('engine %s: %d request(s), %d token(s), %.3f s', op, len(batch), sum(tokens.values()), seconds)
         failed = 0
         for work, result in zip(batch, results):
             with logs.bound(work.context):
@@ -360,8 +387,9 @@ class ModelWorker:
                     self._finished(work)
         with self._cond:
             self._running = []
-        self.metrics.engine_call(self.engine.base_model, op, seconds, done=len(batch) - failed, failed=failed,
-                                 tokens=tokens)
+        self.metrics.engine_call(
+            self.engine.base_model, op, seconds, done=len(batch) - failed, failed=failed, tokens=tokens
+        )
 
     def _count(self, adapters: int) -> None:
         self.stats['train_passes'] += 1

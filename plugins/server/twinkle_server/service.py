@@ -2,6 +2,7 @@
 sessions, checkpoints and the queued operations on them. Routes translate wire formats; this module owns
 the rules (ownership, limits, seq_id ordering, atomic checkpoints, persistence).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +38,7 @@ SEEN_PER_MODEL = 4096  # re-posts are retries of recent requests
 @dataclass
 class LiveModel:
     """A training model loaded in an engine (its adapter is named by `model_id`)."""
+
     model_id: str
     tenant: str
     base_model: str
@@ -47,23 +49,35 @@ class LiveModel:
 
 
 class Service(CheckpointMethods):
-    def __init__(self, config: ServerConfig, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
-                 store: Store | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        engines: dict[str, Engine],
+        loop: asyncio.AbstractEventLoop,
+        store: Store | None = None,
+    ) -> None:
         """`store`: an open metadata store (default: `Store.open(config.database_url, config.data_dir)`, keeping
         the writes a full disk refuses in memory until there is room)."""
         self.config = config
-        self.store = store if store is not None else Store.open(config.database_url, config.data_dir,
-                                                                write_behind=True)
+        self.store = store if store is not None else Store.open(config.database_url, config.data_dir, write_behind=True)
         self.files = CheckpointFiles(config.data_dir)
-        self.pusher = HubPusher(self.store, config.data_dir,
-                                {name: spec.hub_push for name, spec in config.model_specs.items()})
+        self.pusher = HubPusher(
+            self.store, config.data_dir, {name: spec.hub_push for name, spec in config.model_specs.items()}
+        )
         self.futures = FutureTable(self.store, loop)
         self.futures.recover()
         self.engines = engines
         self.metrics = Metrics()
-        self.workers = {name: ModelWorker(e, max_queued_samples=config.max_queued_samples, max_batch=config.max_batch,
-                                          seq_gap_timeout_s=config.seq_gap_timeout_s, metrics=self.metrics)
-                        for name, e in engines.items()}
+        self.workers = {
+            name: ModelWorker(
+                e,
+                max_queued_samples=config.max_queued_samples,
+                max_batch=config.max_batch,
+                seq_gap_timeout_s=config.seq_gap_timeout_s,
+                metrics=self.metrics,
+            )
+            for name, e in engines.items()
+        }
         self.drain = Drain(self.workers, self.futures, config.drain_timeout_s)
         self.quotas = Quotas(config, self.store)
         self.logins = LoginThrottle(config.max_failed_logins_per_minute)
@@ -109,10 +123,13 @@ class Service(CheckpointMethods):
         engine = self.engine(base_model)
         hosted = sum(1 for m in self.models.values() if m.base_model == base_model)
         if engine.max_adapters is not None and hosted >= engine.max_adapters:
-            raise ApiError(403, f'base model {base_model!r} is served by {engine.backend_name}, which '
-                                f'trains at most {engine.max_adapters} adapter(s) at once; this server hosts '
-                                f'{hosted} already (free one, or serve the model with a multi-adapter backend, '
-                                f'e.g. MultiLoraTransformersModel)')
+            raise ApiError(
+                403,
+                f'base model {base_model!r} is served by {engine.backend_name}, which '
+                f'trains at most {engine.max_adapters} adapter(s) at once; this server hosts '
+                f'{hosted} already (free one, or serve the model with a multi-adapter backend, '
+                f'e.g. MultiLoraTransformersModel)',
+            )
 
     # ---- lookups (404 for other tenants' ids) --------------------------------------------------------------
     def hosted_name(self, base_model: str) -> str:
@@ -139,14 +156,25 @@ class Service(CheckpointMethods):
         m = self.models.get(model_id)
         if m is None or m.tenant != tenant:
             if m is None and self.store.training_run(model_id, tenant) is not None:
-                raise ApiError(404, f'model {model_id!r} is not loaded (the server restarted or its session ended); '
-                                    f'resume it from a checkpoint with create_training_client_from_state')
+                raise ApiError(
+                    404,
+                    f'model {model_id!r} is not loaded (the server restarted or its session ended); '
+                    f'resume it from a checkpoint with create_training_client_from_state',
+                )
             raise not_found('model', model_id)
         return m
 
     # ---- queueing ------------------------------------------------------------------------------------------
-    def enqueue(self, tenant: str, base_model: str, *, post: Callable[[Any], Any] = lambda r: r,
-                model_id: str | None = None, seq_id: int | None = None, **work: Any) -> str:
+    def enqueue(
+        self,
+        tenant: str,
+        base_model: str,
+        *,
+        post: Callable[[Any], Any] = lambda r: r,
+        model_id: str | None = None,
+        seq_id: int | None = None,
+        **work: Any,
+    ) -> str:
         """Queue engine work and return a future id; `post(result)` (worker thread) makes the future's value."""
         logs.annotate(model=base_model)
         if model_id is not None and seq_id is not None:
@@ -156,8 +184,14 @@ class Service(CheckpointMethods):
                 return seen
         self.quotas.check_pending(tenant, self.futures.pending(tenant))
         request_id = self.futures.create(tenant)
-        item = Work(tenant, on_done=lambda r: self.futures.resolve(request_id, post(r)),
-                    on_error=lambda e: self.futures.reject(request_id, e), model_id=model_id, seq_id=seq_id, **work)
+        item = Work(
+            tenant,
+            on_done=lambda r: self.futures.resolve(request_id, post(r)),
+            on_error=lambda e: self.futures.reject(request_id, e),
+            model_id=model_id,
+            seq_id=seq_id,
+            **work,
+        )
         try:
             self.workers[base_model].submit(item)
         except ApiError as exc:
@@ -179,8 +213,16 @@ class Service(CheckpointMethods):
             self.workers[m.base_model].skip(model_id, seq_id)
 
     # ---- training models -----------------------------------------------------------------------------------
-    def create_model(self, tenant: str, session_id: str, model_seq_id: int, base_model: str,
-                     tinker_lora: dict[str, Any], user_metadata: Any = None, lora: LoraSpec | None = None) -> str:
+    def create_model(
+        self,
+        tenant: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        tinker_lora: dict[str, Any],
+        user_metadata: Any = None,
+        lora: LoraSpec | None = None,
+    ) -> str:
         """A new training model. `lora`: the exact adapter (native API); by default it is derived from the
         Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha`."""
         self.require_session(tenant, session_id)
@@ -218,8 +260,16 @@ class Service(CheckpointMethods):
             raise ApiError(400, f'model {model_id!r} already exists in this session (model_seq_id reused)')
         return live.created_by
 
-    def load_new_model(self, tenant: str, session_id: str, model_seq_id: int, path: str, optimizer: bool,
-                       base_model: str | None = None, user_metadata: Any = None) -> str:
+    def load_new_model(
+        self,
+        tenant: str,
+        session_id: str,
+        model_seq_id: int,
+        path: str,
+        optimizer: bool,
+        base_model: str | None = None,
+        user_metadata: Any = None,
+    ) -> str:
         """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1)."""
         self.require_session(tenant, session_id)
         cp, row = self.checkpoint(tenant, path)
@@ -262,8 +312,10 @@ class Service(CheckpointMethods):
         cp, row = self.checkpoint(tenant, path)
         meta = self.files.read_meta(row.directory)
         if meta['base_model'] != m.base_model or LoraSpec.from_dict(meta['lora']).rank != m.lora.rank:
-            raise unprocessable(f'checkpoint {path} (base {meta["base_model"]}, rank {meta["lora"]["rank"]}) does '
-                                f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})')
+            raise unprocessable(
+                f'checkpoint {path} (base {meta["base_model"]}, rank {meta["lora"]["rank"]}) does '
+                f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})'
+            )
 
         def load(engine: Engine) -> dict[str, Any]:
             engine.load_state(model_id, row.directory, optimizer=optimizer)
@@ -271,16 +323,23 @@ class Service(CheckpointMethods):
 
         return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id, op='load_state')
 
-    def forward_backward(self, tenant: str, model_id: str, seq_id: int | None, batch: TrainBatch,
-                         post: Callable[[Any], Any]) -> str:
+    def forward_backward(
+        self, tenant: str, model_id: str, seq_id: int | None, batch: TrainBatch, post: Callable[[Any], Any]
+    ) -> str:
         m = self.model(tenant, model_id)
         self.store.touch_training_run(model_id)
         return self.enqueue(tenant, m.base_model, train=batch, post=post, model_id=model_id, seq_id=seq_id)
 
     def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: AdamStep) -> str:
         m = self.model(tenant, model_id)
-        return self.enqueue(tenant, m.base_model, call=lambda e: {'metrics': e.optim_step(model_id, step)},
-                            model_id=model_id, seq_id=seq_id, op='optim_step')
+        return self.enqueue(
+            tenant,
+            m.base_model,
+            call=lambda e: {'metrics': e.optim_step(model_id, step)},
+            model_id=model_id,
+            seq_id=seq_id,
+            op='optim_step',
+        )
 
     def call(self, tenant: str, model_id: str, fn: Callable[[Engine], Any], seq_id: int | None = None) -> str:
         m = self.model(tenant, model_id)
@@ -291,8 +350,15 @@ class Service(CheckpointMethods):
         if m is None:
             return
         self.workers[m.base_model].end_sequence(model_id)
-        self.workers[m.base_model].submit(Work(m.tenant, on_done=lambda r: None, on_error=lambda e: None,
-                                               call=lambda e: e.remove_adapter(model_id), op='unload'))
+        self.workers[m.base_model].submit(
+            Work(
+                m.tenant,
+                on_done=lambda r: None,
+                on_error=lambda e: None,
+                call=lambda e: e.remove_adapter(model_id),
+                op='unload',
+            )
+        )
         self._forget(model_id)
 
     @contextlib.contextmanager
@@ -326,8 +392,9 @@ class Service(CheckpointMethods):
             for snap in self.store.checkpoints(tenant, model_id, hidden=True):
                 self.delete_checkpoint(tenant, model_id, snap.checkpoint_id)
 
-    def create_sampling_session(self, tenant: str, session_id: str, seq_id: int, model_path: str | None,
-                                base_model: str | None) -> str:
+    def create_sampling_session(
+        self, tenant: str, session_id: str, seq_id: int, model_path: str | None, base_model: str | None
+    ) -> str:
         self.require_session(tenant, session_id)
         if model_path:
             _, row = self.checkpoint(tenant, model_path)
@@ -341,8 +408,9 @@ class Service(CheckpointMethods):
         self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, base, model_path, time.time()))
         return sid
 
-    def sampling_target(self, tenant: str, sampling_session_id: str | None, model_path: str | None,
-                        base_model: str | None) -> tuple[str, str | None]:
+    def sampling_target(
+        self, tenant: str, sampling_session_id: str | None, model_path: str | None, base_model: str | None
+    ) -> tuple[str, str | None]:
         """(base model, checkpoint path or None) a sample request addresses; 404 for ids it cannot see."""
         if sampling_session_id:
             row = self.store.sampling_session(sampling_session_id, tenant)
@@ -356,14 +424,23 @@ class Service(CheckpointMethods):
             return base_model, None
         raise unprocessable('asample needs sampling_session_id, model_path or base_model')
 
-    def sample(self, tenant: str, sampling_session_id: str | None, model_path: str | None, base_model: str | None,
-               job: SampleJob, post: Callable[[Any], Any]) -> str:
+    def sample(
+        self,
+        tenant: str,
+        sampling_session_id: str | None,
+        model_path: str | None,
+        base_model: str | None,
+        job: SampleJob,
+        post: Callable[[Any], Any],
+    ) -> str:
         base, model_path = self.sampling_target(tenant, sampling_session_id, model_path, base_model)
         engine = self.engine(base)
         self.quotas.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
         if len(job.prompt) + job.params.max_tokens > engine.max_context_length:
-            raise unprocessable(f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
-                                f'the context length {engine.max_context_length} of {base!r}')
+            raise unprocessable(
+                f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
+                f'the context length {engine.max_context_length} of {base!r}'
+            )
         if model_path:
             _, ck = self.checkpoint(tenant, model_path)
             job.adapter_dir = ck.directory

@@ -1,5 +1,6 @@
 """The checkpoint operations of `Service`: look a checkpoint up, write one (queued on its model, then recorded,
 then pushed to the hub when asked), snapshot for a new sampling session, delete one."""
+
 from __future__ import annotations
 
 import time
@@ -22,10 +23,22 @@ class CheckpointMethods:
             raise not_found('checkpoint', path)
         return cp, row
 
-    def save(self, tenant: str, model_id: str, seq_id: int | None, name: str | None, *, sampler: bool,
-             optimizer: bool = True, overwrite: bool = True, user_metadata: Any = None,
-             post: Callable[[str], Any] | None = None, scheme: str = 'tinker://', listed: bool = True,
-             hub_push: bool = False) -> str:
+    def save(
+        self,
+        tenant: str,
+        model_id: str,
+        seq_id: int | None,
+        name: str | None,
+        *,
+        sampler: bool,
+        optimizer: bool = True,
+        overwrite: bool = True,
+        user_metadata: Any = None,
+        post: Callable[[str], Any] | None = None,
+        scheme: str = 'tinker://',
+        listed: bool = True,
+        hub_push: bool = False,
+    ) -> str:
         """Queue a checkpoint write; the future's value is `post(uri)` (default `{'path': uri}`). Once written it
         is pushed to the hub when its model's `hub_push` says so (`hub_push`: the request opted in). Refused
         507 (retryable) while the disk is full; one that runs out of space while writing fails its future 507."""
@@ -36,15 +49,23 @@ class CheckpointMethods:
         if self.files.free_bytes() == 0:  # after the checks of the request: bad input is still a 4xx
             raise out_of_disk('saving a checkpoint needs disk space and none is left')
         final = self.files.directory(tenant, cp)
-        meta = {'base_model': m.base_model, 'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora,
-                'run_id': model_id, 'kind': cp.kind, 'optimizer': bool(optimizer and not sampler)}
+        meta = {
+            'base_model': m.base_model,
+            'lora': m.lora.as_dict(),
+            'tinker_lora': m.tinker_lora,
+            'run_id': model_id,
+            'kind': cp.kind,
+            'optimizer': bool(optimizer and not sampler),
+        }
 
         def write(engine: Engine) -> Any:
-            size = self.files.write(final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']),
-                                    meta, overwrite=overwrite)
+            size = self.files.write(
+                final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']), meta, overwrite=overwrite
+            )
             engine.checkpoint_written(model_id, str(final), optimizer=meta['optimizer'])
-            row = CheckpointRow(model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(),
-                                user_metadata, None, listed)
+            row = CheckpointRow(
+                model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(), user_metadata, None, listed
+            )
             self.store.put_checkpoint(row)
             if push is not None:
                 self.pusher.submit(row, push)
@@ -52,8 +73,9 @@ class CheckpointMethods:
 
         return self.enqueue(tenant, m.base_model, call=write, model_id=model_id, seq_id=seq_id, op='save_state')
 
-    def save_for_new_sampler(self, tenant: str, model_id: str, seq_id: int | None, session_id: str,
-                             sampling_session_seq_id: int) -> str:
+    def save_for_new_sampler(
+        self, tenant: str, model_id: str, seq_id: int | None, session_id: str, sampling_session_seq_id: int
+    ) -> str:
         """The unnamed save_weights_for_sampler: snapshot the adapter (unlisted; deleted with the session) and
         create the sampling session here."""
         m = self.model(tenant, model_id)

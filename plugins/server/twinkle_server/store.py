@@ -11,6 +11,7 @@ that returns tenant-owned data takes the tenant and answers `None` for another t
 into a 404 without ever revealing that the id exists. Checkpoint *files* live beside it (see `checkpoints.py`); the
 rows here only describe them.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ from twinkle_server.db import Database, DatabaseError, open_database
 from twinkle_server.db.migrations import migrate
 from twinkle_server.db.writebehind import Write, WriteBehind
 
-__all__ = ['CheckpointRow', 'DatabaseError', 'FutureRow', 'PushRow', 'SamplingSessionRow', 'Store',
-           'TrainingRunRow']
+__all__ = ['CheckpointRow', 'DatabaseError', 'FutureRow', 'PushRow', 'SamplingSessionRow', 'Store', 'TrainingRunRow']
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class FutureRow:
 class PushRow:
     """The hub push of one checkpoint: `repo` (``hf://org/name``), where in it (`path_in_repo`), and how it
     went (`state` 'pending' | 'pushed' | 'failed', `error` of a failed one)."""
+
     run_id: str
     checkpoint_id: str
     tenant: str
@@ -90,8 +91,7 @@ class PushRow:
 
 
 _RUN = 'run_id, tenant, session_id, base_model, lora_config, user_metadata, created_at, last_request_time, corrupted'
-_CKPT = ('run_id, checkpoint_id, tenant, kind, directory, size_bytes, created_at, user_metadata, expires_at, '
-         'listed')
+_CKPT = 'run_id, checkpoint_id, tenant, kind, directory, size_bytes, created_at, user_metadata, expires_at, listed'
 _SAMPLING = 'sampling_session_id, tenant, session_id, base_model, model_path, created_at'
 _PUSH = 'run_id, checkpoint_id, tenant, repo, path_in_repo, private, state, requested_at, pushed_at, error'
 
@@ -101,16 +101,24 @@ def _upsert(table: str, columns: str, key: str) -> str:
     names = [c.strip() for c in columns.split(',')]
     keys = {k.strip() for k in key.split(',')}
     updates = ', '.join(f'{c} = excluded.{c}' for c in names if c not in keys)
-    return (f'INSERT INTO {table} ({columns}) VALUES ({", ".join("?" * len(names))}) '
-            f'ON CONFLICT ({key}) DO UPDATE SET {updates}')
+    return (
+        f'INSERT INTO {table} ({columns}) VALUES ({", ".join("?" * len(names))}) '
+        f'ON CONFLICT ({key}) DO UPDATE SET {updates}'
+    )
 
 
 class Store:
     """Thread-safe access to the metadata database. `Store(data_dir)` is the SQLite file in `data_dir`;
     `Store.open(url, data_dir)` follows a configured database URL."""
 
-    def __init__(self, data_dir: str | Path | None = None, *, database: Database | None = None,
-                 owner: str | None = None, write_behind: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        database: Database | None = None,
+        owner: str | None = None,
+        write_behind: bool = False,
+    ) -> None:
         """`owner`: this server's name among several sharing one PostgreSQL database (e.g. ``host:port``),
         recorded with each future so that `pending_futures` (start-up recovery) sees only its own and unowned
         ones. Ignored on SQLite: one server per file. `write_behind`: keep writes refused for lack of disk space
@@ -129,8 +137,9 @@ class Store:
         self.meta = WriteBehind(database, enabled=write_behind)  # every read and write of the rows below
 
     @classmethod
-    def open(cls, database_url: str | None, data_dir: str | Path, owner: str | None = None,
-             write_behind: bool = False) -> Store:
+    def open(
+        cls, database_url: str | None, data_dir: str | Path, owner: str | None = None, write_behind: bool = False
+    ) -> Store:
         """The store at `database_url` (None: SQLite in `data_dir`; ``sqlite:///PATH``; ``postgresql://...``),
         migrated. Raises `DatabaseError` (URL shown with its password masked) when it cannot be opened."""
         return cls(database=open_database(database_url, data_dir), owner=owner, write_behind=write_behind)
@@ -150,8 +159,10 @@ class Store:
 
     # ---- API keys ------------------------------------------------------------------------------------------
     def add_api_key(self, key_id: str, tenant: str, salt: bytes, digest: bytes) -> None:
-        self.meta.execute('INSERT INTO api_keys (key_id, tenant, salt, digest, created_at, revoked) '
-                          'VALUES (?, ?, ?, ?, ?, 0)', (key_id, tenant, salt, digest, time.time()))
+        self.meta.execute(
+            'INSERT INTO api_keys (key_id, tenant, salt, digest, created_at, revoked) VALUES (?, ?, ?, ?, ?, 0)',
+            (key_id, tenant, salt, digest, time.time()),
+        )
 
     def api_key(self, key_id: str) -> tuple[str, bytes, bytes] | None:
         """(tenant, salt, digest) of an active key."""
@@ -167,9 +178,11 @@ class Store:
     # ---- sessions ------------------------------------------------------------------------------------------
     def add_session(self, session_id: str, tenant: str, tags: list[str], user_metadata: Any) -> None:
         now = time.time()
-        self.meta.execute('INSERT INTO sessions (session_id, tenant, created_at, last_seen, finished, tags, '
-                          'user_metadata) VALUES (?, ?, ?, ?, 0, ?, ?)',
-                          (session_id, tenant, now, now, json.dumps(tags), json.dumps(user_metadata)))
+        self.meta.execute(
+            'INSERT INTO sessions (session_id, tenant, created_at, last_seen, finished, tags, '
+            'user_metadata) VALUES (?, ?, ?, ?, 0, ?, ?)',
+            (session_id, tenant, now, now, json.dumps(tags), json.dumps(user_metadata)),
+        )
 
     def session_state(self, session_id: str, tenant: str) -> str | None:
         """'active', 'finished', or None when the session is unknown to this tenant."""
@@ -177,8 +190,11 @@ class Store:
         return None if row is None else ('finished' if row[0] else 'active')
 
     def touch_session(self, session_id: str) -> None:
-        self.meta.execute('UPDATE sessions SET last_seen = ? WHERE session_id = ?', (time.time(), session_id),
-                          key=('last_seen', session_id))
+        self.meta.execute(
+            'UPDATE sessions SET last_seen = ? WHERE session_id = ?',
+            (time.time(), session_id),
+            key=('last_seen', session_id),
+        )
 
     def session_last_seen(self, session_id: str) -> float | None:
         """Last heartbeat time of an active session; None when finished or unknown."""
@@ -187,30 +203,45 @@ class Store:
 
     def count_live_sessions(self, tenant: str, seen_since: float) -> int:
         """Unfinished sessions of `tenant` that heart-beat after `seen_since`."""
-        row = self.meta.one('SELECT COUNT(*) FROM sessions WHERE tenant = ? AND finished = 0 AND last_seen >= ?',
-                            (tenant, seen_since))
+        row = self.meta.one(
+            'SELECT COUNT(*) FROM sessions WHERE tenant = ? AND finished = 0 AND last_seen >= ?', (tenant, seen_since)
+        )
         return int(row[0]) if row else 0
 
     def finish_session(self, session_id: str) -> None:
         self.meta.execute('UPDATE sessions SET finished = 1 WHERE session_id = ?', (session_id,))
 
     # ---- training runs -------------------------------------------------------------------------------------
-    def add_training_run(self, run_id: str, tenant: str, session_id: str, base_model: str,
-                         lora_config: dict[str, Any], user_metadata: Any = None) -> None:
+    def add_training_run(
+        self,
+        run_id: str,
+        tenant: str,
+        session_id: str,
+        base_model: str,
+        lora_config: dict[str, Any],
+        user_metadata: Any = None,
+    ) -> None:
         now = time.time()
-        self.meta.execute(_upsert('training_runs', _RUN, 'run_id'),
-                          (run_id, tenant, session_id, base_model, json.dumps(lora_config), json.dumps(user_metadata),
-                           now, now, 0))
+        self.meta.execute(
+            _upsert('training_runs', _RUN, 'run_id'),
+            (run_id, tenant, session_id, base_model, json.dumps(lora_config), json.dumps(user_metadata), now, now, 0),
+        )
 
     def training_run(self, run_id: str, tenant: str) -> TrainingRunRow | None:
         row = self.meta.one(f'SELECT {_RUN} FROM training_runs WHERE run_id = ? AND tenant = ?', (run_id, tenant))
         return _run(row) if row else None
 
     def training_runs(self, tenant: str, limit: int, offset: int) -> tuple[list[TrainingRunRow], int]:
-        rows, total = self.meta.read(frozenset({'training_runs'}), lambda s: (
-            s.all(f'SELECT {_RUN} FROM training_runs WHERE tenant = ? ORDER BY created_at DESC LIMIT ? OFFSET ?',
-                  (tenant, limit, offset)),
-            s.one('SELECT COUNT(*) FROM training_runs WHERE tenant = ?', (tenant,))))
+        rows, total = self.meta.read(
+            frozenset({'training_runs'}),
+            lambda s: (
+                s.all(
+                    f'SELECT {_RUN} FROM training_runs WHERE tenant = ? ORDER BY created_at DESC LIMIT ? OFFSET ?',
+                    (tenant, limit, offset),
+                ),
+                s.one('SELECT COUNT(*) FROM training_runs WHERE tenant = ?', (tenant,)),
+            ),
+        )
         return [_run(r) for r in rows], int(total[0] if total else 0)
 
     def count_training_runs(self, tenant: str) -> int:
@@ -218,8 +249,11 @@ class Store:
         return int(row[0]) if row else 0
 
     def touch_training_run(self, run_id: str) -> None:
-        self.meta.execute('UPDATE training_runs SET last_request_time = ? WHERE run_id = ?', (time.time(), run_id),
-                          key=('last_request_time', run_id))
+        self.meta.execute(
+            'UPDATE training_runs SET last_request_time = ? WHERE run_id = ?',
+            (time.time(), run_id),
+            key=('last_request_time', run_id),
+        )
 
     def mark_corrupted(self, run_id: str) -> None:
         self.meta.execute('UPDATE training_runs SET corrupted = 1 WHERE run_id = ?', (run_id,))
@@ -227,52 +261,101 @@ class Store:
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def put_checkpoint(self, row: CheckpointRow) -> None:
         """Record a (re)written checkpoint; the hub push of an earlier checkpoint under its name is dropped."""
-        self.meta.write(Write((
-            (_upsert('checkpoints', _CKPT, 'run_id, checkpoint_id'),
-             (row.run_id, row.checkpoint_id, row.tenant, row.kind, row.directory, row.size_bytes, row.created_at,
-              json.dumps(row.user_metadata), row.expires_at, int(row.listed))),
-            ('DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ?', (row.run_id, row.checkpoint_id)),
-        )))
+        self.meta.write(
+            Write(
+                (
+                    (
+                        _upsert('checkpoints', _CKPT, 'run_id, checkpoint_id'),
+                        (
+                            row.run_id,
+                            row.checkpoint_id,
+                            row.tenant,
+                            row.kind,
+                            row.directory,
+                            row.size_bytes,
+                            row.created_at,
+                            json.dumps(row.user_metadata),
+                            row.expires_at,
+                            int(row.listed),
+                        ),
+                    ),
+                    (
+                        'DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ?',
+                        (row.run_id, row.checkpoint_id),
+                    ),
+                )
+            )
+        )
 
     def checkpoint(self, run_id: str, checkpoint_id: str, tenant: str) -> CheckpointRow | None:
-        row = self.meta.one(f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND tenant = ?',
-                            (run_id, checkpoint_id, tenant))
+        row = self.meta.one(
+            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND tenant = ?',
+            (run_id, checkpoint_id, tenant),
+        )
         return _ckpt(row) if row else None
 
     def checkpoints(self, tenant: str, run_id: str | None = None, *, hidden: bool = False) -> list[CheckpointRow]:
         """Listed checkpoints (newest first); `hidden=True` returns the unlisted sampling snapshots instead."""
         listed = 0 if hidden else 1
         if run_id is None:
-            rows = self.meta.all(f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND listed = ? '
-                                 f'ORDER BY created_at DESC', (tenant, listed))
+            rows = self.meta.all(
+                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND listed = ? ORDER BY created_at DESC',
+                (tenant, listed),
+            )
         else:
-            rows = self.meta.all(f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND run_id = ? AND listed = ? '
-                                 f'ORDER BY created_at DESC', (tenant, run_id, listed))
+            rows = self.meta.all(
+                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND run_id = ? AND listed = ? '
+                f'ORDER BY created_at DESC',
+                (tenant, run_id, listed),
+            )
         return [_ckpt(r) for r in rows]
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
-        self.meta.write(Write((
-            ('DELETE FROM checkpoints WHERE run_id = ? AND checkpoint_id = ?', (run_id, checkpoint_id)),
-            ('DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ?', (run_id, checkpoint_id)),
-        )))
+        self.meta.write(
+            Write(
+                (
+                    ('DELETE FROM checkpoints WHERE run_id = ? AND checkpoint_id = ?', (run_id, checkpoint_id)),
+                    ('DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ?', (run_id, checkpoint_id)),
+                )
+            )
+        )
 
     # ---- checkpoint hub pushes -----------------------------------------------------------------------------
     def put_push(self, row: PushRow) -> None:
-        self.meta.execute(_upsert('checkpoint_pushes', _PUSH, 'run_id, checkpoint_id'),
-                          (row.run_id, row.checkpoint_id, row.tenant, row.repo, row.path_in_repo, int(row.private),
-                           row.state, row.requested_at, row.pushed_at, row.error))
+        self.meta.execute(
+            _upsert('checkpoint_pushes', _PUSH, 'run_id, checkpoint_id'),
+            (
+                row.run_id,
+                row.checkpoint_id,
+                row.tenant,
+                row.repo,
+                row.path_in_repo,
+                int(row.private),
+                row.state,
+                row.requested_at,
+                row.pushed_at,
+                row.error,
+            ),
+        )
 
     def finish_push(self, run_id: str, checkpoint_id: str, requested_at: float, error: str | None) -> bool:
         """Mark the push requested at `requested_at` pushed (`error` None) or failed. False when that push is no
         longer the checkpoint's (it was re-saved or deleted meanwhile)."""
         state, pushed_at = ('failed', None) if error else ('pushed', time.time())
-        return self.meta.execute('UPDATE checkpoint_pushes SET state = ?, pushed_at = ?, error = ? '
-                                 'WHERE run_id = ? AND checkpoint_id = ? AND requested_at = ?',
-                                 (state, pushed_at, error, run_id, checkpoint_id, requested_at)) > 0
+        return (
+            self.meta.execute(
+                'UPDATE checkpoint_pushes SET state = ?, pushed_at = ?, error = ? '
+                'WHERE run_id = ? AND checkpoint_id = ? AND requested_at = ?',
+                (state, pushed_at, error, run_id, checkpoint_id, requested_at),
+            )
+            > 0
+        )
 
     def push(self, run_id: str, checkpoint_id: str, tenant: str) -> PushRow | None:
-        row = self.meta.one(f'SELECT {_PUSH} FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ? '
-                            f'AND tenant = ?', (run_id, checkpoint_id, tenant))
+        row = self.meta.one(
+            f'SELECT {_PUSH} FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ? AND tenant = ?',
+            (run_id, checkpoint_id, tenant),
+        )
         return _push(row) if row else None
 
     def pushes(self, tenant: str, run_id: str | None = None) -> dict[tuple[str, str], PushRow]:
@@ -280,49 +363,61 @@ class Store:
         if run_id is None:
             rows = self.meta.all(f'SELECT {_PUSH} FROM checkpoint_pushes WHERE tenant = ?', (tenant,))
         else:
-            rows = self.meta.all(f'SELECT {_PUSH} FROM checkpoint_pushes WHERE tenant = ? AND run_id = ?',
-                                 (tenant, run_id))
+            rows = self.meta.all(
+                f'SELECT {_PUSH} FROM checkpoint_pushes WHERE tenant = ? AND run_id = ?', (tenant, run_id)
+            )
         return {(p.run_id, p.checkpoint_id): p for p in map(_push, rows)}
 
     def fail_pending_pushes(self, error: str) -> int:
         """Mark every push still pending failed (at start-up: the process that ran them is gone)."""
-        return self.meta.execute("UPDATE checkpoint_pushes SET state = 'failed', error = ? WHERE state = 'pending'",
-                                 (error,))
+        return self.meta.execute(
+            "UPDATE checkpoint_pushes SET state = 'failed', error = ? WHERE state = 'pending'", (error,)
+        )
 
     # ---- sampling sessions ---------------------------------------------------------------------------------
     def add_sampling_session(self, row: SamplingSessionRow) -> None:
-        self.meta.execute(_upsert('sampling_sessions', _SAMPLING, 'sampling_session_id'),
-                          (row.sampling_session_id, row.tenant, row.session_id, row.base_model, row.model_path,
-                           row.created_at))
+        self.meta.execute(
+            _upsert('sampling_sessions', _SAMPLING, 'sampling_session_id'),
+            (row.sampling_session_id, row.tenant, row.session_id, row.base_model, row.model_path, row.created_at),
+        )
 
     def sampling_session(self, sampling_session_id: str, tenant: str) -> SamplingSessionRow | None:
-        row = self.meta.one(f'SELECT {_SAMPLING} FROM sampling_sessions WHERE sampling_session_id = ? AND tenant = ?',
-                            (sampling_session_id, tenant))
+        row = self.meta.one(
+            f'SELECT {_SAMPLING} FROM sampling_sessions WHERE sampling_session_id = ? AND tenant = ?',
+            (sampling_session_id, tenant),
+        )
         return SamplingSessionRow(*row) if row else None
 
     # ---- futures -------------------------------------------------------------------------------------------
     def add_future(self, request_id: str, tenant: str) -> None:
-        self.meta.execute(_upsert('futures', 'request_id, tenant, state, content_type, body, created_at, finished_at, '
-                                  'owner', 'request_id'),
-                          (request_id, tenant, 'pending', None, None, time.time(), None, self.owner))
+        self.meta.execute(
+            _upsert(
+                'futures', 'request_id, tenant, state, content_type, body, created_at, finished_at, owner', 'request_id'
+            ),
+            (request_id, tenant, 'pending', None, None, time.time(), None, self.owner),
+        )
 
     def finish_future(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
-        self.meta.execute('UPDATE futures SET state = ?, content_type = ?, body = ?, finished_at = ? '
-                          'WHERE request_id = ?', (state, content_type, body, time.time(), request_id))
+        self.meta.execute(
+            'UPDATE futures SET state = ?, content_type = ?, body = ?, finished_at = ? WHERE request_id = ?',
+            (state, content_type, body, time.time(), request_id),
+        )
 
     def future(self, request_id: str, tenant: str) -> FutureRow | None:
-        row = self.meta.one('SELECT request_id, tenant, state, content_type, body FROM futures '
-                            'WHERE request_id = ? AND tenant = ?', (request_id, tenant))
-        return FutureRow(row[0], row[1], row[2], row[3], bytes(row[4]) if row[4] is not None else None) \
-            if row else None
+        row = self.meta.one(
+            'SELECT request_id, tenant, state, content_type, body FROM futures WHERE request_id = ? AND tenant = ?',
+            (request_id, tenant),
+        )
+        return FutureRow(row[0], row[1], row[2], row[3], bytes(row[4]) if row[4] is not None else None) if row else None
 
     def pending_futures(self) -> Iterator[str]:
         """Ids of unfinished futures: this server's and unowned ones (with an `owner`), else all."""
         if self.owner is None:
             rows = self.meta.all("SELECT request_id FROM futures WHERE state = 'pending'")
         else:
-            rows = self.meta.all("SELECT request_id FROM futures WHERE state = 'pending' AND "
-                                 "(owner IS NULL OR owner = ?)", (self.owner,))
+            rows = self.meta.all(
+                "SELECT request_id FROM futures WHERE state = 'pending' AND (owner IS NULL OR owner = ?)", (self.owner,)
+            )
         return iter([r[0] for r in rows])
 
     def prune_futures(self, older_than_s: float) -> int:
@@ -332,16 +427,44 @@ class Store:
 
 
 def _run(row: tuple[Any, ...]) -> TrainingRunRow:
-    return TrainingRunRow(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5] or 'null'),
-                          float(row[6]), float(row[7]), bool(row[8]))
+    return TrainingRunRow(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        json.loads(row[4]),
+        json.loads(row[5] or 'null'),
+        float(row[6]),
+        float(row[7]),
+        bool(row[8]),
+    )
 
 
 def _ckpt(row: tuple[Any, ...]) -> CheckpointRow:
-    return CheckpointRow(row[0], row[1], row[2], row[3], row[4], None if row[5] is None else int(row[5]),
-                         float(row[6]), json.loads(row[7] or 'null'), None if row[8] is None else float(row[8]),
-                         bool(row[9]))
+    return CheckpointRow(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        None if row[5] is None else int(row[5]),
+        float(row[6]),
+        json.loads(row[7] or 'null'),
+        None if row[8] is None else float(row[8]),
+        bool(row[9]),
+    )
 
 
 def _push(row: tuple[Any, ...]) -> PushRow:
-    return PushRow(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], float(row[7]),
-                   None if row[8] is None else float(row[8]), row[9])
+    return PushRow(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        bool(row[5]),
+        row[6],
+        float(row[7]),
+        None if row[8] is None else float(row[8]),
+        row[9],
+    )

@@ -10,6 +10,7 @@ per sequence with ``is_causal=True``: the CPU counterpart of flash-attention's v
 Correctness does not depend on the split: each sequence's slice of the mask transformers built is used as is
 unless it is exactly causal (sliding windows and model-specific masks are kept).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,6 +28,7 @@ def register() -> str:
     if not _registered:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
         AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_sdpa_attention)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
         _registered = True
@@ -48,19 +50,29 @@ def sequence_bounds(kwargs: dict[str, Any], length: int) -> list[int] | None:
     return [0, *starts.tolist(), length]
 
 
-def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                          is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def varlen_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Attention-interface function: query [1, H, T, D], key/value [1, H_kv, T, D] -> output [1, T, H, D]."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
     bounds = None
     if query.shape[0] == 1 and query.shape[2] == key.shape[2] and query.shape[2] > 1:
         bounds = sequence_bounds(kwargs, query.shape[2])
         if bounds is not None and kwargs.get('cu_seq_lens_q') is None and _crosses(attention_mask, bounds):
             bounds = None  # restarting position_ids, but the mask lets sequences see each other: not packed
     if bounds is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     groups = getattr(module, 'num_key_value_groups', 1)
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
@@ -69,8 +81,14 @@ def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     for start, end in zip(bounds[:-1], bounds[1:]):
         mask = _segment_mask(attention_mask, start, end)
         output[:, :, start:end] = F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], attn_mask=mask,
-            dropout_p=dropout, is_causal=mask is None, scale=scaling)
+            query[:, :, start:end],
+            key[:, :, start:end],
+            value[:, :, start:end],
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=mask is None,
+            scale=scaling,
+        )
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -80,10 +98,11 @@ def _crosses(mask: torch.Tensor | None, bounds: list[int]) -> bool:
         return True  # no mask means plain causal attention over the whole row
     if mask.dtype != torch.bool:
         return True
-    segment = torch.repeat_interleave(torch.arange(len(bounds) - 1, device=mask.device),
-                                      torch.tensor(bounds, device=mask.device).diff())
+    segment = torch.repeat_interleave(
+        torch.arange(len(bounds) - 1, device=mask.device), torch.tensor(bounds, device=mask.device).diff()
+    )
     other = segment[:, None] != segment[None, :]
-    return bool((mask[0, 0, :len(segment), :len(segment)] & other).any())
+    return bool((mask[0, 0, : len(segment), : len(segment)] & other).any())
 
 
 def _segment_mask(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:

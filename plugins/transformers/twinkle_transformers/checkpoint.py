@@ -15,6 +15,7 @@ A checkpoint is one directory, written atomically (into a temporary sibling, the
 The directory, metadata and training-state files are backend-neutral (`twinkle_core.model.checkpoint_dir`);
 this module adds the Hugging Face / PEFT weight files.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,18 +42,29 @@ from twinkle_core.model.checkpoint_dir import (  # noqa: F401
 
 
 # ---- LoRA --------------------------------------------------------------------------------------------------
-def save_lora(model: Any, adapter_name: str, directory: Path, *, base_model_id: str,
-              state_dict: dict[str, torch.Tensor] | None = None) -> None:
+def save_lora(
+    model: Any,
+    adapter_name: str,
+    directory: Path,
+    *,
+    base_model_id: str,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Write one adapter of a PEFT model in PEFT format at the top of `directory` (whatever its name).
     `state_dict`: the model's full state dict when the live one is sharded (gathered by the caller)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
+
     config = model.peft_config[adapter_name]
     # The base embeddings never change under LoRA (a LoRA on a tied lm_head only adds its own delta): not saved.
-    state = get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=adapter_name,
-                                      save_embedding_layers=False)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-              str(directory / 'adapter_model.safetensors'), metadata={'format': 'pt'})
+    state = get_peft_model_state_dict(
+        model, state_dict=state_dict, adapter_name=adapter_name, save_embedding_layers=False
+    )
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()},
+        str(directory / 'adapter_model.safetensors'),
+        metadata={'format': 'pt'},
+    )
     previous = config.base_model_name_or_path
     config.base_model_name_or_path = base_model_id
     try:
@@ -65,13 +77,16 @@ def load_lora_weights(model: Any, adapter_name: str, directory: str | os.PathLik
     """Load PEFT adapter weights into the existing adapter `adapter_name`; every saved tensor must fit."""
     from peft import set_peft_model_state_dict
     from peft.utils import load_peft_weights
+
     weights = load_peft_weights(str(directory), device=str(next(model.parameters()).device))
     result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
     unexpected = list(getattr(result, 'unexpected_keys', []) or [])
     if unexpected:
-        raise InvalidInputError(f'Adapter checkpoint {str(directory)!r} does not match adapter {adapter_name!r}: '
-                                f'{len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}. Was it saved with '
-                                f'another LoRA config or base model?')
+        raise InvalidInputError(
+            f'Adapter checkpoint {str(directory)!r} does not match adapter {adapter_name!r}: '
+            f'{len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}. Was it saved with '
+            f'another LoRA config or base model?'
+        )
 
 
 # ---- full weights ------------------------------------------------------------------------------------------
@@ -80,8 +95,14 @@ def load_lora_weights(model: Any, adapter_name: str, directory: str | os.PathLik
 PROCESSOR_FILES = ('preprocessor_config.json', 'processor_config.json', 'video_preprocessor_config.json')
 
 
-def save_full(model: Any, tokenizer: Any, directory: Path, *, state_dict: dict[str, torch.Tensor] | None = None,
-              source_dir: str | os.PathLike[str] | None = None) -> None:
+def save_full(
+    model: Any,
+    tokenizer: Any,
+    directory: Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    source_dir: str | os.PathLike[str] | None = None,
+) -> None:
     """HF-format weights + config, the tokenizer, and `source_dir`'s processor files (`PROCESSOR_FILES`)."""
     model.save_pretrained(str(directory), safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
@@ -98,14 +119,17 @@ def load_full_weights(model: torch.nn.Module, directory: str | os.PathLike[str])
     tied = set(getattr(model, 'all_tied_weights_keys', None) or {}) | _tied_parameter_names(model)
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
-        raise InvalidInputError(f'Weights in {str(directory)!r} do not match the model: missing {missing[:3]} '
-                                f'({len(missing)}), unexpected {result.unexpected_keys[:3]} '
-                                f'({len(result.unexpected_keys)}).')
+        raise InvalidInputError(
+            f'Weights in {str(directory)!r} do not match the model: missing {missing[:3]} '
+            f'({len(missing)}), unexpected {result.unexpected_keys[:3]} '
+            f'({len(result.unexpected_keys)}).'
+        )
 
 
 def read_full_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of the Hugging Face safetensors files in `directory` (CPU)."""
     from safetensors.torch import load_file
+
     files = sorted(Path(directory).glob('*.safetensors'))
     if not files:
         raise InvalidInputError(f'No *.safetensors weights in {str(directory)!r}.')

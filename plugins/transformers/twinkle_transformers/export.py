@@ -9,6 +9,7 @@ receives tensors, the others get empty buckets and nothing is kept.
     weights = ModuleWeights(peft_model)               # a raw module (tests, custom loops)
     CheckpointEngineManager(model=weights, sampler=sampler).sync_weights()
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
@@ -42,6 +43,7 @@ class ModuleWeights:
         if self._export_rank is not None:
             return self._export_rank
         import torch.distributed as dist
+
         return not dist.is_initialized() or dist.get_rank() == 0
 
     def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -59,8 +61,11 @@ class ModuleWeights:
             tensors, config = manager.state_dict(name), manager.record(name).config
         else:
             marker = f'.{name}.'
-            tensors = {lora_adapter_key(n, name): t for n, t in self.module.state_dict(keep_vars=True).items()
-                       if is_lora_name(n) and marker in n}
+            tensors = {
+                lora_adapter_key(n, name): t
+                for n, t in self.module.state_dict(keep_vars=True).items()
+                if is_lora_name(n) and marker in n
+            }
             config = self.module.peft_config[name]  # type: ignore[index]
         return _json_config(config), bucketed(self._gathered(tensors.items()), bucket_bytes)
 
@@ -83,6 +88,7 @@ class ModuleWeights:
 
 class WeightExportMethods:
     """`Model` export methods for models that keep their torch module in `self.model`."""
+
     model: torch.nn.Module
 
     def _weights(self) -> ModuleWeights:
@@ -119,11 +125,14 @@ def copy_base_weights(module: torch.nn.Module, named_tensors: Iterable[tuple[str
         target = targets.get(key)
         if target is None:
             close = [k for k in targets if k.split('.')[-2:] == key.split('.')[-2:]][:3]
-            raise InvalidInputError(f'load_weights: no base weight named {name!r} in this model'
-                                    f'{"; similar: " + ", ".join(close) if close else ""}.')
+            raise InvalidInputError(
+                f'load_weights: no base weight named {name!r} in this model'
+                f'{"; similar: " + ", ".join(close) if close else ""}.'
+            )
         if target.shape != tensor.shape:
-            raise InvalidInputError(f'load_weights: {name!r} has shape {tuple(tensor.shape)}, the model '
-                                    f'expects {tuple(target.shape)}.')
+            raise InvalidInputError(
+                f'load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}.'
+            )
         checked.append((target, tensor))
     with torch.no_grad():
         for target, tensor in checked:
@@ -133,6 +142,7 @@ def copy_base_weights(module: torch.nn.Module, named_tensors: Iterable[tuple[str
 
 def _multi_lora(module: torch.nn.Module) -> Any:
     from twinkle_transformers.multi_lora import find_manager
+
     return find_manager(module)
 
 

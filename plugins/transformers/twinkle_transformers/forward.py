@@ -14,6 +14,7 @@ logits tensor) or by `compute_logps_from_hidden` (from the last hidden states an
 chunks, never materialising the [T, V] logits) when the loss sets ``logps_from_hidden_states = True``.
 Both return float32 and give the same values and gradients.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,9 +48,9 @@ class _TokenLogProbs(torch.autograd.Function):
         out = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         for s in range(0, n, chunk):
-            x = logits[s:s + chunk].float()
-            lse[s:s + chunk] = torch.logsumexp(x, dim=-1)
-            out[s:s + chunk] = x.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
+            x = logits[s : s + chunk].float()
+            lse[s : s + chunk] = torch.logsumexp(x, dim=-1)
+            out[s : s + chunk] = x.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
         ctx.save_for_backward(logits, targets, lse)
         ctx.chunk = chunk
         return out
@@ -60,9 +61,9 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         grad_out = grad_out.float()
         for s in range(0, logits.shape[0], ctx.chunk):
-            g = grad_out[s:s + ctx.chunk, None]
-            d = _softmax_grad(logits[s:s + ctx.chunk].float(), lse[s:s + ctx.chunk], targets[s:s + ctx.chunk], g)
-            grad[s:s + ctx.chunk] = d.to(grad.dtype)
+            g = grad_out[s : s + ctx.chunk, None]
+            d = _softmax_grad(logits[s : s + ctx.chunk].float(), lse[s : s + ctx.chunk], targets[s : s + ctx.chunk], g)
+            grad[s : s + ctx.chunk] = d.to(grad.dtype)
         return grad, None, None
 
 
@@ -97,44 +98,53 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor,  # type: ignore[override]
-                chunk: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,  # type: ignore[override]
+        chunk: int,
+    ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         argmax = torch.empty(n, dtype=torch.long, device=hidden.device)
         for s in range(0, n, chunk):
-            x = (hidden[s:s + chunk] @ weight.T).float()
-            lse[s:s + chunk] = torch.logsumexp(x, dim=-1)
-            out[s:s + chunk] = x.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
-            argmax[s:s + chunk] = x.argmax(dim=-1)
+            x = (hidden[s : s + chunk] @ weight.T).float()
+            lse[s : s + chunk] = torch.logsumexp(x, dim=-1)
+            out[s : s + chunk] = x.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
+            argmax[s : s + chunk] = x.argmax(dim=-1)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk = chunk
         ctx.mark_non_differentiable(argmax)
         return out, argmax
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor, _grad_argmax: Tensor | None  # type: ignore[override]
-                 ) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(
+        ctx: Any,
+        grad_out: Tensor,
+        _grad_argmax: Tensor | None,  # type: ignore[override]
+    ) -> tuple[Tensor | None, Tensor | None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_out = grad_out.float()
         for s in range(0, hidden.shape[0], ctx.chunk):
-            h = hidden[s:s + ctx.chunk]
+            h = hidden[s : s + ctx.chunk]
             x = (h @ weight.T).float()
-            d = _softmax_grad(x, lse[s:s + ctx.chunk], targets[s:s + ctx.chunk], grad_out[s:s + ctx.chunk, None])
+            d = _softmax_grad(x, lse[s : s + ctx.chunk], targets[s : s + ctx.chunk], grad_out[s : s + ctx.chunk, None])
             d = d.to(hidden.dtype)
             if grad_h is not None:
-                grad_h[s:s + ctx.chunk] = d @ weight
+                grad_h[s : s + ctx.chunk] = d @ weight
             if grad_w is not None:
                 grad_w += (d.T @ h).float()
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
 
 
-def compute_logps_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, *,
-                              chunk_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+def compute_logps_from_hidden(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_tokens: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Like `compute_logps(hidden @ weight.T, targets)` without materialising the logits.
 
     `hidden` [..., H] (the decoder's final hidden states), `weight` [V, H] (the output embedding, no bias).
@@ -145,8 +155,9 @@ def compute_logps_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, *
     flat_targets = targets.reshape(-1)
     valid = flat_targets != IGNORE_INDEX
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
-    logps, argmax = _HiddenTokenLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                               torch.where(valid, flat_targets, 0), chunk)
+    logps, argmax = _HiddenTokenLogProbs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, torch.where(valid, flat_targets, 0), chunk
+    )
     return torch.where(valid, logps, 0.0).view(shape), argmax.view(shape)
 
 
@@ -159,20 +170,26 @@ def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = Non
     Their sequence borders also go in as ``cu_seq_lens_q/k`` + ``max_length_q/k``, which flash-attention's varlen
     kernels and ``twinkle_sdpa`` use to attend per sequence; other attention implementations ignore them.
     """
-    kwargs: dict[str, Any] = {'input_ids': batch['input_ids'], 'position_ids': batch['position_ids'],
-                              'use_cache': False}
+    kwargs: dict[str, Any] = {
+        'input_ids': batch['input_ids'],
+        'position_ids': batch['position_ids'],
+        'use_cache': False,
+    }
     if batch.get('attention_mask') is not None:
         kwargs['attention_mask'] = batch['attention_mask']
     if batch.get('packed') and batch.get('cu_seqlens') is not None:
         cu = batch['cu_seqlens'].to(device=batch['input_ids'].device, dtype=torch.int32)
-        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch['max_seqlen'],
-                      max_length_k=batch['max_seqlen'])
+        kwargs.update(
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch['max_seqlen'], max_length_k=batch['max_seqlen']
+        )
     config = getattr(unwrap_causal_lm(model), 'config', None) if model is not None else None
     if config is not None and vision.is_vision_language(config):
         return vision.add_vision_inputs(model, config, batch, kwargs)
     if batch.get('pixel_values') is not None:
-        raise InvalidInputError(f'The batch holds images but {type(unwrap_causal_lm(model)).__name__} is a text-only '
-                                'model; train images on a vision-language model (e.g. Qwen3-VL).')
+        raise InvalidInputError(
+            f'The batch holds images but {type(unwrap_causal_lm(model)).__name__} is a text-only '
+            'model; train images on a vision-language model (e.g. Qwen3-VL).'
+        )
     return kwargs
 
 
@@ -219,16 +236,21 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss |
     labels = batch['labels']
     head = hidden_state_head(model) if from_hidden else None
     if from_hidden and head is None:
-        logger.warning('%s asked for log-probs from hidden states, but this model\'s output layer does not allow it '
-                       '(adapted, biased or post-processed logits); computing full logits instead.',
-                       type(loss).__name__)
+        logger.warning(
+            "%s asked for log-probs from hidden states, but this model's output layer does not allow it "
+            '(adapted, biased or post-processed logits); computing full logits instead.',
+            type(loss).__name__,
+        )
     outputs: dict[str, Tensor] = {}
     if head is not None:
         decoder, weight = head
         hidden = decoder(**model_call_kwargs(batch, model)).last_hidden_state
         custom = getattr(loss, 'logps_from_hidden', None)  # e.g. a fused (Liger) linear cross-entropy
-        target_logps, argmax = custom(hidden, weight, targets) if custom is not None else \
-            compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
+        target_logps, argmax = (
+            custom(hidden, weight, targets)
+            if custom is not None
+            else compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
+        )
     else:
         logits = model(**model_call_kwargs(batch, model)).logits
         target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)
@@ -237,6 +259,10 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss |
         if needs_logits:
             outputs['logits'] = logits
     mask = labels != IGNORE_INDEX
-    outputs.update(target_logps=target_logps, logps=torch.where(mask, target_logps, 0.0), mask=mask,
-                   correct=(argmax == labels) & mask)
+    outputs.update(
+        target_logps=target_logps,
+        logps=torch.where(mask, target_logps, 0.0),
+        mask=mask,
+        correct=(argmax == labels) & mask,
+    )
     return outputs

@@ -10,6 +10,7 @@ them: liger's autograd functions are wrapped as layer kernels, installed per mod
 `twinkle_core.kernel.apply_kernels` (other models in the process are untouched), and declared CUDA-only, so
 asking for them on a CPU model is refused before anything changes. Liger is imported when a kernel first runs.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,27 +29,33 @@ NORM_CLASSES = ('Qwen3RMSNorm', 'Qwen2RMSNorm', 'LlamaRMSNorm', 'MistralRMSNorm'
 
 def _liger(module: str) -> Any:
     import importlib
+
     try:
         return importlib.import_module(f'liger_kernel.ops.{module}')
     except ImportError as exc:
-        raise TwinkleError(f'Liger kernels need liger-kernel with Triton on a CUDA machine ({exc}). '
-                           f'Run: pip install "twinkle-transformers[liger]"') from exc
+        raise TwinkleError(
+            f'Liger kernels need liger-kernel with Triton on a CUDA machine ({exc}). '
+            f'Run: pip install "twinkle-transformers[liger]"'
+        ) from exc
 
 
 class LigerRMSNormLayer(torch.nn.Module):
     """Replaces modules tagged 'RMSNorm' (``weight``, ``variance_epsilon``) with Liger's Triton RMSNorm, in the
     Llama casting mode (fp32 normalisation, cast back, then scale: what Qwen3/Llama's forward does)."""
+
     has_backward = True
     can_torch_compile = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         rms_norm = _liger('rms_norm')
-        return rms_norm.LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, 'llama',
-                                                   False)
+        return rms_norm.LigerRMSNormFunction.apply(
+            hidden_states, self.weight, self.variance_epsilon, 0.0, 'llama', False
+        )
 
 
 class LigerSwiGLUMLPLayer(torch.nn.Module):
     """Replaces gated SiLU MLPs (``gate_proj``, ``up_proj``, ``down_proj``) with Liger's fused SiLU-and-mul."""
+
     has_backward = True
     can_torch_compile = True
 
@@ -57,10 +64,22 @@ class LigerSwiGLUMLPLayer(torch.nn.Module):
         return self.down_proj(swiglu.LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
 
 
-LIGER_RMSNORM = LayerKernel('LigerRMSNorm', LigerRMSNormLayer, replaces='RMSNorm', decorates=NORM_CLASSES,
-                            devices=('cuda',), source='liger-kernel')
-LIGER_SWIGLU_MLP = LayerKernel('LigerSwiGLUMLP', LigerSwiGLUMLPLayer, replaces='SwiGLUMLP', decorates=MLP_CLASSES,
-                               devices=('cuda',), source='liger-kernel')
+LIGER_RMSNORM = LayerKernel(
+    'LigerRMSNorm',
+    LigerRMSNormLayer,
+    replaces='RMSNorm',
+    decorates=NORM_CLASSES,
+    devices=('cuda',),
+    source='liger-kernel',
+)
+LIGER_SWIGLU_MLP = LayerKernel(
+    'LigerSwiGLUMLP',
+    LigerSwiGLUMLPLayer,
+    replaces='SwiGLUMLP',
+    decorates=MLP_CLASSES,
+    devices=('cuda',),
+    source='liger-kernel',
+)
 
 
 class LigerFusedLinearCrossEntropyLoss(CrossEntropyLoss):
@@ -70,18 +89,35 @@ class LigerFusedLinearCrossEntropyLoss(CrossEntropyLoss):
 
     logps_from_hidden_states = True
 
-    def logps_from_hidden(self, hidden: torch.Tensor, weight: torch.Tensor,
-                          targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def logps_from_hidden(
+        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p of `targets` [...] float32, argmax [...]) from the final hidden states and the output weight;
         0 where `targets` is -100."""
         if not hidden.is_cuda:
-            raise InvalidInputError(f'{type(self).__name__} runs on CUDA models only (Liger is Triton); this model '
-                                    f'is on {hidden.device}. Use ChunkedCrossEntropyLoss for the same memory saving '
-                                    f'on CPU.')
+            raise InvalidInputError(
+                f'{type(self).__name__} runs on CUDA models only (Liger is Triton); this model '
+                f'is on {hidden.device}. Use ChunkedCrossEntropyLoss for the same memory saving '
+                f'on CPU.'
+            )
         flce = _liger('fused_linear_cross_entropy')
         flat = targets.reshape(-1)
         token_loss, _, _, predicted = flce.LigerFusedLinearCrossEntropyFunction.apply(
-            hidden.reshape(-1, hidden.shape[-1]), weight, flat, None, None, IGNORE_INDEX, 0.0, 0.0, 'none', None,
-            False, torch.float32, False, False, True)
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            flat,
+            None,
+            None,
+            IGNORE_INDEX,
+            0.0,
+            0.0,
+            'none',
+            None,
+            False,
+            torch.float32,
+            False,
+            False,
+            True,
+        )
         logps = torch.where(flat != IGNORE_INDEX, -token_loss.float(), 0.0)
         return logps.view(targets.shape), predicted.view(targets.shape)

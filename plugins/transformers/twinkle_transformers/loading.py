@@ -4,6 +4,7 @@
 or a plain Hugging Face id. Devices: CUDA (``cuda:$LOCAL_RANK`` under torchrun), then Apple MPS, then CPU.
 Dtypes: bfloat16 on GPUs, float32 on CPU, unless given.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,14 @@ from twinkle_transformers import attention
 from twinkle_transformers.vision import is_vision_language, language_config
 
 
-def load_causal_lm(model_dir: str, *, device: torch.device, dtype: torch.dtype, attn_implementation: str | None,
-                   **from_pretrained_kwargs: Any) -> torch.nn.Module:
+def load_causal_lm(
+    model_dir: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    **from_pretrained_kwargs: Any,
+) -> torch.nn.Module:
     """`AutoModelForCausalLM.from_pretrained` on `device` in `dtype` (KV cache off: this model trains);
     vision-language checkpoints load through ``AutoModelForImageTextToText``.
 
@@ -23,12 +30,16 @@ def load_causal_lm(model_dir: str, *, device: torch.device, dtype: torch.dtype, 
     `twinkle_transformers.attention`) for models that support SDPA, else transformers' default.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
     kwargs = dict(from_pretrained_kwargs)
     config = AutoConfig.from_pretrained(model_dir, **_config_kwargs(kwargs))
     if is_vision_language(config):  # Qwen3-VL, Qwen3.5: image + text in, text out; transformers' attention
         model = AutoModelForImageTextToText.from_pretrained(
-            model_dir, dtype=dtype, **({'attn_implementation': attn_implementation} if attn_implementation else {}),
-            **kwargs)
+            model_dir,
+            dtype=dtype,
+            **({'attn_implementation': attn_implementation} if attn_implementation else {}),
+            **kwargs,
+        )
         model.config.use_cache = False
         return model.to(device)
     if attn_implementation is None and _supports_sdpa(config):
@@ -49,6 +60,7 @@ def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _supports_sdpa(config: Any) -> bool:
     """Whether the causal-LM class of `config` can run SDPA attention (so ``twinkle_sdpa`` applies)."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
     try:
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:  # remote-code or unknown architectures: keep transformers' default

@@ -1,4 +1,5 @@
 """LoRA configuration: a `peft.LoraConfig`, or a dict of its fields, as a causal-LM `LoraConfig`."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,6 +20,7 @@ def lora_config(config: Any, *, model: Any = None, **overrides: Any) -> Any:
     naming them.
     """
     from peft import LoraConfig
+
     if isinstance(config, LoraConfig):
         if not overrides and model is None:
             return config
@@ -32,8 +34,10 @@ def lora_config(config: Any, *, model: Any = None, **overrides: Any) -> Any:
     known = set(LoraConfig.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones '
-                                f'(e.g. r, lora_alpha, lora_dropout, target_modules).')
+        raise InvalidInputError(
+            f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones '
+            f'(e.g. r, lora_alpha, lora_dropout, target_modules).'
+        )
     return LoraConfig(**fields)
 
 

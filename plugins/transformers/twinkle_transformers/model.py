@@ -18,6 +18,7 @@ Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several a
         model.clip_grad_and_step(max_norm=1.0)
     model.save('final', output_dir='out')
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,10 +72,19 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
             checkpoints, e.g. Qwen3-VL or Qwen3.5, load through ``AutoModelForImageTextToText``).
     """
 
-    def __init__(self, model_id: str | os.PathLike[str], *, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype | None = None, attn_implementation: str | None = None,
-                 max_length: int | None = None, device_mesh: Any = None, kernels: Sequence[Any] = (),
-                 freeze_vision_tower: bool = False, **from_pretrained_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_id: str | os.PathLike[str],
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        attn_implementation: str | None = None,
+        max_length: int | None = None,
+        device_mesh: Any = None,
+        kernels: Sequence[Any] = (),
+        freeze_vision_tower: bool = False,
+        **from_pretrained_kwargs: Any,
+    ) -> None:
         self.model_id = str(model_id)
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
         self._mesh_applied = False
@@ -82,9 +92,13 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = resolve_dtype(dtype, self.device)
         self.attn_implementation = attn_implementation
-        self.model: torch.nn.Module = load_causal_lm(self.model_dir, device=self.device, dtype=self.dtype,
-                                                     attn_implementation=attn_implementation,
-                                                     **from_pretrained_kwargs)
+        self.model: torch.nn.Module = load_causal_lm(
+            self.model_dir,
+            device=self.device,
+            dtype=self.dtype,
+            attn_implementation=attn_implementation,
+            **from_pretrained_kwargs,
+        )
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         if freeze_vision_tower:
             vision.freeze_vision_tower(self.model)
@@ -96,28 +110,37 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         notify_model_loaded(self.model, self.model_id)
 
     # ---- configuration ---------------------------------------------------------------------------------------
-    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
-                             **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1, **kwargs: Any
+    ) -> None:
         """Freeze the base model and add the trainable LoRA adapter `adapter_name` (`config`: a
         ``peft.LoraConfig`` or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``).
         Components set before (optimizer, loss, ...) are reset: set them after adding the adapter."""
         from peft import get_peft_model
+
         if parallel.applied_mesh(self.model) is not None:
-            raise TwinkleError(f'add_adapter_to_model must come before set_optimizer and the first forward: the '
-                               f'model is already parallelised over {self.device_mesh!r}.')
+            raise TwinkleError(
+                f'add_adapter_to_model must come before set_optimizer and the first forward: the '
+                f'model is already parallelised over {self.device_mesh!r}.'
+            )
         if self.adapter_name is not None:
-            raise TwinkleError(f'This model already trains adapter {self.adapter_name!r}; TransformersModel trains '
-                               f'one adapter. Use MultiLoraTransformersModel to train several at once.')
+            raise TwinkleError(
+                f'This model already trains adapter {self.adapter_name!r}; TransformersModel trains '
+                f'one adapter. Use MultiLoraTransformersModel to train several at once.'
+            )
         if self.state.optimizer is not None:
             logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
-        self.model = get_peft_model(self.model, lora_config(config, model=self.model, **kwargs),
-                                    adapter_name=adapter_name)
+        self.model = get_peft_model(
+            self.model, lora_config(config, model=self.model, **kwargs), adapter_name=adapter_name
+        )
         self.adapter_name = adapter_name
-        self.state = TrainState(adapter_name, self.model.parameters,
-                                gradient_accumulation_steps=gradient_accumulation_steps)
+        self.state = TrainState(
+            adapter_name, self.model.parameters, gradient_accumulation_steps=gradient_accumulation_steps
+        )
 
-    def set_optimizer(self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None,
-                      **kwargs: Any) -> None:
+    def set_optimizer(
+        self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         self._apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
         super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
 
@@ -170,8 +193,9 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         state, result = pending['state'], pending['loss']
         summary = step_summary(pending['batch'], pending['outputs'], result['loss'])
         reduction, rows = getattr(state.loss, 'reduction', None), len(pending['batch']['row_lengths'])
-        dp_scale = parallel.backward_scale(self.model, reduction, num_loss_tokens=summary['num_loss_tokens'],
-                                           num_rows=rows)  # equal to one process over the global batch
+        dp_scale = parallel.backward_scale(
+            self.model, reduction, num_loss_tokens=summary['num_loss_tokens'], num_rows=rows
+        )  # equal to one process over the global batch
         (result['loss'] * (state.loss_scale() * dp_scale * pending['share'])).backward()
         summary = parallel.reduce_step_summary(self.model, summary, reduction, num_rows=rows)
         state.record(summary, is_training=True)
@@ -179,16 +203,25 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
 
     @reports_failure('forward_backward')
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, old_logps: Any = None,
-                         advantages: Any = None, micro_batch_size: int | None = None,
-                         **kwargs: Any) -> dict[str, Any]:
+    def forward_backward(
+        self,
+        *,
+        inputs: Any,
+        adapter_name: str | None = None,
+        old_logps: Any = None,
+        advantages: Any = None,
+        micro_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md).
         `old_logps` / `advantages`: per-row values folded into the rows; `micro_batch_size`: rows per pass, the
         gradients and loss equal one pass over all rows (`twinkle_core.model.row_keywords`)."""
-        reject_unknown_kwargs('forward_backward', kwargs,
-                              ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size'))
-        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages,
-                                   loss=self._state(adapter_name).loss)
+        reject_unknown_kwargs(
+            'forward_backward', kwargs, ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size')
+        )
+        inputs = with_row_keywords(
+            inputs, old_logps=old_logps, advantages=advantages, loss=self._state(adapter_name).loss
+        )
         if micro_batch_size is None:
             logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
             return {**self.backward(), 'logprobs': logprobs}
@@ -209,8 +242,9 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         return {'loss': loss, 'metrics': metrics, 'logprobs': logprobs}
 
     @reports_failure('forward_only')
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True,
-                     **kwargs: Any) -> dict[str, Any]:
+    def forward_only(
+        self, *, inputs: Any, adapter_name: str | None = None, compute_loss: bool = True, **kwargs: Any
+    ) -> dict[str, Any]:
         """Forward in eval mode without gradients: per-row logprobs, plus the loss when rows have labels and
         `compute_loss` (pass False for behaviour/reference logprobs while an RL loss is set)."""
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss'))
@@ -224,9 +258,12 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
             result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
             if compute_loss and bool(outputs['mask'].any()):
                 loss_out = run_loss(state.loss, batch, outputs)
-                summary = parallel.reduce_step_summary(self.model, step_summary(batch, outputs, loss_out['loss']),
-                                                       getattr(state.loss, 'reduction', None),
-                                                       num_rows=len(batch['row_lengths']))
+                summary = parallel.reduce_step_summary(
+                    self.model,
+                    step_summary(batch, outputs, loss_out['loss']),
+                    getattr(state.loss, 'reduction', None),
+                    num_rows=len(batch['row_lengths']),
+                )
                 state.record(summary, is_training=False)
                 result.update(loss=summary['loss'], metrics=dict(loss_out.get('metrics') or {}))
         self._eval_loss = result.get('loss')
@@ -240,10 +277,17 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         adapter = None
         if self.adapter_name is not None:
             adapter = lora_config_json(self.model.peft_config[self.adapter_name])
-        return {'model_id': self.model_id, 'model_class': type(self.model).__name__, 'device': str(self.device),
-                'dtype': str(self.dtype).removeprefix('torch.'), 'max_length': self.max_length, 'kernels': self.kernels,
-                'attn_implementation': self.model.config._attn_implementation, 'adapter': adapter,
-                **state.describe()}
+        return {
+            'model_id': self.model_id,
+            'model_class': type(self.model).__name__,
+            'device': str(self.device),
+            'dtype': str(self.dtype).removeprefix('torch.'),
+            'max_length': self.max_length,
+            'kernels': self.kernels,
+            'attn_implementation': self.model.config._attn_implementation,
+            'adapter': adapter,
+            **state.describe(),
+        }
 
     def _collate(self, state: TrainState, inputs: Any) -> dict[str, Any]:
         rows = as_input_features(inputs)
@@ -252,9 +296,17 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     @reports_failure('save')
-    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
-             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
-             **kwargs: Any) -> str:
+    def save(
+        self,
+        name: str,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        extra_state: Any = None,
+        **kwargs: Any,
+    ) -> str:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory.
 
         LoRA in PEFT format, full weights in HF format. ``save_optimizer=True`` adds the optimizer, scheduler,
@@ -274,18 +326,34 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
                 ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id, state_dict=gathered)
             else:
                 ckpt.save_full(self.model, self.tokenizer, tmp, state_dict=gathered, source_dir=self.model_dir)
-            ckpt.write_metadata(tmp, kind='lora' if self.adapter_name else 'full', adapter_name=self.adapter_name,
-                                model_id=self.model_id, step=state.optimizer_steps,
-                                has_training_state=save_optimizer)
+            ckpt.write_metadata(
+                tmp,
+                kind='lora' if self.adapter_name else 'full',
+                adapter_name=self.adapter_name,
+                model_id=self.model_id,
+                step=state.optimizer_steps,
+                has_training_state=save_optimizer,
+            )
             if save_optimizer:
-                ckpt.save_training_state(tmp, {**state.state_dict(), 'optimizer': optimizer_state},
-                                         dataloader=dataloader, extra_state=extra_state)
+                ckpt.save_training_state(
+                    tmp,
+                    {**state.state_dict(), 'optimizer': optimizer_state},
+                    dataloader=dataloader,
+                    extra_state=extra_state,
+                )
         barrier()
         return str(target)
 
     @reports_failure('load')
-    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
-             dataloader: Any = None, **kwargs: Any) -> Any:
+    def load(
+        self,
+        path: str,
+        *,
+        load_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """Load a checkpoint written by `save` (or a PEFT adapter / HF model directory).
 
         A LoRA checkpoint into a model without adapter first adds the adapter from the saved config.
@@ -297,18 +365,22 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         if meta['kind'] == 'lora':
             if self.adapter_name is None:
                 from peft import LoraConfig
+
                 config = LoraConfig.from_pretrained(path)
                 config.inference_mode = False  # PEFT saves adapters for inference; this model trains it
                 self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default', config)
             if parallel.is_sharded(self.model):
                 from peft.utils import load_peft_weights
+
                 parallel.load_adapter_weights_sharded(self.model, self.adapter_name, load_peft_weights(path))
             else:
                 ckpt.load_lora_weights(self.model, self.adapter_name, path)
         else:
             if self.adapter_name is not None:
-                raise InvalidInputError(f'{path!r} holds full model weights but this model trains adapter '
-                                        f'{self.adapter_name!r}; load it into a model without adapter.')
+                raise InvalidInputError(
+                    f'{path!r} holds full model weights but this model trains adapter '
+                    f'{self.adapter_name!r}; load it into a model without adapter.'
+                )
             if parallel.is_sharded(self.model):
                 parallel.load_full_state_dict(self.model, ckpt.read_full_weights(path))
             else:
@@ -318,9 +390,9 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         self._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
         saved = ckpt.load_training_state(path)
         self._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
-            saved['train_state'], load_optimizer_state=partial(parallel.load_optimizer_state, self.model))
+            saved['train_state'], load_optimizer_state=partial(parallel.load_optimizer_state, self.model)
+        )
         ckpt.set_rng_state(saved['rng'])
         if dataloader is not None and saved.get('dataloader') is not None:
             dataloader.load_state_dict(saved['dataloader'])
         return saved.get('extra_state')
-

@@ -17,6 +17,7 @@ final) and before the optimizer is built; call the module it was applied to for 
 Loading: every rank passes the same full state to `load_full_state_dict` / `load_optimizer_state`, which reshard
 it to whatever mesh this run has.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,9 +35,13 @@ _APPLIED_ATTR = '_twinkle_device_mesh'
 # Per-decoder-layer tensor-parallel plan (Qwen3 / Llama / Qwen2 naming). Attention computes its head count from
 # the projected width (``view(..., -1, head_dim)``), so colwise-sharded q/k/v give each rank whole heads.
 TP_LAYER_PLAN: dict[str, str] = {
-    'self_attn.q_proj': 'colwise', 'self_attn.k_proj': 'colwise', 'self_attn.v_proj': 'colwise',
+    'self_attn.q_proj': 'colwise',
+    'self_attn.k_proj': 'colwise',
+    'self_attn.v_proj': 'colwise',
     'self_attn.o_proj': 'rowwise',
-    'mlp.gate_proj': 'colwise', 'mlp.up_proj': 'colwise', 'mlp.down_proj': 'rowwise',
+    'mlp.gate_proj': 'colwise',
+    'mlp.up_proj': 'colwise',
+    'mlp.down_proj': 'rowwise',
 }
 
 
@@ -49,20 +54,28 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
     if mesh is None or mesh.world_size == 1:
         return model
     if getattr(model, _APPLIED_ATTR, None) is not None:
-        raise MeshError(f'a device mesh was already applied to this model ({getattr(model, _APPLIED_ATTR)!r}); '
-                        'apply_device_mesh must be called once, after adapters are injected.')
+        raise MeshError(
+            f'a device mesh was already applied to this model ({getattr(model, _APPLIED_ATTR)!r}); '
+            'apply_device_mesh must be called once, after adapters are injected.'
+        )
     if not distributed.is_initialized():
-        raise MeshError(f'{mesh!r} needs a torch.distributed process group: call twinkle_core.initialize('
-                        "mode='local', global_device_mesh=mesh) under torchrun, or use the ray runtime.")
+        raise MeshError(
+            f'{mesh!r} needs a torch.distributed process group: call twinkle_core.initialize('
+            "mode='local', global_device_mesh=mesh) under torchrun, or use the ray runtime."
+        )
     distributed.init_process_group(mesh)  # checks the world size against the mesh
     for dim in ('pp', 'cp'):
         if mesh.size(dim) > 1:
-            raise MeshError(f'{dim}_size={mesh.size(dim)} is not supported by the Transformers backend; '
-                            'use dp/fsdp/tp (or the Megatron backend for pipeline/context parallelism).')
+            raise MeshError(
+                f'{dim}_size={mesh.size(dim)} is not supported by the Transformers backend; '
+                'use dp/fsdp/tp (or the Megatron backend for pipeline/context parallelism).'
+            )
     dp, fsdp, tp = mesh.size('dp'), mesh.size('fsdp'), mesh.size('tp')
     if tp > 1 and dp > 1:
-        raise MeshError(f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
-                        f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.')
+        raise MeshError(
+            f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
+            f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.'
+        )
     torch_mesh = mesh.to_torch()
     _move_to_device(model, mesh.device_type)
     if tp > 1 or fsdp > 1:  # sharding keeps each rank's own values: start every rank from rank 0's weights
@@ -97,6 +110,7 @@ def _move_to_device(model: nn.Module, device_type: str) -> None:
 @torch.no_grad()
 def _broadcast_from_rank0(model: nn.Module) -> None:
     import torch.distributed as dist
+
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor.data, src=0)
 
@@ -105,6 +119,7 @@ def _apply_ddp(model: nn.Module) -> None:
     import warnings
 
     from torch.distributed._composable.replicate import replicate
+
     with warnings.catch_warnings():  # composable replicate is flagged experimental; its DDP semantics are stable
         warnings.simplefilter('ignore')
         replicate(model)
@@ -112,6 +127,7 @@ def _apply_ddp(model: nn.Module) -> None:
 
 def _apply_fsdp(model: nn.Module, torch_mesh: Any) -> None:
     from torch.distributed.fsdp import fully_shard
+
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=torch_mesh)
     fully_shard(model, mesh=torch_mesh)
@@ -119,17 +135,22 @@ def _apply_fsdp(model: nn.Module, torch_mesh: Any) -> None:
 
 def _apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     styles = {'colwise': ColwiseParallel, 'rowwise': RowwiseParallel}
     layers = decoder_layers(model)
     if any(hasattr(m, 'lora_A') for m in model.modules()):
-        raise MeshError('tensor parallelism with LoRA adapters is not supported by the Transformers backend '
-                        '(a LoRA branch would see sharded activations); use dp/fsdp for LoRA training.')
+        raise MeshError(
+            'tensor parallelism with LoRA adapters is not supported by the Transformers backend '
+            '(a LoRA branch would see sharded activations); use dp/fsdp for LoRA training.'
+        )
     _check_tp_divisible(model, tp_mesh.size())
     for layer in layers:
         missing = [name for name in TP_LAYER_PLAN if not _has_submodule(layer, name)]
         if missing:
-            raise MeshError(f'{type(layer).__name__} has no {missing}: tensor parallelism supports Qwen3/Llama-style '
-                            'decoder layers (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj).')
+            raise MeshError(
+                f'{type(layer).__name__} has no {missing}: tensor parallelism supports Qwen3/Llama-style '
+                'decoder layers (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj).'
+            )
         parallelize_module(layer, tp_mesh, {name: styles[kind]() for name, kind in TP_LAYER_PLAN.items()})
 
 
@@ -158,8 +179,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
         block_names.update(getattr(module, '_no_split_modules', None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in block_names]
     if not layers:
-        raise MeshError(f'could not find the decoder layers of {type(model).__name__} (no `_no_split_modules`); '
-                        'FSDP/TP need a Hugging Face transformer model.')
+        raise MeshError(
+            f'could not find the decoder layers of {type(model).__name__} (no `_no_split_modules`); '
+            'FSDP/TP need a Hugging Face transformer model.'
+        )
     return layers
 
 
@@ -168,6 +191,7 @@ def full_state_dict(model: nn.Module, *, trainable_only: bool = False) -> dict[s
     """Unsharded CPU state dict of `model`. Collective under a mesh: every rank must call it; rank 0 gets the
     tensors, other ranks get an empty dict. `trainable_only` keeps only parameters that require grad."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     if applied_mesh(model) is None:
         sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     else:
@@ -186,15 +210,17 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], 
     Under a mesh every rank must call it with the same tensors; they are resharded to this run's layout.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     if applied_mesh(model) is None:
         result = model.load_state_dict(state_dict, strict=strict)
     else:
-        result = set_model_state_dict(model, state_dict,
-                                      options=StateDictOptions(full_state_dict=True, strict=strict))
+        result = set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
     unexpected = getattr(result, 'unexpected_keys', [])
     if unexpected:
-        raise KeyError(f'{len(unexpected)} checkpoint tensors match no parameter of the model, e.g. '
-                       f'{unexpected[:3]}; was it saved from a different model or adapter?')
+        raise KeyError(
+            f'{len(unexpected)} checkpoint tensors match no parameter of the model, e.g. '
+            f'{unexpected[:3]}; was it saved from a different model or adapter?'
+        )
 
 
 # ---- losses and metrics across data ranks --------------------------------------------------------------------
@@ -215,8 +241,9 @@ def backward_scale(model: nn.Module, reduction: str | None, *, num_loss_tokens: 
     return distributed.data_parallel_loss_scale(weight)  # tp peers count twice in both sums: the ratio holds
 
 
-def reduce_step_summary(model: nn.Module, summary: dict[str, Any], reduction: str | None, *,
-                        num_rows: int) -> dict[str, Any]:
+def reduce_step_summary(
+    model: nn.Module, summary: dict[str, Any], reduction: str | None, *, num_rows: int
+) -> dict[str, Any]:
     """Turn one rank's micro-batch summary (``loss``, ``num_loss_tokens``, ``num_correct``, ``num_tokens``) into
     the global batch's: the loss as the single process would report it, counts summed over data shards.
     Returns `summary` unchanged without a mesh. Collective under a mesh."""
@@ -251,14 +278,16 @@ def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer
     Collective under a mesh (every rank must call it): rank 0 gets the state, other ranks an empty dict.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
     meshed = applied_mesh(model) is not None
     reshard(model)
     if not optimizer.state:  # before the first step: DCP would initialise the state with a zero-lr step (mutating
         # this run's optimizer); only the hyper-parameters exist, and every rank holds them whole
         return {} if meshed and not distributed.is_main_process() else _groups_by_name(model, optimizer)
     # Without a mesh nothing is gathered; cpu_offload would keep the state on rank 0 of any process group.
-    state = get_optimizer_state_dict(model, optimizer,
-                                     options=StateDictOptions(full_state_dict=True, cpu_offload=meshed))
+    state = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=meshed)
+    )
     if meshed and not distributed.is_main_process():
         return {}
     return state if meshed else _to_cpu(state)
@@ -270,21 +299,26 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
     `full_optimizer_state_dict`; index-keyed state (``optimizer.state_dict()``: `MultiLoraTransformersModel`,
     older checkpoints) is matched by position, as ``optimizer.load_state_dict`` does. Collective under a mesh."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     reshard(model)
     if not _keyed_by_name(state):
         state = _keyed_by_position(model, optimizer, state)
     if not state.get('state'):  # saved before the first step: hyper-parameters only
         optimizer.load_state_dict(_groups_by_index(model, optimizer, state))
         return
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                             options=StateDictOptions(full_state_dict=True,
-                                                      broadcast_from_rank0=applied_mesh(model) is not None))
+    set_optimizer_state_dict(
+        model,
+        optimizer,
+        optim_state_dict=state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=applied_mesh(model) is not None),
+    )
 
 
 def reshard(model: nn.Module) -> None:
     """Register the sharded parameters again on FSDP2 modules that hold them unsharded (the root stays unsharded
     after a forward without backward, e.g. `forward_only`), so the optimizer's parameters are the module's."""
     from torch.distributed.fsdp import FSDPModule
+
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
@@ -305,21 +339,29 @@ def _groups_by_index(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
     index = {name: i for i, name in enumerate(_optimizer_parameter_names(model, optimizer))}
     unknown = [n for g in state['param_groups'] for n in g['params'] if n not in index]
     if unknown:
-        raise InvalidInputError(f'{len(unknown)} parameters of the saved optimizer state are not optimised here, e.g. '
-                        f'{unknown[:3]}; was it saved from another model or adapter?')
-    return {'state': {}, 'param_groups': [{**g, 'params': [index[n] for n in g['params']]}
-                                          for g in state['param_groups']]}
+        raise InvalidInputError(
+            f'{len(unknown)} parameters of the saved optimizer state are not optimised here, e.g. '
+            f'{unknown[:3]}; was it saved from another model or adapter?'
+        )
+    return {
+        'state': {},
+        'param_groups': [{**g, 'params': [index[n] for n in g['params']]} for g in state['param_groups']],
+    }
 
 
 def _keyed_by_position(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
     names = _optimizer_parameter_names(model, optimizer)
     saved = [p for g in state['param_groups'] for p in g['params']]
     if len(saved) != len(names):
-        raise InvalidInputError(f'the saved optimizer state covers {len(saved)} parameters, this optimizer '
-                                f'{len(names)}; was it saved from another model or adapter?')
+        raise InvalidInputError(
+            f'the saved optimizer state covers {len(saved)} parameters, this optimizer '
+            f'{len(names)}; was it saved from another model or adapter?'
+        )
     name_of = dict(zip(saved, names))
-    return {'state': {name_of[k]: v for k, v in state['state'].items()},
-            'param_groups': [{**g, 'params': [name_of[p] for p in g['params']]} for g in state['param_groups']]}
+    return {
+        'state': {name_of[k]: v for k, v in state['state'].items()},
+        'param_groups': [{**g, 'params': [name_of[p] for p in g['params']]} for g in state['param_groups']],
+    }
 
 
 def _keyed_by_name(state: dict[str, Any]) -> bool:
@@ -346,6 +388,8 @@ def load_adapter_weights_sharded(model: nn.Module, adapter_name: str, weights: d
             by_saved_key[key.replace(suffix + '.', '.', 1)] = key
     unknown = [k for k in weights if k not in by_saved_key]
     if unknown:
-        raise MeshError(f'{len(unknown)} adapter tensors match no parameter of adapter {adapter_name!r}, e.g. '
-                        f'{unknown[:3]}; was the checkpoint saved with another LoRA config or base model?')
+        raise MeshError(
+            f'{len(unknown)} adapter tensors match no parameter of adapter {adapter_name!r}, e.g. '
+            f'{unknown[:3]}; was the checkpoint saved with another LoRA config or base model?'
+        )
     load_full_state_dict(model, {by_saved_key[k]: v for k, v in weights.items()})

@@ -11,6 +11,7 @@ gives the same logits as the padded one (tested for Qwen3-VL).
 Packing is refused for models with linear-attention layers (Qwen3.5's gated DeltaNet): without the
 flash-linear-attention kernels their recurrence runs across row borders; such models train on padded batches.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,8 +49,11 @@ def lora_target_fields(fields: dict[str, Any], model: torch.nn.Module) -> dict[s
     group = target.lower()
     if group == 'vision':
         return {**fields, 'target_modules': _group_modules(model, group)}
-    if group == 'all' or not is_vision_language(getattr(model, 'config', None)) \
-            or fields.get('exclude_modules') is not None:
+    if (
+        group == 'all'
+        or not is_vision_language(getattr(model, 'config', None))
+        or fields.get('exclude_modules') is not None
+    ):
         return {**fields, 'target_modules': 'all-linear'}
     return {**fields, 'target_modules': 'all-linear', 'exclude_modules': VISION_TOWER_PATTERN}
 
@@ -57,8 +61,9 @@ def lora_target_fields(fields: dict[str, Any], model: torch.nn.Module) -> dict[s
 def _group_modules(model: torch.nn.Module, group: str) -> list[str]:
     """Names of the linear layers of a target group (the output head is never in one)."""
     if group == 'vision' and not is_vision_language(getattr(model, 'config', None)):
-        raise InvalidInputError(f"target_modules='vision' needs a vision-language model; "
-                                f'{type(model).__name__} has no vision tower.')
+        raise InvalidInputError(
+            f"target_modules='vision' needs a vision-language model; {type(model).__name__} has no vision tower."
+        )
     head = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
     names = []
     for name, module in model.named_modules():
@@ -96,17 +101,21 @@ def _rope_owner(model: torch.nn.Module) -> Any:
     for module in model.modules():
         if callable(getattr(module, 'get_rope_index', None)):
             return module
-    raise InvalidInputError(f'{type(model).__name__} is a vision-language model without get_rope_index; '
-                            'twinkle supports the Qwen-VL families (Qwen2-VL .. Qwen3-VL, Qwen3.5).')
+    raise InvalidInputError(
+        f'{type(model).__name__} is a vision-language model without get_rope_index; '
+        'twinkle supports the Qwen-VL families (Qwen2-VL .. Qwen3-VL, Qwen3.5).'
+    )
 
 
-def add_vision_inputs(model: torch.nn.Module, config: Any, batch: dict[str, Any], kwargs: dict[str, Any]
-                      ) -> dict[str, Any]:
+def add_vision_inputs(
+    model: torch.nn.Module, config: Any, batch: dict[str, Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """`kwargs` (from `model_call_kwargs`) plus the image inputs and M-RoPE positions a VL model needs."""
     if batch.get('packed') and has_linear_attention(config):
         raise InvalidInputError(
             f'{type(model).__name__} has linear-attention layers, which cannot keep packed rows apart without the '
-            'flash-linear-attention kernels: train it on padded batches (padding_free=False).')
+            'flash-linear-attention kernels: train it on padded batches (padding_free=False).'
+        )
     ids = batch['input_ids']
     types = batch.get(TOKEN_TYPE_FIELD)
     if types is None:
@@ -133,8 +142,11 @@ def mrope_position_ids(model: torch.nn.Module, batch: dict[str, Any], types: tor
         for row, (b, start, end) in enumerate(_row_spans(batch)):
             count = counts[row]
             if count:
-                positions, _ = owner.get_rope_index(ids[b:b + 1, start:end], types[b:b + 1, start:end],
-                                                    image_grid_thw=grids[first_image:first_image + count])
+                positions, _ = owner.get_rope_index(
+                    ids[b : b + 1, start:end],
+                    types[b : b + 1, start:end],
+                    image_grid_thw=grids[first_image : first_image + count],
+                )
                 mrope[:, b, start:end] = positions[:, 0].to(mrope)
             first_image += count
     return torch.cat([text[None], mrope])

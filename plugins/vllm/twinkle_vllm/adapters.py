@@ -6,6 +6,7 @@ adapter can never be served from KV cached under its old weights; tensors given 
 private PEFT directory (vLLM has no documented in-memory LoRA loading). Checks that vLLM would only make inside
 its worker (where a failure kills the engine) are made here first.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,23 +46,34 @@ class AdapterTable:
     def request(self, name: str) -> Any:
         """The `LoRARequest` serving adapter `name` now."""
         from vllm.lora.request import LoRARequest
+
         entry = self._entries[name]
         return LoRARequest(entry.name, entry.lora_id, str(entry.path))
 
     def check_known(self, names: list[str | None]) -> None:
         unknown = sorted({n for n in names if n is not None and n not in self._entries})
         if unknown:
-            raise InvalidInputError(f'Unknown adapter(s) {unknown}; this sampler has {self.names() or "no adapters"}. '
-                                    'Add one first with `sampler.add_adapter(name, config, tensors)` or '
-                                    '`add_adapter(name, path=peft_dir)`.')
+            raise InvalidInputError(
+                f'Unknown adapter(s) {unknown}; this sampler has {self.names() or "no adapters"}. '
+                'Add one first with `sampler.add_adapter(name, config, tensors)` or '
+                '`add_adapter(name, path=peft_dir)`.'
+            )
 
-    def add(self, name: str, config: Mapping[str, Any] | Any = None, tensors: Mapping[str, Any] | None = None,
-            *, path: str | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        config: Mapping[str, Any] | Any = None,
+        tensors: Mapping[str, Any] | None = None,
+        *,
+        path: str | None = None,
+    ) -> None:
         """Add or replace `name`. The engine loads the new adapter before the old one is dropped, so a failed
         replacement leaves the old adapter serving."""
         if not self._enabled:
-            raise InvalidInputError('This vLLMSampler was built with enable_lora=False; pass '
-                                    "engine_args={'enable_lora': True} to serve adapters.")
+            raise InvalidInputError(
+                'This vLLMSampler was built with enable_lora=False; pass '
+                "engine_args={'enable_lora': True} to serve adapters."
+            )
         if (tensors is None) == (path is None):
             raise InvalidInputError(f'add_adapter({name!r}): pass exactly one of tensors= or path=.')
         lora_id = self._next_id
@@ -72,17 +84,21 @@ class AdapterTable:
             self._check_config(name, config_dict)
         else:
             if config is None:
-                raise InvalidInputError(f'Adapter {name!r} given as tensors needs its config (adapter_config.json '
-                                        'fields: r, lora_alpha, target_modules).')
+                raise InvalidInputError(
+                    f'Adapter {name!r} given as tensors needs its config (adapter_config.json '
+                    'fields: r, lora_alpha, target_modules).'
+                )
             config_dict = _config_dict(config)
             self._check_config(name, config_dict)
             _check_tensors(name, tensors)
             directory, owned = self._tmp / f'{lora_id}', True
             _write_peft_dir(directory, config_dict, tensors)
         from vllm.lora.request import LoRARequest
+
         try:
-            self._handle.call('add_adapter', lambda llm: llm.llm_engine.add_lora(
-                LoRARequest(name, lora_id, str(directory))))
+            self._handle.call(
+                'add_adapter', lambda llm: llm.llm_engine.add_lora(LoRARequest(name, lora_id, str(directory)))
+            )
         except Exception:
             if owned:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -102,6 +118,7 @@ class AdapterTable:
     def restore(self) -> None:
         """Re-register every adapter (new ids) in a restarted engine."""
         from vllm.lora.request import LoRARequest
+
         for name, entry in list(self._entries.items()):
             lora_id = self._next_id
             self._next_id += 1
@@ -116,9 +133,11 @@ class AdapterTable:
     def _check_config(self, name: str, config: Mapping[str, Any]) -> None:
         ranks = [int(config.get('r', 8)), *map(int, (config.get('rank_pattern') or {}).values())]
         if max(ranks) > self._max_rank:
-            raise InvalidInputError(f'Adapter {name!r} has rank {max(ranks)}, above this engine\'s max_lora_rank='
-                                    f'{self._max_rank}; build the sampler with engine_args={{"max_lora_rank": '
-                                    f'{max(ranks)}}} or more.')
+            raise InvalidInputError(
+                f"Adapter {name!r} has rank {max(ranks)}, above this engine's max_lora_rank="
+                f'{self._max_rank}; build the sampler with engine_args={{"max_lora_rank": '
+                f'{max(ranks)}}} or more.'
+            )
         if config.get('use_dora'):
             raise InvalidInputError(f'Adapter {name!r} is a DoRA adapter; vLLM serves plain LoRA only.')
 
@@ -145,13 +164,17 @@ def _check_tensors(name: str, tensors: Mapping[str, Any]) -> None:
         raise InvalidInputError(f'Adapter {name!r}: no tensors given.')
     stray = [k for k in tensors if not any(part in k for part in LORA_KEY_PARTS)]
     if stray:
-        raise InvalidInputError(f'Adapter {name!r}: {stray[:3]} are not LoRA tensors in PEFT naming '
-                                '(base_model.model.<module>.lora_A.weight / lora_B.weight).')
+        raise InvalidInputError(
+            f'Adapter {name!r}: {stray[:3]} are not LoRA tensors in PEFT naming '
+            '(base_model.model.<module>.lora_A.weight / lora_B.weight).'
+        )
 
 
 def _write_peft_dir(directory: Path, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
     from safetensors.torch import save_file
+
     directory.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-              str(directory / 'adapter_model.safetensors'))
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(directory / 'adapter_model.safetensors')
+    )
     (directory / 'adapter_config.json').write_text(json.dumps(config))

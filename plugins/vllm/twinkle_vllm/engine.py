@@ -7,6 +7,7 @@ is not retried behind its back), and `on_restart` callbacks re-register what liv
 A fresh engine serves the checkpoint's weights: if base weights had been loaded into the old one, the sampler
 refuses to serve until they are loaded again (`weights_lost`), rather than silently serving old weights.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,7 @@ class EngineHandle:
         self.args, self.multiprocess = args, multiprocess
         self.llm = self._build()
         self.on_restart: list[Callable[[], None]] = []
-        self.base_loaded = False   # base weights were loaded into this engine since it started
+        self.base_loaded = False  # base weights were loaded into this engine since it started
         self.weights_lost = False  # a restart dropped loaded base weights; cleared by the next full load
         self.restarts = 0
 
@@ -51,10 +52,16 @@ class EngineHandle:
                     raise
                 cause = f'{type(exc).__name__}: {exc}'
         self.restart()
-        lost = (' Base weights loaded since it started were lost: load them again (a CheckpointEngineManager '
-                'resends them with a new manager) before sampling.' if self.weights_lost else '')
-        raise TwinkleError(f'The vLLM engine died during {what} ({cause}); it was restarted from the checkpoint '
-                           f'with its adapters re-registered. Retry the call.{lost}')
+        lost = (
+            ' Base weights loaded since it started were lost: load them again (a CheckpointEngineManager '
+            'resends them with a new manager) before sampling.'
+            if self.weights_lost
+            else ''
+        )
+        raise TwinkleError(
+            f'The vLLM engine died during {what} ({cause}); it was restarted from the checkpoint '
+            f'with its adapters re-registered. Retry the call.{lost}'
+        )
 
     def restart(self) -> None:
         self.shutdown()
@@ -97,6 +104,7 @@ class EngineHandle:
 
         def watch() -> None:
             from vllm.v1.engine.exceptions import EngineDeadError
+
             while not stop.wait(0.5):
                 if self._engine_exitcode() is not None:
                     outputs.put_nowait(EngineDeadError())
@@ -119,12 +127,14 @@ class EngineHandle:
 
     def _build(self) -> Any:
         from vllm import LLM
+
         with _engine_process(self.multiprocess):
             return LLM(**self.args)
 
 
 def is_engine_dead(exc: BaseException) -> bool:
     from vllm.v1.engine.exceptions import EngineDeadError
+
     return isinstance(exc, EngineDeadError)
 
 

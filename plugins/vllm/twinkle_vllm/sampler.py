@@ -16,6 +16,7 @@ vLLM's engine core runs in its own process unless ``multiprocess=False``; weight
 `collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes. A dead engine
 is restarted (`twinkle_vllm.engine.EngineHandle`).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,9 +49,16 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
     runs it in this process: faster start, but a crash in the engine takes the caller with it).
     `bucket_bytes`: the largest weight bucket one RPC carries during `load_weights`."""
 
-    def __init__(self, model_id: str | os.PathLike[str], *, engine_args: Mapping[str, Any] | None = None,
-                 template: Any = None, device_mesh: Any = None, multiprocess: bool = True,
-                 bucket_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        model_id: str | os.PathLike[str],
+        *,
+        engine_args: Mapping[str, Any] | None = None,
+        template: Any = None,
+        device_mesh: Any = None,
+        multiprocess: bool = True,
+        bucket_bytes: int = 256 << 20,
+    ) -> None:
         import torch
 
         self.model_id = _local_dir(model_id)
@@ -74,8 +82,12 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self._adapters = AdapterTable(self._handle, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
         self._handle.on_restart.append(self._adapters.restore)
         self.capabilities = SamplerCapabilities(
-            per_row_adapters=True, max_adapters=lora.max_cpu_loras if lora is not None else 0,
-            prompt_logprobs=True, adapter_from_tensors=False, weights_in_process=not multiprocess)
+            per_row_adapters=True,
+            max_adapters=lora.max_cpu_loras if lora is not None else 0,
+            prompt_logprobs=True,
+            adapter_from_tensors=False,
+            weights_in_process=not multiprocess,
+        )
         if template is not None:
             self.set_template(template)
 
@@ -84,29 +96,49 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         """Template by name (kind ``template``), class or instance (see `TextCodec.set_template`)."""
         self._codec.set_template(template, model_id, **kwargs)
 
-    def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
-               adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
+    def sample(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        adapter_name: str | list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
-        prompts = [_text_prompt(encode_prompt_row(row, i, self._codec.encode_chat_row), i)
-                   for i, row in enumerate(rows)]
+        prompts = [
+            _text_prompt(encode_prompt_row(row, i, self._codec.encode_chat_row), i) for i, row in enumerate(rows)
+        ]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         if self._handle.weights_lost:
-            raise TwinkleError('The vLLM engine was restarted and lost the base weights loaded into it; load them '
-                               'again (begin_weight_update / load_weights / end_weight_update) before sampling.')
-        requests = [(i, seq_params) for i, prompt in enumerate(prompts)
-                    for seq_params in self._vllm_params(params, prompt)]
-        outputs = self._generate([prompts[i] for i, _ in requests], [p for _, p in requests],
-                                 [adapters[i] for i, _ in requests], one_per_call=params.prompt_logprobs)
+            raise TwinkleError(
+                'The vLLM engine was restarted and lost the base weights loaded into it; load them '
+                'again (begin_weight_update / load_weights / end_weight_update) before sampling.'
+            )
+        requests = [
+            (i, seq_params) for i, prompt in enumerate(prompts) for seq_params in self._vllm_params(params, prompt)
+        ]
+        outputs = self._generate(
+            [prompts[i] for i, _ in requests],
+            [p for _, p in requests],
+            [adapters[i] for i, _ in requests],
+            one_per_call=params.prompt_logprobs,
+        )
         per_prompt: dict[int, list[Any]] = {}
         for (i, _), out in zip(requests, outputs):
             per_prompt.setdefault(i, []).append(out)
         return [self._response(rows[i], prompts[i], per_prompt[i], params) for i in range(len(prompts))]
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any] | str, *,
-                     adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
+    def load_weights(
+        self,
+        named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any] | str,
+        *,
+        adapter_name: str | None = None,
+        lora_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
         """Base weights (Hugging Face names; PEFT wrapper prefixes accepted), checked against the checkpoint's
         names and shapes before anything is sent, then copied into the engine's workers in buckets of whole decoder
         layers (see `twinkle_vllm.weights`). Between `begin_weight_update` and `end_weight_update` a layer may be
@@ -119,14 +151,18 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 self.add_adapter(adapter_name, lora_config, dict(named_tensors))
             return
         if isinstance(named_tensors, (str, os.PathLike)):
-            raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
-                                    'pairs, or adapter_name=... for a PEFT adapter directory.')
+            raise InvalidInputError(
+                'load_weights(path) without adapter_name is not supported; pass (name, tensor) '
+                'pairs, or adapter_name=... for a PEFT adapter directory.'
+            )
         pairs = self._layout.checked(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         ready = self._stager.add(pairs)
         if not self._updating:
             self._refuse_partial_layers()
         for blob in serialized_buckets(ready, self.bucket_bytes):
-            self._handle.call('load_weights', lambda llm, blob=blob: llm.collective_rpc('twinkle_load_weights', args=(blob,)))
+            self._handle.call(
+                'load_weights', lambda llm, blob=blob: llm.collective_rpc('twinkle_load_weights', args=(blob,))
+            )
             self._handle.base_loaded = True
         self._loaded.update(name for layer in ready for name, _ in layer)
         if not self._updating:
@@ -150,8 +186,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self._loaded.clear()
         self.reset_prefix_cache()
 
-    def add_adapter(self, name: str, config: Any = None, tensors: Mapping[str, Any] | None = None, *,
-                    path: str | None = None) -> None:
+    def add_adapter(
+        self, name: str, config: Any = None, tensors: Mapping[str, Any] | None = None, *, path: str | None = None
+    ) -> None:
         self._adapters.add(name, config, tensors, path=path)
 
     def remove_adapter(self, name: str) -> None:
@@ -172,7 +209,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             raise InvalidInputError(
                 f'load_weights got only part of {len(missing)} layer(s), e.g. {layer!r} without {names[:4]}; vLLM '
                 'reloads whole layers, so nothing of those layers was applied. Send all weights of a layer in one '
-                'update (one load_weights call, or several between begin_weight_update() and end_weight_update()).')
+                'update (one load_weights call, or several between begin_weight_update() and end_weight_update()).'
+            )
 
     def shutdown(self) -> None:
         """Stop vLLM's engine (and its processes) and delete adapter directories this sampler wrote. Idempotent."""
@@ -190,15 +228,18 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 raise InvalidInputError(f'Prompt {i} has token ids outside the vocabulary [0, {self.vocab_size}).')
             if len(ids) + params.max_tokens > self.max_model_len:
                 raise InvalidInputError(
-                    f'Prompt {i}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} exceeds the engine\'s '
+                    f"Prompt {i}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} exceeds the engine's "
                     f'max_model_len={self.max_model_len}; lower max_tokens to at most '
                     f'{max(self.max_model_len - len(ids), 0)}, shorten the prompt, or raise '
-                    "engine_args['max_model_len'].")
+                    "engine_args['max_model_len']."
+                )
         max_logprobs = self._handle.engine.vllm_config.model_config.max_logprobs
         if max_logprobs >= 0 and params.alternatives > max_logprobs:
             asked = 'top_logprobs' if params.top_logprobs >= (params.logprob_pairs or 0) else 'logprobs'
-            raise InvalidInputError(f'{asked}={params.alternatives} is above the engine\'s max_logprobs='
-                                    f'{max_logprobs}; ask for fewer or raise engine_args[\'max_logprobs\'].')
+            raise InvalidInputError(
+                f"{asked}={params.alternatives} is above the engine's max_logprobs="
+                f"{max_logprobs}; ask for fewer or raise engine_args['max_logprobs']."
+            )
         self._adapters.check_known(adapters)
 
     @staticmethod
@@ -206,31 +247,47 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         """vLLM sampling parameters for `prompt`: one request with n samples, or (seeded and not greedy) one
         request per sample with that sample's own seed."""
         from vllm import SamplingParams as VllmParams
-        common = dict(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-                      top_k=params.top_k, stop=params.stop_strings() or None,
-                      stop_token_ids=params.stop_token_ids() or None,
-                      logprobs=params.alternatives if params.logprobs is not False or params.top_logprobs else None,
-                      prompt_logprobs=0 if params.prompt_logprobs else None,
-                      # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
-                      # only needed to match stop strings
-                      detokenize=bool(params.stop_strings()))
+
+        common = dict(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop=params.stop_strings() or None,
+            stop_token_ids=params.stop_token_ids() or None,
+            logprobs=params.alternatives if params.logprobs is not False or params.top_logprobs else None,
+            prompt_logprobs=0 if params.prompt_logprobs else None,
+            # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
+            # only needed to match stop strings
+            detokenize=bool(params.stop_strings()),
+        )
         if params.seed is None or params.temperature == 0:
             return [VllmParams(n=params.num_samples, **common)]
-        return [VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt), **common)
-                for s in range(params.num_samples)]
+        return [
+            VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt), **common) for s in range(params.num_samples)
+        ]
 
-    def _generate(self, prompts: list[list[int]], params: list[Any], adapters: list[str | None], *,
-                  one_per_call: bool) -> list[Any]:
+    def _generate(
+        self, prompts: list[list[int]], params: list[Any], adapters: list[str | None], *, one_per_call: bool
+    ) -> list[Any]:
         """`LLM.generate` over all requests (continuous batching). With prompt logprobs and LoRA enabled vLLM
         0.32 crashes on batched prompt-logprob requests, so those go one per call."""
         lora = [None if a is None else self._adapters.request(a) for a in adapters]
         batch = [{'prompt_token_ids': ids} for ids in prompts]
         if not (one_per_call and self._handle.engine.vllm_config.lora_config is not None):
-            return list(self._handle.call('sample', lambda llm: llm.generate(batch, params, lora_request=lora,
-                                                                             use_tqdm=False)))
-        return [out for j in range(len(batch))
-                for out in self._handle.call('sample', lambda llm, j=j: llm.generate(
-                    batch[j:j + 1], params[j:j + 1], lora_request=lora[j:j + 1], use_tqdm=False))]
+            return list(
+                self._handle.call('sample', lambda llm: llm.generate(batch, params, lora_request=lora, use_tqdm=False))
+            )
+        return [
+            out
+            for j in range(len(batch))
+            for out in self._handle.call(
+                'sample',
+                lambda llm, j=j: llm.generate(
+                    batch[j : j + 1], params[j : j + 1], lora_request=lora[j : j + 1], use_tqdm=False
+                ),
+            )
+        ]
 
     def _response(self, row: Any, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
         sequences = []
@@ -242,8 +299,11 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 steps = completion.logprobs or []
                 logprobs = [float(step[t].logprob) for t, step in zip(tokens, steps)]
                 top = [_ranked(step, params.alternatives) for step in steps] if params.alternatives else None
-                sequences.append(sampled_sequence(params, row, prompt, tokens, logprobs, top,
-                                                  completion.finish_reason, self._codec.decode(tokens)))
+                sequences.append(
+                    sampled_sequence(
+                        params, row, prompt, tokens, logprobs, top, completion.finish_reason, self._codec.decode(tokens)
+                    )
+                )
         prompt_logprobs = None
         if params.prompt_logprobs:
             raw = outputs[0].prompt_logprobs
@@ -254,9 +314,11 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
 def _text_prompt(encoded: dict[str, Any], index: int) -> list[int]:
     """The ids of a text prompt; image prompts are refused (their images would be silently dropped)."""
     if 'pixel_values' in encoded:
-        raise InvalidInputError(f'Prompt {index} holds images: multimodal prompts need vLLM\'s multimodal input '
-                                'path (which needs torchvision) and are not supported by vLLMSampler yet; sample '
-                                'image prompts with TorchSampler.')
+        raise InvalidInputError(
+            f"Prompt {index} holds images: multimodal prompts need vLLM's multimodal input "
+            'path (which needs torchvision) and are not supported by vLLMSampler yet; sample '
+            'image prompts with TorchSampler.'
+        )
     return encoded['input_ids']
 
 
@@ -269,12 +331,15 @@ def _ranked(step: dict[int, Any], k: int) -> list[tuple[int, float]]:
 
 def _local_dir(model_id: str | os.PathLike[str]) -> str:
     from twinkle_core.hub.ref import is_hub_ref
+
     text = os.fspath(model_id)
     if is_hub_ref(text):
         from twinkle_core.hub.download import snapshot
         from twinkle_core.hub.ref import HubRef
+
         return str(snapshot(HubRef.parse(text)))
     if not Path(text).is_dir():
-        raise InvalidInputError(f'vLLMSampler: model directory {text!r} does not exist (pass a local directory or '
-                                'an ms:// / hf:// id).')
+        raise InvalidInputError(
+            f'vLLMSampler: model directory {text!r} does not exist (pass a local directory or an ms:// / hf:// id).'
+        )
     return str(Path(text).resolve())

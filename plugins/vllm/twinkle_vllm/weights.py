@@ -7,6 +7,7 @@ gate_up_proj); a reload call that carries only part of a fused module re-materia
 parts uninitialised. So nothing reaches the engine until its decoder layer (``model.layers.<i>.``; other names
 stand alone) is complete, and a bucket never splits a layer.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,20 +24,24 @@ from twinkle_core.errors import InvalidInputError
 class CheckpointLayout:
     """Hugging Face weight name -> shape, as the model directory's safetensors files hold them. `tied`: names the
     checkpoint leaves out because they share storage with another (an untied copy is skipped, not an error)."""
+
     shapes: dict[str, tuple[int, ...]]
     tied: frozenset[str]
 
     @classmethod
     def read(cls, model_dir: str) -> CheckpointLayout:
         from safetensors import safe_open
+
         shapes: dict[str, tuple[int, ...]] = {}
         for file in sorted(Path(model_dir).glob('*.safetensors')):
             with safe_open(str(file), framework='pt') as f:
                 for key in f.keys():
                     shapes[key] = tuple(f.get_slice(key).get_shape())
         if not shapes:
-            raise InvalidInputError(f'{model_dir} has no *.safetensors weights; vLLMSampler needs a Hugging Face '
-                                    'checkpoint in safetensors format.')
+            raise InvalidInputError(
+                f'{model_dir} has no *.safetensors weights; vLLMSampler needs a Hugging Face '
+                'checkpoint in safetensors format.'
+            )
         config_file = Path(model_dir) / 'config.json'
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         tied = frozenset({'lm_head.weight'} if config.get('tie_word_embeddings') else set())
@@ -53,11 +58,14 @@ class CheckpointLayout:
                 if key in self.tied:
                     continue
                 close = [k for k in self.shapes if k.split('.')[-2:] == key.split('.')[-2:]][:3]
-                raise InvalidInputError(f'load_weights: no base weight named {name!r} in this model'
-                                        f'{"; similar: " + ", ".join(close) if close else ""}.')
+                raise InvalidInputError(
+                    f'load_weights: no base weight named {name!r} in this model'
+                    f'{"; similar: " + ", ".join(close) if close else ""}.'
+                )
             if tuple(tensor.shape) != expected:
-                raise InvalidInputError(f'load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects '
-                                        f'{expected}.')
+                raise InvalidInputError(
+                    f'load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects {expected}.'
+                )
             out.append((key, tensor))
         return out
 
@@ -68,7 +76,7 @@ def layer_key(name: str) -> str:
     parts = name.split('.')
     for i, part in enumerate(parts):
         if part.isdigit():
-            return '.'.join(parts[:i + 1])
+            return '.'.join(parts[: i + 1])
     return name
 
 
@@ -106,6 +114,7 @@ def serialized_buckets(layers: Iterable[list[tuple[str, Any]]], bucket_bytes: in
     """safetensors bytes of consecutive whole layers, each bucket at most `bucket_bytes` unless one layer is
     larger."""
     from safetensors.torch import save
+
     bucket: dict[str, Any] = {}
     size = 0
     for layer in layers:

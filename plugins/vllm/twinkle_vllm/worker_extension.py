@@ -4,6 +4,7 @@ where the weights live, so it works whether vLLM's engine core runs in this proc
 Tensors travel as safetensors bytes (what vLLM's RPC can carry without pickling); one call per bucket, so the
 worker holds one bucket at a time.
 """
+
 from __future__ import annotations
 
 
@@ -13,6 +14,7 @@ class TwinkleWorkerExtension:
     def twinkle_load_weights(self, blob: bytes) -> int:
         """Copy the base weights in `blob` (Hugging Face names) into the model in place; returns how many."""
         from safetensors.torch import load
+
         weights = load(blob)
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
         if any(name.endswith('embed_tokens.weight') for name in weights):

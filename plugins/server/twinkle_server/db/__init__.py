@@ -8,6 +8,7 @@ Both backends run the same SQL (written with `?` placeholders; `Database` transl
 same schema by `migrations.migrate`. Errors opening a database raise `DatabaseError` naming the URL with its
 password masked.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,6 +27,8 @@ def open_database(database_url: str | None, data_dir: str | Path) -> Database:
     kind, target = parse_url(database_url)
     if kind == 'sqlite':
         from twinkle_server.db.sqlite import SqliteDatabase
+
         return SqliteDatabase(Path(target) if target else Path(data_dir) / SQLITE_FILE)
     from twinkle_server.db.postgres import PostgresDatabase
+
     return PostgresDatabase(target)

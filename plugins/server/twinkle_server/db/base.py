@@ -1,5 +1,6 @@
 """What both database backends provide: statements with `?` placeholders on a `Session` (one connection),
 autocommitted one by one or grouped in a transaction."""
+
 from __future__ import annotations
 
 import abc
@@ -41,6 +42,7 @@ class Database(abc.ABC):
     `dialect` is 'sqlite' or 'postgresql'; `types` maps the neutral column types used in migrations
     (``{INT}``, ``{REAL}``, ``{BLOB}``) to the dialect's; `url` is for messages (password masked).
     """
+
     dialect: ClassVar[str]
     types: ClassVar[dict[str, str]]
     url: str

@@ -9,6 +9,7 @@ than this code (a version it does not know) is refused.
 Migrations are append-only: never edit a released one, add the next number. Column types are written neutrally
 (``{INT}`` 64-bit integer, ``{REAL}`` double, ``{BLOB}`` bytes) and filled in per dialect.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,39 +26,45 @@ class Migration:
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, 'initial schema', (
-        """CREATE TABLE IF NOT EXISTS api_keys (
+    Migration(
+        1,
+        'initial schema',
+        (
+            """CREATE TABLE IF NOT EXISTS api_keys (
             key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, salt {BLOB} NOT NULL, digest {BLOB} NOT NULL,
             created_at {REAL} NOT NULL, revoked {INT} NOT NULL DEFAULT 0)""",
-        """CREATE TABLE IF NOT EXISTS sessions (
+            """CREATE TABLE IF NOT EXISTS sessions (
             session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at {REAL} NOT NULL,
             last_seen {REAL} NOT NULL, finished {INT} NOT NULL DEFAULT 0, tags TEXT, user_metadata TEXT)""",
-        """CREATE TABLE IF NOT EXISTS training_runs (
+            """CREATE TABLE IF NOT EXISTS training_runs (
             run_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT NOT NULL, base_model TEXT NOT NULL,
             lora_config TEXT NOT NULL, user_metadata TEXT, created_at {REAL} NOT NULL,
             last_request_time {REAL} NOT NULL, corrupted {INT} NOT NULL DEFAULT 0)""",
-        'CREATE INDEX IF NOT EXISTS training_runs_tenant ON training_runs (tenant, created_at)',
-        """CREATE TABLE IF NOT EXISTS checkpoints (
+            'CREATE INDEX IF NOT EXISTS training_runs_tenant ON training_runs (tenant, created_at)',
+            """CREATE TABLE IF NOT EXISTS checkpoints (
             run_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, tenant TEXT NOT NULL, kind TEXT NOT NULL,
             directory TEXT NOT NULL, size_bytes {INT}, created_at {REAL} NOT NULL, user_metadata TEXT,
             expires_at {REAL}, listed {INT} NOT NULL DEFAULT 1, PRIMARY KEY (run_id, checkpoint_id))""",
-        'CREATE INDEX IF NOT EXISTS checkpoints_tenant ON checkpoints (tenant, created_at)',
-        """CREATE TABLE IF NOT EXISTS sampling_sessions (
+            'CREATE INDEX IF NOT EXISTS checkpoints_tenant ON checkpoints (tenant, created_at)',
+            """CREATE TABLE IF NOT EXISTS sampling_sessions (
             sampling_session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT, base_model TEXT NOT NULL,
             model_path TEXT, created_at {REAL} NOT NULL)""",
-        """CREATE TABLE IF NOT EXISTS futures (
+            """CREATE TABLE IF NOT EXISTS futures (
             request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, content_type TEXT,
             body {BLOB}, created_at {REAL} NOT NULL, finished_at {REAL})""",
-    )),
-    Migration(2, 'checkpoint hub pushes', (
-        """CREATE TABLE checkpoint_pushes (
+        ),
+    ),
+    Migration(
+        2,
+        'checkpoint hub pushes',
+        (
+            """CREATE TABLE checkpoint_pushes (
             run_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, tenant TEXT NOT NULL, repo TEXT NOT NULL,
             path_in_repo TEXT NOT NULL, private {INT} NOT NULL, state TEXT NOT NULL, requested_at {REAL} NOT NULL,
             pushed_at {REAL}, error TEXT, PRIMARY KEY (run_id, checkpoint_id))""",
-    )),
-    Migration(3, 'owner of each future', (
-        'ALTER TABLE futures ADD COLUMN owner TEXT',
-    )),
+        ),
+    ),
+    Migration(3, 'owner of each future', ('ALTER TABLE futures ADD COLUMN owner TEXT',)),
 )
 LATEST = MIGRATIONS[-1].version
 LEGACY_TABLE = 'api_keys'  # present in every database written before schema_migrations existed
@@ -70,8 +77,13 @@ def migrate(db: Database, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
     try:
         with db.transaction() as s:
             db.lock_for_migrations(s)
-            s.execute(_ddl(db, 'CREATE TABLE IF NOT EXISTS schema_migrations ('
-                               'version {INT} PRIMARY KEY, applied_at {REAL} NOT NULL, description TEXT)'))
+            s.execute(
+                _ddl(
+                    db,
+                    'CREATE TABLE IF NOT EXISTS schema_migrations ('
+                    'version {INT} PRIMARY KEY, applied_at {REAL} NOT NULL, description TEXT)',
+                )
+            )
             applied = {int(r[0]) for r in s.all('SELECT version FROM schema_migrations')}
             if not applied and db.has_table(s, LEGACY_TABLE):
                 _record(s, migrations[0], 'stamped: schema written before migrations existed')
@@ -79,8 +91,10 @@ def migrate(db: Database, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
             newest = max(applied, default=0)
             known = max((m.version for m in migrations), default=0)
             if newest > known:
-                raise DatabaseError(f'the metadata database {db.url} has schema version {newest}, newer than this '
-                                    f'twinkle-server knows ({known}); upgrade twinkle-server')
+                raise DatabaseError(
+                    f'the metadata database {db.url} has schema version {newest}, newer than this '
+                    f'twinkle-server knows ({known}); upgrade twinkle-server'
+                )
             done = []
             for m in sorted(migrations, key=lambda m: m.version):
                 if m.version not in applied:
@@ -92,8 +106,7 @@ def migrate(db: Database, migrations: tuple[Migration, ...] = MIGRATIONS) -> lis
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001 - a driver error becomes one message naming the database
-        raise DatabaseError(f'migrating the metadata database {db.url} failed: {type(exc).__name__}: {exc}') \
-            from exc
+        raise DatabaseError(f'migrating the metadata database {db.url} failed: {type(exc).__name__}: {exc}') from exc
 
 
 def applied_versions(db: Database) -> list[int]:
@@ -102,8 +115,10 @@ def applied_versions(db: Database) -> list[int]:
 
 
 def _record(s: Session, m: Migration, description: str) -> None:
-    s.execute('INSERT INTO schema_migrations (version, applied_at, description) VALUES (?, ?, ?)',
-              (m.version, time.time(), description))
+    s.execute(
+        'INSERT INTO schema_migrations (version, applied_at, description) VALUES (?, ?, ?)',
+        (m.version, time.time(), description),
+    )
 
 
 def _ddl(db: Database, statement: str) -> str:

@@ -4,6 +4,7 @@ A small pool of autocommit connections: a thread takes one for a statement (or a
 back; at most `pool_size` are open, more callers wait. A connection the server broke (restart, network) is
 dropped when it is given back, so the next caller connects afresh; the statement that met the break fails.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,9 @@ class PostgresDatabase(Database):
         try:
             import psycopg
         except ImportError as exc:
-            raise DatabaseError(f'{self.url}: PostgreSQL needs the psycopg driver ({exc}); '
-                                f'pip install "twinkle-server[postgres]"') from exc
+            raise DatabaseError(
+                f'{self.url}: PostgreSQL needs the psycopg driver ({exc}); pip install "twinkle-server[postgres]"'
+            ) from exc
         try:
             self._password = psycopg.conninfo.conninfo_to_dict(url).get('password')
         except psycopg.Error as exc:
@@ -52,8 +54,9 @@ class PostgresDatabase(Database):
     # ---- pool ----------------------------------------------------------------------------------------------
     def _connect(self) -> Any:
         try:
-            return self._psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                         application_name='twinkle-server')
+            return self._psycopg.connect(
+                self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, application_name='twinkle-server'
+            )
         except self._psycopg.Error as exc:
             reason = str(exc).strip()
             if self._password:
@@ -108,8 +111,13 @@ class PostgresDatabase(Database):
         s.execute('SELECT pg_advisory_xact_lock(?)', (MIGRATION_LOCK,))
 
     def has_table(self, s: Session, name: str) -> bool:
-        return s.one('SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() '
-                     'AND table_name = ?', (name,)) is not None
+        return (
+            s.one(
+                'SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?',
+                (name,),
+            )
+            is not None
+        )
 
     def close(self) -> None:
         with self._cond:

@@ -2,6 +2,7 @@
 
 The file and its -wal/-shm siblings are created mode 0600 (they hold API key digests) in a 0700 directory.
 """
+
 from __future__ import annotations
 
 import contextlib

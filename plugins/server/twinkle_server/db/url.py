@@ -1,4 +1,5 @@
 """Database URLs: which backend a URL names, and how to show it without its password."""
+
 from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -40,14 +41,17 @@ def parse_url(url: str | None) -> tuple[str, str]:
     except ValueError as exc:
         raise DatabaseError(f'invalid database URL {mask_url(url)}: {exc}; expected {FORMS}') from None
     if parts.scheme == 'sqlite':
-        path = url[len('sqlite:///'):] if url.startswith('sqlite:///') else ''
+        path = url[len('sqlite:///') :] if url.startswith('sqlite:///') else ''
         if not path:
-            raise DatabaseError(f'invalid database URL {mask_url(url)}: a SQLite URL names a file, '
-                                f'sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db (or sqlite:///:memory:)')
+            raise DatabaseError(
+                f'invalid database URL {mask_url(url)}: a SQLite URL names a file, '
+                f'sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db (or sqlite:///:memory:)'
+            )
         return 'sqlite', path
     if parts.scheme in POSTGRES_SCHEMES:
         if not parts.path.strip('/'):
-            raise DatabaseError(f'invalid database URL {mask_url(url)}: name the database, '
-                                f'postgresql://USER@HOST[:PORT]/DBNAME')
+            raise DatabaseError(
+                f'invalid database URL {mask_url(url)}: name the database, postgresql://USER@HOST[:PORT]/DBNAME'
+            )
         return 'postgresql', urlunsplit(('postgresql',) + tuple(parts)[1:])
     raise DatabaseError(f'unsupported database URL {mask_url(url)}: expected {FORMS}')

@@ -13,6 +13,7 @@ waiting one with the same key, so repeated touches take one slot. A waiting writ
 reason (another process changed the database meanwhile) is dropped, with an error in the log, rather than
 blocking every later write.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,14 +41,18 @@ class BacklogFull(OSError):
     """The disk is full and the metadata writes already waiting for space fill their bound."""
 
     def __init__(self, waiting: int) -> None:
-        super().__init__(errno.ENOSPC, f'the disk is full and {waiting} metadata writes already wait in memory for '
-                                       f'space; free disk space on the server')
+        super().__init__(
+            errno.ENOSPC,
+            f'the disk is full and {waiting} metadata writes already wait in memory for '
+            f'space; free disk space on the server',
+        )
 
 
 @dataclass(frozen=True)
 class Write:
     """One atomic metadata write: statements run in one transaction; `key`: a later write with the same key
     supersedes this one while both wait (only for writes that merely re-stamp a row)."""
+
     statements: tuple[Statement, ...]
     key: Hashable | None = None
 
@@ -58,8 +63,9 @@ class Write:
     @cached_property
     def size(self) -> int:
         """Bytes it holds in memory, roughly (its SQL and its text and bytes parameters)."""
-        return sum(len(sql) + sum(len(p) for p in params if isinstance(p, (str, bytes)))
-                   for sql, params in self.statements)
+        return sum(
+            len(sql) + sum(len(p) for p in params if isinstance(p, (str, bytes))) for sql, params in self.statements
+        )
 
     def apply(self, s: Session) -> int:
         """Run the statements; the rows changed by the last one."""
@@ -81,8 +87,9 @@ class WriteBehind:
     """Writes and reads of `db` that survive a full disk (module docstring). `enabled=False`: writes fail as
     before (a short-lived process such as the CLI must not report a write it may never make)."""
 
-    def __init__(self, db: Database, *, enabled: bool = True, limit: int = MAX_WAITING,
-                 limit_bytes: int = MAX_WAITING_BYTES) -> None:
+    def __init__(
+        self, db: Database, *, enabled: bool = True, limit: int = MAX_WAITING, limit_bytes: int = MAX_WAITING_BYTES
+    ) -> None:
         self.db = db
         self.enabled = enabled
         self.limit = limit
@@ -140,8 +147,9 @@ class WriteBehind:
                     return False
                 self._drop_failing(exc)
                 continue
-            logger.warning('the disk has room again: wrote the %d metadata writes that waited for it',
-                           len(self._waiting))
+            logger.warning(
+                'the disk has room again: wrote the %d metadata writes that waited for it', len(self._waiting)
+            )
             self._waiting.clear()
             self._bytes = 0
         return True
@@ -171,8 +179,9 @@ class WriteBehind:
                 raise  # the write is wrong in itself (e.g. a duplicate key): the caller hears of it now
             changed = 0
         if not self._waiting:
-            logger.error('the disk is full: metadata writes wait in memory until space is freed (at most %d)',
-                         self.limit)
+            logger.error(
+                'the disk is full: metadata writes wait in memory until space is freed (at most %d)', self.limit
+            )
         key = w.key if w.key is not None else object()
         if replaced is not None:  # a re-stamp moves to the end
             self._bytes -= self._waiting.pop(key).size
@@ -238,8 +247,9 @@ class WriteBehind:
         except Exception:  # noqa: BLE001 - closing must go on
             logger.exception('the last write of the waiting metadata failed')
         if self._waiting:
-            logger.error('closing with %d metadata writes still waiting for disk space: they are lost',
-                         len(self._waiting))
+            logger.error(
+                'closing with %d metadata writes still waiting for disk space: they are lost', len(self._waiting)
+            )
 
 
 def _tables_read(sql: str) -> frozenset[str]:

@@ -8,6 +8,7 @@ Rows are `InputFeature` dicts (docs/conventions.md): `labels` aligned with `inpu
 (`weights`, `old_logps`, `advantages`) aligned the same way. Losses are sums over tokens (Tinker semantics):
 gradients add up until `optim_step`.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ ALL_LINEAR = 'all-linear'
 class LoraSpec:
     """What a client asked for. `targets` are module-name suffixes (attention and/or MLP, lm_head), or
     `('all-linear',)`; `options` are further peft `LoraConfig` fields (native API), validated by the engine."""
+
     rank: int
     alpha: float
     targets: tuple[str, ...]
@@ -33,24 +35,42 @@ class LoraSpec:
     gradient_accumulation_steps: int = 1  # optimizer steps happen on every n-th clip_grad_and_step / step
 
     def as_dict(self) -> dict[str, Any]:
-        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'seed': self.seed,
-                'options': dict(self.options), 'gradient_accumulation_steps': self.gradient_accumulation_steps}
+        return {
+            'rank': self.rank,
+            'alpha': self.alpha,
+            'targets': list(self.targets),
+            'seed': self.seed,
+            'options': dict(self.options),
+            'gradient_accumulation_steps': self.gradient_accumulation_steps,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LoraSpec:
-        return cls(int(d['rank']), float(d['alpha']), tuple(d['targets']), d.get('seed'), d.get('options') or {},
-                   int(d.get('gradient_accumulation_steps', 1)))
+        return cls(
+            int(d['rank']),
+            float(d['alpha']),
+            tuple(d['targets']),
+            d.get('seed'),
+            d.get('options') or {},
+            int(d.get('gradient_accumulation_steps', 1)),
+        )
 
     def peft_config(self) -> dict[str, Any]:
         """The adapter as `add_adapter_to_model` config (no dropout unless asked: Tinker trains without)."""
         targets: str | list[str] = ALL_LINEAR if self.targets == (ALL_LINEAR,) else list(self.targets)
-        return {'lora_dropout': 0.0, **self.options, 'r': self.rank, 'lora_alpha': self.alpha,
-                'target_modules': targets}
+        return {
+            'lora_dropout': 0.0,
+            **self.options,
+            'r': self.rank,
+            'lora_alpha': self.alpha,
+            'target_modules': targets,
+        }
 
 
 @dataclass
 class TrainBatch:
     """One tenant's share of a (possibly mixed) forward/backward pass."""
+
     adapter: str
     rows: list[dict[str, Any]]
     loss_fn: str  # a name of kind `loss` (the Tinker names map to registered losses)
@@ -68,6 +88,7 @@ class TrainResult:
 @dataclass
 class AdamStep:
     """Tinker `AdamParams`: every field is applied to the adapter's optimizer before it steps."""
+
     learning_rate: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.95
@@ -88,6 +109,7 @@ class AdamStep:
 @dataclass(frozen=True)
 class Range:
     """An interval of numbers: ``[low, high]``, either end open."""
+
     low: float
     high: float
     low_open: bool = False
@@ -104,8 +126,13 @@ class Range:
 
 #: the AdamParams an optimizer step accepts (wider than any sensible run, narrow enough to keep float32 finite)
 ADAM_RANGES: dict[str, Range] = {
-    'learning_rate': Range(0, 10), 'beta1': Range(0, 1, high_open=True), 'beta2': Range(0, 1, high_open=True),
-    'eps': Range(0, 1, low_open=True), 'weight_decay': Range(0, 10), 'grad_clip_norm': Range(0, 1e30)}
+    'learning_rate': Range(0, 10),
+    'beta1': Range(0, 1, high_open=True),
+    'beta2': Range(0, 1, high_open=True),
+    'eps': Range(0, 1, low_open=True),
+    'weight_decay': Range(0, 10),
+    'grad_clip_norm': Range(0, 1e30),
+}
 
 
 @dataclass
@@ -114,6 +141,7 @@ class SampleJob:
     directory written by `save_state`) or, when None, the base model. A prompt with images has them expanded in
     `prompt` (image placeholder tokens) and their row fields in `images` (``pixel_values``, ``image_grid_thw``,
     ``mm_token_type_ids``; see `twinkle_core.template.vision`)."""
+
     prompt: list[int]
     params: SamplingParams
     num_samples: int = 1

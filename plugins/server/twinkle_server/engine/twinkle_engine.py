@@ -12,6 +12,7 @@ through the registry (kind `loss`) as `twinkle_server.tinker.losses` says.
 
 `AdapterSampler` is the sampling half on its own: the Ray deployment runs it in sampler replicas.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,17 +41,33 @@ class TwinkleEngine(Engine):
     (sampling then happens elsewhere, e.g. in the sampler replicas of a Ray deployment). `max_sampler_adapters`
     bounds the adapters the sampler holds at once (see `AdapterSampler`)."""
 
-    def __init__(self, base_model: str, model_dir: str, *, device: str | None = None,
-                 max_sampler_adapters: int = 32, backend: str | Model = 'MultiLoraTransformersModel',
-                 backend_args: dict[str, Any] | None = None, sampler: str | Sampler | None = 'TorchSampler',
-                 sampler_args: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        base_model: str,
+        model_dir: str,
+        *,
+        device: str | None = None,
+        max_sampler_adapters: int = 32,
+        backend: str | Model = 'MultiLoraTransformersModel',
+        backend_args: dict[str, Any] | None = None,
+        sampler: str | Sampler | None = 'TorchSampler',
+        sampler_args: dict[str, Any] | None = None,
+    ) -> None:
         from twinkle_core.registry import resolve
+
         self.base_model, self.model_dir = base_model, str(model_dir)
-        self.model: Model = backend if isinstance(backend, Model) else resolve(
-            'model', backend, model_id=self.model_dir, device=device, **(backend_args or {}))
-        self.sampling = None if sampler is None else AdapterSampler(
-            sampler, self.model_dir, device=device, sampler_args=sampler_args,
-            max_adapters=max_sampler_adapters)
+        self.model: Model = (
+            backend
+            if isinstance(backend, Model)
+            else resolve('model', backend, model_id=self.model_dir, device=device, **(backend_args or {}))
+        )
+        self.sampling = (
+            None
+            if sampler is None
+            else AdapterSampler(
+                sampler, self.model_dir, device=device, sampler_args=sampler_args, max_adapters=max_sampler_adapters
+            )
+        )
         self.max_context_length = int(self.model.model_info().get('max_length') or 4096)
         self.backend_name, self.max_adapters = type(self.model).__name__, self.model.capabilities.max_adapters
         self._losses: dict[str, tuple[str, tuple]] = {}  # adapter -> the loss currently set (avoid re-resolving)
@@ -62,10 +79,10 @@ class TwinkleEngine(Engine):
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             if lora.seed is not None:
                 torch.manual_seed(lora.seed)
-            self.model.add_adapter_to_model(adapter, lora.peft_config(),
-                                            gradient_accumulation_steps=lora.gradient_accumulation_steps)
-        self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
-                                 adapter_name=adapter)
+            self.model.add_adapter_to_model(
+                adapter, lora.peft_config(), gradient_accumulation_steps=lora.gradient_accumulation_steps
+            )
+        self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, adapter_name=adapter)
 
     def remove_adapter(self, adapter: str) -> None:
         if self.has_adapter(adapter):
@@ -84,8 +101,9 @@ class TwinkleEngine(Engine):
             try:
                 self.model.set_loss(name, adapter_name=batch.adapter, **kwargs)
             except TypeError as exc:
-                raise unprocessable(f'loss_fn_config {batch.loss_config} is not valid for {batch.loss_fn!r}: '
-                                    f'{exc}') from None
+                raise unprocessable(
+                    f'loss_fn_config {batch.loss_config} is not valid for {batch.loss_fn!r}: {exc}'
+                ) from None
             self._losses[batch.adapter] = key
 
     def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:
@@ -124,13 +142,22 @@ class TwinkleEngine(Engine):
         return dict(self.model.model_info().get('pass_stats') or {})
 
     def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
-        self.model.update_optimizer(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
-                                    weight_decay=step.weight_decay, adapter_name=adapter)
-        out = self.model.clip_grad_and_step(step.grad_clip_norm if step.grad_clip_norm > 0 else None,
-                                            adapter_name=adapter)
+        self.model.update_optimizer(
+            lr=step.learning_rate,
+            betas=(step.beta1, step.beta2),
+            eps=step.eps,
+            weight_decay=step.weight_decay,
+            adapter_name=adapter,
+        )
+        out = self.model.clip_grad_and_step(
+            step.grad_clip_norm if step.grad_clip_norm > 0 else None, adapter_name=adapter
+        )
         if out.get('skipped'):
-            raise ApiError(422, f'optimizer step skipped: the gradient norm is not finite ({out.get("grad_norm")}); '
-                                f'gradients were dropped, weights are unchanged')
+            raise ApiError(
+                422,
+                f'optimizer step skipped: the gradient norm is not finite ({out.get("grad_norm")}); '
+                f'gradients were dropped, weights are unchanged',
+            )
         norm = out.get('grad_norm')
         metrics = {'learning_rate:mean': step.learning_rate}
         if norm is not None and math.isfinite(norm):
@@ -169,10 +196,18 @@ class AdapterSampler:
     long RL run does not grow memory without limit. `max_adapters` is further capped by the sampler's declared
     `capabilities.max_adapters`."""
 
-    def __init__(self, sampler: str | Sampler, model_dir: str, *, device: str | None = None,
-                 sampler_args: dict[str, Any] | None = None, max_adapters: int = 32) -> None:
-        self.sampler = sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, model_dir, device,
-                                                                                   sampler_args or {})
+    def __init__(
+        self,
+        sampler: str | Sampler,
+        model_dir: str,
+        *,
+        device: str | None = None,
+        sampler_args: dict[str, Any] | None = None,
+        max_adapters: int = 32,
+    ) -> None:
+        self.sampler = (
+            sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, model_dir, device, sampler_args or {})
+        )
         capacity = self.sampler.capabilities.max_adapters
         self.max_adapters = min(max_adapters, capacity) if capacity else max_adapters
         self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
@@ -202,15 +237,17 @@ class AdapterSampler:
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         groups: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
-            params = job.params.model_copy(update={'num_samples': job.num_samples,
-                                                   'prompt_logprobs': job.prompt_logprobs, 'logprobs': True})
+            params = job.params.model_copy(
+                update={'num_samples': job.num_samples, 'prompt_logprobs': job.prompt_logprobs, 'logprobs': True}
+            )
             jobs[i].params = params
             groups.setdefault(params.model_dump_json(), []).append(i)
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
                 adapters = [None if jobs[i].adapter_dir is None else self._slot(jobs[i].adapter_dir) for i in idx]
-                responses = self.sampler.sample([jobs[i].row() for i in idx], jobs[idx[0]].params,
-                                                adapter_name=adapters)
+                responses = self.sampler.sample(
+                    [jobs[i].row() for i in idx], jobs[idx[0]].params, adapter_name=adapters
+                )
                 for i, r in zip(idx, responses):
                     out[i] = r
             except Exception as exc:  # noqa: BLE001
@@ -235,6 +272,7 @@ class AdapterSampler:
 
 def _build_sampler(name: str, model_dir: str, device: str | None, args: dict[str, Any]) -> Sampler:
     from twinkle_core.registry import resolve
+
     if name == 'TorchSampler':
         args = {'device': device, **args}
     return resolve('sampler', name, model_id=model_dir, **args)
@@ -243,6 +281,6 @@ def _build_sampler(name: str, model_dir: str, device: str | None, args: dict[str
 def _result(out: dict[str, Any]) -> TrainResult | BaseException:
     if 'error' in out:
         err = out['error']
-        return ApiError(422, f"{err.get('stage', 'step')} failed: {err.get('message', err)}")
+        return ApiError(422, f'{err.get("stage", "step")} failed: {err.get("message", err)}')
     metrics = {k: float(v) for k, v in (out.get('metrics') or {}).items() if isinstance(v, (int, float))}
     return TrainResult(float(out['loss']), [list(map(float, lp)) for lp in out['logprobs']], metrics)

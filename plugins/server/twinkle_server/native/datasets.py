@@ -15,6 +15,7 @@ never runs). A template's ``model_id`` names a hosted base model (its public nam
 ``max_dataset_rows``); the client batches them (`twinkle_client.dataloader.DataLoader`). A ``data_slice`` range
 travels as ``{start, stop, step}`` and is bounds-checked from its ends before any row index is built.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,10 @@ router = APIRouter(prefix='/twinkle/v1')
 MAX_DATASET_ROWS = 100_000
 STEPS = ('set_template', 'map', 'encode')
 META_FIELDS = ('dataset_id_or_path', 'subset_name', 'split', 'data_slice')
-OUTSIDE = ('a server-side dataset loads from ms:// / hf:// or from a root the operator allowed (--allow-path), not '
-           'from another path on the server')
+OUTSIDE = (
+    'a server-side dataset loads from ms:// / hf:// or from a root the operator allowed (--allow-path), not '
+    'from another path on the server'
+)
 
 
 @router.post('/datasets')
@@ -53,6 +56,7 @@ async def build_dataset(request: Request, who: Tenant = Depends(tenant), svc: Se
 
 def _build(svc: Service, meta: dict[str, Any], steps: list[Any]) -> list[dict[str, Any]]:
     from twinkle_core.dataset import Dataset
+
     source = _dataset_meta(svc, meta)
     plan = [_step(svc, step) for step in steps]  # every step checked before anything is loaded
     try:
@@ -63,15 +67,20 @@ def _build(svc: Service, meta: dict[str, Any], steps: list[Any]) -> list[dict[st
             elif op == 'map':
                 dataset.map(name, init_args=kwargs.get('init_args') or {})
             else:
-                dataset.encode(batched=bool(kwargs.get('batched', True)),
-                               add_generation_prompt=bool(kwargs.get('add_generation_prompt', False)))
+                dataset.encode(
+                    batched=bool(kwargs.get('batched', True)),
+                    add_generation_prompt=bool(kwargs.get('add_generation_prompt', False)),
+                )
     except ApiError:
         raise
     except Exception as exc:  # noqa: BLE001 - a bad source, name or argument is the client's to fix
         raise ApiError(422, f'dataset: {type(exc).__name__}: {exc}') from None
     if len(dataset) > MAX_DATASET_ROWS:
-        raise ApiError(413, f'the dataset has {len(dataset)} rows; a server-side dataset returns at most '
-                            f'{MAX_DATASET_ROWS} (narrow it with data_slice)')
+        raise ApiError(
+            413,
+            f'the dataset has {len(dataset)} rows; a server-side dataset returns at most '
+            f'{MAX_DATASET_ROWS} (narrow it with data_slice)',
+        )
     return [dict(dataset[i]) for i in range(len(dataset))]
 
 
@@ -85,8 +94,9 @@ def _step(svc: Service, step: Any) -> tuple[str, str | None, dict[str, Any]]:
     name, kwargs = _named(args, op)
     model_id = kwargs.pop('model_id', None) if op == 'set_template' else None
     refuse_hub_refs(kwargs)
-    refuse_foreign_paths(roots_of(*svc.config.allowed_roots, *(e.model_dir for e in svc.engines.values())),
-                         OUTSIDE, kwargs)
+    refuse_foreign_paths(
+        roots_of(*svc.config.allowed_roots, *(e.model_dir for e in svc.engines.values())), OUTSIDE, kwargs
+    )
     if op == 'set_template':
         kwargs['model_id'] = _model_dir(svc, model_id)
     return op, name, kwargs
@@ -95,6 +105,7 @@ def _step(svc: Service, step: Any) -> tuple[str, str | None, dict[str, Any]]:
 def _dataset_meta(svc: Service, meta: dict[str, Any]) -> DatasetMeta:
     """The request's `DatasetMeta`, validated (400) and its source checked (`_check_source`)."""
     from twinkle_core.dataset import DatasetMeta
+
     unknown = set(meta) - set(META_FIELDS)
     if unknown:
         raise bad_request(f'unknown dataset meta field(s) {sorted(unknown)}')
@@ -128,8 +139,10 @@ def _named(args: list[Any], op: str) -> tuple[str, dict[str, Any]]:
     name = args[0] if args else None
     kwargs = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
     if not isinstance(name, str) or not name or '://' in name:
-        raise ApiError(403 if isinstance(name, str) and '://' in name else 400,
-                       f'{op}: a registered component name is required, got {name!r}')
+        raise ApiError(
+            403 if isinstance(name, str) and '://' in name else 400,
+            f'{op}: a registered component name is required, got {name!r}',
+        )
     return name, dict(kwargs)
 
 
@@ -137,6 +150,7 @@ def _check_source(svc: Service, meta: DatasetMeta) -> None:
     """A hub id must reach only the hub (400 otherwise); a local source, with everything below a directory, must
     resolve inside an allowed root (403 otherwise)."""
     from twinkle_core.dataset.sources import hub_repo
+
     source = meta.dataset_id_or_path
     if meta.scheme in ('ms', 'hf'):
         try:
@@ -144,8 +158,10 @@ def _check_source(svc: Service, meta: DatasetMeta) -> None:
         except InvalidInputError as exc:
             raise bad_request(str(exc)) from None
     elif '://' in source:
-        raise bad_request(f'{source!r}: a server-side dataset loads from ms://org/name, hf://org/name or a path '
-                          f'under a root the operator allowed (--allow-path)')
+        raise bad_request(
+            f'{source!r}: a server-side dataset loads from ms://org/name, hf://org/name or a path '
+            f'under a root the operator allowed (--allow-path)'
+        )
     elif (outside := first_outside(source, roots_of(*svc.config.allowed_roots))) is not None:
         through = '' if outside == source else f' (it reaches {outside!r})'
         raise ApiError(403, f'{source!r}{through}: {OUTSIDE}')
@@ -157,6 +173,8 @@ def _model_dir(svc: Service, model_id: Any) -> str:
         return next(iter(svc.engines.values())).model_dir
     name = svc.hosted_name(str(model_id))
     if name not in svc.engines:
-        raise ApiError(404, f'set_template: model_id {model_id!r} is not a base model served here; available: '
-                            f'{sorted(svc.engines)}')
+        raise ApiError(
+            404,
+            f'set_template: model_id {model_id!r} is not a base model served here; available: {sorted(svc.engines)}',
+        )
     return svc.engines[name].model_dir

@@ -6,6 +6,7 @@
 - A hub id (``org/name``) that does not exist locally is no path: it can only be fetched from the hub.
 - A hub reference (``ms://``, ``hf://``) named by a client is refused where the server would load code from it.
 """
+
 from __future__ import annotations
 
 import os
@@ -77,8 +78,11 @@ def refuse_hub_refs(*values: Any) -> None:
     """403 for the first hub reference in `values` (nested lists and dicts included)."""
     for v in values:
         if isinstance(v, str) and '://' in v:
-            raise ApiError(403, f'{v!r}: this server does not load components named by hub reference from a client '
-                                f'request; use a registered component name')
+            raise ApiError(
+                403,
+                f'{v!r}: this server does not load components named by hub reference from a client '
+                f'request; use a registered component name',
+            )
         if isinstance(v, dict):
             refuse_hub_refs(*v.values())
         elif isinstance(v, (list, tuple)):

@@ -17,6 +17,7 @@ must resolve inside the hosted model's own directory or a root the operator allo
 Calls are synchronous: the route waits for the queued work (it still runs on the model's worker thread, in
 order, fairly scheduled with every other tenant).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ router = APIRouter(prefix='/twinkle/v1')
 MODEL_METHODS = frozenset(remote_methods(Model)) - {'add_adapter_to_model', 'list_adapters', 'remove_adapter'}
 SAMPLER_METHODS = frozenset(remote_methods(Sampler))
 _CHECKPOINT_METHODS = {'save', 'load'}
-OUTSIDE = ("native calls may only name files inside the hosted model's directory or a root the operator allowed "
-           "(--allow-path); use a registered component name")
+OUTSIDE = (
+    "native calls may only name files inside the hosted model's directory or a root the operator allowed "
+    '(--allow-path); use a registered component name'
+)
 
 
 @router.post('/models')
@@ -60,8 +63,14 @@ async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Ser
         raise bad_request('config must be a JSON object of LoRA fields (r, lora_alpha, target_modules, ...)')
     lora = _lora_spec(config, body.get('seed'), body.get('gradient_accumulation_steps', 1))
     session_id = _native_session(svc, who.name)
-    rid = svc.create_model(who.name, session_id, 0, svc.hosted_name(str(body.get('base_model', ''))),
-                           {'rank': lora.rank, 'seed': lora.seed}, lora=lora)
+    rid = svc.create_model(
+        who.name,
+        session_id,
+        0,
+        svc.hosted_name(str(body.get('base_model', ''))),
+        {'rank': lora.rank, 'seed': lora.seed},
+        lora=lora,
+    )
     result = await _wait(svc, who.name, rid)
     return {'model_id': result['model_id']}
 
@@ -76,8 +85,9 @@ async def load_model(request: Request, who: Tenant = Depends(tenant), svc: Servi
 
 
 @router.post('/models/{model_id}/call/{method}')
-async def call_model(model_id: str, method: str, request: Request, who: Tenant = Depends(tenant),
-                     svc: Service = Depends(service)) -> dict:
+async def call_model(
+    model_id: str, method: str, request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
     if method not in MODEL_METHODS:
         raise ApiError(404, f'{method!r} is not a remote Model method; callable: {sorted(MODEL_METHODS)}')
     args, kwargs = _call_args(await json_body(request))
@@ -86,9 +96,17 @@ async def call_model(model_id: str, method: str, request: Request, who: Tenant =
     svc.store.touch_session(model_id.split(':train:')[0])
     if method == 'save':
         name, save_optimizer, hub_push = _save_args(args, kwargs)
-        rid = svc.save(who.name, model_id, None, name, sampler=False, optimizer=save_optimizer,
-                       post=lambda uri: {'result': uri}, scheme='twinkle://',
-                       hub_push=hub_push)  # per-request opt-in (docs/server.md)
+        rid = svc.save(
+            who.name,
+            model_id,
+            None,
+            name,
+            sampler=False,
+            optimizer=save_optimizer,
+            post=lambda uri: {'result': uri},
+            scheme='twinkle://',
+            hub_push=hub_push,
+        )  # per-request opt-in (docs/server.md)
         return await _wait(svc, who.name, rid)
     if method == 'load':
         path = args[0] if args else kwargs.pop('path', None)
@@ -113,16 +131,19 @@ async def create_sampler(request: Request, who: Tenant = Depends(tenant), svc: S
 
 
 @router.post('/samplers/{sampler_id}/call/{method}')
-async def call_sampler(sampler_id: str, method: str, request: Request, who: Tenant = Depends(tenant),
-                       svc: Service = Depends(service)) -> dict:
+async def call_sampler(
+    sampler_id: str, method: str, request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
     if method not in SAMPLER_METHODS:
         raise ApiError(404, f'{method!r} is not a remote Sampler method; callable: {sorted(SAMPLER_METHODS)}')
     row = svc.store.sampling_session(sampler_id, who.name)
     if row is None:
         raise not_found('sampler', sampler_id)
     if method != 'sample':
-        raise unprocessable(f'{method} is managed by the server: sample from a checkpoint by passing its twinkle:// '
-                            f'path as adapter_name')
+        raise unprocessable(
+            f'{method} is managed by the server: sample from a checkpoint by passing its twinkle:// '
+            f'path as adapter_name'
+        )
     args, kwargs = _call_args(await json_body(request))
     inputs = args[0] if args else kwargs.pop('inputs', None)
     params = parse(SamplingParams, args[1] if len(args) > 1 else kwargs.pop('sampling_params', None) or {})
@@ -133,14 +154,26 @@ async def call_sampler(sampler_id: str, method: str, request: Request, who: Tena
     for prompt, path in zip(prompts, adapters):
         ids = prompt.get('input_ids') if isinstance(prompt, dict) else prompt
         if not isinstance(ids, list) or not ids:
-            raise unprocessable('native sample takes prompts as token ids (InputFeature rows with input_ids); '
-                                'encode chat prompts client-side with a template')
+            raise unprocessable(
+                'native sample takes prompts as token ids (InputFeature rows with input_ids); '
+                'encode chat prompts client-side with a template'
+            )
         if isinstance(prompt, dict) and prompt.get('pixel_values') is not None:
-            raise unprocessable('native sample takes text prompts only; sample image prompts through the Tinker '
-                                'API (asample with ImageChunks: the server sizes and encodes the images itself)')
+            raise unprocessable(
+                'native sample takes text prompts only; sample image prompts through the Tinker '
+                'API (asample with ImageChunks: the server sizes and encodes the images itself)'
+            )
         job = SampleJob(list(ids), params, params.num_samples, params.prompt_logprobs)
-        rids.append(svc.sample(who.name, None if path else sampler_id, path or None,
-                               row.base_model if path else None, job, post=lambda r: r.model_dump()))
+        rids.append(
+            svc.sample(
+                who.name,
+                None if path else sampler_id,
+                path or None,
+                row.base_model if path else None,
+                job,
+                post=lambda r: r.model_dump(),
+            )
+        )
     return {'result': [await _wait(svc, who.name, rid) for rid in rids]}
 
 
@@ -181,8 +214,10 @@ def _save_args(args: list[Any], kwargs: dict[str, Any]) -> tuple[str, bool, bool
     naming any other argument (e.g. output_dir, or a hub token the server would otherwise silently ignore)."""
     unknown = sorted(set(kwargs) - set(SAVE_KWARGS))
     if unknown:
-        raise bad_request(f'save: unknown keyword argument(s) {", ".join(unknown)}; a remote save accepts '
-                          f'{", ".join(SAVE_KWARGS)} (the server chooses where checkpoints are written)')
+        raise bad_request(
+            f'save: unknown keyword argument(s) {", ".join(unknown)}; a remote save accepts '
+            f'{", ".join(SAVE_KWARGS)} (the server chooses where checkpoints are written)'
+        )
     if len(args) > 1 or (args and 'name' in kwargs):
         raise bad_request('save takes one positional argument, the checkpoint name')
     name = args[0] if args else kwargs.get('name')

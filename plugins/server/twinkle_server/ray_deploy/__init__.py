@@ -8,6 +8,7 @@ that state over replicas that do not share it. Several fronts can still run agai
 
 Needs ``pip install twinkle-ray`` (Ray).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,21 +27,29 @@ def connect(address: str | None = None, namespace: str | None = None, num_cpus: 
     """Join the Ray cluster at `address` ('auto', 'ray://host:10001', 'host:6379'), or start a local one with
     `num_cpus` logical CPUs when `address` is None; a Ray already initialised in this process is used as is."""
     import ray
+
     if ray.is_initialized():
         return
-    ray.init(address=address, namespace=namespace or 'twinkle-server',
-             num_cpus=num_cpus if address is None else None, include_dashboard=False, log_to_driver=True)
+    ray.init(
+        address=address,
+        namespace=namespace or 'twinkle-server',
+        num_cpus=num_cpus if address is None else None,
+        include_dashboard=False,
+        log_to_driver=True,
+    )
 
 
 def forwarded_env() -> dict[str, str]:
     """Environment the actors inherit from the front (hub offline switches, thread counts, twinkle settings)."""
     from twinkle_ray.runtime import FORWARDED_ENV_PREFIXES
+
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
 def build_ray_engines(config: Any) -> dict[str, Engine]:
     """A `RayEngine` per configured model, after connecting to Ray as ``config.deployment.ray`` says."""
     from twinkle_server.engine import resolve_model_dir
+
     ray_config = config.deployment.ray
     connect(ray_config.address, ray_config.namespace, ray_config.num_cpus)
     env = forwarded_env()
@@ -48,8 +57,12 @@ def build_ray_engines(config: Any) -> dict[str, Engine]:
     try:
         for name, spec in config.model_specs.items():
             engines[name] = RayEngine(spec, resolve_model_dir(spec.path), env)
-            logger.info('%s: training on %d Ray worker(s), %d sampler replica(s)', name, spec.train_group.ranks,
-                        spec.sampler_replicas)
+            logger.info(
+                '%s: training on %d Ray worker(s), %d sampler replica(s)',
+                name,
+                spec.train_group.ranks,
+                spec.sampler_replicas,
+            )
     except BaseException:
         for engine in engines.values():
             engine.close()

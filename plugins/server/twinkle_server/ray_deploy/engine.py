@@ -14,6 +14,7 @@ data-parallel sampler replicas (each its own device group), behind the same `Eng
   or re-initialised from its seed when it has none; steps since then are lost and the error says so. A dead sampler replica is restarted and its jobs run again on the live replicas. Other
   base models have their own groups and keep serving throughout.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,13 +42,24 @@ class RayEngine(Engine):
         self.spec = spec
         self.base_model, self.model_dir = spec.name, model_dir
         self.training = HostedGroup(
-            spec.train_group.device_group(f'{spec.name}/train'), spec.device_mesh(), TrainingHost,
-            (spec.name, model_dir), {'backend': spec.backend, 'backend_args': dict(spec.backend_args),
-                                     'device': spec.device}, env)
-        self.replicas = [HostedGroup(spec.sampler_group.device_group(f'{spec.name}/sampler-{i}'), None, SamplerHost,
-                                     (model_dir,), {'sampler': spec.sampler, 'sampler_args': dict(spec.sampler_args),
-                                                    'device': spec.device}, env)
-                         for i in range(spec.sampler_replicas)]
+            spec.train_group.device_group(f'{spec.name}/train'),
+            spec.device_mesh(),
+            TrainingHost,
+            (spec.name, model_dir),
+            {'backend': spec.backend, 'backend_args': dict(spec.backend_args), 'device': spec.device},
+            env,
+        )
+        self.replicas = [
+            HostedGroup(
+                spec.sampler_group.device_group(f'{spec.name}/sampler-{i}'),
+                None,
+                SamplerHost,
+                (model_dir,),
+                {'sampler': spec.sampler, 'sampler_args': dict(spec.sampler_args), 'device': spec.device},
+                env,
+            )
+            for i in range(spec.sampler_replicas)
+        ]
         self._adapters: dict[str, LoraSpec] = {}
         #: adapter -> its committed checkpoints (directory, with optimizer), newest last
         self._checkpoints: dict[str, list[tuple[str, bool]]] = {}
@@ -64,15 +76,22 @@ class RayEngine(Engine):
             outcomes = self.training.call(method, *args)
         except WorkersLost as exc:
             self._recover(str(exc))
-            raise ApiError(503, f'{self.base_model}: the training workers died during {method} ({exc}); they were '
-                                f'restarted and every adapter was restored from its last saved checkpoint (or '
-                                f're-initialised if it had none): steps after that checkpoint are lost. Send the '
-                                f'request again.') from None
+            raise ApiError(
+                503,
+                f'{self.base_model}: the training workers died during {method} ({exc}); they were '
+                f'restarted and every adapter was restored from its last saved checkpoint (or '
+                f're-initialised if it had none): steps after that checkpoint are lost. Send the '
+                f'request again.',
+            ) from None
         return [o.unwrap() for o in outcomes]
 
     def _recover(self, reason: str) -> None:
-        logger.error('%s: training workers lost (%s); restarting and restoring %d adapter(s)', self.base_model,
-                     reason, len(self._adapters))
+        logger.error(
+            '%s: training workers lost (%s); restarting and restoring %d adapter(s)',
+            self.base_model,
+            reason,
+            len(self._adapters),
+        )
         self.training.restart()
         for adapter, lora in self._adapters.items():
             try:
@@ -81,8 +100,12 @@ class RayEngine(Engine):
                 if saved:
                     directory, optimizer = saved[-1]
                     self.training.call('load_state', adapter, directory, optimizer)[0].unwrap()
-                logger.warning('%s: adapter %s restored from %s', self.base_model, adapter,
-                               saved[-1][0] if saved else 'its initial weights (it was never saved)')
+                logger.warning(
+                    '%s: adapter %s restored from %s',
+                    self.base_model,
+                    adapter,
+                    saved[-1][0] if saved else 'its initial weights (it was never saved)',
+                )
             except Exception:  # noqa: BLE001 - the other adapters are still restored
                 logger.exception('%s: restoring adapter %s failed', self.base_model, adapter)
 
@@ -152,8 +175,9 @@ class RayEngine(Engine):
                 break
             pending = self._sample_round(jobs, pending, out)
         for i in pending:
-            out[i] = ApiError(503, f'{self.base_model}: the sampler replicas died while sampling; send the request '
-                                   'again')
+            out[i] = ApiError(
+                503, f'{self.base_model}: the sampler replicas died while sampling; send the request again'
+            )
         return out  # type: ignore[return-value]
 
     def _sample_round(self, jobs: list[SampleJob], idx: list[int], out: list[Any]) -> list[int]:

@@ -5,6 +5,7 @@ per device group). A call goes to every rank and returns the per-rank `Outcome`s
 group checks whether its actors are still alive, so callers can tell "the call failed" (an error inside the host,
 carried in the outcome) from "the workers are gone" (`WorkersLost`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,15 @@ class WorkersLost(TwinkleError):
 class HostedGroup:
     """`cls(*args, **kwargs)` on every rank of `spec`, with the group's `mesh` passed as ``device_mesh``."""
 
-    def __init__(self, spec: DeviceGroup, mesh: DeviceMesh | None, cls: type, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        spec: DeviceGroup,
+        mesh: DeviceMesh | None,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        env: dict[str, str],
+    ) -> None:
         self.spec, self.mesh, self.cls, self.args, self.kwargs, self.env = spec, mesh, cls, args, kwargs, env
         self.group: Any = None
         self.obj_id: int | None = None
@@ -41,6 +49,7 @@ class HostedGroup:
     def start(self) -> None:
         """Start the actors and build the host on each rank (blocking; raises if the host cannot be built)."""
         from twinkle_ray.group import WorkerGroup
+
         group = WorkerGroup(self.spec, env=self.env)
         try:
             group.ensure_started(self.mesh)
@@ -71,6 +80,7 @@ class HostedGroup:
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start `method` on every rank; returns the per-rank Ray object refs (see `collect`)."""
         import ray
+
         if self.group is None:
             raise WorkersLost(f'device group {self.name!r} is not running')
         arguments = ray.put((args, kwargs))
@@ -80,13 +90,15 @@ class HostedGroup:
         """Per-rank outcomes of `submit`'s refs; raises `WorkersLost` when an actor died on the way."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
+
         try:
             return ray.get(refs)
         except (RayActorError, RayTaskError) as exc:
             if self.alive():
                 raise
-            raise WorkersLost(f'the workers of device group {self.name!r} died during {method} '
-                              f'({type(exc).__name__})') from exc
+            raise WorkersLost(
+                f'the workers of device group {self.name!r} died during {method} ({type(exc).__name__})'
+            ) from exc
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """`submit` + `collect`."""
@@ -95,6 +107,7 @@ class HostedGroup:
     def alive(self) -> bool:
         """True when every actor answers a ping within `PING_TIMEOUT_S`."""
         import ray
+
         if self.group is None or not self.group.workers:
             return False
         try:

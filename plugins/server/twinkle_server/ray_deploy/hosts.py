@@ -4,6 +4,7 @@ Both are built by `twinkle_ray.group.WorkerGroup.construct` on every rank of the
 never raise: they return an `Outcome`, so that errors keep their type (an `ApiError`'s status reaches the
 client) and a Ray-level failure always means the actor itself is gone.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from twinkle_server.engine.twinkle_engine import AdapterSampler, TwinkleEngine
 @dataclass
 class Outcome:
     """A host method's return value, or the exception it raised (re-raised by the caller)."""
+
     value: Any = None
     error: BaseException | None = None
 
@@ -39,19 +41,29 @@ class TrainingHost:
     (the backend all-reduces gradients, loss and metrics); per-row log-probs come back per data rank and are
     concatenated by the front in rank order."""
 
-    def __init__(self, base_model: str, model_dir: str, *, backend: str, backend_args: dict[str, Any],
-                 device: str | None = None, device_mesh: DeviceMesh | None = None) -> None:
+    def __init__(
+        self,
+        base_model: str,
+        model_dir: str,
+        *,
+        backend: str,
+        backend_args: dict[str, Any],
+        device: str | None = None,
+        device_mesh: DeviceMesh | None = None,
+    ) -> None:
         args = dict(backend_args)
         if device_mesh is not None and device_mesh.world_size > 1:
             args['device_mesh'] = device_mesh
         self.mesh = device_mesh
-        self.engine = TwinkleEngine(base_model, model_dir, device=device, backend=backend, backend_args=args,
-                                    sampler=None)
+        self.engine = TwinkleEngine(
+            base_model, model_dir, device=device, backend=backend, backend_args=args, sampler=None
+        )
 
     def info(self) -> Outcome:
         e = self.engine
-        return Outcome({'max_context_length': e.max_context_length, 'backend_name': e.backend_name,
-                        'max_adapters': e.max_adapters})
+        return Outcome(
+            {'max_context_length': e.max_context_length, 'backend_name': e.backend_name, 'max_adapters': e.max_adapters}
+        )
 
     def add_adapter(self, adapter: str, lora: LoraSpec) -> Outcome:
         return _outcome(self.engine.add_adapter, adapter, lora)
@@ -82,6 +94,7 @@ class TrainingHost:
         if mesh is None or mesh.data_world_size == 1:
             return batch
         import torch.distributed as dist
+
         rank = mesh.data_rank(dist.get_rank())
         rows = split_for_dp(list(batch.rows), mesh.data_world_size)[rank]
         return TrainBatch(batch.adapter, rows, batch.loss_fn, batch.loss_config, batch.forward_only)
@@ -90,10 +103,18 @@ class TrainingHost:
 class SamplerHost:
     """One sampler replica: a sampler plus the adapters it has loaded from checkpoint directories."""
 
-    def __init__(self, model_dir: str, *, sampler: str, sampler_args: dict[str, Any], device: str | None = None,
-                 max_adapters: int = 32) -> None:
-        self.sampling = AdapterSampler(sampler, model_dir, device=device, sampler_args=sampler_args,
-                                       max_adapters=max_adapters)
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        sampler: str,
+        sampler_args: dict[str, Any],
+        device: str | None = None,
+        max_adapters: int = 32,
+    ) -> None:
+        self.sampling = AdapterSampler(
+            sampler, model_dir, device=device, sampler_args=sampler_args, max_adapters=max_adapters
+        )
 
     def sample(self, jobs: list[SampleJob]) -> Outcome:
         return _outcome(self.sampling.sample, jobs)

@@ -9,6 +9,7 @@ stays one to one. Predicting an image token never carries loss: wherever `input_
 `labels[j]` is -100 and the per-token fields are 0 (the cookbook sends target 0 / weight 0 there anyway). The
 row also carries the images' `pixel_values`, `image_grid_thw` and `mm_token_type_ids`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,9 @@ from twinkle_server.tinker.wire import WireDatum, check_lengths
 FIELD_NAMES = {'weights': 'weights', 'logprobs': 'old_logps', 'advantages': 'advantages'}
 
 
-def to_rows(data: list[WireDatum], loss_fn: str, encoder: ImageEncoder,
-            policy: ImagePolicy | None = None) -> list[dict[str, Any]]:
+def to_rows(
+    data: list[WireDatum], loss_fn: str, encoder: ImageEncoder, policy: ImagePolicy | None = None
+) -> list[dict[str, Any]]:
     """One row per datum; `encoder` (the served model's) expands image chunks within `policy` and refuses bad
     ones (4xx)."""
     required = tinker_loss(loss_fn).inputs
@@ -34,8 +36,9 @@ def to_rows(data: list[WireDatum], loss_fn: str, encoder: ImageEncoder,
     for i, d in enumerate(data):
         missing = [k for k in required if k not in d.inputs]
         if missing:
-            raise unprocessable(f'datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(required)}, '
-                                f'missing {missing}')
+            raise unprocessable(
+                f'datum {i}: loss_fn {loss_fn!r} needs loss_fn_inputs {list(required)}, missing {missing}'
+            )
         model = encoder.expand(d.chunks, f'datum {i}', policy)
         if d.has_images:
             check_lengths(d.inputs, len(model.tokens), f'datum {i}')

@@ -19,6 +19,7 @@ is decoded and processed (one image of a request at a time); an image that does 
 
 The encoder of a base model (a `VisionTemplate` over its directory) is built on first use and kept.
 """
+
 from __future__ import annotations
 
 import io
@@ -52,6 +53,7 @@ DECODE_RETRY_AFTER_S = 2.0
 @dataclass(frozen=True)
 class WireImage:
     """An ImageChunk as sent: encoded bytes, the format the client names, its advisory token count."""
+
     data: bytes
     format: str
     expected_tokens: int | None = None
@@ -91,9 +93,12 @@ class DecodeBudget:
             while self.capacity is not None and self.in_use + cost > self.capacity:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ApiError(429, f'{what} needs {cost} bytes, but images being decoded now hold {self.in_use} '
-                                        f'of the server limit image_decode_budget_bytes={self.capacity}; retry shortly',
-                                   retry_after_s=DECODE_RETRY_AFTER_S)
+                    raise ApiError(
+                        429,
+                        f'{what} needs {cost} bytes, but images being decoded now hold {self.in_use} '
+                        f'of the server limit image_decode_budget_bytes={self.capacity}; retry shortly',
+                        retry_after_s=DECODE_RETRY_AFTER_S,
+                    )
                 self._changed.wait(left)
             self.in_use += cost
             self.peak = max(self.peak, self.in_use)
@@ -108,6 +113,7 @@ class DecodeBudget:
 @dataclass(frozen=True)
 class Sized:
     """A model input as counted from its image headers: its length in tokens and its images' sizes."""
+
     tokens: int
     images: tuple[Size, ...] = ()
 
@@ -117,6 +123,7 @@ class ImagePolicy:
     """What decoding the images of one request may cost: `max_pixels` per image (never above the decoder's own
     `MAX_IMAGE_PIXELS`), `max_request_bytes` for all of them (`decode_cost`; None = unlimited), and room in the
     server's `budget` while each is decoded."""
+
     max_pixels: int | None = MAX_IMAGE_PIXELS
     max_request_bytes: int | None = None
     budget: DecodeBudget = field(default_factory=lambda: DecodeBudget(None))
@@ -126,8 +133,9 @@ class ImagePolicy:
         width, height = size
         cap = min(MAX_IMAGE_PIXELS, self.max_pixels if self.max_pixels is not None else MAX_IMAGE_PIXELS)
         if width * height > cap:
-            raise over_limit('max_image_pixels', cap, f'{width}x{height} = {width * height} pixels',
-                             f'{where}: the image')
+            raise over_limit(
+                'max_image_pixels', cap, f'{width}x{height} = {width * height} pixels', f'{where}: the image'
+            )
         self.budget.check_fits(decode_cost(size), f'{where}: decoding a {width}x{height} image')
 
     def check_request(self, inputs: list[Sized]) -> None:
@@ -136,14 +144,19 @@ class ImagePolicy:
         total = sum(decode_cost(size) for size in sizes)
         if self.max_request_bytes is not None and total > self.max_request_bytes:
             width, height = max(sizes, key=lambda size: size[0] * size[1])
-            raise over_limit('max_image_bytes_per_request', self.max_request_bytes,
-                             f'{total} bytes: {len(sizes)} image(s), the largest {width}x{height}, '
-                             f'{DECODE_BYTES_PER_PIXEL} bytes per pixel', 'decoding the images of this request')
+            raise over_limit(
+                'max_image_bytes_per_request',
+                self.max_request_bytes,
+                f'{total} bytes: {len(sizes)} image(s), the largest {width}x{height}, '
+                f'{DECODE_BYTES_PER_PIXEL} bytes per pixel',
+                'decoding the images of this request',
+            )
 
 
 @dataclass
 class ModelTokens:
     """A model input ready for a row: `tokens` with images expanded; image fields only when it has images."""
+
     tokens: list[int]
     token_types: list[int] | None = None  # 1 on image positions, 0 on text; None without images
     pixel_values: np.ndarray | None = None  # float32 [patches, dim]
@@ -158,8 +171,11 @@ class ModelTokens:
         `trailing_text` more text tokens); {} without images."""
         if not self.has_images:
             return {}
-        return {'pixel_values': self.pixel_values, 'image_grid_thw': self.image_grid_thw,
-                TOKEN_TYPE_FIELD: list(self.token_types or []) + [0] * trailing_text}
+        return {
+            'pixel_values': self.pixel_values,
+            'image_grid_thw': self.image_grid_thw,
+            TOKEN_TYPE_FIELD: list(self.token_types or []) + [0] * trailing_text,
+        }
 
 
 def declared_length(chunks: list[Chunk]) -> int:
@@ -181,11 +197,14 @@ class ImageEncoder:
     def template(self) -> Any:
         """The model's `VisionTemplate`; a 400 when the model takes no images."""
         if not self.accepts_images:
-            raise bad_request(f'model {self.base_model!r} does not accept images (it has no vision tower); send '
-                              f'encoded_text chunks only')
+            raise bad_request(
+                f'model {self.base_model!r} does not accept images (it has no vision tower); send '
+                f'encoded_text chunks only'
+            )
         with self._lock:
             if self._template is None and self._error is None:
                 from twinkle_core.template.vision import VisionTemplate
+
                 try:
                     self._template = VisionTemplate(self.model_dir)
                 except InvalidInputError as exc:
@@ -228,9 +247,11 @@ class ImageEncoder:
         pad = self.placeholder_id()
         for k, c in enumerate(chunks):
             if pad is not None and isinstance(c, list) and pad in c:
-                raise bad_request(f'{where}: chunk {k} (encoded_text) contains token id {pad}, the image '
-                                  f'placeholder of {self.base_model!r}; send images as ImageChunks (the server '
-                                  f'writes their placeholder tokens)')
+                raise bad_request(
+                    f'{where}: chunk {k} (encoded_text) contains token id {pad}, the image '
+                    f'placeholder of {self.base_model!r}; send images as ImageChunks (the server '
+                    f'writes their placeholder tokens)'
+                )
         if not any(isinstance(c, WireImage) for c in chunks):
             return ModelTokens([t for c in chunks for t in c])  # type: ignore[union-attr]
         template = self.template()
@@ -288,19 +309,23 @@ class ImageEncoder:
 
 
 def _refused(where: str, size: Size, base_model: str, exc: Exception) -> ApiError:
-    return bad_request(f'{where}: a {size[0]}x{size[1]} image cannot be used with the image processor of '
-                       f'{base_model!r}: {exc}')
+    return bad_request(
+        f'{where}: a {size[0]}x{size[1]} image cannot be used with the image processor of {base_model!r}: {exc}'
+    )
 
 
 def _check_expected(image: WireImage, n: int, size: Size, where: str, base_model: str) -> None:
     if image.expected_tokens is not None and image.expected_tokens != n:
-        raise bad_request(f'{where} has expected_tokens={image.expected_tokens}, but this server computes {n} '
-                          f'tokens for that {size[0]}x{size[1]} image with the image processor of {base_model!r}')
+        raise bad_request(
+            f'{where} has expected_tokens={image.expected_tokens}, but this server computes {n} '
+            f'tokens for that {size[0]}x{size[1]} image with the image processor of {base_model!r}'
+        )
 
 
 def _header_size(image: WireImage, where: str) -> Size:
     """(width, height) from the image header; a 400 for an unknown format or bytes that are not that format."""
     from PIL import Image, UnidentifiedImageError
+
     if image.format not in WIRE_FORMATS:
         raise bad_request(f'{where}: format {image.format!r} is not supported; use one of {list(WIRE_FORMATS)}')
     try:
@@ -309,13 +334,15 @@ def _header_size(image: WireImage, where: str) -> Size:
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise bad_request(f'{where}: the bytes are not a decodable image ({exc}).') from None
     if actual != image.format:
-        raise bad_request(f'{where}: the bytes are {actual.upper() or "not an image"}, but the format was given as '
-                          f'{image.format!r}.')
+        raise bad_request(
+            f'{where}: the bytes are {actual.upper() or "not an image"}, but the format was given as {image.format!r}.'
+        )
     return size
 
 
 def _decode(image: WireImage, where: str) -> Any:
     from twinkle_core.template.images import decode_image_bytes
+
     if image.format not in WIRE_FORMATS:
         raise bad_request(f'{where}: format {image.format!r} is not supported; use one of {list(WIRE_FORMATS)}')
     try:

@@ -1,5 +1,6 @@
 """Tinker's `lora_config` (rank, train_attn / train_mlp / train_unembed, seed) -> the adapter's target modules, in
 Hugging Face / PEFT module names (the seam's naming)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ resolved through the registry (kind `loss`) by name, with fixed constructor argu
 real number); the RL names are registered by twinkle-core under their Tinker names. Unknown names are refused
 (never a silent cross-entropy).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ def tinker_loss(loss_fn: str) -> TinkerLoss:
     """The table entry for `loss_fn`; a 422 naming the supported names when there is none."""
     spec = TINKER_LOSSES.get(loss_fn)
     if spec is None:
-        raise unprocessable(f'unknown loss_fn {loss_fn!r}; this server supports {sorted(TINKER_LOSSES)} '
-                            f'(custom losses run client-side via forward_backward_custom)')
+        raise unprocessable(
+            f'unknown loss_fn {loss_fn!r}; this server supports {sorted(TINKER_LOSSES)} '
+            f'(custom losses run client-side via forward_backward_custom)'
+        )
     return spec

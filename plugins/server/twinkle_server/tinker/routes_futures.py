@@ -1,4 +1,5 @@
 """`retrieve_future`: long-poll a queued request's result (JSON, or protobuf bytes for training/sampling)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request

@@ -1,4 +1,5 @@
 """Tinker service routes: client config, sessions, heartbeats, telemetry, capabilities, health."""
+
 from __future__ import annotations
 
 import uuid
@@ -27,10 +28,16 @@ async def client_config(who: Tenant = Depends(tenant), svc: Service = Depends(se
     # Every flag the SDK knows defaults off or to plain HTTP; say so explicitly for the ones that matter. The SDK
     # splits forward_backward into chunks below the body limit (its default, 5 MB, ignores --max-body-mb).
     chunk_bytes = int(svc.config.max_body_bytes * CHUNK_SHARE_OF_BODY_LIMIT)
-    return {'pjwt_auth_enabled': False, 'use_pyqwest_transport': False, 'proto_compress_fwdbwd': False,
-            'sample_use_retrieve_futures': False, 'custom_loss_server_side': False,
-            'sample_join_sampling_session': False, 'parallel_fwdbwd_chunks': True,
-            'fwdbwd_max_chunk_bytes_count': min(chunk_bytes, SDK_DEFAULT_CHUNK_BYTES)}
+    return {
+        'pjwt_auth_enabled': False,
+        'use_pyqwest_transport': False,
+        'proto_compress_fwdbwd': False,
+        'sample_use_retrieve_futures': False,
+        'custom_loss_server_side': False,
+        'sample_join_sampling_session': False,
+        'parallel_fwdbwd_chunks': True,
+        'fwdbwd_max_chunk_bytes_count': min(chunk_bytes, SDK_DEFAULT_CHUNK_BYTES),
+    }
 
 
 @router.post('/client/dynamic_config')
@@ -39,8 +46,9 @@ async def client_dynamic_config(who: Tenant = Depends(tenant)) -> dict[str, Any]
 
 
 @router.post('/create_session')
-async def create_session(request: Request, who: Tenant = Depends(tenant),
-                         svc: Service = Depends(service)) -> dict[str, Any]:
+async def create_session(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict[str, Any]:
     req = parse(types.CreateSessionRequest, await json_body(request))
     session_id = f'sess-{uuid.uuid4().hex[:16]}'
     svc.add_session(who.name, session_id, list(req.tags), req.user_metadata)
@@ -48,8 +56,9 @@ async def create_session(request: Request, who: Tenant = Depends(tenant),
 
 
 @router.post('/session_heartbeat')
-async def session_heartbeat(request: Request, who: Tenant = Depends(tenant),
-                            svc: Service = Depends(service)) -> dict[str, Any]:
+async def session_heartbeat(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict[str, Any]:
     req = parse(types.SessionHeartbeatRequest, await json_body(request))
     svc.require_session(who.name, req.session_id)  # 404 unknown, 410 finished
     svc.store.touch_session(req.session_id)
@@ -73,8 +82,12 @@ async def telemetry(who: Tenant = Depends(tenant)) -> dict[str, str]:
 
 @router.get('/get_server_capabilities')
 async def capabilities(who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict[str, Any]:
-    return {'supported_models': [{'model_name': name, 'max_context_length': e.max_context_length,
-                                  'trainable': True, 'sampleable': True} for name, e in svc.engines.items()]}
+    return {
+        'supported_models': [
+            {'model_name': name, 'max_context_length': e.max_context_length, 'trainable': True, 'sampleable': True}
+            for name, e in svc.engines.items()
+        ]
+    }
 
 
 @router.get('/healthz')

@@ -2,6 +2,7 @@
 
 A refused request frees its seq_id through the request guard (`guard.py`); routes just raise.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,15 +22,17 @@ router = APIRouter(prefix='/api/v1')
 
 
 @router.post('/create_model')
-async def create_model(request: Request, who: Tenant = Depends(tenant),
-                       svc: Service = Depends(service)) -> dict[str, Any]:
+async def create_model(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict[str, Any]:
     req = parse(types.CreateModelRequest, await json_body(request))
     if req.lora_config is None:
         raise ApiError(422, 'full fine-tuning is not offered by this server; pass a lora_config (rank >= 1)')
     if getattr(req.optimizer_config, 'type', 'adamw') != 'adamw':
         raise ApiError(422, f'optimizer {req.optimizer_config.type!r} is not supported; use AdamW (the default)')
-    rid = svc.create_model(who.name, req.session_id, req.model_seq_id, req.base_model,
-                           req.lora_config.model_dump(), req.user_metadata)
+    rid = svc.create_model(
+        who.name, req.session_id, req.model_seq_id, req.base_model, req.lora_config.model_dump(), req.user_metadata
+    )
     return {'request_id': rid, 'model_id': f'{req.session_id}:train:{req.model_seq_id}'}
 
 
@@ -38,20 +41,31 @@ async def get_info(request: Request, who: Tenant = Depends(tenant), svc: Service
     req = parse(types.GetInfoRequest, await json_body(request))
     m = svc.model(who.name, req.model_id)
     engine = svc.engine(m.base_model)
-    return {'type': 'get_info', 'model_id': m.model_id, 'is_lora': True, 'lora_rank': m.lora.rank,
-            'model_name': m.base_model,
-            'model_data': {'arch': 'causal_lm', 'model_name': m.base_model, 'tokenizer_id': engine.model_dir}}
+    return {
+        'type': 'get_info',
+        'model_id': m.model_id,
+        'is_lora': True,
+        'lora_rank': m.lora.rank,
+        'model_name': m.base_model,
+        'model_data': {'arch': 'causal_lm', 'model_name': m.base_model, 'tokenizer_id': engine.model_dir},
+    }
 
 
 @router.post('/forward_backward')
-async def forward_backward(request: Request, who: Tenant = Depends(tenant),
-                           svc: Service = Depends(service)) -> dict[str, Any]:
+async def forward_backward(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict[str, Any]:
     if request.headers.get('content-encoding', 'identity') not in ('identity', ''):
-        raise bad_request('compressed forward_backward bodies are not enabled on this server (client/config says '
-                          'proto_compress_fwdbwd=false); send the protobuf uncompressed')
+        raise bad_request(
+            'compressed forward_backward bodies are not enabled on this server (client/config says '
+            'proto_compress_fwdbwd=false); send the protobuf uncompressed'
+        )
     if 'protobuf' not in request.headers.get('content-type', ''):
-        raise ApiError(415, 'forward_backward takes a ForwardBackwardRequest protobuf (Content-Type: '
-                            'application/x-protobuf), as sent by tinker >= 0.25')
+        raise ApiError(
+            415,
+            'forward_backward takes a ForwardBackwardRequest protobuf (Content-Type: '
+            'application/x-protobuf), as sent by tinker >= 0.25',
+        )
     msg = wire.parse_forward_backward(await request.body())
     m = svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
     svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
@@ -72,8 +86,9 @@ async def forward_backward(request: Request, who: Tenant = Depends(tenant),
     return {'request_id': rid, 'model_id': call.model_id}
 
 
-def _image_rows(svc: Service, tenant_name: str, call: wire.ForwardBackwardCall, encoder: images.ImageEncoder
-                ) -> list[dict[str, Any]]:
+def _image_rows(
+    svc: Service, tenant_name: str, call: wire.ForwardBackwardCall, encoder: images.ImageEncoder
+) -> list[dict[str, Any]]:
     """Rows of a request to a vision-language model: every datum is sized from its image headers and checked
     against the request caps (tokens, image pixels and decoding memory) before any pixel is decoded (and checked
     again once decoded: a processor that cannot count from a header leaves the client's expected_tokens in the
@@ -92,10 +107,12 @@ async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Servi
     req = parse(types.OptimStepRequest, await json_body(request))
     params = req.optim_params
     if not isinstance(params, types.AdamParams):
-        raise ApiError(422, f'optimizer params of type {getattr(params, "type", "?")!r} are not supported; '
-                            f'send AdamParams')
-    step = AdamStep(params.learning_rate, params.beta1, params.beta2, params.eps, params.weight_decay,
-                    params.grad_clip_norm)
+        raise ApiError(
+            422, f'optimizer params of type {getattr(params, "type", "?")!r} are not supported; send AdamParams'
+        )
+    step = AdamStep(
+        params.learning_rate, params.beta1, params.beta2, params.eps, params.weight_decay, params.grad_clip_norm
+    )
     step.validate()
     rid = svc.optim_step(who.name, req.model_id, req.seq_id, step)
     return {'request_id': rid, 'model_id': req.model_id}

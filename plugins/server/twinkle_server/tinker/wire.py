@@ -5,6 +5,7 @@ malformed body, an audio or empty chunk, an unknown dtype, a tensor whose length
 chunks are kept as `WireImage`s: `tinker.images` sizes and decodes them, and the tensors of a datum with images are
 checked against its expanded length by `tinker.datums`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,9 +57,17 @@ def parse_forward_backward(body: bytes) -> Any:
 def datum_lengths(msg: Any) -> list[int]:
     """Positions of each datum's model input of a parsed request, counted without decoding it (tokens are int32;
     an image counts its expected_tokens, 0 when unset: the exact length is checked again once images are sized)."""
-    return [sum(len(chunk.encoded_text.tokens) // 4 if chunk.WhichOneof('chunk') == 'encoded_text'
-                else chunk.image.expected_tokens if chunk.WhichOneof('chunk') == 'image' else 0
-                for chunk in d.model_input) for d in msg.data]
+    return [
+        sum(
+            len(chunk.encoded_text.tokens) // 4
+            if chunk.WhichOneof('chunk') == 'encoded_text'
+            else chunk.image.expected_tokens
+            if chunk.WhichOneof('chunk') == 'image'
+            else 0
+            for chunk in d.model_input
+        )
+        for d in msg.data
+    ]
 
 
 def decode_forward_backward(msg: Any) -> ForwardBackwardCall:
@@ -85,9 +94,11 @@ def check_lengths(inputs: dict[str, np.ndarray], length: int, where: str) -> Non
     """Every loss_fn_input has one value per input position (a 422 naming the first that has not)."""
     for name, arr in inputs.items():
         if arr.shape[0] != length:
-            raise unprocessable(f'{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values but the model input '
-                                f'has {length} tokens; every tensor needs one value per input token (an image '
-                                f'counts as its number of image tokens)')
+            raise unprocessable(
+                f'{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values but the model input '
+                f'has {length} tokens; every tensor needs one value per input token (an image '
+                f'counts as its number of image tokens)'
+            )
 
 
 def _chunk(chunk: Any, where: str) -> Chunk:
@@ -99,8 +110,10 @@ def _chunk(chunk: Any, where: str) -> Chunk:
         if img.HasField('override_dimensions'):
             raise bad_request(f'{where}: image override_dimensions is not supported; resize the image client-side')
         return WireImage(img.data, img.format, img.expected_tokens if img.HasField('expected_tokens') else None)
-    raise unprocessable(f'{where}: {kind or "empty"} chunks are not supported by this server; send encoded_text '
-                        f'(token ids) and image chunks')
+    raise unprocessable(
+        f'{where}: {kind or "empty"} chunks are not supported by this server; send encoded_text '
+        f'(token ids) and image chunks'
+    )
 
 
 def _tensor(t: Any, where: str) -> np.ndarray:
@@ -118,7 +131,7 @@ def _tensor(t: Any, where: str) -> np.ndarray:
             cols = shape[1] if len(shape) > 1 else 1
             dense = np.zeros((rows, cols), dtype=dtype)
             for r in range(rows):
-                dense[r, col[crow[r]:crow[r + 1]]] = values[crow[r]:crow[r + 1]]
+                dense[r, col[crow[r] : crow[r + 1]]] = values[crow[r] : crow[r + 1]]
             arr = dense if len(shape) > 1 else dense[:, 0]
         else:
             arr = np.frombuffer(t.dense, dtype=dtype)
@@ -155,6 +168,7 @@ def encode_sample_response(resp: SampleResponse) -> bytes:
         s.tokens = np.asarray(seq.tokens, dtype='<i4').tobytes()
         s.logprobs = np.asarray(seq.logprobs or [0.0] * len(seq.tokens), dtype='<f4').tobytes()
     if resp.prompt_logprobs is not None:
-        out.prompt_logprobs = np.asarray([np.nan if x is None else x for x in resp.prompt_logprobs],
-                                         dtype='<f4').tobytes()
+        out.prompt_logprobs = np.asarray(
+            [np.nan if x is None else x for x in resp.prompt_logprobs], dtype='<f4'
+        ).tobytes()
     return out.SerializeToString()

@@ -25,22 +25,37 @@ processor, gradient accumulation and metrics, and mixes tenants in shared passes
 ``model.forward_backward(inputs={'alice': rows, 'bob': rows})``. `PassPlanner` decides, per step and from measured
 cost, whether they share one pass, run in groups or one by one (``pass_strategy='auto'|'mixed'|'one_by_one'``).
 """
+
 from twinkle_transformers.multi_lora.layer import LoraWeights, MultiLoraLinear
 from twinkle_transformers.multi_lora.manager import MultiLoraManager, adapter_indices, attached_manager, find_manager
 from twinkle_transformers.multi_lora.routing import BASE_ONLY, AdapterRouter
 
-__all__ = ['BASE_ONLY', 'AdapterRouter', 'LoraWeights', 'MixedStepError', 'MultiLoraLinear', 'MultiLoraManager',
-           'MultiLoraTransformersModel', 'PassPlanner', 'TenantStepError', 'adapter_indices', 'attached_manager',
-           'find_manager']
+__all__ = [
+    'BASE_ONLY',
+    'AdapterRouter',
+    'LoraWeights',
+    'MixedStepError',
+    'MultiLoraLinear',
+    'MultiLoraManager',
+    'MultiLoraTransformersModel',
+    'PassPlanner',
+    'TenantStepError',
+    'adapter_indices',
+    'attached_manager',
+    'find_manager',
+]
 
-_LAZY = {'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
-         'MixedStepError': 'twinkle_core.model.step_errors',
-         'PassPlanner': 'twinkle_transformers.multi_lora.pass_planner',
-         'TenantStepError': 'twinkle_core.model.step_errors'}
+_LAZY = {
+    'MultiLoraTransformersModel': 'twinkle_transformers.multi_lora.model',
+    'MixedStepError': 'twinkle_core.model.step_errors',
+    'PassPlanner': 'twinkle_transformers.multi_lora.pass_planner',
+    'TenantStepError': 'twinkle_core.model.step_errors',
+}
 
 
 def __getattr__(name: str):  # the training engine (and its registry imports) load only when asked for
     if name in _LAZY:
         import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -5,6 +5,7 @@ Module matching is peft's own (`check_target_module_exists`: names, suffixes, re
 an adapter targets the same modules here as it would under `peft.get_peft_model` and a saved adapter loads in
 peft unchanged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,15 @@ ALL_LINEAR = 'all-linear'
 
 # LoraConfig fields that change what a LoRA layer computes and that this engine does not implement.
 _UNSUPPORTED: dict[str, Any] = {
-    'use_dora': False, 'modules_to_save': None, 'bias': 'none', 'lora_bias': False, 'fan_in_fan_out': False,
-    'target_parameters': None, 'trainable_token_indices': None, 'layer_replication': None, 'use_qalora': False,
+    'use_dora': False,
+    'modules_to_save': None,
+    'bias': 'none',
+    'lora_bias': False,
+    'fan_in_fan_out': False,
+    'target_parameters': None,
+    'trainable_token_indices': None,
+    'layer_replication': None,
+    'use_qalora': False,
     'alora_invocation_tokens': None,
 }
 
@@ -28,6 +36,7 @@ _UNSUPPORTED: dict[str, Any] = {
 @dataclass(frozen=True)
 class ModuleLoraShape:
     """Rank and alpha of one adapter on one module (they may differ per module via rank/alpha patterns)."""
+
     r: int
     lora_alpha: float
 
@@ -35,6 +44,7 @@ class ModuleLoraShape:
 def to_lora_config(config: Any) -> Any:
     """A `peft.LoraConfig` from a LoraConfig, a dict of its fields, or None (peft defaults); a private copy."""
     from peft import LoraConfig
+
     if config is None:
         config = {}
     if isinstance(config, LoraConfig):
@@ -43,8 +53,10 @@ def to_lora_config(config: Any) -> Any:
         try:
             config = LoraConfig(**config)
         except TypeError as exc:
-            raise InvalidInputError(f'Invalid LoRA config {config!r}: {exc}. Use the fields of peft.LoraConfig '
-                                    '(r, lora_alpha, lora_dropout, target_modules, use_rslora, ...).') from exc
+            raise InvalidInputError(
+                f'Invalid LoRA config {config!r}: {exc}. Use the fields of peft.LoraConfig '
+                '(r, lora_alpha, lora_dropout, target_modules, use_rslora, ...).'
+            ) from exc
     else:
         raise InvalidInputError(f'LoRA config must be a peft.LoraConfig or a dict, got {type(config).__name__}.')
     _check_supported(config)
@@ -55,12 +67,15 @@ def _check_supported(config: Any) -> None:
     for field, default in _UNSUPPORTED.items():
         value = getattr(config, field, default)
         if value != default and not (default is None and not value):
-            raise InvalidInputError(f'LoraConfig.{field}={value!r} is not supported by the multi-LoRA engine '
-                                    f'(leave it at {default!r}); use TransformersModel for this adapter.')
+            raise InvalidInputError(
+                f'LoraConfig.{field}={value!r} is not supported by the multi-LoRA engine '
+                f'(leave it at {default!r}); use TransformersModel for this adapter.'
+            )
     init = config.init_lora_weights
     if not (init is True or init is False or (isinstance(init, str) and init.lower() == 'gaussian')):
-        raise InvalidInputError(f"LoraConfig.init_lora_weights={init!r} is not supported; use True, False "
-                                "or 'gaussian'.")
+        raise InvalidInputError(
+            f"LoraConfig.init_lora_weights={init!r} is not supported; use True, False or 'gaussian'."
+        )
     if config.r <= 0:
         raise InvalidInputError(f'LoRA rank r must be a positive integer, got {config.r}.')
     if not 0.0 <= config.lora_dropout < 1.0:
@@ -76,13 +91,22 @@ def linear_module_names(model: nn.Module, *, include_output: bool = False) -> li
     Modules already wrapped by `MultiLoraLinear` count as the Linear they wrap; their insides do not.
     """
     from twinkle_transformers.multi_lora.layer import MultiLoraLinear
-    output = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') and not include_output \
-        else None
-    inside = {id(sub) for wrapper in model.modules() if isinstance(wrapper, MultiLoraLinear)
-              for sub in wrapper.modules() if sub is not wrapper}
-    return [name for name, module in model.named_modules()
-            if isinstance(module, (nn.Linear, MultiLoraLinear)) and id(module) not in inside
-            and (output is None or module is not output and getattr(module, 'base_layer', None) is not output)]
+
+    output = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') and not include_output else None
+    inside = {
+        id(sub)
+        for wrapper in model.modules()
+        if isinstance(wrapper, MultiLoraLinear)
+        for sub in wrapper.modules()
+        if sub is not wrapper
+    }
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, MultiLoraLinear))
+        and id(module) not in inside
+        and (output is None or module is not output and getattr(module, 'base_layer', None) is not output)
+    ]
 
 
 def resolve_targets(model: nn.Module, config: Any) -> dict[str, ModuleLoraShape]:
@@ -92,9 +116,9 @@ def resolve_targets(model: nn.Module, config: Any) -> dict[str, ModuleLoraShape]
     """
     from peft.tuners.tuners_utils import check_target_module_exists
     from peft.utils.other import get_pattern_key
+
     if config.target_modules is None:
-        raise InvalidInputError("LoraConfig.target_modules is required (e.g. ['q_proj', 'v_proj'] or "
-                                "'all-linear').")
+        raise InvalidInputError("LoraConfig.target_modules is required (e.g. ['q_proj', 'v_proj'] or 'all-linear').")
     all_linear = isinstance(config.target_modules, str) and config.target_modules.lower() == ALL_LINEAR
     candidates = linear_module_names(model, include_output=not all_linear)
     probe = copy.copy(config)
@@ -106,11 +130,14 @@ def resolve_targets(model: nn.Module, config: Any) -> dict[str, ModuleLoraShape]
         if not check_target_module_exists(probe, name):  # False, None or peft's (falsy) excluded marker
             continue
         r_key, a_key = get_pattern_key(list(rank_pattern), name), get_pattern_key(list(alpha_pattern), name)
-        targets[name] = ModuleLoraShape(r=rank_pattern.get(r_key, config.r),
-                                        lora_alpha=alpha_pattern.get(a_key, config.lora_alpha))
+        targets[name] = ModuleLoraShape(
+            r=rank_pattern.get(r_key, config.r), lora_alpha=alpha_pattern.get(a_key, config.lora_alpha)
+        )
     if not targets:
-        raise InvalidInputError(f'target_modules={config.target_modules!r} matches no Linear module of the model. '
-                                f'Linear modules look like: {candidates[:8]}.')
+        raise InvalidInputError(
+            f'target_modules={config.target_modules!r} matches no Linear module of the model. '
+            f'Linear modules look like: {candidates[:8]}.'
+        )
     return targets
 
 

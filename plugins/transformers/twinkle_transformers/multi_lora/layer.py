@@ -8,6 +8,7 @@ segment, added into the base output in place -- one autograd node for all adapte
 has its own rank, alpha, dropout and scaling; an adapter that does not target this module simply has no entry here
 (its tokens get the base output). Gradients of an adapter's A/B come only from its own tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,9 +23,18 @@ from twinkle_transformers.multi_lora.segmented import segmented_lora_
 class LoraWeights(nn.Module):
     """One adapter's weights on one module, laid out like peft (`lora_A`: r x in, `lora_B`: out x r)."""
 
-    def __init__(self, in_features: int, out_features: int, r: int, lora_alpha: float, lora_dropout: float = 0.0,
-                 use_rslora: bool = False, *, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        r: int,
+        lora_alpha: float,
+        lora_dropout: float = 0.0,
+        use_rslora: bool = False,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if r <= 0:
             raise ValueError(f'LoRA rank must be a positive integer, got r={r}.')
@@ -114,13 +124,20 @@ class MultiLoraLinear(nn.Module):
             x_sorted, rows = x_flat.index_select(0, plan.order), plan.order
         if not any(w is not None and w.dropout_active for w, _, _ in present):
             live = [(w, start, end) for w, start, end in present if w is not None]
-            return segmented_lora_(out, x_sorted, rows, [(start, end, w.scaling) for w, start, end in live],
-                                   [t for w, _, _ in live for t in (w.lora_A.weight, w.lora_B.weight)])
+            return segmented_lora_(
+                out,
+                x_sorted,
+                rows,
+                [(start, end, w.scaling) for w, start, end in live],
+                [t for w, _, _ in live for t in (w.lora_A.weight, w.lora_B.weight)],
+            )
         # An adapter with active dropout (its mask is drawn by `LoraWeights`): plain autograd. One split, whose
         # backward is one concatenation -- a slice per adapter would allocate and zero a full-size gradient each.
         pieces = x_sorted.split([end - start for _, start, end in present])
-        deltas = [w(piece).to(out.dtype) if w is not None else out.new_zeros(piece.shape[0], self.out_features)
-                  for (w, _, _), piece in zip(present, pieces)]
+        deltas = [
+            w(piece).to(out.dtype) if w is not None else out.new_zeros(piece.shape[0], self.out_features)
+            for (w, _, _), piece in zip(present, pieces)
+        ]
         delta = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
         return out.reshape(-1, self.out_features).index_add(0, plan.order, delta).view(out.shape)
 

@@ -13,6 +13,7 @@ restored to the plain `nn.Linear` when the last one is removed, so with no adapt
 Slots (the integers in index tensors) are never reused within a manager, so a stale index cannot silently reach a
 newer adapter. Outside `adapter_indices` / `use_adapter` the model computes the base model.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,6 +35,7 @@ _ATTR = '_twinkle_multi_lora'
 @dataclass
 class AdapterRecord:
     """One adapter: its slot in index tensors, its (private) peft LoraConfig and the modules it adapts."""
+
     name: str
     slot: int
     config: Any
@@ -42,8 +44,11 @@ class AdapterRecord:
     named_parameters: list[tuple[str, nn.Parameter]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.named_parameters = [(f'{PEFT_PREFIX}{module}.{part}.weight', getattr(w, part).weight)
-                                 for module, w in self.weights.items() for part in ('lora_A', 'lora_B')]
+        self.named_parameters = [
+            (f'{PEFT_PREFIX}{module}.{part}.weight', getattr(w, part).weight)
+            for module, w in self.weights.items()
+            for part in ('lora_A', 'lora_B')
+        ]
 
 
 class MultiLoraManager:
@@ -79,11 +84,20 @@ class MultiLoraManager:
         try:
             return self._adapters[name]
         except KeyError:
-            raise KeyError(f'no adapter named {name!r}; adapters: {sorted(self._adapters) or "none"}. '
-                           'Add it first with add_adapter / load_adapter.') from None
+            raise KeyError(
+                f'no adapter named {name!r}; adapters: {sorted(self._adapters) or "none"}. '
+                'Add it first with add_adapter / load_adapter.'
+            ) from None
 
-    def add_adapter(self, name: str, config: Any = None, *, state_dict: dict[str, torch.Tensor] | None = None,
-                    generator: torch.Generator | None = None, dtype: torch.dtype | None = None) -> int:
+    def add_adapter(
+        self,
+        name: str,
+        config: Any = None,
+        *,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> int:
         """Add adapter `name` (a peft LoraConfig or dict); returns its slot.
 
         Weights are initialised like peft -- with the same global seed, to the very same values -- or taken from
@@ -123,12 +137,14 @@ class MultiLoraManager:
     def load_adapter(self, name: str, path: str, *, dtype: torch.dtype | None = None) -> int:
         """Add adapter `name` from a PEFT adapter directory (adapter_config.json + weights); returns its slot."""
         from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
+
         config, state_dict = read_peft_adapter(path)
         return self.add_adapter(name, config, state_dict=state_dict, dtype=dtype)
 
     def save_adapter(self, name: str, path: str, *, base_model_name_or_path: str | None = None) -> str:
         """Write adapter `name` as a PEFT adapter directory (loads with `peft.PeftModel.from_pretrained`)."""
         from twinkle_transformers.multi_lora.peft_format import write_peft_adapter
+
         record = self.record(name)
         base_id = base_model_name_or_path or getattr(getattr(self.model, 'config', None), '_name_or_path', None)
         return write_peft_adapter(path, record.config, record.targets, self.state_dict(name), base_id)
@@ -187,8 +203,10 @@ class MultiLoraManager:
         known = {r.slot for r in self._adapters.values()}
         bad = [s for s in slots if s != BASE_ONLY and s not in known]
         if bad:
-            raise InvalidInputError(f'adapter index contains unknown slot(s) {bad}; known: '
-                                    f'{ {r.name: r.slot for r in self._adapters.values()} } (-1 = base model).')
+            raise InvalidInputError(
+                f'adapter index contains unknown slot(s) {bad}; known: '
+                f'{ {r.name: r.slot for r in self._adapters.values()} } (-1 = base model).'
+            )
 
     def _new_weights(self, module: str, shape: ModuleLoraShape, config: Any, dtype: torch.dtype | None) -> LoraWeights:
         base = self.model.get_submodule(module)
@@ -196,8 +214,16 @@ class MultiLoraManager:
         weight = base.weight
         if dtype is None:
             dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
-        return LoraWeights(base.in_features, base.out_features, shape.r, shape.lora_alpha, config.lora_dropout,
-                           config.use_rslora, device=weight.device, dtype=dtype)
+        return LoraWeights(
+            base.in_features,
+            base.out_features,
+            shape.r,
+            shape.lora_alpha,
+            config.lora_dropout,
+            config.use_rslora,
+            device=weight.device,
+            dtype=dtype,
+        )
 
     def _wrapped(self, module: str) -> MultiLoraLinear:
         layer = self.model.get_submodule(module)
@@ -220,18 +246,24 @@ def _copy_peft_state(weights: dict[str, LoraWeights], state_dict: dict[str, torc
         for part in ('lora_A', 'lora_B'):
             key = _find_key(state_dict, module, part)
             if key is None:
-                raise InvalidInputError(f'adapter {name!r}: weights for {module}.{part} are missing from the state '
-                                        f'dict (expected key {PEFT_PREFIX}{module}.{part}.weight).')
+                raise InvalidInputError(
+                    f'adapter {name!r}: weights for {module}.{part} are missing from the state '
+                    f'dict (expected key {PEFT_PREFIX}{module}.{part}.weight).'
+                )
             target = getattr(w, part).weight
             if tuple(state_dict[key].shape) != tuple(target.shape):
-                raise InvalidInputError(f'adapter {name!r}: {key} has shape {tuple(state_dict[key].shape)} but the '
-                                        f'config implies {tuple(target.shape)} (check r / rank_pattern).')
+                raise InvalidInputError(
+                    f'adapter {name!r}: {key} has shape {tuple(state_dict[key].shape)} but the '
+                    f'config implies {tuple(target.shape)} (check r / rank_pattern).'
+                )
             plan.append((target, state_dict[key], key))
     used = {key for _, _, key in plan}
     extra = sorted(k for k in state_dict if k not in used)
     if extra:
-        raise InvalidInputError(f'adapter {name!r}: {len(extra)} weight(s) match no targeted module, e.g. {extra[:3]};'
-                                ' the checkpoint was saved with different target_modules or for another model.')
+        raise InvalidInputError(
+            f'adapter {name!r}: {len(extra)} weight(s) match no targeted module, e.g. {extra[:3]};'
+            ' the checkpoint was saved with different target_modules or for another model.'
+        )
     with torch.no_grad():
         for target, source, _ in plan:
             target.copy_(source)

@@ -16,6 +16,7 @@ Tenants use disjoint parameters and (in a padded batch) disjoint rows, so a reje
 anybody else. If the shared collation or forward itself raises, the group is retried without the tenants whose
 rows do not collate, then tenant by tenant, so the failure is pinned on the tenant that causes it.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,6 +40,7 @@ INDEX_FIELD = 'adapter_index'
 @dataclass
 class TenantWork:
     """One tenant's micro-batch in a pass: validated rows and the tenant's training state."""
+
     name: str
     state: TrainState
     rows: list[dict[str, Any]]
@@ -53,6 +55,7 @@ class TenantWork:
 @dataclass(frozen=True)
 class _LossNeeds:
     """What the forward must produce so that every tenant's loss can run (see `forward_logps`)."""
+
     needs_logits: bool
     logps_from_hidden_states: bool
     chunk_tokens: int | None
@@ -60,13 +63,22 @@ class _LossNeeds:
     @classmethod
     def of(cls, losses: list[Any]) -> _LossNeeds:
         chunks = [c for c in (getattr(loss, 'chunk_tokens', None) for loss in losses) if c]
-        return cls(any(getattr(loss, 'needs_logits', False) for loss in losses),
-                   all(getattr(loss, 'logps_from_hidden_states', False) for loss in losses),
-                   min(chunks) if chunks else None)
+        return cls(
+            any(getattr(loss, 'needs_logits', False) for loss in losses),
+            all(getattr(loss, 'logps_from_hidden_states', False) for loss in losses),
+            min(chunks) if chunks else None,
+        )
 
 
-def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[TenantWork], *,
-                train: bool, planner: PassPlanner, device: torch.device | None = None) -> None:
+def run_tenants(
+    model: torch.nn.Module,
+    manager: MultiLoraManager,
+    work: list[TenantWork],
+    *,
+    train: bool,
+    planner: PassPlanner,
+    device: torch.device | None = None,
+) -> None:
     """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
     `.error`. Never raises for a tenant's fault. `planner` decides which tenants share a pass and learns from the
     timing of each."""
@@ -78,18 +90,25 @@ def run_tenants(model: torch.nn.Module, manager: MultiLoraManager, work: list[Te
                 planner.record(cost_tokens, time.perf_counter() - start, tenants=len(members), train=train)
 
 
-def planned_passes(planner: PassPlanner, group: list[TenantWork], *, train: bool
-                   ) -> list[tuple[list[TenantWork], int]]:
+def planned_passes(planner: PassPlanner, group: list[TenantWork], *, train: bool) -> list[tuple[list[TenantWork], int]]:
     """The passes `planner` chooses for one processor group, each with its cost tokens."""
     packed = bool(getattr(group[0].state.processor, 'padding_free', False))
     sizes = [TenantSize.of([len(row['input_ids']) for row in w.rows]) for w in group]
     plan = planner.plan(sizes, packed=packed, train=train)
-    return [([group[i] for i in members], pass_cost_tokens([sizes[i] for i in members], packed=packed))
-            for members in plan.groups]
+    return [
+        ([group[i] for i in members], pass_cost_tokens([sizes[i] for i in members], packed=packed))
+        for members in plan.groups
+    ]
 
 
-def _run_isolating(model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *, train: bool,
-                   device: torch.device | None) -> bool:
+def _run_isolating(
+    model: torch.nn.Module,
+    manager: MultiLoraManager,
+    group: list[TenantWork],
+    *,
+    train: bool,
+    device: torch.device | None,
+) -> bool:
     """Run `group` in one pass; if the shared pass itself fails, pin the failure on the tenants causing it:
     first tenants whose rows do not collate (the rest retry together), then, if the pass still fails, each
     tenant alone. Returns whether the first pass went through (no retry)."""
@@ -138,8 +157,15 @@ class MixedPass:
     (collation, forward, backward) raises `StageError`, leaving every adapter's gradients as they were.
     """
 
-    def __init__(self, model: torch.nn.Module, manager: MultiLoraManager, group: list[TenantWork], *,
-                 train: bool, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        manager: MultiLoraManager,
+        group: list[TenantWork],
+        *,
+        train: bool,
+        device: torch.device | None = None,
+    ) -> None:
         self.model, self.manager, self.group, self.train, self.device = model, manager, group, train, device
         self.batch: dict[str, Any] | None = None
         self.outputs: dict[str, torch.Tensor] | None = None
@@ -202,8 +228,12 @@ class MixedPass:
                 keep = w.error is None and _grads_finite(self.manager, w)
                 if w.error is None and not keep:
                     w.result = None
-                    w.error = TenantStepError(w.name, 'gradient', 'the gradients of this micro-batch are not '
-                                              'finite (NaN/inf); they were discarded and the adapter is unchanged.')
+                    w.error = TenantStepError(
+                        w.name,
+                        'gradient',
+                        'the gradients of this micro-batch are not '
+                        'finite (NaN/inf); they were discarded and the adapter is unchanged.',
+                    )
                 _restore_grads(self.manager, w, keep_new=keep)
         self.total = None
         for w in self.group:  # metrics only for tenants whose micro-batch was accepted
@@ -229,9 +259,16 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
     loss = out['loss']
     value = float(loss.detach())
     if not math.isfinite(value):
-        w.result, w.error = None, TenantStepError(w.name, 'loss', f'the loss is {value}; check this batch (e.g. '
-                                                  'NaN/inf in advantages, weights or reference logprobs). Nothing '
-                                                  'was applied.')
+        w.result, w.error = (
+            None,
+            TenantStepError(
+                w.name,
+                'loss',
+                f'the loss is {value}; check this batch (e.g. '
+                'NaN/inf in advantages, weights or reference logprobs). Nothing '
+                'was applied.',
+            ),
+        )
         return None
     w.result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=step_summary(sub_batch, sub_out, loss))
     return loss * w.state.loss_scale() if train else None

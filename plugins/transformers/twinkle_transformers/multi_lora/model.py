@@ -17,6 +17,7 @@ A mixed call returns ``{adapter_name: {'loss', 'logprobs', 'metrics'}}``. A tena
 `MixedStepError` (``.errors`` per tenant, ``.results`` of the others, whose step did happen) -- or inline as
 ``{'error': {...}}`` with ``return_errors=True``. A single-tenant call raises that tenant's `TenantStepError`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,21 +72,36 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
 
     capabilities = ModelCapabilities(mixed_adapters=True, max_adapters=None)
 
-    def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: torch.nn.Module | None = None,
-                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                 attn_implementation: str | None = None, max_length: int | None = None,
-                 pass_strategy: str = 'auto', max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
-                 kernels: Sequence[Any] = (), **from_pretrained_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_id: str | os.PathLike[str] | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        attn_implementation: str | None = None,
+        max_length: int | None = None,
+        pass_strategy: str = 'auto',
+        max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
+        kernels: Sequence[Any] = (),
+        **from_pretrained_kwargs: Any,
+    ) -> None:
         self.planner = PassPlanner(pass_strategy, max_pass_tokens=max_pass_tokens)  # checks its arguments first
         if (model_id is None) == (model is None):
-            raise InvalidInputError('pass exactly one of model_id= (a path, hub reference or HF id) or model= '
-                                    '(a loaded causal LM).')
+            raise InvalidInputError(
+                'pass exactly one of model_id= (a path, hub reference or HF id) or model= (a loaded causal LM).'
+            )
         self.device = torch.device(device) if device is not None else default_device()
         if model is None:
             self.model_id = str(model_id)
             self.model_dir = resolve_model_dir(model_id)
-            model = load_causal_lm(self.model_dir, device=self.device, dtype=resolve_dtype(dtype, self.device),
-                                   attn_implementation=attn_implementation, **from_pretrained_kwargs)
+            model = load_causal_lm(
+                self.model_dir,
+                device=self.device,
+                dtype=resolve_dtype(dtype, self.device),
+                attn_implementation=attn_implementation,
+                **from_pretrained_kwargs,
+            )
             self.tokenizer = load_tokenizer_if_any(self.model_dir)
         else:
             self.model_dir = self.model_id = str(getattr(model.config, '_name_or_path', '') or type(model).__name__)
@@ -102,16 +118,28 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         notify_model_loaded(self.model, self.model_id)
 
     # ---- adapters ------------------------------------------------------------------------------------------
-    def add_adapter_to_model(self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1,
-                             generator: torch.Generator | None = None, **kwargs: Any) -> None:
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config: Any,
+        *,
+        gradient_accumulation_steps: int = 1,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> None:
         """Add LoRA adapter `adapter_name` (a peft `LoraConfig` or dict of its fields; ``target_modules``
         defaults to ``'all-linear'``; kwargs override fields). Weights start like peft's (`generator`: seed them)."""
-        self._add(adapter_name, lora_config(config, model=self.model, **kwargs), gradient_accumulation_steps,
-                  generator=generator)
+        self._add(
+            adapter_name,
+            lora_config(config, model=self.model, **kwargs),
+            gradient_accumulation_steps,
+            generator=generator,
+        )
 
     def _add(self, name: str, config: Any, gradient_accumulation_steps: int, **weights: Any) -> None:
-        state = TrainState(name, lambda: self.manager.parameters(name),
-                           gradient_accumulation_steps=gradient_accumulation_steps)
+        state = TrainState(
+            name, lambda: self.manager.parameters(name), gradient_accumulation_steps=gradient_accumulation_steps
+        )
         self.manager.add_adapter(name, config, **weights)
         self.states[name] = state
 
@@ -139,8 +167,10 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     def _name(self, adapter_name: str | None) -> str:
         name = adapter_name if adapter_name is not None else (self._current[-1] if self._current else None)
         if name is None:
-            raise InvalidInputError(f'adapter_name is required (or use `with model.adapter(name):`); adapters: '
-                                    f'{self.list_adapters() or "none yet: add_adapter_to_model first"}.')
+            raise InvalidInputError(
+                f'adapter_name is required (or use `with model.adapter(name):`); adapters: '
+                f'{self.list_adapters() or "none yet: add_adapter_to_model first"}.'
+            )
         return name
 
     def _state(self, adapter_name: str | None) -> TrainState:
@@ -148,13 +178,23 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         try:
             return self.states[name]
         except KeyError:
-            raise KeyError(f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}. Add it first '
-                           'with add_adapter_to_model (or load a checkpoint into it).') from None
+            raise KeyError(
+                f'no adapter named {name!r}; adapters: {self.list_adapters() or "none"}. Add it first '
+                'with add_adapter_to_model (or load a checkpoint into it).'
+            ) from None
 
     # ---- training step -------------------------------------------------------------------------------------
     @reports_failure('forward_backward')
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
-                         old_logps: Any = None, advantages: Any = None, **kwargs: Any) -> dict[str, Any]:
+    def forward_backward(
+        self,
+        *,
+        inputs: Any,
+        adapter_name: str | None = None,
+        return_errors: bool = False,
+        old_logps: Any = None,
+        advantages: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Forward + loss + backward (gradients accumulate per adapter).
 
         `inputs`: rows of one adapter (with `adapter_name`), rows that each carry an ``adapter_name`` field, or
@@ -167,32 +207,56 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         return self._run(inputs, adapter_name, train=True, return_errors=return_errors, extra=kwargs)
 
     @reports_failure('forward_only')
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, return_errors: bool = False,
-                     compute_loss: bool = True, **kwargs: Any) -> dict[str, Any]:
+    def forward_only(
+        self,
+        *,
+        inputs: Any,
+        adapter_name: str | None = None,
+        return_errors: bool = False,
+        compute_loss: bool = True,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """Forward without gradients: per-row logprobs (aligned with input_ids) and, unless
         ``compute_loss=False``, each tenant's loss where rows have labels. Same input forms as
         `forward_backward`. Use ``compute_loss=False`` for reference/behaviour logprobs while an RL loss is set."""
         self._eval_loss = None
-        out = self._run(inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs,
-                        compute_loss=compute_loss)
-        self._eval_loss = out.get('loss') if 'logprobs' in out else \
-            {name: r['loss'] for name, r in out.items() if 'loss' in r} or None
+        out = self._run(
+            inputs, adapter_name, train=False, return_errors=return_errors, extra=kwargs, compute_loss=compute_loss
+        )
+        self._eval_loss = (
+            out.get('loss')
+            if 'logprobs' in out
+            else {name: r['loss'] for name, r in out.items() if 'loss' in r} or None
+        )
         return out
 
-    def _run(self, inputs: Any, adapter_name: str | None, *, train: bool, return_errors: bool,
-             extra: dict[str, Any], compute_loss: bool = True) -> dict[str, Any]:
-        work, errors, mixed = self._prepare(inputs, adapter_name, train=train, extra=extra,
-                                            method='forward_backward' if train else 'forward_only')
+    def _run(
+        self,
+        inputs: Any,
+        adapter_name: str | None,
+        *,
+        train: bool,
+        return_errors: bool,
+        extra: dict[str, Any],
+        compute_loss: bool = True,
+    ) -> dict[str, Any]:
+        work, errors, mixed = self._prepare(
+            inputs, adapter_name, train=train, extra=extra, method='forward_backward' if train else 'forward_only'
+        )
         for w in work:
             w.compute_loss = compute_loss
         run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
         return _outcome(work, errors, mixed, return_errors=return_errors)
 
-    def _prepare(self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any], method: str
-                 ) -> tuple[list[TenantWork], dict[str, TenantStepError], bool]:
+    def _prepare(
+        self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any], method: str
+    ) -> tuple[list[TenantWork], dict[str, TenantStepError], bool]:
         """Validated work per tenant, input errors per tenant, and whether the call is a mixed one."""
-        accepted = ('inputs', 'adapter_name') + (('return_errors',) if method != 'forward' else ()) + \
-            (('compute_loss',) if method == 'forward_only' else ())
+        accepted = (
+            ('inputs', 'adapter_name')
+            + (('return_errors',) if method != 'forward' else ())
+            + (('compute_loss',) if method == 'forward_only' else ())
+        )
         reject_unknown_kwargs(method, extra, accepted)
         batches, mixed = self._split_inputs(inputs, adapter_name)
         work, errors = [], {}
@@ -215,8 +279,12 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                 raise InvalidInputError('inputs is an empty dict; expected {adapter_name: rows, ...}.')
             return dict(inputs), True
         rows = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-        if adapter_name is None and not self._current and rows and all(
-                isinstance(r, dict) and 'adapter_name' in r for r in rows):
+        if (
+            adapter_name is None
+            and not self._current
+            and rows
+            and all(isinstance(r, dict) and 'adapter_name' in r for r in rows)
+        ):
             grouped: dict[str, list[Any]] = {}
             for row in rows:
                 grouped.setdefault(row['adapter_name'], []).append(row)
@@ -232,8 +300,11 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
         self._eval_loss = None
         passes = []
-        for group in (g for by_processor in group_by_processor(work)
-                      for g, _ in planned_passes(self.planner, by_processor, train=True)):
+        for group in (
+            g
+            for by_processor in group_by_processor(work)
+            for g, _ in planned_passes(self.planner, by_processor, train=True)
+        ):
             mixed_pass = MixedPass(self.model, self.manager, group, train=True, device=self.device)
             try:
                 mixed_pass.forward()
@@ -282,17 +353,32 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         name = self._name(adapter_name)
         record = self.manager.record(name)
         adapter = lora_config_json(record.config)
-        return {'model_id': self.model_id, 'adapter_name': name, 'model_class': type(self.model).__name__,
-                'device': str(self.device),
-                'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
-                'max_length': self.max_length, 'adapter': adapter, 'adapted_modules': len(record.targets),
-                'num_adapters': len(self.states), **self._state(name).describe()}
+        return {
+            'model_id': self.model_id,
+            'adapter_name': name,
+            'model_class': type(self.model).__name__,
+            'device': str(self.device),
+            'dtype': str(next(self.model.parameters()).dtype).removeprefix('torch.'),
+            'max_length': self.max_length,
+            'adapter': adapter,
+            'adapted_modules': len(record.targets),
+            'num_adapters': len(self.states),
+            **self._state(name).describe(),
+        }
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     @reports_failure('save')
-    def save(self, name: str, *, output_dir: str | None = None, save_optimizer: bool = False,
-             adapter_name: str | None = None, dataloader: Any = None, extra_state: Any = None,
-             **kwargs: Any) -> str:
+    def save(
+        self,
+        name: str,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        extra_state: Any = None,
+        **kwargs: Any,
+    ) -> str:
         """Write adapter checkpoint `name` under `output_dir` (default ``./output``) atomically; returns its
         directory. PEFT format (loads with ``peft.PeftModel.from_pretrained``) plus, with `save_optimizer`,
         the adapter's optimizer, scheduler, counters, ``dataloader.state_dict()`` and `extra_state`."""
@@ -301,15 +387,28 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         target = Path(output_dir or 'output') / name
         with ckpt.atomic_directory(target) as tmp:
             self.manager.save_adapter(adapter, str(tmp), base_model_name_or_path=self.model_id)
-            ckpt.write_metadata(tmp, kind='lora', adapter_name=adapter, model_id=self.model_id,
-                                step=state.optimizer_steps, has_training_state=save_optimizer)
+            ckpt.write_metadata(
+                tmp,
+                kind='lora',
+                adapter_name=adapter,
+                model_id=self.model_id,
+                step=state.optimizer_steps,
+                has_training_state=save_optimizer,
+            )
             if save_optimizer:
                 ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
         return str(target)
 
     @reports_failure('load')
-    def load(self, path: str, *, load_optimizer: bool = False, adapter_name: str | None = None,
-             gradient_accumulation_steps: int = 1, **kwargs: Any) -> None:
+    def load(
+        self,
+        path: str,
+        *,
+        load_optimizer: bool = False,
+        adapter_name: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        **kwargs: Any,
+    ) -> None:
         """Load an adapter checkpoint written by `save` (or any PEFT LoRA directory) into `adapter_name`.
 
         A name that does not exist yet is created from the checkpoint's config: a fresh engine resumes under any
@@ -319,8 +418,9 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         """
         name = self._name(adapter_name)
         if ckpt.read_metadata(path)['kind'] != 'lora':
-            raise InvalidInputError(f'{path!r} holds full model weights; MultiLoraTransformersModel loads LoRA '
-                                    'adapters only.')
+            raise InvalidInputError(
+                f'{path!r} holds full model weights; MultiLoraTransformersModel loads LoRA adapters only.'
+            )
         config, weights = read_peft_adapter(path)
         training = ckpt.load_training_state(path)['train_state'] if load_optimizer else None
         if name not in self.states:
@@ -334,19 +434,24 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
 @dataclass
 class _Pending:
     """A `forward` waiting for `calculate_loss` / `backward`."""
+
     work: list[TenantWork]
     errors: dict[str, TenantStepError]
     mixed: bool
     passes: list[MixedPass]
 
 
-def _outcome(work: list[TenantWork], errors: dict[str, TenantStepError], mixed: bool, *,
-             return_errors: bool) -> dict[str, Any]:
+def _outcome(
+    work: list[TenantWork], errors: dict[str, TenantStepError], mixed: bool, *, return_errors: bool
+) -> dict[str, Any]:
     """The caller's result: one tenant's result (or its error raised), or per-tenant results (errors raised
     together as `MixedStepError`, or inline with `return_errors`)."""
     errors = {**errors, **{w.name: w.error for w in work if w.error is not None}}
-    results = {w.name: {k: v for k, v in w.result.items() if not k.startswith('_')}
-               for w in work if w.error is None and w.result is not None}
+    results = {
+        w.name: {k: v for k, v in w.result.items() if not k.startswith('_')}
+        for w in work
+        if w.error is None and w.result is not None
+    }
     names = list(dict.fromkeys([*(w.name for w in work), *errors]))
     if not mixed:
         (name,) = names
@@ -356,4 +461,3 @@ def _outcome(work: list[TenantWork], errors: dict[str, TenantStepError], mixed: 
     if errors and not return_errors:
         raise MixedStepError(errors, results)
     return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in names}
-

@@ -23,6 +23,7 @@ split into passes of at most B tokens, and B is chosen from measured cost:
 
 Cost tokens of a pass: rows x longest row for a padded batch, the sum of row lengths for a packed one.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,6 +39,7 @@ DEFAULT_MAX_PASS_TOKENS = 16384
 @dataclass(frozen=True)
 class TenantSize:
     """The shape of one tenant's micro-batch: number of rows, longest row, total tokens."""
+
     rows: int
     longest: int
     tokens: int
@@ -52,6 +54,7 @@ class PassPlan:
     """`groups`: indices of the tenants of each pass, in running order; `strategy`: 'mixed' (one pass),
     'one_by_one' or 'groups'; `budget`: cost tokens per pass the plan was built for (None: unbounded);
     `exploring`: the plan was chosen to measure a pass size not measured yet."""
+
     groups: tuple[tuple[int, ...], ...]
     strategy: str
     budget: int | None
@@ -122,8 +125,15 @@ class PassPlanner:
     plan with smaller passes is preferred.
     """
 
-    def __init__(self, strategy: str = 'auto', *, max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
-                 revisit_every: int = 16, tie: float = 0.03, cost_model: PassCostModel | None = None) -> None:
+    def __init__(
+        self,
+        strategy: str = 'auto',
+        *,
+        max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
+        revisit_every: int = 16,
+        tie: float = 0.03,
+        cost_model: PassCostModel | None = None,
+    ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f'unknown pass strategy {strategy!r}; choose one of {", ".join(STRATEGIES)}.')
         if max_pass_tokens is not None and max_pass_tokens < 1:
@@ -160,8 +170,9 @@ class PassPlanner:
             self.costs.record(tokens, seconds, tenants=tenants, train=train)
 
     # ---- internals -----------------------------------------------------------------------------------------
-    def _plan(self, sizes: Sequence[TenantSize], budget: int | None, *, packed: bool,
-              exploring: bool = False) -> PassPlan:
+    def _plan(
+        self, sizes: Sequence[TenantSize], budget: int | None, *, packed: bool, exploring: bool = False
+    ) -> PassPlan:
         groups = partition(sizes, budget, packed=packed)
         if len(groups) == 1 and len(sizes) > 1:
             strategy = 'mixed'

@@ -3,6 +3,7 @@
 A directory written here loads with plain ``peft.PeftModel.from_pretrained(base_model, path)`` and gives the same
 logits; any PEFT LoRA directory within the supported feature set (see `adapter_config`) loads here.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,16 @@ LEGACY_WEIGHTS_NAME = 'adapter_model.bin'
 CONFIG_NAME = 'adapter_config.json'
 
 
-def write_peft_adapter(path: str | os.PathLike, config: Any, targets: dict[str, ModuleLoraShape],
-                       state_dict: dict[str, torch.Tensor], base_model_name_or_path: str | None) -> str:
+def write_peft_adapter(
+    path: str | os.PathLike,
+    config: Any,
+    targets: dict[str, ModuleLoraShape],
+    state_dict: dict[str, torch.Tensor],
+    base_model_name_or_path: str | None,
+) -> str:
     """Write config and weights into directory `path` (created if needed); files are replaced atomically."""
     from safetensors.torch import save_file
+
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     saveable_config(config, targets, base_model_name_or_path).save_pretrained(str(out))
@@ -43,6 +50,7 @@ def write_peft_adapter(path: str | os.PathLike, config: Any, targets: dict[str, 
 def read_peft_adapter(path: str | os.PathLike) -> tuple[Any, dict[str, torch.Tensor]]:
     """(LoraConfig, peft-format state dict) of a PEFT adapter directory. Raises naming the missing file."""
     from peft import LoraConfig
+
     src = Path(path)
     if not (src / CONFIG_NAME).is_file():
         raise InvalidInputError(f'{src} is not a PEFT adapter directory: {CONFIG_NAME} is missing.')
@@ -53,6 +61,7 @@ def read_peft_adapter(path: str | os.PathLike) -> tuple[Any, dict[str, torch.Ten
     config.inference_mode = False
     if (src / WEIGHTS_NAME).is_file():
         from safetensors.torch import load_file
+
         state_dict = load_file(str(src / WEIGHTS_NAME))
     elif (src / LEGACY_WEIGHTS_NAME).is_file():
         state_dict = torch.load(src / LEGACY_WEIGHTS_NAME, map_location='cpu', weights_only=True)

@@ -8,6 +8,7 @@ The router is a plain object, not a contextvar, on purpose: activation recomputa
 runs layer forwards again during backward, possibly on autograd's device threads, and must see the same map.
 So keep the backward inside the same `with` block as the forward. One router serves one pass at a time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class SegmentPlan:
     `offset` is set when `order` is just ``offset, offset + 1, ...`` (tenants already laid out one after another,
     e.g. a packed batch): layers then read the tokens as a view instead of gathering a copy.
     """
+
     uniform_slot: int | None
     order: torch.Tensor | None
     segments: tuple[tuple[int, int, int], ...]
@@ -67,10 +69,18 @@ class AdapterRouter:
         Values are adapter slots or `BASE_ONLY` (-1). Unknown slots raise here, before any forward runs.
         """
         import torch
-        if not isinstance(index, torch.Tensor) or index.dtype not in (torch.int64, torch.int32, torch.int16,
-                                                                       torch.int8, torch.uint8):
-            raise TypeError(f'adapter index must be an integer torch.Tensor, got {type(index).__name__}'
-                            f'{"" if not isinstance(index, torch.Tensor) else " of dtype " + str(index.dtype)}.')
+
+        if not isinstance(index, torch.Tensor) or index.dtype not in (
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+        ):
+            raise TypeError(
+                f'adapter index must be an integer torch.Tensor, got {type(index).__name__}'
+                f'{"" if not isinstance(index, torch.Tensor) else " of dtype " + str(index.dtype)}.'
+            )
         if index.dim() not in (1, 2):
             raise ValueError(f'adapter index must have shape [B] or [B, T], got {tuple(index.shape)}.')
         index = index.long()
@@ -97,12 +107,15 @@ class AdapterRouter:
             return index
         if index.dim() == 1 and len(lead) == 2 and lead[0] == index.shape[0]:  # per-row index, [B, T] tokens
             return index[:, None].expand(lead)
-        raise ValueError(f'adapter index of shape {tuple(index.shape)} does not match activations with leading '
-                         f'shape {lead}: pass one index per row [B] or one per token {list(lead)}.')
+        raise ValueError(
+            f'adapter index of shape {tuple(index.shape)} does not match activations with leading '
+            f'shape {lead}: pass one index per row [B] or one per token {list(lead)}.'
+        )
 
 
 def _build_plan(index: torch.Tensor) -> SegmentPlan:
     import torch
+
     flat = index.reshape(-1)
     sorted_slots, order = torch.sort(flat, stable=True)
     slots, counts = torch.unique_consecutive(sorted_slots, return_counts=True)

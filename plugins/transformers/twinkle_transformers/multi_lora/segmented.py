@@ -11,6 +11,7 @@ formula) on the same segment, in the same order and with the same operands -- so
 bit-identical to the plain-autograd path (tested). Dropout is not handled here: layers with an active dropout use
 the plain path.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -27,8 +28,14 @@ class _SegmentedLora(torch.autograd.Function):
     `weights` = A_0, B_0, A_1, B_1, ... (peft layout: A is r x in, B is out x r)."""
 
     @staticmethod
-    def forward(ctx: Any, out: torch.Tensor, x_sorted: torch.Tensor, rows: int | torch.Tensor,
-                segments: Sequence[Segment], *weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        out: torch.Tensor,
+        x_sorted: torch.Tensor,
+        rows: int | torch.Tensor,
+        segments: Sequence[Segment],
+        *weights: torch.Tensor,
+    ) -> torch.Tensor:
         flat = out.view(-1, out.shape[-1])
         hidden = []
         for k, (start, end, scaling) in enumerate(segments):
@@ -36,7 +43,7 @@ class _SegmentedLora(torch.autograd.Function):
             h = torch.mm(x_sorted[start:end].to(a.dtype), a.t())
             delta = (torch.mm(h, b.t()) * scaling).to(out.dtype)
             if isinstance(rows, int):
-                flat[rows + start:rows + end].add_(delta)
+                flat[rows + start : rows + end].add_(delta)
             else:
                 flat.index_add_(0, rows[start:end], delta)
             hidden.append(h)
@@ -49,14 +56,17 @@ class _SegmentedLora(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         segments, rows, n = ctx.segments, ctx.rows, len(ctx.segments)
         saved = ctx.saved_tensors
-        x_sorted, hidden, weights = saved[0], saved[1:1 + n], saved[1 + n:]
+        x_sorted, hidden, weights = saved[0], saved[1 : 1 + n], saved[1 + n :]
         grad_flat = grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = _empty_but_gaps(x_sorted, segments) if ctx.needs_input_grad[1] else None
         grad_weights: list[torch.Tensor] = []
         for k, (start, end, scaling) in enumerate(segments):
             a, b = weights[2 * k], weights[2 * k + 1]
-            g = grad_flat[rows + start:rows + end] if isinstance(rows, int) else \
-                grad_flat.index_select(0, rows[start:end])
+            g = (
+                grad_flat[rows + start : rows + end]
+                if isinstance(rows, int)
+                else grad_flat.index_select(0, rows[start:end])
+            )
             g = g.to(b.dtype) * scaling
             grad_h = torch.mm(g, b)
             # weight gradients as autograd's mm backward computes them for a transposed weight: g^T @ input
@@ -79,8 +89,13 @@ def _empty_but_gaps(x: torch.Tensor, segments: Sequence[Segment]) -> torch.Tenso
     return out
 
 
-def segmented_lora_(out: torch.Tensor, x_sorted: torch.Tensor, rows: int | torch.Tensor,
-                    segments: Sequence[Segment], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+def segmented_lora_(
+    out: torch.Tensor,
+    x_sorted: torch.Tensor,
+    rows: int | torch.Tensor,
+    segments: Sequence[Segment],
+    weights: Sequence[torch.Tensor],
+) -> torch.Tensor:
     """Add every adapter's LoRA delta into `out` (the base layer's fresh output) in place, as one autograd node
     (see `_SegmentedLora`); returns `out`."""
     return _SegmentedLora.apply(out, x_sorted, rows, tuple(segments), *weights)

@@ -6,6 +6,7 @@ Rows of a mixed step are collated tenant after tenant, so a tenant's rows are co
 ``row_lengths``, ``num_tokens``, ``cu_seqlens``, ``max_seqlen``) so the tenant's loss sees exactly the batch it
 would see alone.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -18,13 +19,27 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import IGNORE_INDEX, as_input_features, as_list
 
 # What the processor itself adds to every batch (everything else comes from the rows' own fields).
-COLLATED_FIELDS = frozenset({'input_ids', 'labels', 'target_ids', 'position_ids', 'attention_mask', 'row_index',
-                             'row_lengths', 'num_tokens', 'packed', 'cu_seqlens', 'max_seqlen'})
+COLLATED_FIELDS = frozenset(
+    {
+        'input_ids',
+        'labels',
+        'target_ids',
+        'position_ids',
+        'attention_mask',
+        'row_index',
+        'row_lengths',
+        'num_tokens',
+        'packed',
+        'cu_seqlens',
+        'max_seqlen',
+    }
+)
 
 
 @dataclass(frozen=True)
 class RowLimits:
     """What a row must satisfy to be fed to the model."""
+
     vocab_size: int
     max_length: int | None = None
 
@@ -40,14 +55,17 @@ def validate_rows(batch: Any, limits: RowLimits) -> list[dict[str, Any]]:
             raise InvalidInputError(f'row {i} has {len(ids)} tokens; the model accepts at most {limits.max_length}.')
         bad = next((t for t in ids if not 0 <= t < limits.vocab_size), None)
         if bad is not None:
-            raise InvalidInputError(f'row {i}: input_ids contains {bad}, outside the vocabulary [0, '
-                                    f'{limits.vocab_size}).')
+            raise InvalidInputError(
+                f'row {i}: input_ids contains {bad}, outside the vocabulary [0, {limits.vocab_size}).'
+            )
         if row.get('labels') is not None:
             labels = _ints(row['labels'], i, 'labels')
             bad = next((t for t in labels if t != IGNORE_INDEX and not 0 <= t < limits.vocab_size), None)
             if bad is not None:
-                raise InvalidInputError(f'row {i}: labels contains {bad}; use token ids in [0, {limits.vocab_size})'
-                                        f' or {IGNORE_INDEX} for no loss.')
+                raise InvalidInputError(
+                    f'row {i}: labels contains {bad}; use token ids in [0, {limits.vocab_size})'
+                    f' or {IGNORE_INDEX} for no loss.'
+                )
     return rows
 
 
@@ -74,8 +92,9 @@ def slice_rows(batch: dict[str, Any], start: int, end: int, row_fields: set[str]
             continue
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == shape:
             out[key] = cut(value)
-        elif isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == num_rows \
-                and key != 'cu_seqlens':
+        elif (
+            isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == num_rows and key != 'cu_seqlens'
+        ):
             out[key] = value[start:end]
         elif isinstance(value, list) and len(value) == num_rows:
             out[key] = value[start:end]
@@ -93,8 +112,9 @@ def slice_rows(batch: dict[str, Any], start: int, end: int, row_fields: set[str]
     return out
 
 
-def slice_outputs(outputs: dict[str, torch.Tensor], batch: dict[str, Any], start: int, end: int
-                  ) -> dict[str, torch.Tensor]:
+def slice_outputs(
+    outputs: dict[str, torch.Tensor], batch: dict[str, Any], start: int, end: int
+) -> dict[str, torch.Tensor]:
     """The forward outputs (``logps``, ``mask``, ``logits``, ...) of rows ``[start, end)``, laid out like
     `slice_rows` lays out the batch."""
     cut = _token_slicer(batch, start, end)

@@ -15,6 +15,7 @@ a module, `uniform_names` which adapters a whole-batch run reaches there.
 Wire format of adapter tensors for both: PEFT's saved-adapter keys (e.g.
 ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), i.e. what `adapter_model.safetensors` holds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,6 +57,7 @@ def adapter_backend(model: torch.nn.Module, *, owned: bool) -> AdapterBackend:
     if is_peft_model(model):
         return PeftAdapters(model)
     from twinkle_transformers.multi_lora import find_manager
+
     if owned or find_manager(model) is not None:
         return MultiLoraAdapters(model)
     return _NoAdapters()
@@ -67,7 +69,8 @@ def check_adapters(backend: AdapterBackend, requested: Iterable[str | None]) -> 
     if unknown:
         raise InvalidInputError(
             f'Unknown adapter(s) {unknown}; this sampler has {sorted(known) or "no adapters"}. Load one first with '
-            f'`sampler.add_adapter(name, lora_config, tensors)` or `add_adapter(name, path=peft_dir)`.')
+            f'`sampler.add_adapter(name, lora_config, tensors)` or `add_adapter(name, path=peft_dir)`.'
+        )
 
 
 class MultiLoraAdapters:
@@ -77,10 +80,12 @@ class MultiLoraAdapters:
     @property
     def manager(self) -> Any:
         from twinkle_transformers.multi_lora import MultiLoraManager
+
         return MultiLoraManager.attach(self.model)  # freezes the base on first use; idempotent
 
     def names(self) -> list[str]:
         from twinkle_transformers.multi_lora import find_manager
+
         manager = find_manager(self.model)
         return manager.adapter_names if manager is not None else []
 
@@ -112,6 +117,7 @@ class MultiLoraAdapters:
     def names_in(self, module: torch.nn.Module) -> set[str]:
         from twinkle_transformers.multi_lora import find_manager
         from twinkle_transformers.multi_lora.layer import MultiLoraLinear
+
         manager = find_manager(self.model)
         if manager is None:
             return set()
@@ -142,12 +148,14 @@ class PeftAdapters:
 
     def load(self, name: str, weights: Weights | str | Path, lora_config: Any = None) -> None:
         import peft
+
         if isinstance(weights, (str, Path)):
             weights, lora_config = read_peft_dir(Path(weights), lora_config)
         config = _as_lora_config(lora_config) if lora_config is not None else None
         weights = dict(weights)
-        if name in self.model.peft_config and (config is None or
-                                               _shape_key(config) == _shape_key(self.model.peft_config[name])):
+        if name in self.model.peft_config and (
+            config is None or _shape_key(config) == _shape_key(self.model.peft_config[name])
+        ):
             self._check_matches(name, weights)  # before copying anything
             peft.set_peft_model_state_dict(self.model, weights, adapter_name=name)
             return
@@ -155,8 +163,10 @@ class PeftAdapters:
             raise _config_needed(name)
         previous = None
         if name in self.model.peft_config:
-            previous = (self.model.peft_config[name],
-                        {k: v.clone() for k, v in peft.get_peft_model_state_dict(self.model, adapter_name=name).items()})
+            previous = (
+                self.model.peft_config[name],
+                {k: v.clone() for k, v in peft.get_peft_model_state_dict(self.model, adapter_name=name).items()},
+            )
             self.model.delete_adapter(name)
         config.inference_mode = True
         self.model.add_adapter(name, config)
@@ -175,6 +185,7 @@ class PeftAdapters:
 
     def _check_matches(self, name: str, weights: dict[str, torch.Tensor]) -> None:
         import peft
+
         expected = peft.get_peft_model_state_dict(self.model, adapter_name=name)
         missing = sorted(set(expected) - set(weights))
         unexpected = sorted(set(weights) - set(expected))
@@ -182,11 +193,16 @@ class PeftAdapters:
         if missing or unexpected or wrong:
             raise InvalidInputError(
                 f'Adapter {name!r} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, '
-                f'wrong shape {wrong[:3]} (PEFT keys such as base_model.model.<module>.lora_A.weight expected).')
+                f'wrong shape {wrong[:3]} (PEFT keys such as base_model.model.<module>.lora_A.weight expected).'
+            )
 
     def names_in(self, module: torch.nn.Module) -> set[str]:
-        return {name for m in module.modules() if isinstance(getattr(m, 'lora_A', None), torch.nn.ModuleDict)
-                for name in m.lora_A.keys()}
+        return {
+            name
+            for m in module.modules()
+            if isinstance(getattr(m, 'lora_A', None), torch.nn.ModuleDict)
+            for name in m.lora_A.keys()
+        }
 
     def uniform_names(self) -> set[str]:
         return {self._active} if self._active is not None else set()
@@ -213,7 +229,8 @@ class _NoAdapters:
     def load(self, name: str, weights: Any, lora_config: Any = None) -> None:
         raise InvalidInputError(
             'This sampler shares a model without LoRA layers with its owner; adding an adapter would inject LoRA '
-            'layers into the owner\'s model. Build the sampler from `model_id=` (its own copy) instead.')
+            "layers into the owner's model. Build the sampler from `model_id=` (its own copy) instead."
+        )
 
     def remove(self, name: str) -> None:
         raise InvalidInputError(f'Unknown adapter {name!r}; this sampler has no adapters.')
@@ -240,16 +257,22 @@ def read_peft_dir(path: Path, lora_config: Any) -> tuple[dict[str, torch.Tensor]
 def _config_needed(name: str) -> InvalidInputError:
     return InvalidInputError(
         f'Adapter {name!r} is new: pass `lora_config=` (a peft.LoraConfig or dict with r, lora_alpha, '
-        f'target_modules) along with its tensors, or load it from a PEFT directory.')
+        f'target_modules) along with its tensors, or load it from a PEFT directory.'
+    )
 
 
 def _shape_key(config: Any) -> tuple[Any, ...]:
     get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
     targets = get('target_modules')
     targets = tuple(sorted(targets)) if isinstance(targets, (set, list, tuple)) else targets
-    return (get('r', 8), get('lora_alpha', 8), targets, bool(get('use_rslora', False)),
-            json.dumps(get('rank_pattern', {}) or {}, sort_keys=True),
-            json.dumps(get('alpha_pattern', {}) or {}, sort_keys=True))
+    return (
+        get('r', 8),
+        get('lora_alpha', 8),
+        targets,
+        bool(get('use_rslora', False)),
+        json.dumps(get('rank_pattern', {}) or {}, sort_keys=True),
+        json.dumps(get('alpha_pattern', {}) or {}, sort_keys=True),
+    )
 
 
 def _as_lora_config(config: Any) -> Any:

@@ -14,6 +14,7 @@ images and ``[4, B, L]`` M-RoPE positions, and every step ``[4, B, 1]`` position
 (`vision_inputs.py`); their image/video placeholder tokens are never sampled (they still count in the
 log-softmax, so log-probs stay the model's own).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,6 +41,7 @@ Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[A
 class PromptJob:
     """One prompt and the random streams of its samples (one generator per sample; empty when greedy);
     `images`: an image prompt's images (vision-language models only)."""
+
     token_ids: list[int]
     generators: list[torch.Generator]
     num_samples: int
@@ -65,8 +67,15 @@ class BatchDecoder:
     """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls.
     `vision_language`: the model is a VL model (images and M-RoPE positions; never the fast path)."""
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, route: Route,
-                 fast: FastDecoder | None = None, vision_language: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        route: Route,
+        fast: FastDecoder | None = None,
+        vision_language: bool = False,
+    ) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.route = route
@@ -80,22 +89,37 @@ class BatchDecoder:
             return self.model(use_cache=True, **kwargs, **extra)
 
     @torch.inference_mode()
-    def decode(self, jobs: list[PromptJob], chooser: TokenChooser, stop: StopCondition, *,
-               prompt_logprobs: bool = False, top_logprobs: int = 0) -> list[PromptResult]:
+    def decode(
+        self,
+        jobs: list[PromptJob],
+        chooser: TokenChooser,
+        stop: StopCondition,
+        *,
+        prompt_logprobs: bool = False,
+        top_logprobs: int = 0,
+    ) -> list[PromptResult]:
         device = next(self.model.parameters()).device
         input_ids, mask, positions = _left_pad([j.token_ids for j in jobs], self.pad_token_id, device)
         prompt_len = input_ids.shape[1]
         inputs: dict[str, Any] = {'position_ids': positions}
         deltas = None
         if self.vision_language:
-            inputs, deltas = prefill_inputs(self.model, [j.token_ids for j in jobs], [j.images for j in jobs],
-                                            positions)
+            inputs, deltas = prefill_inputs(
+                self.model, [j.token_ids for j in jobs], [j.images for j in jobs], positions
+            )
         elif any(j.images is not None for j in jobs):
             raise ValueError('image prompts need vision_language=True')  # TorchSampler refuses them earlier
         from transformers import DynamicCache
+
         cache = DynamicCache(config=getattr(self.model, 'config', None))
-        out = self._forward([j.adapter_name for j in jobs], input_ids=input_ids, attention_mask=mask,
-                            past_key_values=cache, logits_to_keep=0 if prompt_logprobs else 1, **inputs)
+        out = self._forward(
+            [j.adapter_name for j in jobs],
+            input_ids=input_ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            logits_to_keep=0 if prompt_logprobs else 1,
+            **inputs,
+        )
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
         if prompt_logprobs:
             for result, row in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
@@ -107,16 +131,23 @@ class BatchDecoder:
         del out
         key_mask = torch.ones(len(owner), prompt_len + stop.max_tokens, dtype=mask.dtype, device=device)
         key_mask[:, :prompt_len] = mask[fan_out]
-        rows = _Rows(adapters=[jobs[p].adapter_name for p, _ in owner],
-                     generators=[jobs[p].generators[s] for p, s in owner] if not chooser.greedy else [],
-                     next_pos=positions[fan_out, -1:] + 1, live=list(range(len(owner))),
-                     deltas=deltas[fan_out] if deltas is not None else None)
-        stepper = (_FastStepper(self.fast, cache, fan_out, key_mask, self.route) if self.fast is not None
-                   else _HFStepper(self, cache, fan_out, key_mask))
+        rows = _Rows(
+            adapters=[jobs[p].adapter_name for p, _ in owner],
+            generators=[jobs[p].generators[s] for p, s in owner] if not chooser.greedy else [],
+            next_pos=positions[fan_out, -1:] + 1,
+            live=list(range(len(owner))),
+            deltas=deltas[fan_out] if deltas is not None else None,
+        )
+        stepper = (
+            _FastStepper(self.fast, cache, fan_out, key_mask, self.route)
+            if self.fast is not None
+            else _HFStepper(self, cache, fan_out, key_mask)
+        )
         banned = torch.tensor(self.never_sampled, device=device) if self.never_sampled else None
         while True:
-            tokens = chooser.choose(logits if banned is None else logits.index_fill(-1, banned, float('-inf')),
-                                    rows.generators)
+            tokens = chooser.choose(
+                logits if banned is None else logits.index_fill(-1, banned, float('-inf')), rows.generators
+            )
             token_list = tokens.tolist()
             logprob_list = chosen_logprobs(logits, tokens).tolist()
             top = _top_logprobs(logits, top_logprobs) if top_logprobs else None
@@ -153,6 +184,7 @@ def _top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]
 @dataclass
 class _Rows:
     """Per-row decode state of the current batch (rows shrink as sequences finish)."""
+
     adapters: list[str | None]
     generators: list[torch.Generator]
     next_pos: torch.Tensor
@@ -191,9 +223,14 @@ class _HFStepper:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
         self.length += 1
-        return self.decoder._forward(adapters, input_ids=tokens.unsqueeze(-1), past_key_values=self.cache,
-                                     attention_mask=self.key_mask[:, :self.length], position_ids=positions,
-                                     logits_to_keep=1).logits[:, -1]
+        return self.decoder._forward(
+            adapters,
+            input_ids=tokens.unsqueeze(-1),
+            past_key_values=self.cache,
+            attention_mask=self.key_mask[:, : self.length],
+            position_ids=positions,
+            logits_to_keep=1,
+        ).logits[:, -1]
 
     def select(self, index: torch.Tensor) -> None:
         self.cache.reorder_cache(index)
@@ -203,8 +240,9 @@ class _HFStepper:
 class _FastStepper:
     """Decode steps through `FastDecoder` over a preallocated cache."""
 
-    def __init__(self, fast: FastDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor,
-                 route: Route) -> None:
+    def __init__(
+        self, fast: FastDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor, route: Route
+    ) -> None:
         fast.prepare(positions=key_mask.shape[1] + 1)
         self.fast, self.route = fast, route
         self.cache = StaticKVCache.from_dynamic(cache, fan_out, key_mask.shape[1])
@@ -220,23 +258,23 @@ class _FastStepper:
         self.key_mask = self.key_mask[index]
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _left_pad(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask [B, L] (left padding) and position_ids counted from each row's first token."""
     length = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), length), dtype=torch.long)
     for i, p in enumerate(prompts):
-        input_ids[i, length - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, length - len(p):] = 1
+        input_ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, length - len(p) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), mask.to(device), positions.to(device)
 
 
-def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
-                     jobs: list[PromptJob]) -> list[list[float | None]]:
+def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, jobs: list[PromptJob]) -> list[list[float | None]]:
     """Per prompt: [None, log p(t1 | t0), log p(t2 | t0 t1), ...] from the prefill logits (left-padded rows)."""
     width = input_ids.shape[1]
     targets = input_ids[:, 1:]
     lps = chosen_logprobs(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1)).view(targets.shape)
-    return [[None] + lps[i, width - len(job.token_ids):].tolist() for i, job in enumerate(jobs)]
+    return [[None] + lps[i, width - len(job.token_ids) :].tolist() for i, job in enumerate(jobs)]

@@ -12,6 +12,7 @@ adapter routing keeps working. Anything outside the supported family (other arch
 layers, PEFT-wrapped models whose mixed-adapter routing needs PEFT's forward hooks) returns None from
 `FastDecoder.for_model` and the caller uses the plain HF forward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ SUPPORTED_MODEL_TYPES = frozenset({'llama', 'mistral', 'qwen2', 'qwen3'})
 @dataclass
 class StaticKVCache:
     """Per layer keys/values [B, kv_heads, capacity, head_dim]; `length` positions are filled."""
+
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
@@ -39,8 +41,8 @@ class StaticKVCache:
             k, v = layer.keys, layer.values
             shape = (len(rows), k.shape[1], capacity, k.shape[3])
             kb, vb = k.new_empty(shape), v.new_empty(shape)
-            kb[:, :, :k.shape[2]] = k[rows]
-            vb[:, :, :v.shape[2]] = v[rows]
+            kb[:, :, : k.shape[2]] = k[rows]
+            vb[:, :, : v.shape[2]] = v[rows]
             keys.append(kb)
             values.append(vb)
         return cls(keys, values, cache.layers[0].keys.shape[2])
@@ -64,8 +66,13 @@ class FastDecoder:
     def prepare(self, positions: int) -> None:
         """Set up the decode that follows (positions below `positions`): resolve each layer's projections (fused
         or per module) and tabulate RoPE. Weights and modules must not be swapped until it ends."""
-        self._projections = [(Projection([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                              Projection([layer.mlp.gate_proj, layer.mlp.up_proj])) for layer in self.body.layers]
+        self._projections = [
+            (
+                Projection([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                Projection([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            )
+            for layer in self.body.layers
+        ]
         embed = self.body.embed_tokens.weight
         all_positions = torch.arange(positions, device=embed.device)[None]
         cos, sin = self.body.rotary_emb(embed[:1][None], all_positions)  # same values as per-step calls
@@ -76,9 +83,13 @@ class FastDecoder:
         """A decoder for `model`, or None when it is not a plain Llama-family causal LM. `fuse`: fuse projection
         weights in place (only for a model the caller owns: parameters are replaced by views)."""
         config = getattr(model, 'config', None)
-        if (getattr(config, 'model_type', None) not in SUPPORTED_MODEL_TYPES or hasattr(model, 'peft_config')
-                or getattr(config, 'hidden_act', None) != 'silu' or getattr(config, 'pretraining_tp', 1) != 1
-                or not isinstance(getattr(model, 'lm_head', None), nn.Linear)):
+        if (
+            getattr(config, 'model_type', None) not in SUPPORTED_MODEL_TYPES
+            or hasattr(model, 'peft_config')
+            or getattr(config, 'hidden_act', None) != 'silu'
+            or getattr(config, 'pretraining_tp', 1) != 1
+            or not isinstance(getattr(model, 'lm_head', None), nn.Linear)
+        ):
             return None
         if any(t != 'full_attention' for t in (getattr(config, 'layer_types', None) or [])):
             return None
@@ -92,8 +103,9 @@ class FastDecoder:
         return cls(model)
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache,
-             key_mask: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache, key_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Logits [B, V] for `tokens` [B] at `positions` [B, 1]; appends their keys/values to `cache`.
         `key_mask` [B, >= cache.length + 1] (bool): which cached positions each row may attend to."""
         batch = tokens.shape[0]
@@ -101,7 +113,7 @@ class FastDecoder:
         assert self._rope_table is not None, 'call prepare() first'
         cos, sin = (table[positions[:, 0]][:, None, None] for table in self._rope_table)
         slot = cache.length
-        mask = key_mask[:, None, None, :slot + 1]
+        mask = key_mask[:, None, None, : slot + 1]
         for index, (layer, (qkv, gate_up)) in enumerate(zip(self.body.layers, self._projections)):
             attn = layer.self_attn
             h = self._norm(x, layer.input_layernorm)
@@ -115,8 +127,9 @@ class FastDecoder:
             keys, values = cache.keys[index], cache.values[index]
             keys[:, :, slot] = k[:, :, 0]
             values[:, :, slot] = v.view(batch, -1, head_dim)
-            out = F.scaled_dot_product_attention(q, keys[:, :, :slot + 1], values[:, :, :slot + 1], attn_mask=mask,
-                                                 scale=attn.scaling, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q, keys[:, :, : slot + 1], values[:, :, : slot + 1], attn_mask=mask, scale=attn.scaling, enable_gqa=True
+            )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
             h = self._norm(x, layer.post_attention_layernorm)
             gate, up = gate_up(h)
@@ -164,7 +177,7 @@ def fuse_linears(linears: list[nn.Module]) -> None:
         offset = 0
         for lin, p in zip(linears, params):
             rows = p.shape[0]
-            setattr(lin, attr, nn.Parameter(fused[offset:offset + rows], requires_grad=p.requires_grad))
+            setattr(lin, attr, nn.Parameter(fused[offset : offset + rows], requires_grad=p.requires_grad))
             offset += rows
 
 
@@ -188,8 +201,12 @@ def _contiguous_span(params: list[torch.Tensor]) -> torch.Tensor | None:
     storage = first.untyped_storage().data_ptr()
     offset = first.storage_offset()
     for p in params:
-        if (not p.is_contiguous() or p.untyped_storage().data_ptr() != storage or p.storage_offset() != offset
-                or p.shape[1:] != first.shape[1:]):
+        if (
+            not p.is_contiguous()
+            or p.untyped_storage().data_ptr() != storage
+            or p.storage_offset() != offset
+            or p.shape[1:] != first.shape[1:]
+        ):
             return None
         offset += p.numel()
     rows = sum(p.shape[0] for p in params)

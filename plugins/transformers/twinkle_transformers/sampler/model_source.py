@@ -1,4 +1,5 @@
 """Where a sampler's weights come from: its own copy loaded from a path, or a model shared with a trainer."""
+
 from __future__ import annotations
 
 import os
@@ -19,28 +20,38 @@ class ModelSource:
     owner: Any = None  # the wrapper the module came from (re-read on use: e.g. a model that gains a PEFT wrapper)
 
 
-def open_model(model_id: str | os.PathLike[str] | None, *, model: Any, tokenizer: Any,
-               device: str | torch.device | None, dtype: Any) -> ModelSource:
+def open_model(
+    model_id: str | os.PathLike[str] | None,
+    *,
+    model: Any,
+    tokenizer: Any,
+    device: str | torch.device | None,
+    dtype: Any,
+) -> ModelSource:
     if (model_id is None) == (model is None):
         raise InvalidInputError('Pass exactly one of model_id= (a model directory) or model= (a model to share).')
     if model is not None:
         module = unwrap_module(model)
         if device is not None and torch.device(device) != next(module.parameters()).device:
-            raise InvalidInputError(f'model= lives on {next(module.parameters()).device} but device={device} was '
-                                    'asked; a shared model is used where it is.')
+            raise InvalidInputError(
+                f'model= lives on {next(module.parameters()).device} but device={device} was '
+                'asked; a shared model is used where it is.'
+            )
         tokenizer = tokenizer if tokenizer is not None else getattr(model, 'tokenizer', None)
         name = getattr(getattr(module, 'config', None), '_name_or_path', None) or None
         if tokenizer is None and name and os.path.isdir(name):
             tokenizer = _load_tokenizer(name)
-        return ModelSource(module, tokenizer, name, owned=False,
-                           owner=None if isinstance(model, torch.nn.Module) else model)
+        return ModelSource(
+            module, tokenizer, name, owned=False, owner=None if isinstance(model, torch.nn.Module) else model
+        )
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from twinkle_transformers.vision import is_vision_language
 
     path = os.fspath(model_id)
-    target = torch.device(device) if device is not None else torch.device(
-        'cuda' if torch.cuda.is_available() else 'cpu')
+    target = (
+        torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    )
     if dtype is None:  # fp32 on CPU (bf16 matmuls are slow there); the checkpoint's dtype on accelerators
         dtype = torch.float32 if target.type == 'cpu' else 'auto'
     # vision-language checkpoints (Qwen3-VL, Qwen3.5) have no causal-LM class: image + text in, text out
@@ -64,6 +75,7 @@ def unwrap_module(model: Any) -> torch.nn.Module:
 
 def _load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):  # a weights-only directory: the sampler still works on token ids

@@ -5,6 +5,7 @@ seed -- not on which other rows share the batch, nor on rows finishing and leavi
 the exponential-race form of the categorical draw (``argmax(p / E)`` with ``E ~ Exp(1)``), which needs exactly
 one noise vector per row and step and no Python-side branching on the distribution.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 class TokenChooser:
     """Sampling settings shared by every row of a batch. `top_k=-1` and `top_p=1.0` disable those filters;
     `temperature=0` is greedy (argmax, no randomness consumed)."""
+
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -45,8 +47,9 @@ class TokenChooser:
 
 def _race(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One categorical draw per row: argmax(p / E), E ~ Exp(1) drawn from the row's own generator."""
-    noise = torch.stack([torch.empty(probs.shape[-1], device=probs.device).exponential_(generator=g)
-                         for g in generators])
+    noise = torch.stack(
+        [torch.empty(probs.shape[-1], device=probs.device).exponential_(generator=g) for g in generators]
+    )
     return (probs / noise).argmax(dim=-1)
 
 

@@ -5,6 +5,7 @@ Semantics (the Tinker convention, also what tinker-cookbook renderers expect): t
 token that completes the string (a token may carry characters past the end of the string; tokens are never
 split). Tokens, logprobs and decoded text are always cut at the same place.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ Decode = Callable[[list[int]], str]
 @dataclass(frozen=True)
 class StopCondition:
     """`stop_token_ids` always include the model's EOS ids. `stop_strings` need `decode` (a tokenizer)."""
+
     max_tokens: int
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
@@ -37,7 +39,7 @@ class StopCondition:
             return 'stop'
         if self.stop_strings:
             assert self.decode is not None
-            tail = self.decode(generated[-self._window:])
+            tail = self.decode(generated[-self._window :])
             if any(s in tail for s in self.stop_strings):
                 return 'stop'
         if len(generated) >= self.max_tokens:

@@ -20,6 +20,7 @@ Contract (see docs/sampling.md):
   fields, so it trains as is (see `vision_inputs.py` for the positions). Image placeholder tokens are never
   sampled.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,15 +64,27 @@ class TorchSampler(Sampler):
     installed for inference into a model the sampler loaded itself (`twinkle_core.kernel.apply_kernels`; they run
     in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements)."""
 
-    def __init__(self, model_id: str | os.PathLike[str] | None = None, *, model: Any = None, tokenizer: Any = None,
-                 template: Any = None, device: str | torch.device | None = None, dtype: Any = None,
-                 max_batch_size: int = 64, fast_decode: bool = True, kernels: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        model_id: str | os.PathLike[str] | None = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        template: Any = None,
+        device: str | torch.device | None = None,
+        dtype: Any = None,
+        max_batch_size: int = 64,
+        fast_decode: bool = True,
+        kernels: Sequence[Any] = (),
+    ) -> None:
         if max_batch_size < 1:
             raise InvalidInputError(f'max_batch_size must be >= 1, got {max_batch_size}.')
         source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
         if kernels and not source.owned:
-            raise InvalidInputError('kernels= needs a model the sampler loads itself (model_id=); this one shares '
-                                    "its module with a training model: install the kernels there instead.")
+            raise InvalidInputError(
+                'kernels= needs a model the sampler loads itself (model_id=); this one shares '
+                'its module with a training model: install the kernels there instead.'
+            )
         device_type = next(source.module.parameters()).device.type
         self.kernels = apply_kernels(source.module, kernels, mode='inference', device=device_type)
         self.model_id = source.model_id
@@ -91,8 +104,14 @@ class TorchSampler(Sampler):
         """Template by name (kind ``template``), class or instance (see `TextCodec.set_template`)."""
         self._codec.set_template(template, model_id, **kwargs)
 
-    def sample(self, inputs: Any, sampling_params: SamplingParams | Mapping[str, Any] | None = None, *,
-               adapter_name: str | list[str | None] | None = None, **kwargs: Any) -> list[SampleResponse]:
+    def sample(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        adapter_name: str | list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
         params = as_sampling_params(sampling_params, kwargs)
         model = self.model
@@ -104,25 +123,43 @@ class TorchSampler(Sampler):
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         by_adapter = self._split_by_adapter(model, images, adapters)
-        stop = StopCondition(max_tokens=params.max_tokens,
-                             stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
-                             stop_strings=tuple(params.stop_strings()),
-                             decode=self._decode_raw if params.stop_strings() else None)
+        stop = StopCondition(
+            max_tokens=params.max_tokens,
+            stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
+            stop_strings=tuple(params.stop_strings()),
+            decode=self._decode_raw if params.stop_strings() else None,
+        )
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
         jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy, images)
         results: dict[int, list[PromptResult]] = {}
-        decoder = BatchDecoder(model, pad_token_id=self._pad_token_id(), route=self._adapters.routed,
-                               fast=self._fast_decoder(model), vision_language=self._vision_language)
+        decoder = BatchDecoder(
+            model,
+            pad_token_id=self._pad_token_id(),
+            route=self._adapters.routed,
+            fast=self._fast_decoder(model),
+            vision_language=self._vision_language,
+        )
         with _eval_mode(model):
             for batch in _batches(jobs, self.max_batch_size, by_adapter=by_adapter):
-                outputs = decoder.decode([job for _, job in batch], chooser, stop,
-                                         prompt_logprobs=params.prompt_logprobs, top_logprobs=params.alternatives)
+                outputs = decoder.decode(
+                    [job for _, job in batch],
+                    chooser,
+                    stop,
+                    prompt_logprobs=params.prompt_logprobs,
+                    top_logprobs=params.alternatives,
+                )
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
         return [self._response(rows[i], encoded[i], results[i], params) for i in range(len(prompts))]
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
-                     *, adapter_name: str | None = None, lora_config: Any = None, **kwargs: Any) -> None:
+    def load_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | str,
+        *,
+        adapter_name: str | None = None,
+        lora_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
         """Copy base weights in place (names as in the plain Hugging Face model's state dict; PEFT wrapper prefixes
         are accepted). `adapter_name` given: `add_adapter` from PEFT-format tensors or a PEFT directory."""
         if adapter_name is not None:
@@ -132,14 +169,22 @@ class TorchSampler(Sampler):
                 self.add_adapter(adapter_name, lora_config, dict(named_tensors))
             return
         if isinstance(named_tensors, (str, os.PathLike)):
-            raise InvalidInputError('load_weights(path) without adapter_name is not supported; pass (name, tensor) '
-                                    'pairs, or adapter_name=... for a PEFT adapter directory.')
+            raise InvalidInputError(
+                'load_weights(path) without adapter_name is not supported; pass (name, tensor) '
+                'pairs, or adapter_name=... for a PEFT adapter directory.'
+            )
         from twinkle_transformers.export import copy_base_weights
-        copy_base_weights(self.model,
-                          named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
-    def add_adapter(self, name: str, config: Any = None, tensors: Mapping[str, torch.Tensor] | None = None, *,
-                    path: str | None = None) -> None:
+        copy_base_weights(self.model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+
+    def add_adapter(
+        self,
+        name: str,
+        config: Any = None,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        *,
+        path: str | None = None,
+    ) -> None:
         if (tensors is None) == (path is None):
             raise InvalidInputError(f'add_adapter({name!r}): pass exactly one of tensors= or path=.')
         self.model  # noqa: B018 - follow a shared owner's current module first
@@ -155,6 +200,7 @@ class TorchSampler(Sampler):
     def shares_weights_with(self, model: Any) -> str:
         from twinkle_transformers.export import ModuleWeights
         from twinkle_transformers.sampler.model_source import unwrap_module
+
         try:
             other = unwrap_module(model)  # a twinkle model, a ModuleWeights or a torch module
         except InvalidInputError:  # not a torch-backed model of this process
@@ -172,6 +218,7 @@ class TorchSampler(Sampler):
         on every use, so a model that gained a PEFT wrapper after the sampler was built is followed."""
         if self._owner is not None:
             from twinkle_transformers.sampler.model_source import unwrap_module
+
             module = unwrap_module(self._owner)
             if module is not self._model:
                 self._model, self._adapters = module, lora.adapter_backend(module, owned=False)
@@ -205,8 +252,9 @@ class TorchSampler(Sampler):
             self.set_template('VisionTemplate', model_id=source)
         return self._codec.encode_chat_row(trajectory)
 
-    def _split_by_adapter(self, model: torch.nn.Module, images: list[PromptImages | None],
-                          adapters: list[str | None]) -> bool:
+    def _split_by_adapter(
+        self, model: torch.nn.Module, images: list[PromptImages | None], adapters: list[str | None]
+    ) -> bool:
         """Whether batches must hold one adapter each: image prompts whose adapters have LoRA weights in the vision
         tower, whose inputs are image patches, not batch rows (per-row routing cannot reach them)."""
         if not any(image is not None for image in images):
@@ -220,7 +268,8 @@ class TorchSampler(Sampler):
             raise InvalidInputError(
                 f'Adapter(s) {unroutable} have LoRA weights in the vision tower, which PEFT cannot route per batch '
                 'row (its inputs are image patches); sample image prompts with the active adapter or the base model, '
-                'or build the sampler from model_id= (twinkle multi-LoRA routes whole batches per adapter).')
+                'or build the sampler from model_id= (twinkle multi-LoRA routes whole batches per adapter).'
+            )
         return True
 
     def _decode_raw(self, token_ids: list[int]) -> str:
@@ -244,8 +293,11 @@ class TorchSampler(Sampler):
         return frozenset(ids)
 
     def _pad_token_id(self) -> int:
-        for candidate in (getattr(self.tokenizer, 'pad_token_id', None),
-                          getattr(self._model.config, 'pad_token_id', None), *sorted(self._eos_token_ids())):
+        for candidate in (
+            getattr(self.tokenizer, 'pad_token_id', None),
+            getattr(self._model.config, 'pad_token_id', None),
+            *sorted(self._eos_token_ids()),
+        ):
             if isinstance(candidate, int):
                 return candidate
         return 0
@@ -261,36 +313,61 @@ class TorchSampler(Sampler):
                 raise InvalidInputError(
                     f'Prompt {i}: {len(ids)} prompt tokens + max_tokens={params.max_tokens} exceeds the model '
                     f'context of {context} tokens; lower max_tokens to at most {max(context - len(ids), 0)} or '
-                    f'shorten the prompt.')
+                    f'shorten the prompt.'
+                )
         lora.check_adapters(self._adapters, adapters)
         if params.stop_strings() and self._codec.template is None and self.tokenizer is None:
-            raise InvalidInputError('Stop strings need a tokenizer or template to decode tokens; call '
-                                    'set_template(...) or pass stop token ids instead.')
+            raise InvalidInputError(
+                'Stop strings need a tokenizer or template to decode tokens; call '
+                'set_template(...) or pass stop token ids instead.'
+            )
 
     @staticmethod
-    def _jobs(prompts: list[list[int]], adapters: list[str | None], params: SamplingParams, device: torch.device,
-              greedy: bool, images: list[PromptImages | None]) -> list[tuple[int, PromptJob]]:
+    def _jobs(
+        prompts: list[list[int]],
+        adapters: list[str | None],
+        params: SamplingParams,
+        device: torch.device,
+        greedy: bool,
+        images: list[PromptImages | None],
+    ) -> list[tuple[int, PromptJob]]:
         """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
         jobs = []
         for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
             base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            generators = [] if greedy else [make_generator(sequence_seed(base_seed, s, ids), device)
-                                            for s in range(params.num_samples)]
+            generators = (
+                []
+                if greedy
+                else [make_generator(sequence_seed(base_seed, s, ids), device) for s in range(params.num_samples)]
+            )
             jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image)))
         return jobs
 
-    def _response(self, row: Any, encoded: dict[str, Any], parts: list[PromptResult],
-                  params: SamplingParams) -> SampleResponse:
+    def _response(
+        self, row: Any, encoded: dict[str, Any], parts: list[PromptResult], params: SamplingParams
+    ) -> SampleResponse:
         images = {k: encoded[k] for k in IMAGE_FIELDS if k in encoded} or None
-        sequences = [sampled_sequence(params, row, encoded['input_ids'], gen.tokens, gen.logprobs,
-                                      gen.top_logprobs or None, gen.stop_reason, self._codec.decode(gen.tokens),
-                                      images)
-                     for part in parts for gen in part.generations]
+        sequences = [
+            sampled_sequence(
+                params,
+                row,
+                encoded['input_ids'],
+                gen.tokens,
+                gen.logprobs,
+                gen.top_logprobs or None,
+                gen.stop_reason,
+                self._codec.decode(gen.tokens),
+                images,
+            )
+            for part in parts
+            for gen in part.generations
+        ]
         return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
 
 
-def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int, *,
-             by_adapter: bool = False) -> Iterator[list[tuple[int, PromptJob]]]:
+def _batches(
+    jobs: list[tuple[int, PromptJob]], max_sequences: int, *, by_adapter: bool = False
+) -> Iterator[list[tuple[int, PromptJob]]]:
     """Group jobs (shortest prompts together, to limit padding) into batches of at most `max_sequences`
     sequences; a prompt with more samples than that is split into several jobs. `by_adapter`: each batch holds
     the jobs of one adapter only."""
@@ -305,8 +382,9 @@ def _batches(jobs: list[tuple[int, PromptJob]], max_sequences: int, *,
     for index, job in jobs:
         for start in range(0, job.num_samples, max_sequences):
             count = min(max_sequences, job.num_samples - start)
-            split.append((index, dataclasses.replace(job, generators=job.generators[start:start + count],
-                                                     num_samples=count)))
+            split.append(
+                (index, dataclasses.replace(job, generators=job.generators[start : start + count], num_samples=count))
+            )
     split.sort(key=lambda item: len(item[1].token_ids))
     batch: list[tuple[int, PromptJob]] = []
     size = 0

@@ -11,6 +11,7 @@ text prompts). The model's own stateful ``rope_deltas`` is never read: positions
 A VL model never samples its image/video placeholder tokens (`placeholder_token_ids`): the model swaps those for
 image features, so a completion holding one could not be trained on or fed back as a prompt.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from twinkle_transformers.vision import is_vision_language, mrope_position_ids
 @dataclass(frozen=True)
 class PromptImages:
     """One prompt's images as model inputs: patches [patches, dim], grids [images, 3], 1 on image tokens."""
+
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
     token_types: list[int]
@@ -35,20 +37,26 @@ def prompt_images(fields: Mapping[str, Any], index: int, config: Any) -> PromptI
     """Prompt `index`'s image fields (from `encode_prompt_row`) as tensors, checked against the model `config`:
     a vision-language model, one patch row per grid cell, as many image tokens as the grids make."""
     if not is_vision_language(config):
-        raise InvalidInputError(f'Prompt {index} holds images but the model ({getattr(config, "model_type", "?")}) is '
-                                'text-only; sample image prompts from a vision-language model (e.g. Qwen3-VL).')
+        raise InvalidInputError(
+            f'Prompt {index} holds images but the model ({getattr(config, "model_type", "?")}) is '
+            'text-only; sample image prompts from a vision-language model (e.g. Qwen3-VL).'
+        )
     grid = torch.as_tensor(fields['image_grid_thw'], dtype=torch.long).view(-1, 3)
     pixels = torch.as_tensor(fields['pixel_values'], dtype=torch.float32)
     cells = int(grid.prod(-1).sum())
     if pixels.dim() != 2 or pixels.shape[0] != cells:
-        raise InvalidInputError(f'Prompt {index}: pixel_values has shape {tuple(pixels.shape)} but image_grid_thw '
-                                f'{grid.tolist()} needs {cells} patch rows.')
+        raise InvalidInputError(
+            f'Prompt {index}: pixel_values has shape {tuple(pixels.shape)} but image_grid_thw '
+            f'{grid.tolist()} needs {cells} patch rows.'
+        )
     merge = int(getattr(config.vision_config, 'spatial_merge_size', 1) or 1)
     types = list(fields[TOKEN_TYPE_FIELD])
-    if sum(types) != cells // merge ** 2:
-        raise InvalidInputError(f'Prompt {index} has {sum(types)} image tokens but its images make '
-                                f'{cells // merge ** 2} ({grid.tolist()}, {merge}x{merge} merge); encode it with the '
-                                "model's VisionTemplate.")
+    if sum(types) != cells // merge**2:
+        raise InvalidInputError(
+            f'Prompt {index} has {sum(types)} image tokens but its images make '
+            f'{cells // merge**2} ({grid.tolist()}, {merge}x{merge} merge); encode it with the '
+            "model's VisionTemplate."
+        )
     return PromptImages(pixels, grid, types)
 
 
@@ -58,8 +66,9 @@ def placeholder_token_ids(config: Any) -> list[int]:
     return [int(i) for i in ids if isinstance(i, int)]
 
 
-def prefill_inputs(model: torch.nn.Module, prompts: list[list[int]], images: list[PromptImages | None],
-                   text_positions: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+def prefill_inputs(
+    model: torch.nn.Module, prompts: list[list[int]], images: list[PromptImages | None], text_positions: torch.Tensor
+) -> tuple[dict[str, Any], torch.Tensor]:
     """Forward kwargs for the prefill of left-padded `prompts` (`text_positions` [B, L] from the text path) on a
     VL model, and each row's M-RoPE delta [B, 1]. Rows without images get plain text positions (delta 0)."""
     batch, width = text_positions.shape
@@ -71,11 +80,16 @@ def prefill_inputs(model: torch.nn.Module, prompts: list[list[int]], images: lis
         if image is None:
             continue
         n = len(ids)
-        types[row, width - n:] = torch.tensor(image.token_types)
-        one = {'input_ids': torch.tensor([ids]), 'position_ids': torch.arange(n)[None],
-               'image_grid_thw': image.image_grid_thw, 'image_counts': [len(image.image_grid_thw)], 'row_lengths': [n]}
-        mrope = mrope_position_ids(model, one, types[row:row + 1, width - n:])[1:, 0]
-        positions[1:, row, width - n:] = mrope
+        types[row, width - n :] = torch.tensor(image.token_types)
+        one = {
+            'input_ids': torch.tensor([ids]),
+            'position_ids': torch.arange(n)[None],
+            'image_grid_thw': image.image_grid_thw,
+            'image_counts': [len(image.image_grid_thw)],
+            'row_lengths': [n],
+        }
+        mrope = mrope_position_ids(model, one, types[row : row + 1, width - n :])[1:, 0]
+        positions[1:, row, width - n :] = mrope
         deltas[row] = int(mrope.max()) + 1 - n
     kwargs: dict[str, Any] = {TOKEN_TYPE_FIELD: types.to(device), 'position_ids': positions.to(device)}
     present = [image for image in images if image is not None]
