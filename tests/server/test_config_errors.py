@@ -53,8 +53,8 @@ BAD = {
     'backend of a plugin that is not installed': (
         GOOD + '    backend: DeepSpeedModel\n',
         [  # uninstalled_index
-            ":6: models[0].backend: model 'DeepSpeedModel' is provided by the distribution 'twinkle-deepspeed', which is "
-            'not installed. Run: pip install twinkle-deepspeed (expected an installed model backend)'
+            ":6: models[0].backend: model 'DeepSpeedModel' is provided by the distribution 'twinkle-deepspeed', "
+            'which is not installed. Run: pip install twinkle-deepspeed (expected an installed model backend)'
         ],
     ),
     'unknown sampler': (GOOD + '    sampler: NoSampler\n', [":6: models[0].sampler: unknown sampler 'NoSampler'..."]),
@@ -137,8 +137,8 @@ BAD = {
     'device in ray mode': (
         RAY + GOOD + '    device: cuda\n',
         [
-            ':8: models[0].device: only used with deployment.mode: embedded (in ray mode set train_group.device_type and '
-            'sampler_group.device_type)'
+            ':8: models[0].device: only used with deployment.mode: embedded (in ray mode set train_group.device_type '
+            'and sampler_group.device_type)'
         ],
     ),
     'num_cpus with a cluster address': (

@@ -60,7 +60,8 @@ def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseE
     """``{'where', 'model_id', 'model_class', 'adapter_name', 'stage', 'step'}``: who reports (the model's
     `backend` attribute, default ``'transformers'``; the server reports its work items with ``'where':
     'server'``), the model, the adapter the failed call addressed (None: full-parameter training, or a mixed
-    multi-tenant call), the method that failed and the adapter's optimizer steps taken so far (the ``step`` of its ``twinkle_metrics``; None when unknown)."""
+    multi-tenant call), the method that failed and the adapter's optimizer steps taken so far (the ``step`` of its
+    ``twinkle_metrics``; None when unknown)."""
     name = adapter_name
     if name is None and isinstance(getattr(exc, 'adapter_name', None), str):
         name = exc.adapter_name  # e.g. the tenant of a TenantStepError

@@ -34,7 +34,9 @@ import torch
 #: megatron-core modules with a CUDA assumption on the CPU path -> what it is
 MODULES: dict[str, str] = {
     'megatron.core.transformer.utils': 'get_default_causal_mask builds the causal mask with device="cuda"',
-    'megatron.core.models.common.embeddings.rotary_pos_embedding': 'RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device()',
+    'megatron.core.models.common.embeddings.rotary_pos_embedding': (
+        'RotaryEmbedding.get_emb moves inv_freq to torch.cuda.current_device()'
+    ),
     'megatron.core.pipeline_parallel.schedules': 'the token counter of every schedule is created on "cuda"',
     'megatron.core.pipeline_parallel.p2p_communication': 'p2p receive buffers on torch.cuda.current_device()',
     'megatron.core.optimizer.clip_grads': 'the grad-norm and overflow buffers are created on "cuda"',

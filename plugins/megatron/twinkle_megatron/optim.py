@@ -73,7 +73,7 @@ class ParamGroupsView(torch.optim.Optimizer):
     schedulers and `update_optimizer` set ``lr`` & co. on these shared dicts, so both follow. It never steps
     (Megatron's optimizer does)."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:  # noqa: super().__init__ not called
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:  # super().__init__ is deliberately not called
         self.optimizers = optimizers
         self.defaults = optimizers[0].defaults
         self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}

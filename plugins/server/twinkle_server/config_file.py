@@ -1,10 +1,10 @@
 """`twinkle server start --config FILE`: one YAML file -> a validated `ServerConfig` (docs/deployment.md).
 
-`load_server_config(path, overrides)` checks every key against the schema (`config_schema`) and collects every problem as
-`FILE:LINE: key.path: what is wrong (what is expected)` into one `ConfigError`: unknown keys (with the closest
-known one), wrong types, out-of-range values, missing required keys, duplicate model names, backends and samplers
-that are not installed, model paths that are neither a directory nor an `ms://` / `hf://` id, limits, and settings
-the chosen deployment mode cannot honour. Relative paths are relative to the file's directory (to the working
+`load_server_config(path, overrides)` checks every key against the schema (`config_schema`) and collects every
+problem as `FILE:LINE: key.path: what is wrong (what is expected)` into one `ConfigError`: unknown keys (with the
+closest known one), wrong types, out-of-range values, missing required keys, duplicate model names, backends and
+samplers that are not installed, model paths that are neither a directory nor an `ms://` / `hf://` id, limits, and
+settings the chosen deployment mode cannot honour. Relative paths are relative to the file's directory (to the working
 directory for values given on the command line). Defaults live on the dataclasses in `config.py`: only keys the
 file names are passed on.
 """

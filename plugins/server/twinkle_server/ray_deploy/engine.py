@@ -11,8 +11,9 @@ data-parallel sampler replicas (each its own device group), behind the same `Eng
 - **Faults**: when the training workers die during a call, that call (every request in it) fails with a 503
   naming the model and what happened, the group is restarted, and every adapter is rebuilt and restored from its
   newest committed checkpoint that still exists (saved or loaded; optimizer state included when it was saved),
-  or re-initialised from its seed when it has none; steps since then are lost and the error says so. A dead sampler replica is restarted and its jobs run again on the live replicas. Other
-  base models have their own groups and keep serving throughout.
+  or re-initialised from its seed when it has none; steps since then are lost and the error says so. A dead
+  sampler replica is restarted and its jobs run again on the live replicas. Other base models have their own
+  groups and keep serving throughout.
 """
 
 from __future__ import annotations
