@@ -1,5 +1,4 @@
 """Helpers shared by the patches of this repo (imported relatively: the repo folder is loaded as one package)."""
-
 from __future__ import annotations
 
 from typing import Any, Iterator

@@ -5,7 +5,6 @@ weight, so in bf16 every norm rounds twice. This patch keeps the weight multiply
 which matches the fp32 reference exactly after the final cast (and is what Gemma-style norms do).
 Applied per instance (``module.forward``), so it is scoped to one model and reversible.
 """
-
 from __future__ import annotations
 
 import types

@@ -1,6 +1,5 @@
 """Kernel layers (Hugging Face `kernels` rules: no __init__, no extra members, the replaced forward's signature;
 `self` is the replaced module, so its parameters and attributes are used as they are)."""
-
 import torch
 import torch.nn.functional as F
 
@@ -9,7 +8,6 @@ class RMSNorm(torch.nn.Module):
     """Replaces modules tagged 'RMSNorm' that hold `weight` and `variance_epsilon` (Qwen3RMSNorm, LlamaRMSNorm,
     ...): normalise in fp32 with one fused op, cast back to the input dtype, then scale -- the same steps and
     roundings as the original forward."""
-
     has_backward = True
     can_torch_compile = True
 

@@ -1,6 +1,5 @@
 """Kernel layers (Hugging Face `kernels` rules: no __init__, no extra members, the replaced forward's signature;
 `self` is the replaced module)."""
-
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +31,6 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 class SwiGLUMLP(torch.nn.Module):
     """Replaces gated MLPs (`gate_proj`, `up_proj`, `down_proj`, `act_fn`; Qwen3MLP, LlamaMLP, ...). A model
     whose activation is not SiLU keeps the original computation."""
-
     has_backward = True
     can_torch_compile = False
 
