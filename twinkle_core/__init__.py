@@ -33,12 +33,12 @@ __all__ = [
     'shutdown',
 ]
 
-# names the Twinkle documents import from the package root, loaded on first use
+# names the Twinkle documents import from the package root (twinkle_core.compat), loaded on first use
 _LAZY = {
-    'get_logger': 'twinkle_core.utils.log',
-    'get_device_placement': 'twinkle_core.runtime.placement',
-    'init_tinker_client': 'twinkle_core.tinker_client',
-    'DingNotifier': 'twinkle_core.hooks.notifier',
+    'get_logger': 'twinkle_core.compat.helpers',
+    'get_device_placement': 'twinkle_core.compat.helpers',
+    'init_tinker_client': 'twinkle_core.compat.tinker',
+    'DingNotifier': 'twinkle_core.compat.helpers',
     'WebhookNotifier': 'twinkle_core.hooks.notifier',
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError
+from twinkle_core.registry import resolve_class
 
 
 def kind_getattr(kind: str, module_name: str) -> Callable[[str], Any]:
@@ -18,8 +19,6 @@ def kind_getattr(kind: str, module_name: str) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         if name.startswith('_'):
             raise AttributeError(f'module {module_name!r} has no attribute {name!r}')
-        from twinkle_core.registry import resolve_class
-
         try:
             return resolve_class(kind, name)
         except DistributionNotInstalledError:

@@ -1,5 +1,4 @@
-"""The Twinkle documents' module path for the data formats: ``from twinkle_core.data_format import
-SamplingParams`` (the one implementation of each is in `twinkle_core.types`)."""
+"""Serves the Twinkle documents' ``twinkle.data_format`` (the data formats; code: `twinkle_core.types`)."""
 
 from twinkle_core.types import InputFeature, SampledSequence, SampleResponse, SamplingParams, Trajectory
 

@@ -1,5 +1,4 @@
-"""The Twinkle documents' module path for the DataLoader: ``from twinkle_core.dataloader import DataLoader``
-(the one implementation is `twinkle_core.dataset.dataloader.DataLoader`)."""
+"""Serves the Twinkle documents' ``twinkle.dataloader.DataLoader`` (code: `twinkle_core.dataset.dataloader`)."""
 
 from twinkle_core.dataset.dataloader import DataLoader
 

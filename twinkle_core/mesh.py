@@ -156,6 +156,7 @@ class DeviceMesh:
         """A `torch.distributed.DeviceMesh` over the non-trivial dimensions (requires an initialised process group)."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        assert self.device_type is not None  # resolved by __post_init__
         dims = [d for d in DIMS if self.sizes[d] > 1] or ['dp']
         return init_device_mesh(self.device_type, tuple(self.sizes[d] for d in dims), mesh_dim_names=tuple(dims))
 
@@ -192,7 +193,8 @@ class DeviceGroup:
 
     @property
     def world_size(self) -> int:
-        return len(self.ranks)  # type: ignore[arg-type]
+        assert isinstance(self.ranks, list)  # an int is expanded to its ranks by __post_init__
+        return len(self.ranks)
 
 
 # ---- data-parallel slicing -------------------------------------------------------------------------------------

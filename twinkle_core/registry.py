@@ -10,6 +10,9 @@ hit wins (docs/architecture.md §1):
 4. hub references ``ms://org/repo[@rev][:Name]`` / ``hf://...``.
 
 An unknown name raises `ComponentNotFoundError`, listing close matches and every provider of that kind.
+
+The kinds and their interfaces are `twinkle_core.kinds`. Hub references -- given (4.) or pinned by an index entry
+(3.) -- are loaded here, through `twinkle_core.hub.loader`; the index only says where a name lives.
 """
 
 from __future__ import annotations
@@ -19,44 +22,23 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from twinkle_core import plugins
+from twinkle_core import plugins, registry_index
 from twinkle_core.errors import ComponentNotFoundError, TwinkleError
+from twinkle_core.hub import loader as hub_loader
+from twinkle_core.kinds import KIND_INTERFACES, KINDS, check_kind
 
-KINDS: tuple[str, ...] = (
-    'model',
-    'sampler',
-    'loss',
-    'advantage',
-    'reward',
-    'metric',
-    'template',
-    'preprocessor',
-    'processor',
-    'patch',
-    'kernel',
-    'runtime',
-    'checkpoint_engine',
-    'optimizer',
-    'lr_scheduler',
-    'dataset_source',
-)
-
-# The interface of each kind ("module:attr"), imported only when a plain function must be wrapped.
-KIND_INTERFACES: dict[str, str] = {
-    'model': 'twinkle_core.model.base:Model',
-    'sampler': 'twinkle_core.sampler.base:Sampler',
-    'loss': 'twinkle_core.loss.base:Loss',
-    'advantage': 'twinkle_core.advantage.base:Advantage',
-    'reward': 'twinkle_core.reward.base:Reward',
-    'metric': 'twinkle_core.metric.base:Metric',
-    'template': 'twinkle_core.template.base:Template',
-    'preprocessor': 'twinkle_core.preprocessor.base:Preprocessor',
-    'processor': 'twinkle_core.processor.base:InputProcessor',
-    'patch': 'twinkle_core.patch.base:Patch',
-    'kernel': 'twinkle_core.kernel.base:Kernel',
-    'runtime': 'twinkle_core.runtime.base:Runtime',
-    'checkpoint_engine': 'twinkle_core.checkpoint_engine.base:CheckpointEngine',
-}
+__all__ = [
+    'KINDS',
+    'KIND_INTERFACES',
+    'ComponentInfo',
+    'check_kind',
+    'list_components',
+    'load_hub_reference',
+    'register',
+    'resolve',
+    'resolve_class',
+    'unregister',
+]
 
 _T = TypeVar('_T')
 _local: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
@@ -72,13 +54,6 @@ class ComponentInfo:
     provider: str
     source: str  # 'process' | 'entry_point' | 'index'
     target: str = ''  # "module:attr" for entry points, a hub ref or pip line for the index
-
-
-def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        close = difflib.get_close_matches(kind, KINDS, n=3)
-        hint = f' Did you mean {", ".join(repr(c) for c in close)}?' if close else ''
-        raise TwinkleError(f'Unknown component kind {kind!r}.{hint} Kinds: {", ".join(KINDS)}.')
 
 
 def register(kind: str, name: str | None = None, *, override: bool = False) -> Callable[[_T], _T]:
@@ -113,20 +88,24 @@ def resolve_class(kind: str, name: str, *, trust_remote_code: bool | None = None
     if not isinstance(name, str) or not name:
         raise TwinkleError(f'A {kind} name must be a non-empty string, got {name!r}.')
     if name.startswith(_HUB_SCHEMES):
-        from twinkle_core.hub.loader import load_hub_component
-
-        return load_hub_component(kind, name, trust_remote_code=trust_remote_code)
+        return load_hub_reference(kind, name, trust_remote_code=trust_remote_code)
     if name in _local[kind]:
         return _local[kind][name]
     entry = plugins.find_entry_point(kind, name)
     if entry is not None:
         return plugins.load_entry_point(kind, entry)
-    from twinkle_core import registry_index
-
     indexed = registry_index.lookup(kind, name)
     if indexed is not None:
-        return indexed.load(trust_remote_code=trust_remote_code)
+        if indexed.hub_reference is None:  # a distribution that should have registered the name: say what to do
+            raise indexed.unavailable_error()
+        return load_hub_reference(kind, indexed.hub_reference, trust_remote_code=trust_remote_code)
     raise ComponentNotFoundError(_not_found_message(kind, name))
+
+
+def load_hub_reference(kind: str, ref: str, *, trust_remote_code: bool | None = None) -> Any:
+    """The class or callable of `kind` that the hub reference `ref` names (given by the caller, or the pinned
+    reference of an index entry): loaded by `twinkle_core.hub.loader` (trust check, download, verification)."""
+    return hub_loader.load_hub_component(kind, ref, trust_remote_code=trust_remote_code)
 
 
 def resolve(kind: str, spec: Any, /, **init_args: Any) -> Any:
@@ -154,8 +133,6 @@ def list_components(kind: str | None = None) -> list[ComponentInfo]:
     """Every resolvable name (of one kind, or all), process registrations first, then entry points, then index."""
     kinds = [kind] if kind else list(KINDS)
     out: list[ComponentInfo] = []
-    from twinkle_core import registry_index
-
     for k in kinds:
         check_kind(k)
         seen: set[str] = set()

@@ -7,6 +7,9 @@ The index directory is ``$TWINKLE_REGISTRY_DIR`` if set, else the copy shipped i
 ``registry/`` folder of a source checkout (editable installs). ``registry/`` at the repo root is the source of
 truth; never edit the packaged copy. A project adds its own pins (e.g. of hub kernels) in lock files named by
 ``$TWINKLE_LOCK_FILE`` (`lock_files`).
+
+The index is data and loads nothing: `lookup` returns an `IndexEntry`, whose `hub_reference` the registry loads
+(or whose `unavailable_error` it raises); `twinkle_core.hub.loader` reads the pins (`entries`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from twinkle_core.errors import DistributionNotInstalledError, TwinkleError
 
@@ -51,20 +53,24 @@ class IndexEntry:
             return f'{self.hub}@{self.revision}:{self.name}' if self.revision else f'{self.hub}:{self.name}'
         return f'pip install {self.distribution}'
 
-    def load(self, *, trust_remote_code: bool | None = None) -> Any:
-        """Load the component this entry points at, or explain how to install it."""
-        if self.hub:
-            from twinkle_core.hub.loader import load_hub_component
+    @property
+    def hub_reference(self) -> str | None:
+        """What to load for a hub entry: its reference (pinned revision, component name); None for a distribution
+        entry, whose name comes from that distribution's entry points (the registry loads; the index only says
+        where a name lives)."""
+        return self.target if self.hub else None
 
-            return load_hub_component(self.kind, self.target, trust_remote_code=trust_remote_code)
+    def unavailable_error(self) -> TwinkleError:
+        """The error for a distribution entry whose name no installed entry point provides: the distribution is
+        not installed (`DistributionNotInstalledError` with the ``pip install`` line), or it does not register it."""
         try:
             metadata.distribution(self.distribution or '')
         except metadata.PackageNotFoundError:
-            raise DistributionNotInstalledError(
+            return DistributionNotInstalledError(
                 f'{self.kind} {self.name!r} is provided by the distribution {self.distribution!r}, which is not '
                 f'installed. Run: pip install {self.distribution}'
-            ) from None
-        raise TwinkleError(
+            )
+        return TwinkleError(
             f'{self.kind} {self.name!r} should come from {self.distribution!r}, which is installed but '
             f'registers no such entry point in group "twinkle.{self.kind}". Reinstall it '
             f'(pip install --force-reinstall {self.distribution}) or check its version.'

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from twinkle_core.errors import InvalidInputError
 
 Role = Literal['system', 'user', 'assistant', 'tool']
+#: Why a sampled continuation ended: a stop token/string, or the token limit.
+StopReason = Literal['stop', 'length']
 #: The label of a position without loss (HF convention; docs/conventions.md). Import it from here.
 IGNORE_INDEX = -100
 #: Row fields of image inputs (a vision template writes them; processors concatenate them over a batch's rows in
@@ -200,7 +202,7 @@ class SampledSequence(BaseModel):
 
     tokens: list[int]
     logprobs: list[float] | list[list[tuple[int, float]]] | None = None
-    stop_reason: Literal['stop', 'length']
+    stop_reason: StopReason
     text: str | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     new_input_feature: dict[str, Any] | None = None

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.contract.implementations import installed, release
-from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.registry import resolve
+from twinkle_core.weight_sync.weights import merge_peft
 
 ROWS = [
     {'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]},

@@ -9,8 +9,8 @@ import torch
 
 from tests.contract.implementations import build_sampler, installed, release
 from tests.contract.test_sampler_contract import forward_logprobs
-from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle_core.types import SamplingParams
+from twinkle_core.weight_sync.manager import CheckpointEngineManager
 from twinkle_transformers.export import ModuleWeights
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]

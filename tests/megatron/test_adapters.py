@@ -50,7 +50,7 @@ def test_adapters_are_named_addressed_and_removed(model):
 
 def test_stepping_without_set_optimizer_uses_the_announced_default(model, caplog):
     model.add_adapter_to_model('alice', {'r': 2})
-    with caplog.at_level('WARNING', logger='twinkle_core.model.train_state'):
+    with caplog.at_level('WARNING', logger='twinkle_core.train.state'):
         first = model.forward_backward(inputs=ROWS)['loss']
         model.clip_grad_and_step()
     assert any(

@@ -125,7 +125,7 @@ def fault(service_client, data, engine_a, baseline_state: str) -> dict:
 
 
 def placement(engine) -> dict:
-    """Node id of each actor of a RayEngine's groups."""
+    """Node id of each actor of a RayModelHost's groups."""
     import ray
 
     def node(worker) -> str:
@@ -162,7 +162,7 @@ def main(model_dir: str, work_dir: str) -> None:
 
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
     from twinkle_server.auth import create_api_key
-    from twinkle_server.config_file import load_server_config
+    from twinkle_server.config import load_server_config
     from twinkle_server.launch import free_port
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
@@ -193,7 +193,7 @@ def main(model_dir: str, work_dir: str) -> None:
     write_config(config_path, model_dir, work / 'ray-data', cluster.address, free_port())
     running = start_in_thread(load_server_config(str(config_path)), timeout_s=600)
     results['ray_start_s'] = time.monotonic() - started
-    engines = running.service.engines
+    engines = running.service.hosts
     results['placement'] = {name: placement(engines[name]) for name in MODELS}
     results['nodes'] = {
         'head': ray.get_runtime_context().get_node_id(),
@@ -212,8 +212,8 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
     """A training group of 2 ranks (`backend` under a mesh of size 2 along `axis`: dp for TransformersModel, tp
     for MegatronModel) against one rank: the same losses and per-row log-probs over three steps."""
     from twinkle_server.config import GroupSpec, ModelSpec
-    from twinkle_server.engine.base import AdamStep, LoraSpec, TrainBatch
-    from twinkle_server.ray_deploy import RayEngine, connect, forwarded_env
+    from twinkle_server.model_host.base import AdamStep, LoraSpec, TrainBatch
+    from twinkle_server.ray_deploy import RayModelHost, connect, forwarded_env
 
     connect(num_cpus=4)
     rows = [
@@ -227,7 +227,7 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
         spec = ModelSpec(
             f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks), mesh={axis: ranks}
         )
-        engine = RayEngine(spec, model_dir, forwarded_env())
+        engine = RayModelHost(spec, model_dir, forwarded_env())
         engine.add_adapter('a', LoraSpec(8, 16, ('all-linear',), seed=0))
         steps = []
         for _ in range(3):

@@ -87,3 +87,23 @@ def test_the_twinkle_documents_call_form():
         GRPOAdvantage()(rewards, group_size=3, scale_rewards=True)
     with pytest.raises(InvalidInputError, match='scale must be'):
         GRPOAdvantage()(rewards, group_size=3, scale='std')
+
+
+def test_a_callable_advantage_takes_the_group_size_in_either_spelling():
+    """`Advantage.from_callable` honours the interface like the built-ins: ``num_generations=`` is ``group_size=``."""
+    from twinkle_core.advantage.base import Advantage
+
+    def centred(rewards, group_size, shift=0.0):
+        return [
+            r - sum(rewards[i // group_size * group_size :][:group_size]) / group_size + shift
+            for i, r in enumerate(rewards)
+        ]
+
+    adv = Advantage.from_callable(centred, shift=1.0)
+    assert (
+        adv(REWARDS, group_size=3)
+        == adv(REWARDS, num_generations=3)
+        == pytest.approx([1 + 2 / 3, 1 - 1 / 3, 1 - 1 / 3, 1.0, 1.0, 1.0])
+    )
+    with pytest.raises(TypeError, match=r'exactly once \(neither given\)'):
+        adv(REWARDS)

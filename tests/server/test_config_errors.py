@@ -6,7 +6,7 @@ import pytest
 from test_config_file import GOOD, HAS_RAY, errors_of, write
 from uninstalled_index import index_with_uninstalled
 
-from twinkle_server.config_file import ConfigError
+from twinkle_server.config import ConfigError
 
 # ---- bad files ------------------------------------------------------------------------------------------------------
 RAY = 'deployment:\n  mode: ray\n'

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from twinkle_server.config import GroupSpec, HubPushConfig, ModelSpec, ServerConfig
-from twinkle_server.config_file import ConfigError, load_server_config
+from twinkle_server.config import ConfigError, GroupSpec, HubPushConfig, ModelSpec, ServerConfig, load_server_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / 'examples' / 'deploy'
 DOCS = Path(__file__).resolve().parents[2] / 'docs' / 'deployment.md'
@@ -115,7 +114,7 @@ def test_the_ray_multi_node_example_validates(example_env, monkeypatch):
 
 
 def test_the_docs_name_every_key():
-    from twinkle_server import config_schema
+    from twinkle_server.config import schema as config_schema
 
     text = DOCS.read_text()
     keys = [
@@ -293,13 +292,13 @@ def test_build_engines_follows_each_model_spec(monkeypatch):
     from twinkle_server.config import DeploymentConfig
 
     calls = []
-    monkeypatch.setattr(deployment, 'load_engine', lambda name, path, **kw: calls.append((name, path, kw)) or name)
+    monkeypatch.setattr(deployment, 'load_model_host', lambda name, path, **kw: calls.append((name, path, kw)) or name)
     specs = {
         'a': ModelSpec('a', '/m/a', backend='TransformersModel', device='cpu'),
         'b': ModelSpec('b', '/m/b', sampler='vLLMSampler', sampler_args={'x': 1}),
     }
     config = ServerConfig(models={}, data_dir='d', model_specs=specs)
-    assert deployment.build_engines(config, device='cuda:1') == {'a': 'a', 'b': 'b'}
+    assert deployment.build_model_hosts(config, device='cuda:1') == {'a': 'a', 'b': 'b'}
     assert calls == [
         (
             'a',
@@ -320,9 +319,9 @@ def test_build_engines_follows_each_model_spec(monkeypatch):
     ]
     ray_config = ServerConfig(models={}, data_dir='d', model_specs=specs, deployment=DeploymentConfig(mode='ray'))
     fake = types.ModuleType('twinkle_server.ray_deploy')
-    fake.build_ray_engines = lambda cfg: {'ray': cfg}
+    fake.build_ray_model_hosts = lambda cfg: {'ray': cfg}
     monkeypatch.setitem(sys.modules, 'twinkle_server.ray_deploy', fake)
-    assert deployment.build_engines(ray_config) == {'ray': ray_config}
+    assert deployment.build_model_hosts(ray_config) == {'ray': ray_config}
 
 
 # ---- a real start ---------------------------------------------------------------------------------------------------

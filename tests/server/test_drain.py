@@ -26,11 +26,11 @@ from conftest import MODEL
 from test_operations import _scrape
 
 from twinkle_server.drain import SHUTDOWN_QUEUED, SHUTDOWN_RUNNING
-from twinkle_server.engine.base import Engine
+from twinkle_server.model_host.base import ModelHost
 
 
 # ---- the drain ----------------------------------------------------------------------------------------------------
-class ScriptedEngine(Engine):
+class ScriptedEngine(ModelHost):
     """No model: adapters are names, an optimizer step sleeps `STEP_S`; enough for queueing and shutdown paths."""
 
     base_model, model_dir, max_context_length = 'scripted', '.', 128
@@ -74,7 +74,7 @@ def test_drain_finishes_accepted_work_and_fails_the_rest_clearly(tmp_path):
     from twinkle_server.launch import free_port, start_in_thread
 
     config = ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port(), drain_timeout_s=1.5)
-    running = start_in_thread(config, engines={'scripted': ScriptedEngine()})
+    running = start_in_thread(config, hosts={'scripted': ScriptedEngine()})
     svc, gate = running.service, threading.Event()
     loop = svc.futures.loop
 
@@ -125,7 +125,7 @@ def test_a_signal_drains_and_a_second_one_stops_at_once(tmp_path):
     from twinkle_server.launch import DrainingServer, free_port
 
     config = ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port(), drain_timeout_s=60)
-    app = create_app(config, engines={'scripted': ScriptedEngine()})
+    app = create_app(config, hosts={'scripted': ScriptedEngine()})
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level='warning'), app)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -162,7 +162,7 @@ if model_dir == 'scripted':  # no model to load: the engine of this test module
     import twinkle_server.app
     sys.path.insert(0, %r)
     from test_drain import ScriptedEngine
-    twinkle_server.app.build_engines = lambda config, device=None: {name: ScriptedEngine()}
+    twinkle_server.app.build_model_hosts = lambda config, device=None: {name: ScriptedEngine()}
 serve(ServerConfig(models={name: model_dir}, data_dir=data_dir, port=int(port), drain_timeout_s=float(drain_s)),
       log_format='json')
 """ % str(Path(__file__).parent)
@@ -258,7 +258,7 @@ def test_sigterm_drains_then_exits_and_a_restarted_server_answers_every_future(t
     # a restarted server on the same data dir (no model needed to answer futures)
     restarted = start_in_thread(
         ServerConfig(models={'scripted': '.'}, data_dir=str(tmp_path), port=free_port()),
-        engines={'scripted': ScriptedEngine()},
+        hosts={'scripted': ScriptedEngine()},
     )
     try:
         with httpx.Client(base_url=f'{restarted.base_url}/api/v1', headers={'X-API-Key': key}, timeout=60) as http:

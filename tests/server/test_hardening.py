@@ -231,7 +231,7 @@ def test_disk_full_during_save_answers_507_and_keeps_the_previous_checkpoint(ser
     from twinkle_server.launch import free_port
 
     config = ServerConfig(models={MODEL: str(server.model_dir)}, data_dir=str(small_disk / 'data'), port=free_port())
-    other = start_in_thread(config, engines=server.service.engines)  # the same engine, data on the small disk
+    other = start_in_thread(config, hosts=server.service.hosts)  # the same engine, data on the small disk
     try:
         key = create_api_key(other.service.store, 'alice')
         with httpx.Client(base_url=other.base_url + '/api/v1', headers={'X-API-Key': key}, timeout=60) as h:

@@ -255,7 +255,7 @@ def test_a_trusted_proxy_forwards_the_client_address(behind_proxy):
 def test_trusted_proxy_option_from_flags_and_file(tmp_path, tiny_model_dir):
     from twinkle_core.cli.main import build_parser
     from twinkle_server.cli import config_from_args
-    from twinkle_server.config_yaml import ConfigError
+    from twinkle_server.config import ConfigError
 
     def args(*argv: str):
         return build_parser(['server', 'start', *argv]).parse_args(['server', 'start', *argv])

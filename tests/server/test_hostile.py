@@ -84,7 +84,7 @@ def ctx(server, alice, bob):
         bob_checkpoint,
         sampling,
         sampler,
-        server.service.engines[MODEL].max_context_length,
+        server.service.hosts[MODEL].max_context_length,
         bob_seq=2,
     )
     yield c

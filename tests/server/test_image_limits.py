@@ -356,7 +356,7 @@ def test_a_full_budget_answers_429_with_retry_after_and_the_sdk_gets_through(sma
 
 
 def test_the_image_limits_come_from_the_config_file(tmp_path, tiny_model_dir):
-    from twinkle_server.config_file import load_server_config
+    from twinkle_server.config import load_server_config
 
     path = tmp_path / 'server.yaml'
     path.write_text(f"""

@@ -13,7 +13,7 @@ import pytest
 from conftest import MODEL
 from tinker import types
 
-from twinkle_server.engine.base import TrainBatch, TrainResult
+from twinkle_server.model_host.base import TrainBatch, TrainResult
 from twinkle_server.scheduler import ModelWorker, Work
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
+from twinkle_core.weight_sync.manager import CheckpointEngineManager
 from twinkle_transformers.export import ModuleWeights
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]

@@ -40,9 +40,9 @@ def sender(port: int, out: Path, model_dir: str) -> None:
     import peft
     from transformers import AutoModelForCausalLM
 
-    from twinkle_core.checkpoint_engine.base import BASE
-    from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
-    from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
+    from twinkle_core.weight_sync.base import BASE
+    from twinkle_core.weight_sync.broadcast import BroadcastCheckpointEngine
+    from twinkle_core.weight_sync.manager import CheckpointEngineManager
     from twinkle_transformers.export import ModuleWeights
 
     torch.manual_seed(0)
@@ -69,8 +69,8 @@ def sender(port: int, out: Path, model_dir: str) -> None:
 
 
 def receiver(port: int, out: Path, model_dir: str) -> None:
-    from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
-    from twinkle_core.checkpoint_engine.manager import CheckpointEngineManager
+    from twinkle_core.weight_sync.broadcast import BroadcastCheckpointEngine
+    from twinkle_core.weight_sync.manager import CheckpointEngineManager
     from twinkle_transformers.sampler import TorchSampler
 
     sampler = TorchSampler(model_dir, device='cpu')

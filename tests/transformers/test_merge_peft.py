@@ -1,4 +1,4 @@
-"""`twinkle_core.checkpoint_engine.weights.merge_peft` (name-based merging over exported buckets) equals PEFT's own
+"""`twinkle_core.weight_sync.weights.merge_peft` (name-based merging over exported buckets) equals PEFT's own
 `merge_and_unload` -- linear and embedding LoRA, rank/alpha patterns, rsLoRA -- and refuses adapters that do not
 fit the base."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from twinkle_core.checkpoint_engine.weights import bucketed, merge_peft
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.weight_sync.weights import bucketed, merge_peft
 from twinkle_transformers.export import ModuleWeights
 
 

@@ -108,9 +108,9 @@ def test_forward_only_and_split_calls_follow_the_plan(tiny_model_dir, rows):
 
 
 def test_server_engine_plans_the_passes_of_queued_work(tiny_model_dir, rows):
-    from twinkle_server.engine import TrainBatch, load_engine
+    from twinkle_server.model_host import TrainBatch, load_model_host
 
-    engine = load_engine('tiny', str(tiny_model_dir), device='cpu', pass_strategy='one_by_one')
+    engine = load_model_host('tiny', str(tiny_model_dir), device='cpu', backend_args={'pass_strategy': 'one_by_one'})
     for name, cfg in TENANTS.items():
         engine.model.add_adapter_to_model(name, cfg)
         engine.model.set_optimizer('AdamW', lr=1e-3, adapter_name=name)
@@ -118,4 +118,4 @@ def test_server_engine_plans_the_passes_of_queued_work(tiny_model_dir, rows):
     assert all(not isinstance(r, BaseException) for r in results)
     assert engine.pass_stats()['one_by_one'] == 1 and engine.pass_stats()['passes'] == 3
     with pytest.raises(ValueError, match="unknown pass strategy 'fast'"):
-        load_engine('tiny', str(tiny_model_dir), device='cpu', pass_strategy='fast')
+        load_model_host('tiny', str(tiny_model_dir), device='cpu', backend_args={'pass_strategy': 'fast'})

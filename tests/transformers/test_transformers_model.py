@@ -244,7 +244,7 @@ def test_stepping_without_set_optimizer_uses_adamw_and_says_so(tiny_model_dir, c
         model.add_adapter_to_model('tenant', LORA)
     trained = [p for p in model.model.parameters() if p.requires_grad][-1]
     before = trained.detach().clone()
-    with caplog.at_level('WARNING', logger='twinkle_core.model.train_state'):
+    with caplog.at_level('WARNING', logger='twinkle_core.train.state'):
         for seed in (1, 2):
             model.forward_backward(inputs=labelled_rows(seed))
             model.clip_grad_and_step()

@@ -164,6 +164,16 @@ def test_images_on_a_text_model_are_refused(tiny_model_dir, rows) -> None:
         model.forward_only(inputs=rows[:1])
 
 
+def test_images_without_a_model_name_the_missing_model() -> None:
+    """`model_call_kwargs(batch)` without model= cannot build image inputs; it used to blame a 'NoneType' model."""
+    from twinkle_transformers.forward import model_call_kwargs
+
+    batch = {'input_ids': torch.ones(1, 4, dtype=torch.long), 'position_ids': torch.arange(4)[None]}
+    assert model_call_kwargs(batch)['input_ids'] is batch['input_ids']
+    with pytest.raises(InvalidInputError, match='no model was given: pass model='):
+        model_call_kwargs({**batch, 'pixel_values': torch.zeros(4, 8)})
+
+
 def test_qwen3_5_trains_padded_and_refuses_packing(tiny_qwen3_5_model_dir) -> None:
     template = VisionTemplate(tiny_qwen3_5_model_dir)
     rows = [template.encode(t) for t in colour_trajectories(3)] + [template.encode(TEXT_ROW)]

@@ -16,7 +16,7 @@ pytest.importorskip('vllm')
 
 
 def kill_engine(sampler) -> None:
-    pid = sampler._handle.engine_pid()
+    pid = sampler._handle.engine_core_pid()
     assert pid is not None, 'the engine core should run in its own process'
     os.kill(pid, signal.SIGKILL)
 

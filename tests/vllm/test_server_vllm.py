@@ -19,15 +19,15 @@ MODEL = 'tiny-qwen3-vllm'
 @pytest.fixture(scope='module')
 def vllm_server(tmp_path_factory, tiny_model_dir, vllm_sampler):
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.engine.twinkle_engine import TwinkleEngine
     from twinkle_server.launch import free_port
+    from twinkle_server.model_host.local import LocalModelHost
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
-    engine = TwinkleEngine(MODEL, str(tiny_model_dir), device='cpu', sampler=vllm_sampler)
+    engine = LocalModelHost(MODEL, str(tiny_model_dir), device='cpu', sampler=vllm_sampler)
     config = ServerConfig(
         models={MODEL: str(tiny_model_dir)}, data_dir=str(tmp_path_factory.mktemp('vllm-data')), port=free_port()
     )
-    running = start_in_thread(config, engines={MODEL: engine})
+    running = start_in_thread(config, hosts={MODEL: engine})
     yield running
     running.stop()
     for name in vllm_sampler.list_adapters():  # leave the shared engine as we found it

@@ -105,7 +105,7 @@ def test_greedy_outputs_equal_torch_samplers_on_the_same_weights(vllm_sampler, t
 
 
 def test_top_logprobs_above_the_engines_limit_are_refused_before_vllm(vllm_sampler):
-    limit = vllm_sampler._handle.engine.vllm_config.model_config.max_logprobs
+    limit = vllm_sampler._handle.llm_engine.vllm_config.model_config.max_logprobs
     with pytest.raises(InvalidInputError, match=f"top_logprobs={limit + 1} is above the engine's max_logprobs"):
         vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit + 1)
     top = vllm_sampler.sample([[5, 6]], max_tokens=2, top_logprobs=limit)[0].sequences[0].top_logprobs

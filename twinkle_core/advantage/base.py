@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 
-class Advantages(list):
+class Advantages(list[float]):
     """One advantage per completion (a list); ``tolist()`` returns a plain copy, as a tensor or array would."""
 
     def tolist(self) -> list[float]:
@@ -15,19 +15,24 @@ class Advantages(list):
 
 def group_size_of(group_size: int | None, num_generations: int | None, who: str) -> int:
     """The group size, given as ``group_size=`` or (the Twinkle documents' spelling) ``num_generations=``."""
-    if (group_size is None) == (num_generations is None):
-        raise TypeError(
-            f'{who}() takes the number of completions per prompt as group_size= (or num_generations=), '
-            f'exactly once ({"both" if group_size is not None else "neither"} given).'
-        )
-    return group_size if group_size is not None else num_generations  # type: ignore[return-value]
+    if group_size is not None and num_generations is None:
+        return group_size
+    if num_generations is not None and group_size is None:
+        return num_generations
+    raise TypeError(
+        f'{who}() takes the number of completions per prompt as group_size= (or num_generations=), '
+        f'exactly once ({"both" if group_size is not None else "neither"} given).'
+    )
 
 
 class Advantage(ABC):
     @abstractmethod
-    def __call__(self, rewards: Sequence[float], *, group_size: int | None = None, **kwargs: Any) -> list[float]:
+    def __call__(
+        self, rewards: Sequence[float], *, group_size: int | None = None, num_generations: int | None = None
+    ) -> list[float]:
         """`rewards` are ordered group by group (`group_size` completions per prompt, also spelled
-        ``num_generations=``); returns len(rewards) advantages."""
+        ``num_generations=``, exactly one of the two); returns len(rewards) advantages. Implementations may take
+        further optional keywords (e.g. `GRPOAdvantage`'s ``scale=``)."""
 
     @classmethod
     def from_callable(cls, fn: Callable[..., list[float]], **init_args: Any) -> Advantage:
@@ -38,5 +43,13 @@ class _CallableAdvantage(Advantage):
     def __init__(self, fn: Callable[..., list[float]], init_args: dict[str, Any]) -> None:
         self.fn, self.init_args = fn, init_args
 
-    def __call__(self, rewards: Sequence[float], *, group_size: int, **kwargs: Any) -> list[float]:
-        return list(self.fn(rewards, group_size=group_size, **{**self.init_args, **kwargs}))
+    def __call__(
+        self,
+        rewards: Sequence[float],
+        *,
+        group_size: int | None = None,
+        num_generations: int | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        size = group_size_of(group_size, num_generations, getattr(self.fn, '__name__', 'Advantage'))
+        return list(self.fn(rewards, group_size=size, **{**self.init_args, **kwargs}))

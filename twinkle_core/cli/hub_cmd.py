@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser('hub', help='publish, pull and hash hub components')
     sub = parser.add_subparsers(dest='hub_command', metavar='{publish,pull,hash}', required=True)
     pub = sub.add_parser('publish', help='upload a component folder (twinkle.toml + modules) to a hub repo')

@@ -30,7 +30,7 @@ class Command:
 COMMANDS: list[Command] = [
     Command('plugins', 'twinkle_core.cli.plugins_cmd:add_parser', 'list and inspect components and plugins'),
     Command('hub', 'twinkle_core.cli.hub_cmd:add_parser', 'publish, pull and hash hub components'),
-    Command('fixtures', 'twinkle_core.fixtures.tiny_model:add_cli', 'build local test fixtures (tiny models)'),
+    Command('fixtures', 'twinkle_core.fixtures.cli:add_cli', 'build local test fixtures (tiny models)'),
 ]
 
 
@@ -54,7 +54,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_core(subparsers: argparse._SubParsersAction, cmd: Command) -> None:  # type: ignore[type-arg]
+def _add_core(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], cmd: Command) -> None:
     from twinkle_core.plugins import import_target
 
     try:

@@ -15,7 +15,7 @@ from typing import Any
 HOOKS_KIND = 'hooks'  # pseudo-kind for `twinkle.hooks` entry points (lifecycle hook plugins)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser('plugins', help='list and inspect components and plugins')
     sub = parser.add_subparsers(dest='plugins_command', metavar='{list,info}', required=True)
     lister = sub.add_parser('list', help='every component name, its kind and the distribution providing it')

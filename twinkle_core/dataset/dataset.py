@@ -17,7 +17,7 @@ from twinkle_core.preprocessor.conversation import chat_layout
 
 logger = logging.getLogger(__name__)
 
-MetaSpec = DatasetMeta | str | os.PathLike
+MetaSpec = DatasetMeta | str | os.PathLike[str]
 ENCODE_VERSION = 1  # bump when the encode map's output format changes
 
 

@@ -97,7 +97,9 @@ class DatasetMeta:
         )
 
 
-def as_meta(spec: DatasetMeta | str | os.PathLike[str]) -> DatasetMeta:
+def as_meta(spec: object) -> DatasetMeta:
+    """`spec` (a user's value: a `DatasetMeta`, a path or a dataset id) as a `DatasetMeta`; `InvalidInputError`
+    for anything else."""
     if isinstance(spec, DatasetMeta):
         return spec
     if isinstance(spec, (str, os.PathLike)):

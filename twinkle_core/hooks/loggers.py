@@ -104,7 +104,7 @@ class JsonlMetricsLogger:
     def twinkle_metrics(self, step: int, metrics: dict[str, Any], context: dict[str, Any]) -> None:
         if self.path is None:
             return
-        values = {}
+        values: dict[str, float | str] = {}
         for key, value in metrics.items():
             number = scalar(value)
             if number is None:

@@ -122,16 +122,6 @@ class WebhookNotifier:
         return f'{self.url}{"&" if "?" in self.url else "?"}timestamp={timestamp}&sign={sign}'
 
 
-class DingNotifier(WebhookNotifier):
-    """`WebhookNotifier` in the DingTalk custom-robot format (the Twinkle documents' name):
-    ``initialize(..., notifier=DingNotifier(ROBOT_URL, secret=SEC))``."""
-
-    def __init__(
-        self, url: str, *, secret: str | None = None, title: str = 'twinkle job failed', timeout_s: float = 5.0
-    ) -> None:
-        super().__init__(url, format='dingtalk', secret=secret, title=title, timeout_s=timeout_s)
-
-
 def notifier_from(spec: Any) -> Any:
     """A notifier from `initialize(notifier=...)`: a URL, a dict of `WebhookNotifier` arguments, or any object
     implementing the ``twinkle_failure`` hook (returned as is)."""

@@ -96,7 +96,7 @@ def _download_ms(ref: HubRef, offline: bool) -> str:
     try:  # modelscope>=1.38 delegates to modelscope-hub; calling it directly skips modelscope's torch import
         from modelscope_hub.compat.snapshot_download import snapshot_download
     except ImportError:
-        from modelscope.hub.snapshot_download import snapshot_download
+        from modelscope.hub.snapshot_download import snapshot_download  # type: ignore[no-redef]  # the older home
     return snapshot_download(
         ref.repo_id,
         revision=ref.effective_revision,

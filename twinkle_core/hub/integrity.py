@@ -32,7 +32,8 @@ def _walk(folder: str | Path) -> tuple[list[str], list[str]]:
     root = Path(folder)
     if not root.is_dir():
         raise HubError(f'{folder} is not a directory.')
-    hashed, bytecode = [], []
+    hashed: list[str] = []
+    bytecode: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         dirnames[:] = [d for d in dirnames if not d.startswith('.')]
         rel_dir = Path(dirpath).relative_to(root)

@@ -16,12 +16,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from twinkle_core import plugins, registry_index
 from twinkle_core.errors import HubError, IntegrityError, UntrustedRemoteCodeError
 from twinkle_core.hub import download
 from twinkle_core.hub.importer import import_entry, package_name
 from twinkle_core.hub.integrity import check_file_hashes, verified_sha256
 from twinkle_core.hub.manifest import check_requirements, read_manifest
 from twinkle_core.hub.ref import HubRef
+from twinkle_core.kinds import KIND_HUB_LOADERS
 
 _cache: dict[tuple[str, str, str], Any] = {}  # (package, entry, kind) -> loaded object
 
@@ -33,14 +35,12 @@ def trust_from_env() -> bool:
 def find_pin(ref: HubRef) -> Any | None:
     """The registry/ entry pinning `ref`'s repo at `ref`'s revision (or its only pinned revision when `ref` has
     none), or None. An entry is a pin when it has a revision and a sha256 and/or a file-hash map."""
-    from twinkle_core import registry_index
-
     pins = [e for e in registry_index.entries() if e.hub == ref.repo_url and e.is_pin]
     if ref.revision is not None:
         pins = [e for e in pins if e.revision == ref.revision]
     revisions = {(e.revision, e.sha256, tuple(sorted((e.files or {}).items()))) for e in pins}
     if len(revisions) > 1:
-        listed = ', '.join(sorted(r for r, *_ in revisions))
+        listed = ', '.join(sorted(str(r) for r, *_ in revisions))
         raise HubError(
             f'registry/ pins {ref.repo_url} at several revisions ({listed}); say which one with '
             f'"@revision" in the reference.'
@@ -69,10 +69,8 @@ def load_hub_component(kind: str, ref: str | HubRef, *, trust_remote_code: bool 
         )
     folder = download.snapshot(ref, repo_type='kernel' if kind == 'kernel' else 'model')
     sha = verify_pin(folder, pin, str(ref)) if pin is not None else verified_sha256(folder, str(ref))
-    if kind == 'kernel':  # a kernel repo in the `kernels` library's layout, imported by that library
-        from twinkle_core.kernel.hub import load_layer_kernel
-
-        return load_layer_kernel(ref, folder, sha)
+    if kind in KIND_HUB_LOADERS:  # e.g. a kernel repo in the `kernels` library's layout, imported by that library
+        return plugins.import_target(KIND_HUB_LOADERS[kind])(ref, folder, sha)
     return _import_component(kind, ref, folder, sha)
 
 

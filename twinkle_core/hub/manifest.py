@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle_core.errors import HubError
+from twinkle_core.kinds import KINDS
 
 MANIFEST = 'twinkle.toml'
 _ENTRY = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$')
@@ -93,7 +94,7 @@ def read_manifest(folder: str | Path) -> Manifest:
         data = tomllib.loads(path.read_text(encoding='utf-8'))
     except tomllib.TOMLDecodeError as exc:
         raise HubError(f'{path} is not valid TOML: {exc}') from exc
-    defaults = {k: data[k] for k in ('version', 'requires') if k in data}
+    defaults: dict[str, Any] = {k: data[k] for k in ('version', 'requires') if k in data}
     tables = data.get('component')
     if tables is None:
         tables = [{k: v for k, v in data.items() if k != 'component'}]
@@ -114,8 +115,6 @@ def _component(table: dict[str, Any], path: Path, index: int) -> ComponentSpec:
     for key in ('name', 'kind', 'entry'):
         if not isinstance(table.get(key), str) or not table[key]:
             raise HubError(f'{where}: {key!r} is required and must be a non-empty string.')
-    from twinkle_core.registry import KINDS
-
     if table['kind'] not in KINDS:
         raise HubError(f'{where}: kind {table["kind"]!r} is not one of {", ".join(KINDS)}.')
     if not _ENTRY.match(table['entry']):

@@ -152,7 +152,7 @@ def _upload_hf(
         commit_message=message,
         ignore_patterns=IGNORE,
         repo_type=repo_type,
-        **_given(path_in_repo=path_in_repo or None),
+        path_in_repo=path_in_repo or None,
     )
     # Pin the immutable commit, not the branch name.
     return str(getattr(info, 'commit_url', info)), getattr(info, 'oid', None) or ref.effective_revision

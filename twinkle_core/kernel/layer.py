@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.kernel.base import MODES, Kernel, KernelMode
+from twinkle_core.registry import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class LayerKernel(Kernel):
     device types it runs on (a ``torch-universal`` build: any). `source`: where it came from (for reports)."""
 
     name: str
-    layer: type
+    layer: type[Any]
     replaces: str = ''
     decorates: tuple[str, ...] = ()
     devices: tuple[str, ...] = ('cpu', 'cuda')
@@ -69,8 +70,6 @@ class _LoadedLayer:
 
 def resolve_kernels(kernels: Iterable[Any]) -> list[Kernel]:
     """Kernel instances for `kernels` (names, ``hf://org/repo@rev:Layer`` references or instances)."""
-    from twinkle_core.registry import resolve
-
     out = []
     for spec in kernels:
         kernel = resolve('kernel', spec)
@@ -117,7 +116,7 @@ def _apply_layer_kernels(model: Any, layers: list[LayerKernel], mode: str, devic
     expected = {k.name: sum(1 for _ in _modules_of(model, k)) for k in layers}
     empty = [name for name, n in expected.items() if n == 0]
     if empty:
-        tagged = sorted({getattr(type(m), 'kernel_layer_name', None) for m in model.modules()} - {None})
+        tagged = sorted({n for m in model.modules() if (n := getattr(type(m), 'kernel_layer_name', None)) is not None})
         wanted = '; '.join(
             f'{k.name}: layer {k.replaces!r}' + (f' or classes {list(k.decorates)}' if k.decorates else '')
             for k in layers

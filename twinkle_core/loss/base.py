@@ -17,7 +17,7 @@ Contract (all losses):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable, TypedDict, cast
 
 
 class LossOutput(TypedDict, total=False):
@@ -52,4 +52,5 @@ class _CallableLoss(Loss):
 
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
         out = self.fn(inputs, outputs, **{**self.kwargs, **kwargs})
-        return out if isinstance(out, dict) else LossOutput(loss=out)
+        # a dict return is a LossOutput by `from_callable`'s contract
+        return cast(LossOutput, out) if isinstance(out, dict) else LossOutput(loss=out)

@@ -94,9 +94,10 @@ class GKDLoss(Loss):
         if isinstance(self.teacher_model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
 
+            # transformers types `PreTrainedModel.to` via functools.wraps(nn.Module.to), which loses the bound self
             self.teacher_model = AutoModelForCausalLM.from_pretrained(
                 os.fspath(self.teacher_model), dtype=torch.float32
-            ).to(device)
+            ).to(device)  # type: ignore[arg-type]
         teacher = self.teacher_model
         teacher.eval()
         teacher_device = next(teacher.parameters()).device

@@ -15,7 +15,7 @@ One place for the rules every such loss follows (see docs/rl.md, "Inputs and val
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -93,6 +93,10 @@ class TokenBatch:
         return (self.row_sum(x) / counts.clamp(min=1)).sum() / rows_with_tokens
 
     # ---- fields -------------------------------------------------------------------------------------------
+    @overload
+    def token_field(self, name: str, *, required: Literal[True] = ...) -> torch.Tensor: ...
+    @overload
+    def token_field(self, name: str, *, required: bool) -> torch.Tensor | None: ...
     def token_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:
         """Per-token field `name` [B, T], validated, with masked positions set to 0 (None if absent and optional)."""
         value = self.inputs.get(name)
@@ -108,6 +112,10 @@ class TokenBatch:
             )
         return self._finite_at_loss_positions(name, tensor)
 
+    @overload
+    def row_field(self, name: str, *, required: Literal[True] = ...) -> torch.Tensor: ...
+    @overload
+    def row_field(self, name: str, *, required: bool) -> torch.Tensor | None: ...
     def row_field(self, name: str, *, required: bool = True) -> torch.Tensor | None:
         """Per-row field `name` [num_rows], validated (None if absent and optional)."""
         value = self.inputs.get(name)

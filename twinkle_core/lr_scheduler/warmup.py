@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -47,7 +48,7 @@ class _WarmupDecayScheduler(LRScheduler):
         progress = min(1.0, (step - self.num_warmup_steps) / span)
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * self.decay(progress)
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | Tensor]:  # torch types base_lrs as floats or tensors (a tensor lr)
         factor = self.lr_factor(self.last_epoch)
         return [base * factor for base in self.base_lrs]
 

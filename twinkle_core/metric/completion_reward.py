@@ -38,7 +38,10 @@ class CompletionRewardMetric(Metric):
         rewards: Any = None,
         completion_lengths: Any = None,
         group_size: int | None = None,
+        **kwargs: Any,
     ) -> None:
+        if kwargs:  # the interface allows extra keywords; this metric reads none
+            raise TypeError(f'CompletionRewardMetric.accumulate() got unexpected keyword arguments {sorted(kwargs)}.')
         outputs = outputs or {}
         given = outputs.get('rewards', rewards)
         series = {

@@ -19,15 +19,35 @@ from twinkle_core.runtime.context import HostedComponentMeta
 
 @dataclass(frozen=True)
 class ModelCapabilities:
-    """What a model backend can do, declared (engines plan with it instead of guessing).
+    """What a model backend can do, declared (engines and the server plan with it instead of guessing from class
+    names or constructor signatures). Every default describes the conservative case: a backend that declares
+    nothing is driven one adapter at a time, on one rank, and is built with ``model_id`` only.
 
-    `mixed_adapters`: `forward_backward` / `forward_only` take ``inputs={adapter: rows}`` and
-    ``return_errors=True``: one call trains several adapters and returns ``{adapter: result}``, a rejected
-    adapter's result being ``{'error': {...}}`` (others are unaffected). Without it an engine calls once per
-    adapter. `max_adapters`: trainable adapters at once (None: bounded by memory only)."""
+    Declare it as a class attribute (``capabilities = ModelCapabilities(...)``): the construction fields
+    (`takes_device`, `takes_device_mesh`, `pass_strategies`) are read from the class before any instance exists.
+
+    Training:
+
+    - `mixed_adapters`: `forward_backward` / `forward_only` take ``inputs={adapter: rows}`` and
+      ``return_errors=True``: one call trains several adapters and returns ``{adapter: result}``, a rejected
+      adapter's result being ``{'error': {...}}`` (others are unaffected). Without it an engine calls once per
+      adapter with ``adapter_name=``.
+    - `max_adapters`: trainable adapters at once (None: bounded by memory only). 1 (the default) is a
+      single-tenant backend: a server hosting it refuses a second training model with a 403 naming the limit.
+
+    Construction (what a host may pass besides ``model_id``):
+
+    - `takes_device`: the constructor accepts ``device=`` (``'cpu'``, ``'cuda:1'``, ...; None: its own default).
+    - `takes_device_mesh`: the constructor accepts ``device_mesh=`` (a `DeviceMesh`) and trains across its ranks
+      (data / tensor / pipeline parallel); without it the backend trains on one rank.
+    - `pass_strategies`: the values the constructor accepts as ``pass_strategy=`` (how queued work of several
+      adapters splits into forward/backward passes); empty: it takes no ``pass_strategy``."""
 
     mixed_adapters: bool = False
     max_adapters: int | None = 1
+    takes_device: bool = False
+    takes_device_mesh: bool = False
+    pass_strategies: tuple[str, ...] = ()
 
 
 class Model(ABC, metaclass=HostedComponentMeta):

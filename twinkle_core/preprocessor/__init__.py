@@ -1,5 +1,10 @@
 """Kind `preprocessor`: the interface, plus lazy access to every registered preprocessor by name.
 
+A preprocessor maps one raw dataset row to one `Trajectory` row (messages), in `Dataset.map`, before any
+tokenization. Not to be confused with kind `processor` (`twinkle_core.processor`), which turns encoded rows into
+model-ready tensors inside the model. Several preprocessors are named ``...Processor`` (``GSM8KProcessor``): the
+Twinkle documents' names, kept.
+
 Built-ins (entry points): SelfCognitionProcessor, AlpacaProcessor, MessagesProcessor, ShareGPTProcessor,
 GSM8KProcessor. Row filters for `Dataset.filter`: `LengthFilter`, `LossTokensFilter`, `MessageLengthFilter`,
 `Filter.from_callable`.

@@ -1,4 +1,5 @@
-"""Preprocessors map raw dataset rows to the standard `Trajectory` format; Filters keep or drop rows."""
+"""Preprocessors map raw dataset rows to the standard `Trajectory` format (in `Dataset.map`, before tokenization);
+Filters keep or drop rows. Batches of encoded rows become tensors later, by a `processor` (`twinkle_core.processor`)."""
 
 from __future__ import annotations
 

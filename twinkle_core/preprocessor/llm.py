@@ -1,5 +1,4 @@
-"""The Twinkle documents' module path for the text preprocessors: ``from twinkle_core.preprocessor.llm import
-GSM8KProcessor`` resolves any registered preprocessor by name, like ``twinkle_core.preprocessor``."""
+"""Serves the Twinkle documents' ``twinkle.preprocessor.llm.<Name>``: any registered preprocessor, by name."""
 
 from twinkle_core._lazy import kind_getattr
 

@@ -1,4 +1,5 @@
-"""The InputProcessor interface: a list of `InputFeature` rows -> model-ready tensors (collation)."""
+"""The InputProcessor interface: a list of encoded `InputFeature` rows -> model-ready tensors (collation, inside the
+model). Raw dataset rows are mapped earlier, by a `preprocessor` (`twinkle_core.preprocessor`)."""
 
 from __future__ import annotations
 

@@ -104,8 +104,8 @@ def parse_number(text: str | None) -> Fraction | float | None:
     s = s.replace(',', '')
     try:
         if '/' in s:
-            num, den = s.split('/')
-            return None if float(den) == 0 else Fraction(num) / Fraction(den)
+            top, bottom = s.split('/')
+            return None if float(bottom) == 0 else Fraction(top) / Fraction(bottom)
         return Fraction(s)
     except (ValueError, ZeroDivisionError):
         return None

@@ -19,20 +19,34 @@ from twinkle_core.runtime.context import HostedComponentMeta
 
 @dataclass(frozen=True)
 class SamplerCapabilities:
-    """What a sampler can do, declared (callers plan with it instead of guessing).
+    """What a sampler can do, declared (callers plan with it instead of guessing from class names or constructor
+    signatures). Every default describes the conservative case: a sampler that declares nothing is given one
+    adapter per `sample` call, holds one adapter at a time, is not asked for prompt logprobs and is built with
+    ``model_id`` and its own arguments only.
 
-    `per_row_adapters`: one `sample` call may give each prompt its own adapter. `max_adapters`: adapters resident
-    at once (None: bounded by memory only). `max_adapters_per_call`: distinct adapters one `sample` call may use.
-    `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported. `adapter_from_tensors`: `add_adapter`
-    takes in-memory tensors directly (False: they are written to a PEFT directory first). `weights_in_process`:
-    the model runs in the caller's process (False: e.g. vLLM's engine core; weights go through RPC)."""
+    Declare it as a class attribute (``capabilities = SamplerCapabilities(...)``): `takes_device` is read from the
+    class before any instance exists. An instance may refine the other fields once it knows them (e.g. vLLM's
+    adapter slots come from its engine arguments): ``self.capabilities = dataclasses.replace(type(self).capabilities,
+    max_adapters=...)``.
 
-    per_row_adapters: bool = True
-    max_adapters: int | None = None
+    - `per_row_adapters`: one `sample` call may give each prompt its own adapter (``adapter_name=[...]``).
+    - `max_adapters`: adapters resident at once (None: bounded by memory only; 0: no LoRA adapters).
+    - `max_adapters_per_call`: distinct adapters one `sample` call may use (None: no limit of its own).
+    - `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported.
+    - `adapter_from_tensors`: `add_adapter` takes in-memory tensors directly (False: they are written to a PEFT
+      directory first).
+    - `weights_in_process`: the model runs in the caller's process (False: e.g. vLLM's engine core; weights go
+      through RPC).
+    - `takes_device`: the constructor accepts ``device=`` (``'cpu'``, ``'cuda:1'``, ...); False: the sampler places
+      itself (e.g. vLLM) and is built with ``model_id`` and its own arguments only."""
+
+    per_row_adapters: bool = False
+    max_adapters: int | None = 1
     max_adapters_per_call: int | None = None
-    prompt_logprobs: bool = True
-    adapter_from_tensors: bool = True
-    weights_in_process: bool = True
+    prompt_logprobs: bool = False
+    adapter_from_tensors: bool = False
+    weights_in_process: bool = False
+    takes_device: bool = False
 
 
 class Sampler(ABC, metaclass=HostedComponentMeta):
@@ -41,7 +55,12 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
     @remote_method('slice_dp', 'concat', mutates=False)
     @abstractmethod
     def sample(
-        self, inputs: Any, sampling_params: Any = None, *, adapter_name: str | list[str] | None = None, **kwargs: Any
+        self,
+        inputs: Any,
+        sampling_params: Any = None,
+        *,
+        adapter_name: str | list[str | None] | None = None,
+        **kwargs: Any,
     ) -> list[Any]:
         """`inputs`: prompts (InputFeature dicts or Trajectories). Returns one `SampleResponse` per prompt."""
 

@@ -20,6 +20,7 @@ from twinkle_core.types import (
     InputFeature,
     SampledSequence,
     SamplingParams,
+    StopReason,
     Trajectory,
     as_list,
 )
@@ -67,7 +68,7 @@ def encode_prompt_row(row: Any, index: int, encode_chat: EncodeChat | None) -> d
         row = dict(encoded) if isinstance(encoded, Mapping) else {'input_ids': encoded}
     if isinstance(row, dict):
         ids = row.get('input_ids')
-        ids = ids.tolist() if hasattr(ids, 'tolist') else ids
+        ids = ids.tolist() if ids is not None and hasattr(ids, 'tolist') else ids
     elif isinstance(row, (list, tuple)):
         ids = list(row)
     else:
@@ -185,7 +186,7 @@ def sampled_sequence(
     tokens: list[int],
     logprobs: list[float],
     top: list[list[tuple[int, float]]] | None,
-    stop_reason: str,
+    stop_reason: StopReason,
     text: str | None,
     images: Mapping[str, Any] | None = None,
 ) -> SampledSequence:

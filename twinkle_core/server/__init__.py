@@ -1,2 +1,1 @@
-"""Helpers for talking to a training service from twinkle data (the server itself is the twinkle-server
-plugin)."""
+"""Serves the Twinkle documents' ``twinkle.server`` package path (the server itself is the twinkle-server plugin)."""

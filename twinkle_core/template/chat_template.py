@@ -183,8 +183,11 @@ class ChatTemplate(Template):
         digest.update(json.dumps(config, sort_keys=True, default=repr).encode())
         for cls in type(self).__mro__:  # code changes invalidate cached encodings
             if cls.__module__.startswith(('twinkle', '__main__')) or cls is type(self):
+                module = inspect.getmodule(cls)
                 try:
-                    digest.update(inspect.getsource(inspect.getmodule(cls)).encode())
+                    digest.update(
+                        inspect.getsource(module).encode() if module is not None else cls.__qualname__.encode()
+                    )
                 except (OSError, TypeError):
                     digest.update(cls.__qualname__.encode())
         digest.update(inspect.getsource(L).encode())

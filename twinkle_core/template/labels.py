@@ -26,7 +26,7 @@ _GENERATION_TAG = re.compile(r'\{%-?\s*generation\s*-?%\}')
 
 def has_generation_markers(chat_template: str | None) -> bool:
     """True when the Jinja chat template marks assistant output with ``{% generation %}`` blocks."""
-    return bool(chat_template) and _GENERATION_TAG.search(chat_template) is not None
+    return chat_template is not None and _GENERATION_TAG.search(chat_template) is not None
 
 
 def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:

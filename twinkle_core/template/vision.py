@@ -113,7 +113,7 @@ class VisionTemplate(ChatTemplate):
         input_ids, labels = self._truncate_whole_images(
             input_ids, labels, len(vision['tokens_per_image']), keep_end=add_generation_prompt
         )
-        row: dict[str, Any] = {'input_ids': input_ids}
+        row = {'input_ids': input_ids}
         if labels is not None:
             row['labels'] = labels
         row.update(pixel_values=vision['pixel_values'], image_grid_thw=vision['image_grid_thw'])
@@ -154,16 +154,16 @@ class VisionTemplate(ChatTemplate):
                 f'(and the text must not contain {self.image_token!r} itself).'
             )
         ids_out: list[int] = []
-        labels_out: list[int] | None = [] if labels is not None else None
+        labels_out: list[int] = []
         k = 0
         for i, token in enumerate(input_ids):
             repeat = 1
             if token == self.image_token_id:
                 repeat, k = tokens_per_image[k], k + 1
             ids_out += [token] * repeat
-            if labels_out is not None:
+            if labels is not None:
                 labels_out += [labels[i] if repeat == 1 and token != self.image_token_id else -100] * repeat
-        return ids_out, labels_out
+        return ids_out, labels_out if labels is not None else None
 
     def _truncate_whole_images(
         self, input_ids: list[int], labels: list[int] | None, num_images: int, keep_end: bool

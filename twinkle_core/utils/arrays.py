@@ -24,7 +24,9 @@ PACKED_DTYPES = ('float16', 'float32', 'float64')
 def pack_array(value: Any) -> dict[str, Any] | None:
     """`value` in the packed form when it is a numpy float array with 2+ dimensions; None otherwise."""
     dtype, shape = getattr(value, 'dtype', None), getattr(value, 'shape', None)
-    if type(value).__module__ != 'numpy' or getattr(dtype, 'name', None) not in PACKED_DTYPES or len(shape) < 2:
+    if type(value).__module__ != 'numpy' or dtype is None or shape is None:
+        return None
+    if getattr(dtype, 'name', None) not in PACKED_DTYPES or len(shape) < 2:
         return None
     data = value.astype(dtype.newbyteorder('<'), copy=False).tobytes()  # tobytes: C order, whatever the strides
     return {ARRAY_KEY: base64.b64encode(data).decode('ascii'), 'dtype': dtype.name, 'shape': [int(n) for n in shape]}

@@ -156,7 +156,7 @@ def check_layout(arch: Architecture, layout: Layout) -> None:
     if layout.sp and layout.tp < 2:
         problems.append('sequence parallelism needs tp >= 2')
     if layout.ep > 1:
-        if not arch.is_moe:
+        if arch.num_experts is None:  # not arch.is_moe
             problems.append(f'ep={layout.ep} but the model has no experts')
         elif arch.num_experts % layout.ep:
             problems.append(f'ep={layout.ep} does not divide the {arch.num_experts} experts')

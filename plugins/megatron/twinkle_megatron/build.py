@@ -30,7 +30,8 @@ class RMSNorm(torch.nn.RMSNorm):
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         if config.sequence_parallel:
-            self.weight.sequence_parallel = True
+            # megatron's flags live as attributes on parameters, which torch's stubs do not declare
+            self.weight.sequence_parallel = True  # type: ignore[attr-defined]
 
 
 def layer_spec(arch: Architecture, num_layers: int) -> Any:

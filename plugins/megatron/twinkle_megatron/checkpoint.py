@@ -5,7 +5,7 @@
   `TorchSampler` / vLLM load it;
 - LoRA: PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``);
 - ``twinkle_checkpoint.json`` and ``training_state.pt`` (counters, LR scheduler, RNG) as every backend writes them
-  (`twinkle_core.model.checkpoint_dir`), with ``backend: megatron`` and the layout;
+  (`twinkle_core.train.checkpoint_dir`), with ``backend: megatron`` and the layout;
 - ``save_optimizer=True`` also writes ``optimizer/tp{t}_pp{p}[_ep{e}_dp{d}].pt`` per model-parallel rank
   (Megatron's optimizer state; the distributed optimizer's shards gathered over dp in ``*_params.pt``): a resume
   needs the same layout.
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.checkpoint_dir import atomic_directory
+from twinkle_core.train.checkpoint_dir import atomic_directory
 from twinkle_megatron import export, groups, lora
 from twinkle_megatron.architecture import Architecture
 
@@ -44,9 +44,9 @@ def collective_directory(target: Path) -> Iterator[Path]:
             yield tmp
             dist.barrier()
     else:
-        box = [None]
-        dist.broadcast_object_list(box, src=0)
-        yield Path(box[0])
+        received: list[Any] = [None]
+        dist.broadcast_object_list(received, src=0)
+        yield Path(received[0])
         dist.barrier()
     dist.barrier()  # nobody reads the checkpoint before it is in place
 

@@ -137,7 +137,7 @@ def tensors_as_cuda() -> Iterator[None]:
             return result.replace('torch.', 'torch.cuda.', 1)
         return result
 
-    torch.Tensor.type = type_  # type: ignore[method-assign]
+    torch.Tensor.type = type_  # type: ignore[method-assign, assignment]  # monkeypatch of an overloaded stub
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
     try:
         yield

@@ -32,6 +32,11 @@ def _vocab_cat(vocab_size: int) -> Join:
     return lambda shards: torch.cat(shards)[:vocab_size]
 
 
+def _layout_join(name: str) -> Join:
+    """Join the tp shards of base weight `name` as Megatron lays it out (`convert.gather_layout`)."""
+    return lambda shards: convert.gather_layout(name, shards)
+
+
 def _order(name: str) -> tuple[int, int, str]:
     """Model order: embedding, layers by index, then the final norm and the output layer."""
     if name.startswith('embedding.'):
@@ -69,7 +74,7 @@ def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Te
     mine_set = set(mine)
     for name in sorted(owners, key=_order):
         sender, full = owners[name], None
-        if name in mine_set:
+        if name in mine_set:  # always on the sender: it published `name` from its own `mine`
             shard, join = local[name]
             group = ps.get_expert_tensor_parallel_group() if is_expert(name) else groups.tp_group()
             size = dist.get_world_size(group)
@@ -78,11 +83,11 @@ def stream_full(local: dict[str, tuple[Tensor, Join]]) -> Iterator[tuple[str, Te
                 shards = [torch.empty_like(shards[0]) for _ in range(size)]
                 dist.all_gather(shards, shard.detach().contiguous(), group=group)
             full = join(shards)
-        if sender == 0:
-            if rank == 0:
-                yield name, full.clone()
-            continue
         if rank == sender:
+            assert full is not None
+            if sender == 0:
+                yield name, full.clone()
+                continue
             header = torch.tensor(
                 [_DTYPES.index(full.dtype), full.dim(), *full.shape] + [0] * (8 - full.dim()),
                 dtype=torch.long,
@@ -106,10 +111,10 @@ def _device() -> torch.device:
 
 def base_items(chunks: list, expert_offset: int = 0) -> dict[str, tuple[Tensor, Join]]:
     """This rank's base weights by global Megatron name, with their tp join."""
-    items = {}
+    items: dict[str, tuple[Tensor, Join]] = {}
     for chunk in chunks:
         for name, tensor in build.base_parameters(chunk, expert_offset).items():
-            items[name] = (tensor, lambda shards, n=name: convert.gather_layout(n, shards))
+            items[name] = (tensor, _layout_join(name))
     return items
 
 

@@ -40,7 +40,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         ctx: Any,
         logits: Tensor,
         targets: Tensor,
-        vocab_size: int,  # type: ignore[override]
+        vocab_size: int,
         group: Any,
     ) -> Tensor:
         start, end = _local_range(logits, group)
@@ -63,7 +63,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
         return target_logit - lse
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         logits, lse, idx, local = ctx.saved_tensors
         x = _masked(logits, ctx.start, ctx.vocab_size)
         g = grad.float().unsqueeze(-1)

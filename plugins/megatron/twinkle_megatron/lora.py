@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import torch
 from torch import nn
@@ -164,18 +164,24 @@ class LoraParallelLinear(nn.Module):
         self.base_layer = base
         self.kind, self.layer_parts, self.arch = kind, layer_parts, arch
         self.tp, self.sequence_parallel = tp, sequence_parallel
-        like = base.weight if like is None else like
-        self.factor_dtype, self.factor_device = like.dtype, like.device  # not the tensor: it would register
-        self.adapters = nn.ModuleDict()
+        ref = base.weight if like is None else like
+        assert isinstance(ref, torch.Tensor), 'a base layer without a weight (tied output layer) needs `like`'
+        self.factor_dtype, self.factor_device = ref.dtype, ref.device  # not the tensor: it would register
+        self.adapters = nn.ModuleDict()  # adapter name -> AdapterFactors (read through `factors_of`)
         self.active: str | None = None
 
     @property
-    def weight(self) -> torch.Tensor:  # megatron reads ``linear.weight`` (dtype, device, clipping)
-        return self.base_layer.weight
+    def weight(self) -> torch.Tensor | None:  # megatron reads ``linear.weight`` (dtype, device, clipping)
+        # a Megatron linear's weight: a Parameter, None for a tied output layer (megatron-core is untyped)
+        return cast(torch.Tensor | None, self.base_layer.weight)
+
+    def factors_of(self, adapter: str) -> AdapterFactors:
+        """Adapter `adapter`'s factors on this linear (KeyError if it has none)."""
+        return cast(AdapterFactors, self.adapters[adapter])  # `adapters` holds AdapterFactors only (add_lora)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         out, bias = self.base_layer(x, *args, **kwargs)
-        factors = self.adapters[self.active] if self.active in self.adapters else None
+        factors = self.factors_of(self.active) if self.active is not None and self.active in self.adapters else None
         if factors is None:
             return out, bias
         delta = self._column(x, factors) if self.kind == 'column' else self._row(x, factors)
@@ -356,7 +362,7 @@ def factors(chunks: list[Any], adapter: str) -> Iterator[tuple[str, nn.Parameter
     for name, module in lora_modules(chunks).items():
         if adapter not in module.adapters:
             continue
-        f = module.adapters[adapter]
+        f = module.factors_of(adapter)
         layer = int(name.split('.')[2]) if name.startswith('decoder.layers.') else None
         for part in f.parts:
             a_dim, b_dim = (1, None) if module.kind == 'row' else (None, 0)

@@ -9,7 +9,8 @@ dp > 1). The pieces:
 - `architecture` / `convert` / `build`: HF config -> Megatron config, HF <-> Megatron weights, the model chunks;
 - `lora`: tensor-parallel LoRA in PEFT's terms; `optim`: Megatron's optimizer behind `TrainState`;
 - `schedule`: one pass through Megatron's pipeline schedule with twinkle's losses;
-- `persistence`: save / load / weight export (HF and PEFT format, gathered over tp and pp).
+- `persistence`: save / load / weight export (HF and PEFT format, gathered over tp and pp), a collaborator the
+  model holds (`MegatronModel.persistence`) and delegates to.
 
     model = MegatronModel('ms://Qwen/Qwen3-0.6B', device_mesh=DeviceMesh.from_sizes(tp_size=2, dp_size=2))
     model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 32})
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -33,24 +34,25 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.mesh import split_for_dp
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
-from twinkle_core.model.loss_step import micro_batch_shares
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
-from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
-from twinkle_core.model.train_state import FULL
-from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
+from twinkle_core.train.loss_step import micro_batch_shares
+from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_core.train.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.train.state import FULL
+from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
+from twinkle_core.weight_sync.weights import Bucket
 from twinkle_megatron import build, cpu_compat, groups, lora, schedule
 from twinkle_megatron.architecture import architecture_of, check_layout
 from twinkle_megatron.optim import MegatronTrainState
-from twinkle_megatron.persistence import PersistenceMethods
+from twinkle_megatron.persistence import MegatronPersistence
 from twinkle_megatron.units import TrainingUnit
 
 logger = logging.getLogger(__name__)
 
 
-class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
+class MegatronModel(TrainStateMethods, Model):
     """A trainable causal LM on Megatron-Core (kind ``model``, name ``MegatronModel``).
 
     Args:
@@ -66,7 +68,10 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
     """
 
     backend = 'megatron'
-    capabilities = ModelCapabilities(mixed_adapters=False, max_adapters=None)
+    #: several named adapters, one call per adapter; placed by ``device=``, parallel over ``device_mesh=``
+    capabilities = ModelCapabilities(
+        mixed_adapters=False, max_adapters=None, takes_device=True, takes_device_mesh=True, pass_strategies=()
+    )
 
     def __init__(
         self,
@@ -112,6 +117,7 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
         self.pad_token_id = getattr(self.tokenizer, 'pad_token_id', None) or 0
         self._pending = None
         self.units: dict[str, TrainingUnit] = {FULL: self._new_unit(FULL)}
+        self.persistence = MegatronPersistence(self)  # checkpoints and weight export (delegated below)
         notify_model_loaded(self.chunks[0], self.model_id)
 
     def _expert_offset(self) -> int:
@@ -316,6 +322,62 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
             loss = sums[0] / sums[1] if sums[1] else 0.0
         return {**summary, 'loss': loss, **{k: int(round(v)) for k, v in zip(counts, sums[2:])}}
 
+    # ---- checkpoints and weight export (delegated to `self.persistence`) ----------------------------------------
+    @reports_failure('save')
+    def save(
+        self,
+        name: str,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        extra_state: Any = None,
+        **kwargs: Any,
+    ) -> str:
+        """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory
+        (`MegatronPersistence.save`)."""
+        return self.persistence.save(
+            name,
+            output_dir=output_dir,
+            save_optimizer=save_optimizer,
+            adapter_name=adapter_name,
+            dataloader=dataloader,
+            extra_state=extra_state,
+            **kwargs,
+        )
+
+    @reports_failure('load')
+    def load(
+        self,
+        path: str,
+        *,
+        load_optimizer: bool = False,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Load a checkpoint, a PEFT adapter directory or a Hugging Face model directory
+        (`MegatronPersistence.load`)."""
+        return self.persistence.load(
+            path, load_optimizer=load_optimizer, adapter_name=adapter_name, dataloader=dataloader, **kwargs
+        )
+
+    def trains_base(self) -> bool:
+        return self.persistence.trains_base()
+
+    def is_export_rank(self) -> bool:
+        return self.persistence.is_export_rank()
+
+    def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return self.persistence.weight_layout()
+
+    def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
+        return self.persistence.export_base(bucket_bytes=bucket_bytes)
+
+    def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
+        return self.persistence.export_adapter(name, bucket_bytes=bucket_bytes)
+
     def shutdown(self) -> None:
         """Release Megatron's process groups in this process (`groups.shutdown`); the model is unusable after."""
         self.chunks.clear()
@@ -333,7 +395,7 @@ class MegatronModel(PersistenceMethods, TrainStateMethods, Model):
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         unit = self._unit(adapter_name)
         state = unit.state
-        adapter = None if unit.adapter is None else self._adapter_config_json(unit.adapter)
+        adapter = None if unit.adapter is None else self.persistence.adapter_config_json(unit.adapter)
         return {
             'model_id': self.model_id,
             'backend': self.backend,

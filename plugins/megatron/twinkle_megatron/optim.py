@@ -21,7 +21,7 @@ from typing import Any, Callable, ContextManager, Iterable
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.train_state import TrainState, spec_name
+from twinkle_core.train.state import TrainState, spec_name
 from twinkle_megatron.cpu_compat import tensors_as_cuda
 
 _ADAM = {'adamw': 'adam', 'adam': 'adam', 'sgd': 'sgd'}
@@ -213,13 +213,14 @@ class MegatronTrainState(TrainState):
     @torch.no_grad()
     def load_shard(self, optimizer_file: Any, parameter_file: Any) -> None:
         """Restore what `save_shard` wrote (collective for the distributed optimizer)."""
+        optimizer = self.require_optimizer()  # a resume sets the optimizer before loading its shards
         saved = torch.load(optimizer_file, map_location='cpu', weights_only=False)
         self.megatron_optimizer.load_state_dict(saved['state_dict'])
         if not self.distributed:
             return
         # Megatron's gathered parameter state has no per-parameter 'step', which torch's AdamW keeps (TE/Apex
         # FusedAdam keep it per group): set it aside while loading, then restore the saved count.
-        states = [self.optimizer.state[p] for group in self.optimizer.param_groups for p in group['params']]
+        states = [optimizer.state[p] for group in optimizer.param_groups for p in group['params']]
         steps = [state.pop('step', None) for state in states]
         self.megatron_optimizer.load_parameter_state(str(parameter_file))
         for state, step in zip(states, steps):
@@ -228,5 +229,5 @@ class MegatronTrainState(TrainState):
 
     def _adam_step(self) -> float | None:
         """The (common) per-parameter step count of a torch Adam inner optimizer, None for other optimizers."""
-        steps = {float(s['step']) for s in self.optimizer.state.values() if 'step' in s}
+        steps = {float(s['step']) for s in self.require_optimizer().state.values() if 'step' in s}
         return steps.pop() if len(steps) == 1 else None

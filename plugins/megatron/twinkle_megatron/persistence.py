@@ -1,4 +1,5 @@
-"""`MegatronModel`'s checkpoints and weight export (the model half of the backend seam), as a mixin.
+"""`MegatronModel`'s checkpoints and weight export (the model half of the backend seam): `MegatronPersistence`,
+a collaborator the model holds (``model.persistence``) and delegates its `save` / `load` / export methods to.
 
 Both are collective over the model's ranks (weights are gathered over tp and pp to global rank 0); see
 `twinkle_megatron.checkpoint` for the directory layout and `twinkle_megatron.export` for the streaming.
@@ -7,30 +8,40 @@ Both are collective over the model's ranks (weights are gathered over tp and pp 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch.distributed as dist
 
-from twinkle_core.checkpoint_engine.weights import Bucket, bucketed
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.checkpoint_dir import (
+from twinkle_core.train.checkpoint_dir import (
     load_training_state,
     read_metadata,
     save_training_state,
     set_rng_state,
     write_metadata,
 )
-from twinkle_core.model.train_state_methods import reports_failure
+from twinkle_core.weight_sync.weights import Bucket, bucketed
 from twinkle_megatron import build, export
 from twinkle_megatron import checkpoint as ckpt
 from twinkle_megatron.lora import part_rows
 
+if TYPE_CHECKING:
+    from twinkle_megatron.model import MegatronModel
 
-class PersistenceMethods:
-    """Mixin of `MegatronModel` (uses its `chunks`, `arch`, `units`, `_unit`, `_state`, `add_adapter_to_model`, ...)."""
+__all__ = ['MegatronPersistence']
+
+
+class MegatronPersistence:
+    """Saving, loading and exporting the weights of `model`. It reads the model's chunks and architecture
+    (`chunks`, `arch`, `layout`, `ranks`, `dtype`, `model_id`, `model_dir`, `_expert_offset()`, `_layout_json()`)
+    and its training units (`units`, `_unit(name)`, `list_adapters()`; `add_adapter_to_model()` for a checkpoint of
+    an adapter it lacks). The model's own methods of the same names report failures (`reports_failure`) and call
+    these."""
+
+    def __init__(self, model: MegatronModel) -> None:
+        self.model = model
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
-    @reports_failure('save')
     def save(
         self,
         name: str,
@@ -45,18 +56,15 @@ class PersistenceMethods:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory. LoRA in PEFT
         format, full weights in Hugging Face format; ``save_optimizer=True`` adds everything an exact resume
         needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
-        unit = self._unit(adapter_name)
+        m = self.model
+        unit = m._unit(adapter_name)
         state = unit.state
         target = Path(output_dir or 'output') / name
         with ckpt.collective_directory(target) as tmp:
             if unit.adapter is not None:
-                ckpt.save_lora(
-                    self.chunks, self.arch, unit.lora_config, tmp, adapter=unit.adapter, base_model_id=self.model_id
-                )
+                ckpt.save_lora(m.chunks, m.arch, unit.lora_config, tmp, adapter=unit.adapter, base_model_id=m.model_id)
             else:
-                ckpt.save_full(
-                    self.chunks, self.arch, tmp, source_dir=self.model_dir, expert_offset=self._expert_offset()
-                )
+                ckpt.save_full(m.chunks, m.arch, tmp, source_dir=m.model_dir, expert_offset=m._expert_offset())
             if save_optimizer:
                 ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
@@ -64,17 +72,16 @@ class PersistenceMethods:
                     tmp,
                     kind='lora' if unit.adapter else 'full',
                     adapter_name=unit.adapter,
-                    model_id=self.model_id,
+                    model_id=m.model_id,
                     step=state.optimizer_steps,
                     backend='megatron',
-                    layout=self._layout_json(),
+                    layout=m._layout_json(),
                     has_training_state=save_optimizer,
                 )
                 if save_optimizer:
                     save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
         return str(target)
 
-    @reports_failure('load')
     def load(
         self,
         path: str,
@@ -88,16 +95,17 @@ class PersistenceMethods:
         Hugging Face model directory. A LoRA checkpoint loads into adapter `adapter_name` (default: the model's
         only adapter, else the saved name or ``'default'``), which is added first when the model lacks it.
         ``load_optimizer=True`` restores the training state (same tp/pp layout) and returns ``extra_state``."""
+        m = self.model
         meta = read_metadata(path)
-        adapters = self.list_adapters()
+        adapters = m.list_adapters()
         if meta['kind'] == 'lora':
             if adapter_name is None:
                 adapter_name = adapters[0] if len(adapters) == 1 else meta.get('adapter_name') or 'default'
             if adapter_name not in adapters:
                 from peft import LoraConfig
 
-                self.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path))
-            ckpt.load_lora(self.chunks, path, adapter=adapter_name, tp=self.layout.tp, tp_rank=self.ranks['tp'])
+                m.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path))
+            ckpt.load_lora(m.chunks, path, adapter=adapter_name, tp=m.layout.tp, tp_rank=m.ranks['tp'])
         else:
             if adapters:
                 raise InvalidInputError(
@@ -105,14 +113,14 @@ class PersistenceMethods:
                     f'{adapters}; load it into a model without adapters.'
                 )
             build.load_hf_weights(
-                self.chunks,
-                self.arch,
+                m.chunks,
+                m.arch,
                 build.hf_tensor_reader(path),
-                tp=self.layout.tp,
-                tp_rank=self.ranks['tp'],
-                expert_offset=self._expert_offset(),
+                tp=m.layout.tp,
+                tp_rank=m.ranks['tp'],
+                expert_offset=m._expert_offset(),
             )
-        unit = self._unit(adapter_name)
+        unit = m._unit(adapter_name)
         state = unit.state
         if state.megatron_optimizer is not None:
             state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
@@ -129,14 +137,16 @@ class PersistenceMethods:
 
     # ---- weight export -----------------------------------------------------------------------------------------
     def trains_base(self) -> bool:
-        return not self.list_adapters()
+        m = self.model
+        return not m.list_adapters()
 
     def is_export_rank(self) -> bool:
         return dist.get_rank() == 0
 
     def weight_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        a = self.arch
-        dtype = str(self.dtype).removeprefix('torch.')
+        m = self.model
+        a = m.arch
+        dtype = str(m.dtype).removeprefix('torch.')
         shapes = {
             'model.embed_tokens.weight': (a.vocab_size, a.hidden_size),
             'model.norm.weight': (a.hidden_size,),
@@ -166,16 +176,17 @@ class PersistenceMethods:
         return {name: (dtype, tuple(shape)) for name, shape in shapes.items()}
 
     def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
-        weights = export.hf_base_weights(self.chunks, self.arch, self._expert_offset())
+        m = self.model
+        weights = export.hf_base_weights(m.chunks, m.arch, m._expert_offset())
         yield from bucketed(weights, bucket_bytes)
 
     def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:
-        if name not in self.list_adapters():
-            adapters = self.list_adapters() or 'none'
+        m = self.model
+        if name not in m.list_adapters():
+            adapters = m.list_adapters() or 'none'
             raise InvalidInputError(f'The model has no LoRA adapter {name!r}; adapters: {adapters}.')
-        return self._adapter_config_json(name), bucketed(
-            export.peft_weights(self.chunks, self.arch, name), bucket_bytes
-        )
+        return self.adapter_config_json(name), bucketed(export.peft_weights(m.chunks, m.arch, name), bucket_bytes)
 
-    def _adapter_config_json(self, adapter: str) -> dict[str, Any]:
-        return ckpt.peft_config_dict(self.units[adapter].lora_config, self.model_id)
+    def adapter_config_json(self, adapter: str) -> dict[str, Any]:
+        m = self.model
+        return ckpt.peft_config_dict(m.units[adapter].lora_config, m.model_id)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_core.train.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_megatron import groups
 from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_parallel_logps
@@ -34,7 +34,7 @@ class MicroBatch:
 
     batch: dict[str, Any]
     share: float  # this micro-batch's part of the call's loss
-    model_inputs: dict[str, torch.Tensor] | None = None
+    model_inputs: dict[str, torch.Tensor | None] | None = None
 
 
 def attention_mask(row_index: torch.Tensor) -> torch.Tensor:
@@ -70,10 +70,10 @@ def pad_model_inputs(
     for m in micro:
         ids, pos, index = m.batch['input_ids'], m.batch['position_ids'], m.batch['row_index']
         b, s = ids.shape
-        shape = (rows, width)
-        full_ids = ids.new_full(shape, pad_token_id)
-        full_pos = torch.arange(width, device=ids.device).expand(shape).clone()
-        full_index = index.new_full(shape, -1)
+        size = (rows, width)
+        full_ids = ids.new_full(size, pad_token_id)
+        full_pos = torch.arange(width, device=ids.device).expand(size).clone()
+        full_index = index.new_full(size, -1)
         full_ids[:b, :s], full_pos[:b, :s], full_index[:b, :s] = ids, pos, index
         packed = bool(m.batch.get('packed'))  # padded rows need no mask: causal attention never sees padding
         m.model_inputs = {
@@ -167,4 +167,6 @@ def _from_last_stage(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return infos
     box = [infos if ps.is_pipeline_last_stage() else None]
     dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=groups.pp_group())
-    return box[0]
+    received = box[0]
+    assert received is not None  # the last stage broadcast its list
+    return received

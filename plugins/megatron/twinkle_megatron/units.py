@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from twinkle_core.model.train_state import FULL
+from twinkle_core.train.state import FULL
 from twinkle_megatron import lora
 from twinkle_megatron.optim import MegatronTrainState
 

@@ -48,6 +48,13 @@ class WorkerGroup:
     def started(self) -> bool:
         return bool(self.workers)
 
+    @property
+    def started_mesh(self) -> DeviceMesh:
+        """The group's mesh, fixed by `ensure_started` (components and their proxies only exist after it)."""
+        if self.mesh is None:
+            raise TwinkleError(f'device group {self.name!r} has not started: build a component into it first.')
+        return self.mesh
+
     def ensure_started(self, mesh: DeviceMesh | None) -> None:
         """Start the actors with `mesh` (default: data parallel over all ranks); later meshes must match it."""
         if self.started:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import ray
 
-from twinkle_core.dispatch import RemoteSpec, collect_results, remote_methods
+from twinkle_core.dispatch import Collect, RemoteSpec, collect_results, remote_methods
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.mesh import split_for_dp
 from twinkle_ray.group import WorkerGroup
@@ -35,7 +35,7 @@ class LazyResult:
     """
 
     def __init__(
-        self, group: WorkerGroup, refs: list[Any], collect: str, method: str, collect_ranks: list[int] | None = None
+        self, group: WorkerGroup, refs: list[Any], collect: Collect, method: str, collect_ranks: list[int] | None = None
     ) -> None:
         self._group, self._refs, self._collect, self._method = group, refs, collect, method
         self._collect_ranks = collect_ranks if collect_ranks is not None else list(range(len(refs)))
@@ -61,7 +61,7 @@ class LazyResult:
         if not self._done:
             values = self._group.wait(self._refs, self._method)
             picked = [values[r] for r in self._collect_ranks]
-            self._value = collect_results(picked, self._collect)  # type: ignore[arg-type]
+            self._value = collect_results(picked, self._collect)
             self._done = True
         return self._value
 
@@ -161,7 +161,7 @@ class ComponentProxy:
 
     def _slice_inputs(self, inputs: Any, method: str) -> list[Any]:
         """One entry per rank: that rank's data slice (an ObjectRef shared by its tensor-parallel peers)."""
-        group, mesh = self._group, self._group.mesh
+        group, mesh = self._group, self._group.started_mesh
         if isinstance(inputs, LazyResult):
             if inputs.group is group and len(inputs.refs) == group.world_size:
                 return inputs.refs  # produced rank by rank in this group: each rank keeps its own part
@@ -188,7 +188,7 @@ class ComponentProxy:
         group, obj_id, what = self._group, self._obj_id, f'iter({self._twinkle_cls.__name__})'
         group.check_usable()
         group.wait([w.start_iteration.remote(obj_id) for w in group.workers], what)
-        leaders = [r for r in range(group.world_size) if group.mesh.is_data_leader(r)]
+        leaders = [r for r in range(group.world_size) if group.started_mesh.is_data_leader(r)]
         while True:
             pairs = [w.next_item.options(num_returns=2).remote(obj_id) for w in group.workers]
             exhausted = group.wait([p[0] for p in pairs], what)

@@ -7,7 +7,7 @@ Each group already has its own default process group (the one its DDP/FSDP/TP ru
 second, side process group over {model rank 0} + {every sampler rank}: gloo on CPU, NCCL on GPUs. Every model rank
 runs the sync: a sharded model (FSDP/TP) gathers each weight collectively while exporting, and rank 0 -- the
 export rank -- streams the buckets. What moves (LoRA only after the first sync, base + LoRA the first time, merged
-weights on request) is decided by `twinkle_core.checkpoint_engine.CheckpointEngineManager`; the bytes move with its
+weights on request) is decided by `twinkle_core.weight_sync.CheckpointEngineManager`; the bytes move with its
 `BroadcastCheckpointEngine`. Each sampler rank receives in its actor and imports through the Sampler interface
 (vLLM's engine process gets them through its own RPC).
 """
@@ -132,7 +132,7 @@ def _open_endpoint(
     options: dict[str, Any],
     bucket_bytes: int,
 ) -> None:
-    from twinkle_core.checkpoint_engine import CheckpointEngineManager
+    from twinkle_core.weight_sync import CheckpointEngineManager
 
     pg = side_process_group(addr, port, rank, world)
     engine = _side_group_engine(pg, rank, bucket_bytes)
@@ -149,8 +149,8 @@ def _open_endpoint(
 def _open_export_peer(worker: Any, key: str, obj_id: int, options: dict[str, Any], bucket_bytes: int) -> None:
     """A model rank other than the export rank: it takes part in the export's collective gathers and sends
     nothing (its manager's engine is never used)."""
-    from twinkle_core.checkpoint_engine import CheckpointEngineManager
-    from twinkle_core.checkpoint_engine.in_process import InProcessCheckpointEngine
+    from twinkle_core.weight_sync import CheckpointEngineManager
+    from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
 
     worker.objects[key] = CheckpointEngineManager(
         model=worker.objects[obj_id], engine=InProcessCheckpointEngine(), bucket_bytes=bucket_bytes, **options
@@ -183,15 +183,23 @@ def side_process_group(addr: str, port: int, rank: int, world: int) -> Any:
     backend = 'nccl' if torch.cuda.is_available() else 'gloo'
     store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=SYNC_TIMEOUT)
     prefix = dist.PrefixStore(f'twinkle-sync-{addr}-{port}', store)
+    group_name = f'twinkle-sync-{addr}-{port}'
+    # `group_name` is typed as torch's `GroupName`, a typing-only NewType of str (not in every torch >= 2.4)
     pg, _ = c10d._new_process_group_helper(
-        world, rank, [], dist.Backend(backend), prefix, group_name=f'twinkle-sync-{addr}-{port}', timeout=SYNC_TIMEOUT
+        world,
+        rank,
+        [],
+        dist.Backend(backend),
+        prefix,
+        group_name=group_name,  # type: ignore[arg-type]
+        timeout=SYNC_TIMEOUT,
     )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
     return pg
 
 
 def _side_group_engine(pg: Any, rank: int, bucket_bytes: int) -> Any:
-    from twinkle_core.checkpoint_engine.broadcast import BroadcastCheckpointEngine
+    from twinkle_core.weight_sync.broadcast import BroadcastCheckpointEngine
 
     class SideGroupBroadcastEngine(BroadcastCheckpointEngine):
         """The broadcast engine on a side group: its rank is the rank within that group, not the default one."""

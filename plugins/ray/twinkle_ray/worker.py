@@ -143,7 +143,7 @@ class GroupWorker:
             ) from None
 
 
-def _accepts(cls: type, name: str) -> bool:
+def _accepts(cls: type[object], name: str) -> bool:
     try:
         params = inspect.signature(cls.__init__).parameters  # not cls: its metaclass has __call__
     except (TypeError, ValueError):

@@ -19,19 +19,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from twinkle_server import logs, metrics
 from twinkle_server.config import ServerConfig
-from twinkle_server.deployment import build_engines
+from twinkle_server.deployment import build_model_hosts
 from twinkle_server.drain import DrainGate
-from twinkle_server.engine import Engine
 from twinkle_server.errors import ApiError, as_api_error, is_disk_full
 from twinkle_server.guard import RequestGuard
+from twinkle_server.model_host import ModelHost
 from twinkle_server.service import Service
 from twinkle_server.store import Store
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None) -> FastAPI:
-    """Build the app. Engines load at start-up (or pass ready `engines`, e.g. to share one across tests)."""
+def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, device: str | None = None) -> FastAPI:
+    """Build the app. Model hosts load at start-up (or pass ready `hosts`, e.g. to share one across tests)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -40,8 +40,9 @@ def create_app(config: ServerConfig, engines: dict[str, Engine] | None = None, d
             config.database_url, config.data_dir, owner=f'{socket.gethostname()}:{config.port}', write_behind=True
         )
         try:
-            loaded = engines if engines is not None else build_engines(config, device)
+            loaded = hosts if hosts is not None else build_model_hosts(config, device)
             app.state.service = Service(config, loaded, asyncio.get_running_loop(), store=store)
+            app.state.metrics = app.state.service.metrics  # `/metrics` and the HTTP counts need only this
         except BaseException:
             store.close()
             raise

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @hook
-def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
     server = subparsers.add_parser('server', help='run the multi-tenant training server; manage API keys')
     sub = server.add_subparsers(dest='server_command', metavar='SUBCOMMAND', required=True)
 
@@ -101,7 +101,8 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
         '--pass-strategy',
         default=None,
         metavar='STRATEGY',
-        help="multi-LoRA backends: how adapters' queued forward/backward work shares passes: auto "
+        help="shorthand for backend_args' pass_strategy, for a backend that declares pass strategies (e.g. "
+        "MultiLoraTransformersModel): how adapters' queued forward/backward work shares passes: auto "
         '(measured, the default), mixed (one pass) or one_by_one',
     )
     start.add_argument(
@@ -165,12 +166,14 @@ def _start(args: argparse.Namespace) -> int:
     from twinkle_server.launch import serve
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from twinkle_server.config_yaml import ConfigError
+    from twinkle_server.config import ConfigError
 
     try:
         config = config_from_args(args)
+        from twinkle_server.deployment import check_backend_args
         from twinkle_server.store import Store
 
+        check_backend_args(config)  # e.g. a pass_strategy the backend does not declare: one line, exit 2
         Store.open(config.database_url, config.data_dir).close()  # an unreachable database fails here, clearly
     except ConfigError as exc:
         print(f'twinkle server start: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
@@ -198,12 +201,12 @@ def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
     models = dict(ServerConfig.parse_model(m) for m in args.model)
     default, per_tenant = ServerConfig.load_limits(args.limits)
     sampler_args = ServerConfig.parse_json_object(args.sampler_args or '{}', '--sampler-args')
-    backend_args = ServerConfig.parse_json_object(args.backend_args or '{}', '--backend-args')
-    if args.pass_strategy is not None:
-        backend_args['pass_strategy'] = args.pass_strategy
+    backend_args = _with_pass_strategy(
+        ServerConfig.parse_json_object(args.backend_args or '{}', '--backend-args'), args
+    )
     # an unknown or uninstalled backend or sampler fails here, not after loading
-    resolve_class('model', args.backend or 'MultiLoraTransformersModel')
-    resolve_class('sampler', args.sampler or 'TorchSampler')
+    resolve_class('model', args.backend or ServerConfig.backend)
+    resolve_class('sampler', args.sampler or ServerConfig.sampler)
     given = {
         key: value
         for key, value in (
@@ -234,9 +237,8 @@ def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
 
 
 def _config_from_file(args: argparse.Namespace) -> ServerConfig:
-    """--config FILE with every flag given laid over it (`config_file.load_server_config` overrides)."""
-    from twinkle_server.config import ServerConfig
-    from twinkle_server.config_file import load_server_config
+    """--config FILE with every flag given laid over it (`config.load_server_config` overrides)."""
+    from twinkle_server.config import ServerConfig, load_server_config
 
     server = {
         key: value
@@ -264,7 +266,7 @@ def _config_from_file(args: argparse.Namespace) -> ServerConfig:
         if text is not None:
             model[key] = ServerConfig.parse_json_object(text, option)
     if args.pass_strategy is not None:
-        model.setdefault('backend_args', {})['pass_strategy'] = args.pass_strategy
+        model['backend_args'] = _with_pass_strategy(model.get('backend_args', {}), args)
     overrides: dict = {'server': server} if server else {}
     storage = {
         key: value
@@ -285,8 +287,16 @@ def _config_from_file(args: argparse.Namespace) -> ServerConfig:
     return load_server_config(args.config, overrides)
 
 
+def _with_pass_strategy(backend_args: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """`--pass-strategy S` is sugar for ``backend_args['pass_strategy'] = S``: one path into the backend, checked
+    against its declared `pass_strategies` when its host is built (`model_host.construction.build_backend`)."""
+    if args.pass_strategy is None:
+        return backend_args
+    return {**backend_args, 'pass_strategy': args.pass_strategy}
+
+
 def _check_config(args: argparse.Namespace) -> int:
-    from twinkle_server.config_file import ConfigError, describe, load_server_config
+    from twinkle_server.config import ConfigError, describe, load_server_config
 
     try:
         config = load_server_config(args.file)
@@ -332,7 +342,7 @@ def _revoke_keys(args: argparse.Namespace) -> int:
 def _open_store(args: argparse.Namespace, action: str) -> Any:
     """The server's metadata store (`--database-url`, else SQLite in `--data-dir`; with `--config`, the file's
     storage section under the flags given); None after printing why it cannot be opened."""
-    from twinkle_server.config_file import ConfigError, load_storage
+    from twinkle_server.config import ConfigError, load_storage
     from twinkle_server.store import DatabaseError, Store
 
     data_dir, database_url = args.data_dir, args.database_url

@@ -3,7 +3,7 @@
 `Drain.start` (on SIGTERM/SIGINT: `launch.serve`; or `RunningServer.drain`) moves the service from serving to
 draining. From then on `DrainGate` answers 503 "server is draining" (with Retry-After) to every request except
 collecting results (`retrieve_future`), heartbeats, telemetry and `/metrics`; `/api/v1/healthz` answers 503 too, so
-a load balancer stops routing here. Accepted work — queued or running engine work, and requests already being
+a load balancer stops routing here. Accepted work — queued or running model-host work, and requests already being
 handled — finishes, for at most `drain_timeout_s`. Parked work waiting for a seq_id that can no longer arrive (no
 request is in flight) is failed at once. At the deadline, work still queued is failed with `SHUTDOWN_QUEUED` and
 work still running with `SHUTDOWN_RUNNING`: every future gets a definite answer, recorded in the store, so a client

@@ -109,7 +109,7 @@ def as_api_error(exc: BaseException) -> ApiError:
         from twinkle_server.db.writebehind import BacklogFull  # here: that module imports this one
 
         what = (
-            exc.strerror
+            str(exc.strerror or exc)
             if isinstance(exc, BacklogFull)
             else 'a write ran out of space; nothing was overwritten (the previous checkpoint of that name is intact)'
         )

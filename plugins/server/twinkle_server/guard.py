@@ -169,7 +169,7 @@ def _frees_seq_id(status: int) -> bool:
     return 400 <= status < 500 and status not in RETRYABLE_STATUSES
 
 
-def _release(service: Any, scope: Scope, prefix: bytes, tenant: str | None) -> None:
+def _release(service: Any, scope: Scope, prefix: bytes | bytearray, tenant: str | None) -> None:
     if tenant is None or scope.get('method') != 'POST':
         return
     ref = sequence_ref(bytes(prefix), _header(scope, b'content-type') or '')

@@ -23,7 +23,7 @@ from twinkle_core.utils.net import free_port
 from twinkle_server import logs
 from twinkle_server.app import create_app
 from twinkle_server.config import ServerConfig
-from twinkle_server.engine import Engine
+from twinkle_server.model_host import ModelHost
 
 __all__ = ['DrainingServer', 'RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
 #: after a drain, how long uvicorn waits for open responses before cancelling them (they all end at once: every
@@ -36,7 +36,7 @@ def serve(config: ServerConfig, device: str | None = None, log_format: str = 'te
     """Serve in the foreground until SIGTERM or SIGINT, then drain (`drain.py`: at most `config.drain_timeout_s`)
     and return. Logs go to stderr as `log_format` ('text' or 'json': one JSON object per line, `logs.py`).
 
-    SIGTERM ends the process with that signal once the shutdown is done (uvicorn's behaviour). When an engine call
+    SIGTERM ends the process with that signal once the shutdown is done (uvicorn's behaviour). When a host call
     outlived the drain (its request was already failed), the process exits at once (`os._exit(0)`): the interpreter
     cannot shut down torch under a running call."""
     logs.configure(log_format)
@@ -108,7 +108,7 @@ class RunningServer:
         return self.server.config.app.state.service
 
     def stop(self) -> None:
-        """Stop at once: queued work is failed, the running engine call may finish (up to 10 s)."""
+        """Stop at once: queued work is failed, the running host call may finish (up to 10 s)."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
@@ -123,10 +123,11 @@ class RunningServer:
 
 
 def start_in_thread(
-    config: ServerConfig, engines: dict[str, Engine] | None = None, device: str | None = None, timeout_s: float = 120.0
+    config: ServerConfig, hosts: dict[str, ModelHost] | None = None, device: str | None = None, timeout_s: float = 120.0
 ) -> RunningServer:
-    """Start uvicorn on `config.host:config.port` in a daemon thread and wait until it serves requests."""
-    app = create_app(config, engines=engines, device=device)
+    """Start uvicorn on `config.host:config.port` in a daemon thread and wait until it serves requests (`hosts`:
+    ready model hosts, e.g. one shared across tests; by default they are built from `config`)."""
+    app = create_app(config, hosts=hosts, device=device)
     server = uvicorn.Server(uvicorn_config(app, config, log_level='warning'))
     thread = threading.Thread(target=server.run, name='twinkle-server', daemon=True)
     thread.start()

@@ -210,7 +210,7 @@ class RequestIdMiddleware:
             if message['type'] == 'http.response.start':
                 status = message['status']
                 headers = [(k, v) for k, v in message.get('headers', ()) if k.lower() != HEADER]
-                message = {**message, 'headers': [*headers, (HEADER, ctx.request_id.encode())]}
+                message = {**message, 'headers': [*headers, (HEADER, (ctx.request_id or '').encode())]}
             await send(message)
 
         token = _CONTEXT.set(ctx)

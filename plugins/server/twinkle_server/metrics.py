@@ -1,10 +1,12 @@
 """Prometheus metrics at `GET /metrics`, in the text exposition format 0.0.4 (no client library needed).
 
-Counters and histograms are counted where the work happens: the scheduler times every engine call and counts its
-tokens (`Metrics.engine_call`), `HttpMetricsMiddleware` counts HTTP requests by route template and status.
-Gauges (queue depth, running work, pending futures, live adapters, memory) are read from the service when the
-endpoint is scraped. Labels name base models, operations and routes, never tenants: `/metrics` answers without an
-API key (bind the server to localhost or keep the path behind the proxy; docs/server.md, "Operations").
+Counters and histograms are counted where the work happens: the scheduler times every call into a model host and
+counts its tokens (`Metrics.host_call`; the public metric names say "engine call" for it), `HttpMetricsMiddleware`
+counts HTTP requests by route template and status. Gauges (queue depth, running work, pending futures, live
+adapters) are `Gauges` callables handed to `Metrics.watch` by their owner (the service) and read when the endpoint
+is scraped; process memory is read here. This module knows nothing of the service. Labels name base models,
+operations and routes, never tenants: `/metrics` answers without an API key (bind the server to localhost or keep
+the path behind the proxy; docs/server.md, "Operations").
 """
 
 from __future__ import annotations
@@ -15,18 +17,15 @@ import sys
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-if TYPE_CHECKING:
-    from twinkle_server.service import Service
-
-__all__ = ['CONTENT_TYPE', 'Family', 'HttpMetricsMiddleware', 'Metrics', 'render', 'router']
+__all__ = ['CONTENT_TYPE', 'Family', 'Gauges', 'HttpMetricsMiddleware', 'Metrics', 'render', 'router']
 
 CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8'
-#: engine call durations, seconds (a tiny model's step is milliseconds, a large one's or a save is seconds)
+#: host call durations, seconds (a tiny model's step is milliseconds, a large one's or a save is seconds)
 ENGINE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 Labels = tuple[tuple[str, str], ...]
 HTTP_METHODS = frozenset({'GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'})  # any other: `other`
@@ -76,10 +75,29 @@ class _Histogram:
         yield '_count', labels, self.count
 
 
+@dataclass(frozen=True)
+class Gauges:
+    """The live values `/metrics` reports, each a callable read when the endpoint is scraped (from the event loop:
+    they must be cheap and thread-safe to read)."""
+
+    #: base model -> kind of work (train, sample, call) -> accepted items not yet running
+    queue_depths: Callable[[], Mapping[str, Mapping[str, int]]]
+    #: base model -> work items in the host call running now
+    running: Callable[[], Mapping[str, int]]
+    #: base model -> training models (LoRA adapters) loaded
+    live_adapters: Callable[[], Mapping[str, int]]
+    #: requests accepted and not finished
+    pending_futures: Callable[[], int]
+    #: whether the server is draining before it shuts down
+    draining: Callable[[], bool]
+
+
 class Metrics:
-    """The server's counters and histograms. Thread-safe: worker threads and the event loop update them."""
+    """The server's counters and histograms, and the `Gauges` its owner hands it (`watch`). Thread-safe: worker
+    threads and the event loop update them."""
 
     def __init__(self, buckets: tuple[float, ...] = ENGINE_BUCKETS) -> None:
+        self.gauges: Gauges | None = None
         self._buckets = buckets
         self._lock = threading.Lock()
         self._calls: dict[Labels, _Histogram] = {}
@@ -87,7 +105,11 @@ class Metrics:
         self._tokens: dict[Labels, int] = defaultdict(int)
         self._http: dict[Labels, int] = defaultdict(int)
 
-    def engine_call(
+    def watch(self, gauges: Gauges) -> None:
+        """Report `gauges` from now on (replacing any watched before)."""
+        self.gauges = gauges
+
+    def host_call(
         self,
         model: str,
         op: str,
@@ -97,7 +119,7 @@ class Metrics:
         failed: int = 0,
         tokens: dict[str, int] | None = None,
     ) -> None:
-        """One engine call of `op` on `model` that took `seconds`: `done`/`failed` work items, `tokens` processed
+        """One call of `op` into the host of `model` that took `seconds`: `done`/`failed` work items, `tokens` processed
         by operation (e.g. ``{'sample': 40, 'sample_prompt': 12}``)."""
         with self._lock:
             key = (('model', model), ('op', op))
@@ -112,7 +134,7 @@ class Metrics:
                 self._tokens[(('model', model), ('op', token_op))] += n
 
     def work_failed(self, model: str, op: str, n: int = 1) -> None:
-        """Work that failed without an engine call (its seq_id never came, the server shut down, ...)."""
+        """Work that failed without a host call (its seq_id never came, the server shut down, ...)."""
         with self._lock:
             self._items[(('model', model), ('op', op), ('outcome', 'failed'))] += n
 
@@ -152,8 +174,14 @@ class Metrics:
         return [calls, items, tokens, http]
 
 
-def render(service: Service) -> str:
-    """The whole exposition: the service's gauges, then its counters and histograms, then process memory."""
+def render(metrics: Metrics) -> str:
+    """The whole exposition: the watched gauges, then the counters and histograms, then process memory."""
+    return ''.join(f.text() for f in (*_gauges(metrics.gauges), *metrics.families(), *_memory()))
+
+
+def _gauges(gauges: Gauges | None) -> list[Family]:
+    if gauges is None:
+        return []
     queue = Family(
         'twinkle_queue_depth',
         'gauge',
@@ -162,18 +190,18 @@ def render(service: Service) -> str:
     )
     running = Family('twinkle_running_work', 'gauge', 'Work items in the engine call running now, by base model.')
     adapters = Family('twinkle_live_adapters', 'gauge', 'Training models (LoRA adapters) loaded, by base model.')
-    for name, worker in sorted(service.workers.items()):
-        for kind, n in worker.queue_depths().items():
+    running_now = gauges.running()
+    for name, depths in sorted(gauges.queue_depths().items()):
+        for kind, n in depths.items():
             queue.add({'model': name, 'kind': kind}, n)
-        running.add({'model': name}, worker.running())
-    for name, n in sorted(service.live_adapters().items()):
+        running.add({'model': name}, running_now.get(name, 0))
+    for name, n in sorted(gauges.live_adapters().items()):
         adapters.add({'model': name}, n)
     pending = Family('twinkle_pending_futures', 'gauge', 'Requests accepted and not finished (queued or running).')
-    pending.add({}, service.futures.pending_total())
+    pending.add({}, gauges.pending_futures())
     draining = Family('twinkle_draining', 'gauge', '1 while the server drains before shutting down, else 0.')
-    draining.add({}, 1 if service.drain.draining else 0)
-    families = [queue, running, pending, adapters, draining, *service.metrics.families(), *_memory()]
-    return ''.join(f.text() for f in families)
+    draining.add({}, 1 if gauges.draining() else 0)
+    return [queue, running, pending, adapters, draining]
 
 
 def _memory() -> list[Family]:
@@ -240,7 +268,7 @@ router = APIRouter()
 
 @router.get('/metrics', include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    return Response(render(request.app.state.service), media_type=CONTENT_TYPE)
+    return Response(render(request.app.state.metrics), media_type=CONTENT_TYPE)
 
 
 Scope = dict[str, Any]
@@ -257,8 +285,8 @@ class HttpMetricsMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        service = getattr(scope['app'].state, 'service', None) if scope['type'] == 'http' else None
-        if service is None:
+        metrics = getattr(scope['app'].state, 'metrics', None) if scope['type'] == 'http' else None
+        if metrics is None:
             await self.app(scope, receive, send)
             return
 
@@ -266,7 +294,7 @@ class HttpMetricsMiddleware:
             if message['type'] == 'http.response.start':
                 route = getattr(scope.get('route'), 'path', None) or 'unmatched'
                 method = scope.get('method', '')
-                service.metrics.http_request(method if method in HTTP_METHODS else 'other', route, message['status'])
+                metrics.http_request(method if method in HTTP_METHODS else 'other', route, message['status'])
             await send(message)
 
         await self.app(scope, receive, counting_send)

@@ -38,7 +38,7 @@ class ServerRuntime(Runtime):
     ) -> None:
         """Serve the models of `config` (default ``$TWINKLE_SERVER_CONFIG``) placed by `groups`; blocks until the
         server stops. `overrides`: top-level sections laid over the file (e.g. ``server={'port': 9000}``)."""
-        from twinkle_server.config_file import load_server_config
+        from twinkle_server.config import load_server_config
         from twinkle_server.launch import serve
 
         path = config or os.environ.get(CONFIG_ENV)
@@ -90,7 +90,7 @@ def placed_by_groups(config: Any, groups: list[Any]) -> Any:
             resources=opts.get('resources'),
         )
 
-    from twinkle_server.config_file import takes_device_mesh
+    from twinkle_server.model_host.construction import takes_device_mesh
 
     specs = {}
     for name, spec in config.model_specs.items():

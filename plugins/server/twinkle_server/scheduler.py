@@ -1,5 +1,6 @@
 """One worker thread per base model: seq_id ordering per training model, fair round-robin across tenants,
-and batching of compatible work (forward/backward passes of different adapters; samples) into one engine call.
+and batching of compatible work (forward/backward passes of different adapters; samples) into one call of its
+model host.
 
 - A training model's requests carry `seq_id` 1, 2, 3...; they may arrive out of order (the SDK posts chunks
   concurrently). Work with seq_id `n` is parked until `n - 1` has finished, so each model runs strictly in order.
@@ -8,10 +9,10 @@ and batching of compatible work (forward/backward passes of different adapters; 
 - Ready work waits in one queue per tenant; the worker serves tenants in rotation, so one tenant's long queue
   never starves another.
 - When the picked work is a forward/backward, the heads of the other tenants' queues that are also
-  forward/backward passes (of other adapters) join the same engine call: one mixed-tenant pass.
+  forward/backward passes (of other adapters) join the same host call: one mixed-tenant pass.
   Sample jobs are batched the same way.
 - All torch work happens on this thread; the event loop only enqueues.
-- Every engine call is timed and its tokens counted (`metrics.Metrics`), and runs with the log context of the
+- Every host call is timed and its tokens counted (`metrics.Metrics`), and runs with the log context of the
   requests it serves (`logs.bound`). For a drain, `fail_gaps` and `abandon` fail work that can no longer run.
 """
 
@@ -26,9 +27,9 @@ from typing import Any, Callable, Iterator
 
 from twinkle_core.hooks import emit_failure
 from twinkle_server import logs
-from twinkle_server.engine.base import Engine, SampleJob, TrainBatch
 from twinkle_server.errors import ApiError
 from twinkle_server.metrics import Metrics
+from twinkle_server.model_host.base import ModelHost, SampleJob, TrainBatch
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +40,14 @@ KINDS = ('train', 'sample', 'call')
 
 @dataclass
 class Work:
-    """A unit of engine work. Exactly one of `train`, `sample`, `call` is set."""
+    """A unit of work for a model host. Exactly one of `train`, `sample`, `call` is set."""
 
     tenant: str
     on_done: Done
     on_error: Failed
     train: TrainBatch | None = None
     sample: SampleJob | None = None
-    call: Callable[[Engine], Any] | None = None
+    call: Callable[[ModelHost], Any] | None = None
     model_id: str | None = None  # set (with seq_id) for a training model's ordered requests
     seq_id: int | None = None
     op: str | None = None  # what a `call` does (optim_step, save, ...), for metrics and logs
@@ -74,18 +75,18 @@ class _Sequence:
 
 
 class ModelWorker:
-    """Executes one engine's work queue on a dedicated thread."""
+    """Executes one model host's work queue on a dedicated thread."""
 
     def __init__(
         self,
-        engine: Engine,
+        host: ModelHost,
         *,
         max_queued_samples: int = 256,
         max_batch: int = 16,
         seq_gap_timeout_s: float = 120.0,
         metrics: Metrics | None = None,
     ) -> None:
-        self.engine = engine
+        self.host = host
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queued_samples = max_queued_samples
         self.max_batch = max_batch
@@ -93,13 +94,13 @@ class ModelWorker:
         self._ready: OrderedDict[str, deque[Work]] = OrderedDict()
         self._sequences: dict[str, _Sequence] = {}
         self._queued_samples = 0
-        self._running: list[Work] = []  # the batch in the engine call now
+        self._running: list[Work] = []  # the batch in the host call now
         self._refusal: str | None = None  # set by `abandon`: why submissions are refused from now on
-        #: counters for monitoring (and tests): engine passes, and how many of them mixed several adapters
+        #: counters for monitoring (and tests): host passes, and how many of them mixed several adapters
         self.stats = {'train_passes': 0, 'mixed_train_passes': 0, 'max_adapters_per_pass': 0, 'sample_passes': 0}
         self._cond = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name=f'twinkle-worker[{engine.base_model}]', daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f'twinkle-worker[{host.base_model}]', daemon=True)
         self._thread.start()
 
     # ---- submission (event loop) ---------------------------------------------------------------------------
@@ -117,7 +118,7 @@ class ModelWorker:
         """Queue `work`; raises ApiError 429 when the sample queue is full, 400 for a used seq_id, 503 once the
         worker was abandoned (shutdown). Takes the caller's log context into `work.context`."""
         if work.context is None:
-            work.context = logs.snapshot(model=self.engine.base_model)
+            work.context = logs.snapshot(model=self.host.base_model)
         with self._cond:
             if self._refusal is not None:
                 raise ApiError(503, self._refusal)
@@ -125,7 +126,7 @@ class ModelWorker:
                 if self._queued_samples >= self.max_queued_samples:
                     raise ApiError(
                         429,
-                        f'sampling queue of {self.engine.base_model!r} is full '
+                        f'sampling queue of {self.host.base_model!r} is full '
                         f'({self.max_queued_samples} requests); retry shortly',
                     )
                 self._queued_samples += 1
@@ -170,7 +171,7 @@ class ModelWorker:
         return depths
 
     def running(self) -> int:
-        """Work items in the engine call running now."""
+        """Work items in the host call running now."""
         with self._cond:
             return len(self._running)
 
@@ -196,7 +197,7 @@ class ModelWorker:
 
     def abandon(self, exc: BaseException, refusal: str) -> int:
         """Fail all queued and parked work with `exc`, and refuse (503 `refusal`) whatever is submitted later.
-        The engine call running now is not interrupted. Returns how many were failed."""
+        The host call running now is not interrupted. Returns how many were failed."""
         with self._cond:
             self._refusal = refusal
             failed = list(self._waiting())
@@ -210,7 +211,7 @@ class ModelWorker:
         return len(failed)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """End the worker thread once its current engine call returns (waiting at most `timeout_s`)."""
+        """End the worker thread once its current host call returns (waiting at most `timeout_s`)."""
         with self._cond:
             self._stop = True
             self._cond.notify()
@@ -330,16 +331,16 @@ class ModelWorker:
                 self._run(batch)
 
     def _fail(self, work: Work, exc: BaseException, counted: bool = False) -> None:
-        """Report a failed work item: the `twinkle_failure` hook, then its request's future (and, unless its engine
+        """Report a failed work item: the `twinkle_failure` hook, then its request's future (and, unless its host
         call already `counted` it, the failure metric)."""
         with logs.bound(work.context):
             if not counted:
-                self.metrics.work_failed(self.engine.base_model, work.operation)
+                self.metrics.work_failed(self.host.base_model, work.operation)
             emit_failure(
                 exc,
                 {
                     'where': 'server',
-                    'base_model': self.engine.base_model,
+                    'base_model': self.host.base_model,
                     'tenant': work.tenant,
                     'model_id': work.model_id,
                     'seq_id': work.seq_id,
@@ -355,17 +356,18 @@ class ModelWorker:
         op = 'forward' if all(w.operation == 'forward' for w in batch) else batch[0].operation
         start = time.perf_counter()
         with logs.bound(logs.merged([w.context for w in batch])):
+            results: list[Any]
             try:
                 if batch[0].train is not None:
                     self._count(len(batch))
-                    results = self.engine.forward_backward([w.train for w in batch])  # type: ignore[misc]
+                    results = list(self.host.forward_backward([w.train for w in batch]))  # type: ignore[misc]
                 elif batch[0].sample is not None:
                     self.stats['sample_passes'] += 1
-                    results = self.engine.sample([w.sample for w in batch])  # type: ignore[misc]
+                    results = list(self.host.sample([w.sample for w in batch]))  # type: ignore[misc]
                 else:
-                    results = [_call(batch[0].call, self.engine)]  # type: ignore[arg-type]
+                    results = [_call(batch[0].call, self.host)]  # type: ignore[arg-type]
             except BaseException as exc:  # noqa: BLE001 - the worker must survive anything
-                logger.exception('engine call failed')
+                logger.exception('engine call failed')  # log and metric wording: an 'engine call' is a host call
                 results = [exc] * len(batch)
             seconds = time.perf_counter() - start
             tokens = _tokens(batch, results)
@@ -387,8 +389,8 @@ class ModelWorker:
                     self._finished(work)
         with self._cond:
             self._running = []
-        self.metrics.engine_call(
-            self.engine.base_model, op, seconds, done=len(batch) - failed, failed=failed, tokens=tokens
+        self.metrics.host_call(
+            self.host.base_model, op, seconds, done=len(batch) - failed, failed=failed, tokens=tokens
         )
 
     def _count(self, adapters: int) -> None:
@@ -398,7 +400,7 @@ class ModelWorker:
 
 
 def _tokens(batch: list[Work], results: list[Any]) -> dict[str, int]:
-    """Tokens the successful items of an engine call processed, by operation: input tokens of training passes,
+    """Tokens the successful items of a host call processed, by operation: input tokens of training passes,
     prompt (`sample_prompt`) and generated (`sample`) tokens of sampling."""
     out: dict[str, int] = {}
     try:
@@ -417,8 +419,8 @@ def _tokens(batch: list[Work], results: list[Any]) -> dict[str, int]:
     return out
 
 
-def _call(fn: Callable[[Engine], Any], engine: Engine) -> Any:
+def _call(fn: Callable[[ModelHost], Any], host: ModelHost) -> Any:
     try:
-        return fn(engine)
+        return fn(host)
     except BaseException as exc:  # noqa: BLE001
         return exc

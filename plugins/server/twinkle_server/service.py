@@ -19,14 +19,14 @@ from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles
 from twinkle_server.config import ServerConfig
 from twinkle_server.drain import Drain
-from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch
 from twinkle_server.errors import ApiError, not_found, unprocessable
 from twinkle_server.futures import FutureTable
 from twinkle_server.hub_push import HubPusher
-from twinkle_server.metrics import Metrics
+from twinkle_server.metrics import Gauges, Metrics
+from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
-from twinkle_server.service_checkpoints import CheckpointMethods
+from twinkle_server.service_checkpoints import CheckpointOperations
 from twinkle_server.store import SamplingSessionRow, Store
 from twinkle_server.tinker.images import DecodeBudget, ImagePolicy
 from twinkle_server.tinker.lora import lora_targets
@@ -37,7 +37,7 @@ SEEN_PER_MODEL = 4096  # re-posts are retries of recent requests
 
 @dataclass
 class LiveModel:
-    """A training model loaded in an engine (its adapter is named by `model_id`)."""
+    """A training model loaded in its base model's host (its adapter is named by `model_id`)."""
 
     model_id: str
     tenant: str
@@ -48,11 +48,14 @@ class LiveModel:
     created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
 
 
-class Service(CheckpointMethods):
+class Service:
+    """The service core (module docstring). Checkpoint operations are delegated to `checkpoints`
+    (`service_checkpoints.CheckpointOperations`); the `/metrics` gauges are handed to `metrics` (`Metrics.watch`)."""
+
     def __init__(
         self,
         config: ServerConfig,
-        engines: dict[str, Engine],
+        hosts: dict[str, ModelHost],
         loop: asyncio.AbstractEventLoop,
         store: Store | None = None,
     ) -> None:
@@ -66,17 +69,17 @@ class Service(CheckpointMethods):
         )
         self.futures = FutureTable(self.store, loop)
         self.futures.recover()
-        self.engines = engines
+        self.hosts = hosts
         self.metrics = Metrics()
         self.workers = {
             name: ModelWorker(
-                e,
+                host,
                 max_queued_samples=config.max_queued_samples,
                 max_batch=config.max_batch,
                 seq_gap_timeout_s=config.seq_gap_timeout_s,
                 metrics=self.metrics,
             )
-            for name, e in engines.items()
+            for name, host in hosts.items()
         }
         self.drain = Drain(self.workers, self.futures, config.drain_timeout_s)
         self.quotas = Quotas(config, self.store)
@@ -86,19 +89,29 @@ class Service(CheckpointMethods):
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
         self._lock = threading.Lock()
+        self.checkpoints = CheckpointOperations(self.store, self.files, self.pusher, self.model, self.enqueue)
+        self.metrics.watch(
+            Gauges(
+                queue_depths=lambda: {name: w.queue_depths() for name, w in self.workers.items()},
+                running=lambda: {name: w.running() for name, w in self.workers.items()},
+                live_adapters=self.live_adapters,
+                pending_futures=self.futures.pending_total,
+                draining=lambda: self.drain.draining,
+            )
+        )
 
     def close(self) -> None:
-        """Shut down. Queued work is failed, the running engine call may finish (briefly, after a drain), and
+        """Shut down. Queued work is failed, the running host call may finish (briefly, after a drain), and
         whatever is still unanswered is failed too: every accepted request gets a definite answer."""
         self.drain.fail_queued()
         for w in self.workers.values():
             w.stop(timeout_s=1.0 if self.drain.draining else 10.0)
         self.drain.fail_running()
-        for engine in self.engines.values():
+        for host in self.hosts.values():
             try:
-                engine.close()
+                host.close()
             except Exception:  # noqa: BLE001 - closing the others and the store matters more
-                logger.exception('closing the engine of %s failed', engine.base_model)
+                logger.exception('closing the host of %s failed', host.base_model)
         self.pusher.close()
         self.store.close()
 
@@ -110,7 +123,7 @@ class Service(CheckpointMethods):
 
     def check_train_request(self, tenant: str, model_id: str, lengths: list[int]) -> None:
         """Per-request caps of a forward_backward (`lengths`: tokens per datum), checked before decoding."""
-        context = self.engine(self.model(tenant, model_id).base_model).max_context_length
+        context = self.host(self.model(tenant, model_id).base_model).max_context_length
         self.quotas.check_train_request(tenant, lengths, context)
 
     def image_policy(self, tenant: str) -> ImagePolicy:
@@ -120,13 +133,13 @@ class Service(CheckpointMethods):
 
     def _check_new_adapter(self, tenant: str, rank: int, base_model: str) -> None:
         self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))
-        engine = self.engine(base_model)
+        host = self.host(base_model)
         hosted = sum(1 for m in self.models.values() if m.base_model == base_model)
-        if engine.max_adapters is not None and hosted >= engine.max_adapters:
+        if host.max_adapters is not None and hosted >= host.max_adapters:
             raise ApiError(
                 403,
-                f'base model {base_model!r} is served by {engine.backend_name}, which '
-                f'trains at most {engine.max_adapters} adapter(s) at once; this server hosts '
+                f'base model {base_model!r} is served by {host.backend_name}, which '
+                f'trains at most {host.max_adapters} adapter(s) at once; this server hosts '
                 f'{hosted} already (free one, or serve the model with a multi-adapter backend, '
                 f'e.g. MultiLoraTransformersModel)',
             )
@@ -135,19 +148,19 @@ class Service(CheckpointMethods):
     def hosted_name(self, base_model: str) -> str:
         """The served name `base_model` means: itself, or without an ``ms://`` / ``hf://`` prefix (clients
         written for the hubs name the hub id of the model this server hosts under that name)."""
-        if base_model not in self.engines and base_model.startswith(('ms://', 'hf://')):
+        if base_model not in self.hosts and base_model.startswith(('ms://', 'hf://')):
             return base_model.split('://', 1)[1]
         return base_model
 
-    def engine(self, base_model: str) -> Engine:
+    def host(self, base_model: str) -> ModelHost:
         logs.annotate(model=base_model)
-        if base_model not in self.engines:
-            raise ApiError(404, f'base model {base_model!r} is not served here; available: {sorted(self.engines)}')
-        return self.engines[base_model]
+        if base_model not in self.hosts:
+            raise ApiError(404, f'base model {base_model!r} is not served here; available: {sorted(self.hosts)}')
+        return self.hosts[base_model]
 
     def live_adapters(self) -> dict[str, int]:
         """Training models loaded now, by hosted base model (zeros included)."""
-        counts = dict.fromkeys(self.engines, 0)
+        counts = dict.fromkeys(self.hosts, 0)
         for m in list(self.models.values()):
             counts[m.base_model] = counts.get(m.base_model, 0) + 1
         return counts
@@ -175,11 +188,13 @@ class Service(CheckpointMethods):
         seq_id: int | None = None,
         **work: Any,
     ) -> str:
-        """Queue engine work and return a future id; `post(result)` (worker thread) makes the future's value."""
+        """Queue work on `base_model`'s host and return a future id; `post(result)` (worker thread) makes the
+        future's value."""
         logs.annotate(model=base_model)
         if model_id is not None and seq_id is not None:
             with self._lock:
-                seen = self._seen.get(model_id, {}).get(seq_id)
+                recent = self._seen.get(model_id)
+                seen = recent.get(seq_id) if recent is not None else None
             if seen is not None:
                 return seen
         self.quotas.check_pending(tenant, self.futures.pending(tenant))
@@ -226,7 +241,7 @@ class Service(CheckpointMethods):
         """A new training model. `lora`: the exact adapter (native API); by default it is derived from the
         Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha`."""
         self.require_session(tenant, session_id)
-        self.engine(base_model)
+        self.host(base_model)
         rank = lora.rank if lora is not None else tinker_lora.get('rank')
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
@@ -238,9 +253,9 @@ class Service(CheckpointMethods):
             return self._repost(tenant, model_id)
         live = LiveModel(model_id, tenant, base_model, session_id, lora, tinker_lora)
 
-        def create(engine: Engine) -> dict[str, Any]:
+        def create(host: ModelHost) -> dict[str, Any]:
             with self._undo_on_failure(live):
-                engine.add_adapter(model_id, lora)
+                host.add_adapter(model_id, lora)
             self.store.add_training_run(model_id, tenant, session_id, base_model, _run_config(live), user_metadata)
             return {'model_id': model_id, 'type': 'create_model'}
 
@@ -272,14 +287,14 @@ class Service(CheckpointMethods):
     ) -> str:
         """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1)."""
         self.require_session(tenant, session_id)
-        cp, row = self.checkpoint(tenant, path)
+        cp, row = self.checkpoints.checkpoint(tenant, path)
         meta = self.files.read_meta(row.directory)
         base = base_model or meta['base_model']
         if base != meta['base_model']:
             raise unprocessable(f'checkpoint {path} was trained on {meta["base_model"]!r}, not {base!r}')
         if optimizer and cp.kind != 'training':
             raise unprocessable(f'{path} is a sampler checkpoint without optimizer state; load a weights/ checkpoint')
-        self.engine(base)
+        self.host(base)
         lora = LoraSpec.from_dict(meta['lora'])
         self._check_new_adapter(tenant, lora.rank, base)
         model_id = f'{session_id}:train:{model_seq_id}'
@@ -287,13 +302,13 @@ class Service(CheckpointMethods):
             return self._repost(tenant, model_id)
         live = LiveModel(model_id, tenant, base, session_id, lora, meta.get('tinker_lora', {'rank': lora.rank}))
 
-        def load(engine: Engine) -> dict[str, Any]:
+        def load(host: ModelHost) -> dict[str, Any]:
             with self._undo_on_failure(live):
-                engine.add_adapter(model_id, lora)
+                host.add_adapter(model_id, lora)
                 try:
-                    engine.load_state(model_id, row.directory, optimizer=optimizer)
+                    host.load_state(model_id, row.directory, optimizer=optimizer)
                 except BaseException:
-                    engine.remove_adapter(model_id)
+                    host.remove_adapter(model_id)
                     raise
             self.store.add_training_run(model_id, tenant, session_id, base, _run_config(live), user_metadata)
             return {'model_id': model_id, 'path': path, 'type': 'load_weights'}
@@ -309,7 +324,7 @@ class Service(CheckpointMethods):
 
     def load_into_model(self, tenant: str, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
         m = self.model(tenant, model_id)
-        cp, row = self.checkpoint(tenant, path)
+        cp, row = self.checkpoints.checkpoint(tenant, path)
         meta = self.files.read_meta(row.directory)
         if meta['base_model'] != m.base_model or LoraSpec.from_dict(meta['lora']).rank != m.lora.rank:
             raise unprocessable(
@@ -317,8 +332,8 @@ class Service(CheckpointMethods):
                 f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})'
             )
 
-        def load(engine: Engine) -> dict[str, Any]:
-            engine.load_state(model_id, row.directory, optimizer=optimizer)
+        def load(host: ModelHost) -> dict[str, Any]:
+            host.load_state(model_id, row.directory, optimizer=optimizer)
             return {'path': path, 'model_id': model_id, 'type': 'load_weights'}
 
         return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id, op='load_state')
@@ -341,7 +356,7 @@ class Service(CheckpointMethods):
             op='optim_step',
         )
 
-    def call(self, tenant: str, model_id: str, fn: Callable[[Engine], Any], seq_id: int | None = None) -> str:
+    def call(self, tenant: str, model_id: str, fn: Callable[[ModelHost], Any], seq_id: int | None = None) -> str:
         m = self.model(tenant, model_id)
         return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id, op='native_call')
 
@@ -390,20 +405,20 @@ class Service(CheckpointMethods):
         for model_id in [k for k, m in self.models.items() if m.session_id == session_id]:
             self.unload(model_id)
             for snap in self.store.checkpoints(tenant, model_id, hidden=True):
-                self.delete_checkpoint(tenant, model_id, snap.checkpoint_id)
+                self.checkpoints.delete_checkpoint(tenant, model_id, snap.checkpoint_id)
 
     def create_sampling_session(
         self, tenant: str, session_id: str, seq_id: int, model_path: str | None, base_model: str | None
     ) -> str:
         self.require_session(tenant, session_id)
         if model_path:
-            _, row = self.checkpoint(tenant, model_path)
+            _, row = self.checkpoints.checkpoint(tenant, model_path)
             base = self.files.read_meta(row.directory)['base_model']
         elif base_model:
             base = base_model
         else:
             raise unprocessable('create_sampling_session needs model_path (a tinker:// checkpoint) or base_model')
-        self.engine(base)
+        self.host(base)
         sid = f'{session_id}:sample:{seq_id}'
         self.store.add_sampling_session(SamplingSessionRow(sid, tenant, session_id, base, model_path, time.time()))
         return sid
@@ -418,7 +433,7 @@ class Service(CheckpointMethods):
                 raise not_found('sampling session', sampling_session_id)
             return row.base_model, row.model_path
         if model_path:
-            _, ck = self.checkpoint(tenant, model_path)
+            _, ck = self.checkpoints.checkpoint(tenant, model_path)
             return self.files.read_meta(ck.directory)['base_model'], model_path
         if base_model:
             return base_model, None
@@ -434,15 +449,15 @@ class Service(CheckpointMethods):
         post: Callable[[Any], Any],
     ) -> str:
         base, model_path = self.sampling_target(tenant, sampling_session_id, model_path, base_model)
-        engine = self.engine(base)
+        host = self.host(base)
         self.quotas.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
-        if len(job.prompt) + job.params.max_tokens > engine.max_context_length:
+        if len(job.prompt) + job.params.max_tokens > host.max_context_length:
             raise unprocessable(
                 f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
-                f'the context length {engine.max_context_length} of {base!r}'
+                f'the context length {host.max_context_length} of {base!r}'
             )
         if model_path:
-            _, ck = self.checkpoint(tenant, model_path)
+            _, ck = self.checkpoints.checkpoint(tenant, model_path)
             job.adapter_dir = ck.directory
         return self.enqueue(tenant, base, sample=job, post=post)
 

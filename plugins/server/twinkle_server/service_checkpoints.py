@@ -1,20 +1,40 @@
-"""The checkpoint operations of `Service`: look a checkpoint up, write one (queued on its model, then recorded,
-then pushed to the hub when asked), snapshot for a new sampling session, delete one."""
+"""The checkpoint operations of the service: look a checkpoint up, write one (queued on its model, then recorded,
+then pushed to the hub when asked), snapshot for a new sampling session, delete one.
+
+`CheckpointOperations` is a collaborator `Service` holds and delegates to; it is given exactly what it uses."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from twinkle_server.checkpoints import CheckpointPath, parse_path, validate_name
-from twinkle_server.engine.base import Engine
+from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
 from twinkle_server.errors import not_found, out_of_disk
-from twinkle_server.hub_push import client_metadata
-from twinkle_server.store import CheckpointRow, SamplingSessionRow
+from twinkle_server.hub_push import HubPusher, client_metadata
+from twinkle_server.model_host.base import ModelHost
+from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
+
+if TYPE_CHECKING:
+    from twinkle_server.service import LiveModel
+
+__all__ = ['CheckpointOperations']
 
 
-class CheckpointMethods:
-    """Mixed into `Service`; uses its `store`, `files`, `pusher`, `model()` and `enqueue()`."""
+class CheckpointOperations:
+    """`store` / `files`: where checkpoints are recorded and written; `pusher`: hub pushes after a write;
+    `model(tenant, model_id)`: the tenant's live training model (404 otherwise); `enqueue(tenant, base_model,
+    **work)`: queue work on a base model's worker, returning the request's future id (`Service.enqueue`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        files: CheckpointFiles,
+        pusher: HubPusher,
+        model: Callable[[str, str], LiveModel],
+        enqueue: Callable[..., str],
+    ) -> None:
+        self.store, self.files, self.pusher = store, files, pusher
+        self.model, self.enqueue = model, enqueue
 
     def checkpoint(self, tenant: str, path: str) -> tuple[CheckpointPath, CheckpointRow]:
         cp = parse_path(path)
@@ -49,20 +69,21 @@ class CheckpointMethods:
         if self.files.free_bytes() == 0:  # after the checks of the request: bad input is still a 4xx
             raise out_of_disk('saving a checkpoint needs disk space and none is left')
         final = self.files.directory(tenant, cp)
-        meta = {
+        with_optimizer = bool(optimizer and not sampler)
+        meta: dict[str, Any] = {
             'base_model': m.base_model,
             'lora': m.lora.as_dict(),
             'tinker_lora': m.tinker_lora,
             'run_id': model_id,
             'kind': cp.kind,
-            'optimizer': bool(optimizer and not sampler),
+            'optimizer': with_optimizer,
         }
 
-        def write(engine: Engine) -> Any:
+        def write(host: ModelHost) -> Any:
             size = self.files.write(
-                final, lambda d: engine.save_state(model_id, d, optimizer=meta['optimizer']), meta, overwrite=overwrite
+                final, lambda d: host.save_state(model_id, d, optimizer=with_optimizer), meta, overwrite=overwrite
             )
-            engine.checkpoint_written(model_id, str(final), optimizer=meta['optimizer'])
+            host.checkpoint_written(model_id, str(final), optimizer=with_optimizer)
             row = CheckpointRow(
                 model_id, cp.checkpoint_id, tenant, cp.kind, str(final), size, time.time(), user_metadata, None, listed
             )

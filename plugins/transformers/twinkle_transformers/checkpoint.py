@@ -12,7 +12,7 @@ A checkpoint is one directory, written atomically (into a temporary sibling, the
   everything needed to resume bit-for-bit. It is read with ``torch.load(weights_only=True)``: plain python
   values and tensors only (data-loader states and ``extra_state`` must be made of those).
 
-The directory, metadata and training-state files are backend-neutral (`twinkle_core.model.checkpoint_dir`);
+The directory, metadata and training-state files are backend-neutral (`twinkle_core.train.checkpoint_dir`);
 this module adds the Hugging Face / PEFT weight files.
 """
 
@@ -28,7 +28,7 @@ import torch
 from twinkle_core.errors import InvalidInputError
 
 # the backend-neutral half (atomic directories, metadata, training state), used through this module as `ckpt.*`
-from twinkle_core.model.checkpoint_dir import (  # noqa: F401
+from twinkle_core.train.checkpoint_dir import (  # noqa: F401
     METADATA_FILE,
     TRAINING_STATE_FILE,
     atomic_directory,

@@ -1,6 +1,6 @@
 """The export half of the backend seam for Transformers-backed models (docs/architecture.md §5): base weights and
 LoRA adapters of a torch module -- a plain Hugging Face model, a PEFT model, or one with twinkle multi-LoRA layers
--- in the wire naming of `twinkle_core.checkpoint_engine.weights` (HF names; PEFT adapter keys), as buckets.
+-- in the wire naming of `twinkle_core.weight_sync.weights` (HF names; PEFT adapter keys), as buckets.
 
 Collective under FSDP2/TP: parameters that are DTensor shards are gathered (`full_tensor()`) one at a time while
 iterating, so every rank of the model must iterate the same export to the end; only the export rank (rank 0)
@@ -16,9 +16,9 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from twinkle_core.checkpoint_engine.weights import Bucket, bucketed, canonical_name, is_lora_name, lora_adapter_key
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.utils.json import to_json
+from twinkle_core.weight_sync.weights import Bucket, bucketed, canonical_name, is_lora_name, lora_adapter_key
 
 
 class ModuleWeights:
@@ -66,7 +66,8 @@ class ModuleWeights:
                 for n, t in self.module.state_dict(keep_vars=True).items()
                 if is_lora_name(n) and marker in n
             }
-            config = self.module.peft_config[name]  # type: ignore[index]
+            peft_model: Any = self.module  # a PeftModel: `peft_config` is a plain attribute, not a submodule
+            config = peft_model.peft_config[name]
         return _json_config(config), bucketed(self._gathered(tensors.items()), bucket_bytes)
 
     def base_storage(self) -> dict[str, int]:

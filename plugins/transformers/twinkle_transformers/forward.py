@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.loss.base import Loss
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_transformers import vision
 
@@ -43,7 +42,7 @@ class _TokenLogProbs(torch.autograd.Function):
     """log_softmax(logits)[target] over [N, V] logits, in chunks of rows; saves only the logsumexp [N]."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, chunk: int) -> Tensor:
         n = logits.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
@@ -56,7 +55,7 @@ class _TokenLogProbs(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
         logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         grad_out = grad_out.float()
@@ -102,7 +101,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,
-        targets: Tensor,  # type: ignore[override]
+        targets: Tensor,
         chunk: int,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
@@ -123,7 +122,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
     def backward(
         ctx: Any,
         grad_out: Tensor,
-        _grad_argmax: Tensor | None,  # type: ignore[override]
+        _grad_argmax: Tensor | None,
     ) -> tuple[Tensor | None, Tensor | None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -182,10 +181,16 @@ def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = Non
         kwargs.update(
             cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch['max_seqlen'], max_length_k=batch['max_seqlen']
         )
-    config = getattr(unwrap_causal_lm(model), 'config', None) if model is not None else None
-    if config is not None and vision.is_vision_language(config):
-        return vision.add_vision_inputs(model, config, batch, kwargs)
+    if model is not None:
+        config = getattr(unwrap_causal_lm(model), 'config', None)
+        if config is not None and vision.is_vision_language(config):
+            return vision.add_vision_inputs(model, config, batch, kwargs)
     if batch.get('pixel_values') is not None:
+        if model is None:
+            raise InvalidInputError(
+                'The batch holds images but no model was given: pass model= (a vision-language model, e.g. '
+                'Qwen3-VL) so that its image inputs are built.'
+            )
         raise InvalidInputError(
             f'The batch holds images but {type(unwrap_causal_lm(model)).__name__} is a text-only '
             'model; train images on a vision-language model (e.g. Qwen3-VL).'
@@ -207,7 +212,8 @@ def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] 
     """
     base = unwrap_causal_lm(model)
     get_decoder = getattr(base, 'get_decoder', None)
-    head = base.get_output_embeddings() if hasattr(base, 'get_output_embeddings') else None
+    get_output = getattr(base, 'get_output_embeddings', None)  # an HF PreTrainedModel's
+    head = get_output() if get_output is not None else None
     config = getattr(base, 'config', None)
     post_processed = any(getattr(config, a, None) for a in ('final_logit_softcapping', 'logit_scale'))
     if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None or post_processed:
@@ -219,8 +225,9 @@ def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] 
     return get_decoder(), head.weight
 
 
-def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: Loss | None = None) -> dict[str, Tensor]:
-    """Run `model` on a collated batch and build the loss's ``outputs`` dict.
+def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object = None) -> dict[str, Tensor]:
+    """Run `model` on a collated batch and build the loss's ``outputs`` dict. `loss`: the `Loss` to feed, or any
+    object with the attributes read below (e.g. the merged needs of several losses); None: no loss.
 
     Returns ``target_logps`` [B, T] (log p of ``target_ids``: the next input token, or the label where one is
     set; 0 at row ends and padding), ``logps`` (the same, 0 where ``labels == -100``), ``mask`` (labels != -100),

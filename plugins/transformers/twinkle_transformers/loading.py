@@ -41,7 +41,8 @@ def load_causal_lm(
             **kwargs,
         )
         model.config.use_cache = False
-        return model.to(device)
+        # transformers types `PreTrainedModel.to` via functools.wraps(nn.Module.to), which loses the bound self
+        return model.to(device)  # type: ignore[arg-type]
     if attn_implementation is None and _supports_sdpa(config):
         attn_implementation = attention.register()
     elif attn_implementation == attention.ATTN_IMPLEMENTATION:
@@ -50,7 +51,7 @@ def load_causal_lm(
         kwargs['attn_implementation'] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
     model.config.use_cache = False
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # as above: `.to`'s self is lost in transformers' types
 
 
 def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,10 @@ Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several a
 `MultiLoraTransformersModel`'s job. The model is a thin composition:
 
 - `loading`: model id -> directory -> HF model on the right device and dtype;
-- `TrainState` (train_state.py): optimizer, scheduler, loss, processor, template, accumulation, metrics;
-- `TrainStateMethods` (train_state_methods.py): the `set_*`, optimizer-step and metric methods that forward to
-  it (shared with `MultiLoraTransformersModel`);
+- `TrainState` (`twinkle_core.train.state`): optimizer, scheduler, loss, processor, template, accumulation,
+  metrics; held by the model's one `SingleUnit` (`twinkle_core.train.single_unit`);
+- `TrainStateMethods` (`twinkle_core.train.state_methods`): the `set_*`, optimizer-step and metric methods that
+  forward to it (shared with `MultiLoraTransformersModel`);
 - `forward` (forward.py): collated batch -> log-probs -> loss;
 - `checkpoint`: PEFT / HF files + resumable training state.
 
@@ -33,14 +34,15 @@ from twinkle_core.dispatch import remote_method
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
-from twinkle_core.model.base import Model, reject_unknown_kwargs
-from twinkle_core.model.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
-from twinkle_core.model.row_keywords import check_row_lengths, micro_batches, with_row_keywords
-from twinkle_core.model.train_state import FULL, TrainState
-from twinkle_core.model.train_state_methods import SingleUnitMethods, TrainStateMethods, reports_failure
+from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import barrier
+from twinkle_core.train.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
+from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_core.train.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.train.single_unit import SingleUnit
+from twinkle_core.train.state import FULL, TrainState
+from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import parallel, vision
@@ -52,7 +54,7 @@ from twinkle_transformers.lora import lora_config, lora_config_json
 logger = logging.getLogger(__name__)
 
 
-class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethods, Model):
+class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
     """A trainable Hugging Face causal LM (kind ``model``, name ``TransformersModel``).
 
     Args:
@@ -71,6 +73,11 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes (vision-language
             checkpoints, e.g. Qwen3-VL or Qwen3.5, load through ``AutoModelForImageTextToText``).
     """
+
+    #: one trainable unit (the base or one adapter); placed by ``device=``, parallel over ``device_mesh=``
+    capabilities = ModelCapabilities(
+        mixed_adapters=False, max_adapters=1, takes_device=True, takes_device_mesh=True, pass_strategies=()
+    )
 
     def __init__(
         self,
@@ -104,8 +111,7 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
             vision.freeze_vision_tower(self.model)
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
-        self.adapter_name: str | None = None
-        self.state = TrainState(FULL, self.model.parameters)
+        self.unit = SingleUnit(TrainState(FULL, self.model.parameters))  # all parameters, until add_adapter_to_model
         self._pending: dict[str, Any] | None = None
         notify_model_loaded(self.model, self.model_id)
 
@@ -133,10 +139,29 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
         self.model = get_peft_model(
             self.model, lora_config(config, model=self.model, **kwargs), adapter_name=adapter_name
         )
-        self.adapter_name = adapter_name
-        self.state = TrainState(
-            adapter_name, self.model.parameters, gradient_accumulation_steps=gradient_accumulation_steps
+        self.unit = SingleUnit(
+            TrainState(adapter_name, self.model.parameters, gradient_accumulation_steps=gradient_accumulation_steps),
+            adapter_name,
         )
+
+    # ---- the one trainable unit (`SingleUnit`): what `TrainStateMethods` asks for --------------------------------
+    @property
+    def adapter_name(self) -> str | None:
+        """The LoRA adapter trained (None: all parameters)."""
+        return self.unit.adapter_name
+
+    @property
+    def state(self) -> TrainState:
+        return self.unit.state
+
+    def list_adapters(self) -> list[str]:
+        return self.unit.adapters()
+
+    def _name(self, adapter_name: str | None) -> str | None:
+        return self.unit.name(adapter_name)
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        return self.unit.state_for(adapter_name)
 
     def set_optimizer(
         self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
@@ -215,7 +240,7 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
     ) -> dict[str, Any]:
         """Forward, loss, backward. Returns ``{'loss', 'logprobs', 'metrics'}`` (docs/conventions.md).
         `old_logps` / `advantages`: per-row values folded into the rows; `micro_batch_size`: rows per pass, the
-        gradients and loss equal one pass over all rows (`twinkle_core.model.row_keywords`)."""
+        gradients and loss equal one pass over all rows (`twinkle_core.train.row_keywords`)."""
         reject_unknown_kwargs(
             'forward_backward', kwargs, ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size')
         )
@@ -223,15 +248,16 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
             inputs, old_logps=old_logps, advantages=advantages, loss=self._state(adapter_name).loss
         )
         if micro_batch_size is None:
-            logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
-            return {**self.backward(), 'logprobs': logprobs}
+            row_logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
+            return {**self.backward(), 'logprobs': row_logprobs}
         state = self._state(adapter_name)
         self._apply_device_mesh()
         chunks = micro_batches(as_input_features(inputs), micro_batch_size)
         batches = [self._collate(state, chunk) for chunk in chunks]
         shares, _ = micro_batch_shares(getattr(state.loss, 'reduction', None), batches)
         logprobs: list[list[float]] = []
-        loss, metrics = 0.0, {}
+        loss = 0.0
+        metrics: dict[str, float] = {}
         for batch, share in zip(batches, shares):
             logprobs += self._forward_batch(state, batch, share)['logprobs']
             out = self.backward()
@@ -274,9 +300,10 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
         state = self._state(adapter_name)
+        model: Any = self.model  # an HF model (or a PeftModel around one): `config`, `peft_config` are no submodules
         adapter = None
         if self.adapter_name is not None:
-            adapter = lora_config_json(self.model.peft_config[self.adapter_name])
+            adapter = lora_config_json(model.peft_config[self.adapter_name])
         return {
             'model_id': self.model_id,
             'model_class': type(self.model).__name__,
@@ -284,7 +311,7 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
             'dtype': str(self.dtype).removeprefix('torch.'),
             'max_length': self.max_length,
             'kernels': self.kernels,
-            'attn_implementation': self.model.config._attn_implementation,
+            'attn_implementation': model.config._attn_implementation,
             'adapter': adapter,
             **state.describe(),
         }
@@ -369,6 +396,7 @@ class TransformersModel(SingleUnitMethods, TrainStateMethods, WeightExportMethod
                 config = LoraConfig.from_pretrained(path)
                 config.inference_mode = False  # PEFT saves adapters for inference; this model trains it
                 self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default', config)
+            assert self.adapter_name is not None  # set by add_adapter_to_model
             if parallel.is_sharded(self.model):
                 from peft.utils import load_peft_weights
 

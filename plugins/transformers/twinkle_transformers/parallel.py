@@ -27,8 +27,8 @@ from torch import nn
 
 from twinkle_core.errors import InvalidInputError, MeshError
 from twinkle_core.mesh import DeviceMesh
-from twinkle_core.model.loss_step import loss_weight
 from twinkle_core.runtime import distributed
+from twinkle_core.train.loss_step import loss_weight
 
 _APPLIED_ATTR = '_twinkle_device_mesh'
 
@@ -77,6 +77,7 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
             f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.'
         )
     torch_mesh = mesh.to_torch()
+    assert mesh.device_type is not None  # resolved by DeviceMesh.__post_init__
     _move_to_device(model, mesh.device_type)
     if tp > 1 or fsdp > 1:  # sharding keeps each rank's own values: start every rank from rank 0's weights
         _broadcast_from_rank0(model)
@@ -214,7 +215,9 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], 
     if applied_mesh(model) is None:
         result = model.load_state_dict(state_dict, strict=strict)
     else:
-        result = set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+        # torch types this read-only input as the invariant dict[str, ValueType]; a dict of tensors is what it takes
+        options = StateDictOptions(full_state_dict=True, strict=strict)
+        result = set_model_state_dict(model, state_dict, options=options)  # type: ignore[arg-type]
     unexpected = getattr(result, 'unexpected_keys', [])
     if unexpected:
         raise KeyError(

@@ -64,7 +64,8 @@ def _group_modules(model: torch.nn.Module, group: str) -> list[str]:
         raise InvalidInputError(
             f"target_modules='vision' needs a vision-language model; {type(model).__name__} has no vision tower."
         )
-    head = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') else None
+    get_output = getattr(model, 'get_output_embeddings', None)  # an HF PreTrainedModel's
+    head = get_output() if get_output is not None else None
     names = []
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is head:

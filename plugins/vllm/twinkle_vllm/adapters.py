@@ -31,7 +31,7 @@ class AdapterEntry:
 
 
 class AdapterTable:
-    """`handle`: the sampler's `EngineHandle` (its engine's add_lora / remove_lora); `max_rank`: the engine's
+    """`handle`: the sampler's `LLMHandle` (its engine's add_lora / remove_lora); `max_rank`: the engine's
     `max_lora_rank`."""
 
     def __init__(self, handle: Any, *, max_rank: int, enabled: bool) -> None:
@@ -88,6 +88,7 @@ class AdapterTable:
                     f'Adapter {name!r} given as tensors needs its config (adapter_config.json '
                     'fields: r, lora_alpha, target_modules).'
                 )
+            assert tensors is not None  # exactly one of tensors / path, checked above
             config_dict = _config_dict(config)
             self._check_config(name, config_dict)
             _check_tensors(name, tensors)
@@ -122,7 +123,7 @@ class AdapterTable:
         for name, entry in list(self._entries.items()):
             lora_id = self._next_id
             self._next_id += 1
-            self._handle.engine.add_lora(LoRARequest(name, lora_id, str(entry.path)))
+            self._handle.llm_engine.add_lora(LoRARequest(name, lora_id, str(entry.path)))
             self._entries[name] = AdapterEntry(name, lora_id, entry.path, entry.owned_dir)
 
     def _drop(self, entry: AdapterEntry) -> None:

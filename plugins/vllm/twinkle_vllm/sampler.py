@@ -14,11 +14,13 @@ vLLM's engine process kills the engine.
 
 vLLM's engine core runs in its own process unless ``multiprocess=False``; weights reach it through
 `collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes. A dead engine
-is restarted (`twinkle_vllm.engine.EngineHandle`).
+is restarted (`twinkle_vllm.llm_handle.LLMHandle`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -36,8 +38,8 @@ from twinkle_core.sampler.prompts import (
 )
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
-from twinkle_vllm.engine import EngineHandle
 from twinkle_vllm.engine_args import engine_args as build_engine_args
+from twinkle_vllm.llm_handle import LLMHandle
 from twinkle_vllm.weights import CheckpointLayout, LayerStager, serialized_buckets
 
 
@@ -48,6 +50,18 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
     rank, e.g. a Ray group). `multiprocess`: run vLLM's engine core in its own process (vLLM's default; False
     runs it in this process: faster start, but a crash in the engine takes the caller with it).
     `bucket_bytes`: the largest weight bucket one RPC carries during `load_weights`."""
+
+    #: what holds for every instance; each one refines `max_adapters` (vLLM's ``max_cpu_loras``; 0 without LoRA)
+    #: and `weights_in_process` (``multiprocess=False``) from its arguments. vLLM places itself: no ``device=``.
+    capabilities = SamplerCapabilities(
+        per_row_adapters=True,
+        max_adapters=None,
+        max_adapters_per_call=None,
+        prompt_logprobs=True,
+        adapter_from_tensors=False,
+        weights_in_process=False,
+        takes_device=False,
+    )
 
     def __init__(
         self,
@@ -69,23 +83,21 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         tp = device_mesh.size('tp') if device_mesh is not None else None
         args = build_engine_args(self.model_id, user, on_cpu=on_cpu, tensor_parallel_size=tp)
         self._layout = CheckpointLayout.read(self.model_id)  # before the engine: a bad directory fails fast
-        self._handle = EngineHandle(args, multiprocess=multiprocess)
+        self._handle = LLMHandle(args, multiprocess=multiprocess)
         self._codec = TextCodec(self._handle.llm.get_tokenizer(), self.model_id)
-        model_config = self._handle.engine.model_config
+        model_config = self._handle.llm_engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
         self._stager = LayerStager(self._layout)
         self._updating = False  # inside begin_weight_update() .. end_weight_update()
         self._loaded: set[str] = set()  # base weights applied by the current update
         self.bucket_bytes = bucket_bytes
-        lora = self._handle.engine.vllm_config.lora_config
+        lora = self._handle.llm_engine.vllm_config.lora_config
         self._adapters = AdapterTable(self._handle, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
         self._handle.on_restart.append(self._adapters.restore)
-        self.capabilities = SamplerCapabilities(
-            per_row_adapters=True,
+        self.capabilities = dataclasses.replace(
+            type(self).capabilities,
             max_adapters=lora.max_cpu_loras if lora is not None else 0,
-            prompt_logprobs=True,
-            adapter_from_tensors=False,
             weights_in_process=not multiprocess,
         )
         if template is not None:
@@ -160,9 +172,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         if not self._updating:
             self._refuse_partial_layers()
         for blob in serialized_buckets(ready, self.bucket_bytes):
-            self._handle.call(
-                'load_weights', lambda llm, blob=blob: llm.collective_rpc('twinkle_load_weights', args=(blob,))
-            )
+            self._handle.call('load_weights', functools.partial(_load_bucket, blob=blob))
             self._handle.base_loaded = True
         self._loaded.update(name for layer in ready for name, _ in layer)
         if not self._updating:
@@ -233,7 +243,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                     f'{max(self.max_model_len - len(ids), 0)}, shorten the prompt, or raise '
                     "engine_args['max_model_len']."
                 )
-        max_logprobs = self._handle.engine.vllm_config.model_config.max_logprobs
+        max_logprobs = self._handle.llm_engine.vllm_config.model_config.max_logprobs
         if max_logprobs >= 0 and params.alternatives > max_logprobs:
             asked = 'top_logprobs' if params.top_logprobs >= (params.logprob_pairs or 0) else 'logprobs'
             raise InvalidInputError(
@@ -248,7 +258,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         request per sample with that sample's own seed."""
         from vllm import SamplingParams as VllmParams
 
-        common = dict(
+        common: dict[str, Any] = dict(
             max_tokens=params.max_tokens,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -274,7 +284,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         0.32 crashes on batched prompt-logprob requests, so those go one per call."""
         lora = [None if a is None else self._adapters.request(a) for a in adapters]
         batch = [{'prompt_token_ids': ids} for ids in prompts]
-        if not (one_per_call and self._handle.engine.vllm_config.lora_config is not None):
+        if not (one_per_call and self._handle.llm_engine.vllm_config.lora_config is not None):
             return list(
                 self._handle.call('sample', lambda llm: llm.generate(batch, params, lora_request=lora, use_tqdm=False))
             )
@@ -283,8 +293,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             for j in range(len(batch))
             for out in self._handle.call(
                 'sample',
-                lambda llm, j=j: llm.generate(
-                    batch[j : j + 1], params[j : j + 1], lora_request=lora[j : j + 1], use_tqdm=False
+                functools.partial(
+                    _llm_generate, prompts=batch[j : j + 1], params=params[j : j + 1], lora=lora[j : j + 1]
                 ),
             )
         ]
@@ -309,6 +319,16 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             raw = outputs[0].prompt_logprobs
             prompt_logprobs = [None] + [float(step[t].logprob) for t, step in zip(prompt[1:], raw[1:])]
         return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+
+
+def _load_bucket(llm: Any, blob: Any) -> Any:
+    """Load one serialized weight bucket into every worker of the engine `llm`."""
+    return llm.collective_rpc('twinkle_load_weights', args=(blob,))
+
+
+def _llm_generate(llm: Any, prompts: list[Any], params: list[Any], lora: list[Any]) -> Any:
+    """`LLM.generate` of `prompts` (one sampling params and LoRA request each) on the engine `llm`."""
+    return llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
 
 
 def _text_prompt(encoded: dict[str, Any], index: int) -> list[int]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from twinkle_core.checkpoint_engine.weights import canonical_name
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.weight_sync.weights import canonical_name
 
 
 @dataclass(frozen=True)

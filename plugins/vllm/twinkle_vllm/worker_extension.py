@@ -7,18 +7,22 @@ worker holds one bucket at a time.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TwinkleWorkerExtension:
     """Mixed into vLLM's worker class; methods are called through ``LLM.collective_rpc(name, args=...)``."""
+
+    model_runner: Any  # the vLLM worker's, which this class is mixed into
 
     def twinkle_load_weights(self, blob: bytes) -> int:
         """Copy the base weights in `blob` (Hugging Face names) into the model in place; returns how many."""
         from safetensors.torch import load
 
         weights = load(blob)
-        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))  # type: ignore[attr-defined]
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
         if any(name.endswith('embed_tokens.weight') for name in weights):
-            _refresh_tied_output_layer(self.model_runner.get_model())  # type: ignore[attr-defined]
+            _refresh_tied_output_layer(self.model_runner.get_model())
         return len(weights)
 
 

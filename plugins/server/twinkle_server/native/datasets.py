@@ -95,7 +95,7 @@ def _step(svc: Service, step: Any) -> tuple[str, str | None, dict[str, Any]]:
     model_id = kwargs.pop('model_id', None) if op == 'set_template' else None
     refuse_hub_refs(kwargs)
     refuse_foreign_paths(
-        roots_of(*svc.config.allowed_roots, *(e.model_dir for e in svc.engines.values())), OUTSIDE, kwargs
+        roots_of(*svc.config.allowed_roots, *(e.model_dir for e in svc.hosts.values())), OUTSIDE, kwargs
     )
     if op == 'set_template':
         kwargs['model_id'] = _model_dir(svc, model_id)
@@ -170,11 +170,11 @@ def _check_source(svc: Service, meta: DatasetMeta) -> None:
 def _model_dir(svc: Service, model_id: Any) -> str:
     """The local directory of the hosted base model `model_id` names (default: the first one)."""
     if model_id is None:
-        return next(iter(svc.engines.values())).model_dir
+        return next(iter(svc.hosts.values())).model_dir
     name = svc.hosted_name(str(model_id))
-    if name not in svc.engines:
+    if name not in svc.hosts:
         raise ApiError(
             404,
-            f'set_template: model_id {model_id!r} is not a base model served here; available: {sorted(svc.engines)}',
+            f'set_template: model_id {model_id!r} is not a base model served here; available: {sorted(svc.hosts)}',
         )
-    return svc.engines[name].model_dir
+    return svc.hosts[name].model_dir

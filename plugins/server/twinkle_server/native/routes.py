@@ -37,8 +37,8 @@ from twinkle_core.utils.arrays import unpack_arrays
 from twinkle_core.utils.json import to_json
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
-from twinkle_server.engine.base import ALL_LINEAR, LoraSpec, SampleJob
 from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
+from twinkle_server.model_host.base import ALL_LINEAR, LoraSpec, SampleJob
 from twinkle_server.native.paths import refuse_foreign_paths, refuse_hub_refs, roots_of
 from twinkle_server.service import Service
 
@@ -96,7 +96,7 @@ async def call_model(
     svc.store.touch_session(model_id.split(':train:')[0])
     if method == 'save':
         name, save_optimizer, hub_push = _save_args(args, kwargs)
-        rid = svc.save(
+        rid = svc.checkpoints.save(
             who.name,
             model_id,
             None,
@@ -186,7 +186,7 @@ def _native_session(svc: Service, tenant_name: str) -> str:
 
 def _lora_spec(config: dict[str, Any], seed: Any, accumulation: Any = 1) -> LoraSpec:
     """The adapter exactly as the client asked for it (peft defaults for what it left out: lora_alpha=8,
-    target_modules='all-linear'); other LoraConfig fields travel along and are validated by the engine."""
+    target_modules='all-linear'); other LoraConfig fields travel along and are validated by the backend."""
     options = dict(config)
     rank = options.pop('r', options.pop('rank', 8))
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -243,7 +243,7 @@ def _call_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
 
 def _roots(svc: Service, model_id: str) -> list[Path]:
     """Where a native call's file paths may lie: the hosted model's directory and the allowed roots."""
-    return roots_of(svc.engine(svc.models[model_id].base_model).model_dir, *svc.config.allowed_roots)
+    return roots_of(svc.host(svc.models[model_id].base_model).model_dir, *svc.config.allowed_roots)
 
 
 async def _wait(svc: Service, tenant_name: str, request_id: str) -> Any:

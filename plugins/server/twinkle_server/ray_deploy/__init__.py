@@ -1,5 +1,5 @@
 """The service on Ray (``deployment: {mode: ray}``): the HTTP front runs in this process; every base model gets a
-training device group and sampler replicas as Ray actors (`RayEngine`), on one node or across a cluster.
+training device group and sampler replicas as Ray actors (`RayModelHost`), on one node or across a cluster.
 
 Why a plain front process and not Ray Serve: the service's state that must be consistent per training model
 (seq_id ordering, the per-model work queue that batches tenants into one pass, futures and their store) lives in
@@ -15,10 +15,10 @@ import logging
 import os
 from typing import Any
 
-from twinkle_server.engine.base import Engine
-from twinkle_server.ray_deploy.engine import RayEngine
+from twinkle_server.model_host.base import ModelHost
+from twinkle_server.ray_deploy.model_host import RayModelHost
 
-__all__ = ['RayEngine', 'build_ray_engines', 'connect', 'forwarded_env']
+__all__ = ['RayModelHost', 'build_ray_model_hosts', 'connect', 'forwarded_env']
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +46,17 @@ def forwarded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def build_ray_engines(config: Any) -> dict[str, Engine]:
-    """A `RayEngine` per configured model, after connecting to Ray as ``config.deployment.ray`` says."""
-    from twinkle_server.engine import resolve_model_dir
+def build_ray_model_hosts(config: Any) -> dict[str, ModelHost]:
+    """A `RayModelHost` per configured model, after connecting to Ray as ``config.deployment.ray`` says."""
+    from twinkle_server.model_host import resolve_model_dir
 
     ray_config = config.deployment.ray
     connect(ray_config.address, ray_config.namespace, ray_config.num_cpus)
     env = forwarded_env()
-    engines: dict[str, Engine] = {}
+    hosts: dict[str, ModelHost] = {}
     try:
         for name, spec in config.model_specs.items():
-            engines[name] = RayEngine(spec, resolve_model_dir(spec.path), env)
+            hosts[name] = RayModelHost(spec, resolve_model_dir(spec.path), env)
             logger.info(
                 '%s: training on %d Ray worker(s), %d sampler replica(s)',
                 name,
@@ -64,7 +64,7 @@ def build_ray_engines(config: Any) -> dict[str, Engine]:
                 spec.sampler_replicas,
             )
     except BaseException:
-        for engine in engines.values():
-            engine.close()
+        for host in hosts.values():
+            host.close()
         raise
-    return engines
+    return hosts

@@ -1,4 +1,4 @@
-"""What runs inside the Ray actors of a deployment: the training half and the sampling half of an engine.
+"""What runs inside the Ray actors of a deployment: the training half and the sampling half of a model host.
 
 Both are built by `twinkle_ray.group.WorkerGroup.construct` on every rank of their device group. Their methods
 never raise: they return an `Outcome`, so that errors keep their type (an `ApiError`'s status reaches the
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle_core.mesh import DeviceMesh, split_for_dp
-from twinkle_server.engine.base import AdamStep, LoraSpec, SampleJob, TrainBatch
-from twinkle_server.engine.twinkle_engine import AdapterSampler, TwinkleEngine
+from twinkle_server.model_host.base import AdamStep, LoraSpec, SampleJob, TrainBatch
+from twinkle_server.model_host.local import AdapterSampler, LocalModelHost
 
 
 @dataclass
@@ -36,10 +36,10 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Outcome:
 
 
 class TrainingHost:
-    """One rank of a base model's training group: a training-only `TwinkleEngine` (the backend built under the
-    group's `device_mesh`). With several data ranks, each rank trains its contiguous slice of every batch's rows
-    (the backend all-reduces gradients, loss and metrics); per-row log-probs come back per data rank and are
-    concatenated by the front in rank order."""
+    """One rank of a base model's training group: a training-only `LocalModelHost` (the backend built under the
+    group's `device_mesh`, which it must declare it takes). With several data ranks, each rank trains its
+    contiguous slice of every batch's rows (the backend all-reduces gradients, loss and metrics); per-row log-probs
+    come back per data rank and are concatenated by the front in rank order."""
 
     def __init__(
         self,
@@ -51,43 +51,46 @@ class TrainingHost:
         device: str | None = None,
         device_mesh: DeviceMesh | None = None,
     ) -> None:
-        args = dict(backend_args)
-        if device_mesh is not None and device_mesh.world_size > 1:
-            args['device_mesh'] = device_mesh
         self.mesh = device_mesh
-        self.engine = TwinkleEngine(
-            base_model, model_dir, device=device, backend=backend, backend_args=args, sampler=None
+        self.host = LocalModelHost(
+            base_model,
+            model_dir,
+            device=device,
+            backend=backend,
+            backend_args=dict(backend_args),
+            device_mesh=device_mesh if device_mesh is not None and device_mesh.world_size > 1 else None,
+            sampler=None,
         )
 
     def info(self) -> Outcome:
-        e = self.engine
+        h = self.host
         return Outcome(
-            {'max_context_length': e.max_context_length, 'backend_name': e.backend_name, 'max_adapters': e.max_adapters}
+            {'max_context_length': h.max_context_length, 'backend_name': h.backend_name, 'max_adapters': h.max_adapters}
         )
 
     def add_adapter(self, adapter: str, lora: LoraSpec) -> Outcome:
-        return _outcome(self.engine.add_adapter, adapter, lora)
+        return _outcome(self.host.add_adapter, adapter, lora)
 
     def remove_adapter(self, adapter: str) -> Outcome:
-        return _outcome(self.engine.remove_adapter, adapter)
+        return _outcome(self.host.remove_adapter, adapter)
 
     def forward_backward(self, batches: list[TrainBatch]) -> Outcome:
-        return _outcome(self.engine.forward_backward, [self._my_slice(b) for b in batches])
+        return _outcome(self.host.forward_backward, [self._my_slice(b) for b in batches])
 
     def pass_stats(self) -> Outcome:
-        return _outcome(self.engine.pass_stats)
+        return _outcome(self.host.pass_stats)
 
     def optim_step(self, adapter: str, step: AdamStep) -> Outcome:
-        return _outcome(self.engine.optim_step, adapter, step)
+        return _outcome(self.host.optim_step, adapter, step)
 
     def save_state(self, adapter: str, directory: str, optimizer: bool) -> Outcome:
-        return _outcome(self.engine.save_state, adapter, directory, optimizer=optimizer)
+        return _outcome(self.host.save_state, adapter, directory, optimizer=optimizer)
 
     def load_state(self, adapter: str, directory: str, optimizer: bool) -> Outcome:
-        return _outcome(self.engine.load_state, adapter, directory, optimizer=optimizer)
+        return _outcome(self.host.load_state, adapter, directory, optimizer=optimizer)
 
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Outcome:
-        return _outcome(self.engine.native_call, adapter, method, args, kwargs)
+        return _outcome(self.host.native_call, adapter, method, args, kwargs)
 
     def _my_slice(self, batch: TrainBatch) -> TrainBatch:
         mesh = self.mesh

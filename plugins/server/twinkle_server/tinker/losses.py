@@ -1,6 +1,6 @@
-"""The Tinker loss names this server accepts: one table for the datum check and for the engine.
+"""The Tinker loss names this server accepts: one table for the datum check and for the model host.
 
-Each Tinker `loss_fn` maps to the `loss_fn_inputs` every datum must carry and to the loss the engine sets,
+Each Tinker `loss_fn` maps to the `loss_fn_inputs` every datum must carry and to the loss the model host sets,
 resolved through the registry (kind `loss`) by name, with fixed constructor arguments (a request's
 `loss_fn_config` is added to them). `cross_entropy` is `CrossEntropyLoss(reduction='sum')` (weights may be any
 real number); the RL names are registered by twinkle-core under their Tinker names. Unknown names are refused

@@ -28,7 +28,7 @@ async def save_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
     req = parse(types.SaveWeightsRequest, await json_body(request))
     if not req.path:
         raise bad_request('save_weights needs a checkpoint name in `path`')
-    rid = svc.save(
+    rid = svc.checkpoints.save(
         who.name,
         req.model_id,
         req.seq_id,
@@ -47,7 +47,7 @@ async def save_weights_for_sampler(
 ) -> dict:
     req = parse(types.SaveWeightsForSamplerRequest, await json_body(request))
     if req.path:
-        rid = svc.save(
+        rid = svc.checkpoints.save(
             who.name,
             req.model_id,
             req.seq_id,
@@ -59,7 +59,9 @@ async def save_weights_for_sampler(
         )
     elif req.sampling_session_seq_id is not None:
         session_id = req.model_id.split(':train:')[0]
-        rid = svc.save_for_new_sampler(who.name, req.model_id, req.seq_id, session_id, req.sampling_session_seq_id)
+        rid = svc.checkpoints.save_for_new_sampler(
+            who.name, req.model_id, req.seq_id, session_id, req.sampling_session_seq_id
+        )
     else:
         raise bad_request('save_weights_for_sampler needs `path` (a name) or `sampling_session_seq_id`')
     return {'request_id': rid, 'model_id': req.model_id}
@@ -87,7 +89,7 @@ async def weights_info(request: Request, who: Tenant = Depends(tenant), svc: Ser
     path = body.get('tinker_path')
     if not isinstance(path, str):
         raise bad_request('weights_info needs `tinker_path`')
-    _, row = svc.checkpoint(who.name, path)
+    _, row = svc.checkpoints.checkpoint(who.name, path)
     meta = svc.files.read_meta(row.directory)
     tl = meta.get('tinker_lora', {})
     return {
@@ -150,7 +152,7 @@ async def delete_checkpoint(
 ) -> dict:
     if '/' not in checkpoint_id:
         raise unprocessable(f'checkpoint_id {checkpoint_id!r} must look like weights/<name> or sampler_weights/<name>')
-    svc.delete_checkpoint(who.name, run_id, checkpoint_id)
+    svc.checkpoints.delete_checkpoint(who.name, run_id, checkpoint_id)
     return {}
 
 

@@ -12,8 +12,8 @@ from tinker import types
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
-from twinkle_server.engine.base import SampleJob
 from twinkle_server.errors import bad_request, not_found, unprocessable
+from twinkle_server.model_host.base import SampleJob
 from twinkle_server.service import Service
 from twinkle_server.tinker import images, wire
 
@@ -54,12 +54,12 @@ async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service 
             'by this server; ask for prompt_logprobs=true and per-token sample logprobs instead'
         )
     base, _ = svc.sampling_target(who.name, req.sampling_session_id, req.model_path, req.base_model)
-    engine = svc.engine(base)
-    encoder = images.encoder_for(base, engine.model_dir)
+    host = svc.host(base)
+    encoder = images.encoder_for(base, host.model_dir)
     chunks = _chunks(req.prompt)
     if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
         prompt = await run_in_threadpool(
-            _image_prompt, encoder, chunks, engine.max_context_length, svc.image_policy(who.name)
+            _image_prompt, encoder, chunks, host.max_context_length, svc.image_policy(who.name)
         )
     else:
         prompt = encoder.expand(chunks, 'prompt')

@@ -85,7 +85,7 @@ async def capabilities(who: Tenant = Depends(tenant), svc: Service = Depends(ser
     return {
         'supported_models': [
             {'model_name': name, 'max_context_length': e.max_context_length, 'trainable': True, 'sampleable': True}
-            for name, e in svc.engines.items()
+            for name, e in svc.hosts.items()
         ]
     }
 

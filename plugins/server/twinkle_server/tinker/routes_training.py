@@ -13,8 +13,8 @@ from tinker import types
 
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
-from twinkle_server.engine.base import AdamStep, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, bad_request
+from twinkle_server.model_host.base import AdamStep, TrainBatch, TrainResult
 from twinkle_server.service import Service
 from twinkle_server.tinker import datums, images, wire
 
@@ -40,14 +40,14 @@ async def create_model(
 async def get_info(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     req = parse(types.GetInfoRequest, await json_body(request))
     m = svc.model(who.name, req.model_id)
-    engine = svc.engine(m.base_model)
+    host = svc.host(m.base_model)
     return {
         'type': 'get_info',
         'model_id': m.model_id,
         'is_lora': True,
         'lora_rank': m.lora.rank,
         'model_name': m.base_model,
-        'model_data': {'arch': 'causal_lm', 'model_name': m.base_model, 'tokenizer_id': engine.model_dir},
+        'model_data': {'arch': 'causal_lm', 'model_name': m.base_model, 'tokenizer_id': host.model_dir},
     }
 
 
@@ -70,8 +70,8 @@ async def forward_backward(
     m = svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
     svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
     call = wire.decode_forward_backward(msg)
-    engine = svc.engine(m.base_model)
-    encoder = images.encoder_for(m.base_model, engine.model_dir)
+    host = svc.host(m.base_model)
+    encoder = images.encoder_for(m.base_model, host.model_dir)
     if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
         rows = await run_in_threadpool(_image_rows, svc, who.name, call, encoder)
     else:

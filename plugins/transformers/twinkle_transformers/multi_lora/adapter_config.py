@@ -92,7 +92,8 @@ def linear_module_names(model: nn.Module, *, include_output: bool = False) -> li
     """
     from twinkle_transformers.multi_lora.layer import MultiLoraLinear
 
-    output = model.get_output_embeddings() if hasattr(model, 'get_output_embeddings') and not include_output else None
+    get_output = getattr(model, 'get_output_embeddings', None)  # an HF PreTrainedModel's
+    output = get_output() if get_output is not None and not include_output else None
     inside = {
         id(sub)
         for wrapper in model.modules()

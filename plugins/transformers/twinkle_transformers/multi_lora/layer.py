@@ -74,6 +74,10 @@ class LoraWeights(nn.Module):
 class MultiLoraLinear(nn.Module):
     """Wraps a frozen `nn.Linear` (`base_layer`); `adapters` maps str(adapter slot) -> `LoraWeights`."""
 
+    # set through __dict__ in __init__ (plain attributes, not submodules)
+    router: AdapterRouter
+    _by_slot: dict[int, LoraWeights]
+
     def __init__(self, base_layer: nn.Linear, router: AdapterRouter) -> None:
         super().__init__()
         self.base_layer = base_layer
@@ -117,7 +121,9 @@ class MultiLoraLinear(nn.Module):
         present = [(self.get(slot), start, end) for slot, start, end in plan.segments]
         if all(w is None for w, _, _ in present):
             return out
+        assert plan.order is not None  # a plan without a uniform slot always orders its tokens
         x_flat = x.reshape(-1, self.in_features)
+        rows: int | torch.Tensor
         if plan.offset is not None:  # tokens already sorted by adapter: a view, no copy kept for backward
             x_sorted, rows = x_flat.narrow(0, plan.offset, plan.order.numel()), plan.offset
         else:

@@ -130,6 +130,7 @@ class MultiLoraManager:
             raise KeyError(f'no adapter named {name!r} to remove; adapters: {sorted(self._adapters) or "none"}.')
         for module in record.targets:
             layer = self.model.get_submodule(module)
+            assert isinstance(layer, MultiLoraLinear), module  # wrapped when the adapter was added
             layer.remove(record.slot)
             if not len(layer.adapters):
                 self._set_submodule(module, layer.base_layer)
@@ -209,8 +210,9 @@ class MultiLoraManager:
             )
 
     def _new_weights(self, module: str, shape: ModuleLoraShape, config: Any, dtype: torch.dtype | None) -> LoraWeights:
-        base = self.model.get_submodule(module)
-        base = base.base_layer if isinstance(base, MultiLoraLinear) else base
+        found = self.model.get_submodule(module)
+        base = found.base_layer if isinstance(found, MultiLoraLinear) else found
+        assert isinstance(base, nn.Linear), module  # `resolve_targets` only picks Linear modules
         weight = base.weight
         if dtype is None:
             dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
@@ -228,6 +230,7 @@ class MultiLoraManager:
     def _wrapped(self, module: str) -> MultiLoraLinear:
         layer = self.model.get_submodule(module)
         if not isinstance(layer, MultiLoraLinear):
+            assert isinstance(layer, nn.Linear), module  # `resolve_targets` only picks Linear modules
             layer = MultiLoraLinear(layer, self.router).train(layer.training)
             self._set_submodule(module, layer)
         return layer

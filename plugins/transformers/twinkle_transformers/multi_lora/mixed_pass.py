@@ -22,13 +22,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from twinkle_core.model.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_core.model.step_errors import TenantStepError
-from twinkle_core.model.train_state import TrainState
+from twinkle_core.train.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_core.train.state import TrainState
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.pass_planner import PassPlanner, TenantSize, pass_cost_tokens
@@ -178,7 +178,8 @@ class MixedPass:
         self.backward()
 
     def forward(self) -> None:
-        rows, bounds = [], []
+        rows: list[dict[str, Any]] = []
+        bounds: list[tuple[int, int]] = []
         for w in self.group:
             w.result, w.error = None, None
             slot = self.manager.slot(w.name)
@@ -215,6 +216,7 @@ class MixedPass:
     def backward(self) -> None:
         self.losses()
         if self.train and self.total is not None and self.total.requires_grad:
+            assert self.batch is not None  # a loss to backpropagate means the forward ran
             for w in self.group:
                 _stash_grads(self.manager, w)
             try:
@@ -248,7 +250,8 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
     the backward (None when rejected or when nothing is trained)."""
     if w.error is not None:
         return None
-    sub_batch, sub_out = w.sub_batch, w.sub_outputs
+    sub_batch, sub_out, result = w.sub_batch, w.sub_outputs, w.result
+    assert sub_batch is not None and sub_out is not None and result is not None  # filled by MixedPass.forward
     if not w.compute_loss or (not train and not bool(sub_out['mask'].any())):
         return None  # logprobs only: nothing to score, no metrics
     try:
@@ -270,7 +273,7 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
             ),
         )
         return None
-    w.result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=step_summary(sub_batch, sub_out, loss))
+    result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=step_summary(sub_batch, sub_out, loss))
     return loss * w.state.loss_scale() if train else None
 
 
@@ -302,7 +305,7 @@ def _grads_finite(manager: MultiLoraManager, w: TenantWork) -> bool:
 class StageError(Exception):
     """A failure of the shared pass itself (`stage`: 'input' = collation, 'forward' or 'backward')."""
 
-    def __init__(self, stage: str, cause: BaseException) -> None:
+    def __init__(self, stage: Literal['input', 'forward', 'backward'], cause: BaseException) -> None:
         super().__init__(f'{type(cause).__name__}: {cause}')
         self.stage = stage
 
@@ -312,5 +315,5 @@ def as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
     if isinstance(exc, TenantStepError):
         return exc
     if isinstance(exc, StageError):
-        return TenantStepError(name, exc.stage, str(exc))  # type: ignore[arg-type]
+        return TenantStepError(name, exc.stage, str(exc))
     return TenantStepError(name, 'forward', f'{type(exc).__name__}: {exc}')

@@ -33,11 +33,11 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
-from twinkle_core.model.placement import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
-from twinkle_core.model.row_keywords import with_row_keywords
 from twinkle_core.model.step_errors import MixedStepError, TenantStepError
-from twinkle_core.model.train_state import TrainState
-from twinkle_core.model.train_state_methods import TrainStateMethods, reports_failure
+from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_core.train.row_keywords import with_row_keywords
+from twinkle_core.train.state import TrainState
+from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import load_causal_lm, max_model_length
@@ -51,7 +51,7 @@ from twinkle_transformers.multi_lora.mixed_pass import (
     planned_passes,
     run_tenants,
 )
-from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, PassPlanner
+from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, STRATEGIES, PassPlanner
 from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.vision import language_config
@@ -70,7 +70,14 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     kernels installed for training at load (as `TransformersModel`'s; `self.kernels` counts the replacements).
     """
 
-    capabilities = ModelCapabilities(mixed_adapters=True, max_adapters=None)
+    #: many tenants mixed in one call; one process (no ``device_mesh=``); ``pass_strategy=`` one of `STRATEGIES`
+    capabilities = ModelCapabilities(
+        mixed_adapters=True,
+        max_adapters=None,
+        takes_device=True,
+        takes_device_mesh=False,
+        pass_strategies=STRATEGIES,
+    )
 
     def __init__(
         self,
@@ -93,6 +100,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             )
         self.device = torch.device(device) if device is not None else default_device()
         if model is None:
+            assert model_id is not None  # exactly one of model_id / model, checked above
             self.model_id = str(model_id)
             self.model_dir = resolve_model_dir(model_id)
             model = load_causal_lm(
@@ -199,7 +207,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
 
         `inputs`: rows of one adapter (with `adapter_name`), rows that each carry an ``adapter_name`` field, or
         ``{adapter_name: rows, ...}`` -- the latter two run all tenants in one pass and return per-tenant results.
-        `old_logps` / `advantages`: per-row values folded into the rows (`twinkle_core.model.row_keywords`).
+        `old_logps` / `advantages`: per-row values folded into the rows (`twinkle_core.train.row_keywords`).
         Passes are sized by the planner (`max_pass_tokens`), so there is no `micro_batch_size` here.
         """
         loss = self._state(adapter_name).loss if adapter_name is not None else None

@@ -215,12 +215,12 @@ class PassPlanner:
 
     def _choose(self, plans: list[PassPlan], sizes: Sequence[TenantSize], *, packed: bool, train: bool) -> PassPlan:
         predicted = [self._predict(p, sizes, packed=packed, train=train) for p in plans]
-        known = [i for i, cost in enumerate(predicted) if cost is not None]
+        known = [(i, cost) for i, cost in enumerate(predicted) if cost is not None]
         if not known:  # start from the baseline: one tenant per pass
             return _exploring(plans[0])
-        cheapest = min(predicted[i] for i in known)  # type: ignore[type-var]
-        best = next(i for i in known if predicted[i] <= cheapest * (1 + self.tie))  # type: ignore[operator]
-        if best == known[-1] and best + 1 < len(plans):  # still cheaper per token as passes grow: try larger
+        cheapest = min(cost for _, cost in known)
+        best = next(i for i, cost in known if cost <= cheapest * (1 + self.tie))
+        if best == known[-1][0] and best + 1 < len(plans):  # still cheaper per token as passes grow: try larger
             return _exploring(plans[best + 1])
         self._choices += 1
         neighbours = [i for i in (best - 1, best + 1) if 0 <= i < len(plans)]

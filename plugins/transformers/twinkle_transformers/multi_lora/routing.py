@@ -98,19 +98,20 @@ class AdapterRouter:
         key = (lead, x.device)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = _build_plan(self._expand(lead).to(x.device))
+            plan = self._plans[key] = _build_plan(_expand(self._index, lead).to(x.device))
         return plan
 
-    def _expand(self, lead: tuple[int, ...]) -> torch.Tensor:
-        index = self._index
-        if tuple(index.shape) == lead:
-            return index
-        if index.dim() == 1 and len(lead) == 2 and lead[0] == index.shape[0]:  # per-row index, [B, T] tokens
-            return index[:, None].expand(lead)
-        raise ValueError(
-            f'adapter index of shape {tuple(index.shape)} does not match activations with leading '
-            f'shape {lead}: pass one index per row [B] or one per token {list(lead)}.'
-        )
+
+def _expand(index: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
+    """The adapter `index` ([B] or [B, T]) laid out over activations with leading shape `lead`."""
+    if tuple(index.shape) == lead:
+        return index
+    if index.dim() == 1 and len(lead) == 2 and lead[0] == index.shape[0]:  # per-row index, [B, T] tokens
+        return index[:, None].expand(lead)
+    raise ValueError(
+        f'adapter index of shape {tuple(index.shape)} does not match activations with leading '
+        f'shape {lead}: pass one index per row [B] or one per token {list(lead)}.'
+    )
 
 
 def _build_plan(index: torch.Tensor) -> SegmentPlan:

@@ -140,8 +140,8 @@ class MultiLoraAdapters:
 class PeftAdapters:
     BASE = '__base__'
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: Any) -> None:
+        self.model = model  # a PEFT `PeftModel` (duck-typed by `is_peft_model`)
 
     def names(self) -> list[str]:
         return sorted(self.model.peft_config)
@@ -200,8 +200,8 @@ class PeftAdapters:
         return {
             name
             for m in module.modules()
-            if isinstance(getattr(m, 'lora_A', None), torch.nn.ModuleDict)
-            for name in m.lora_A.keys()
+            if isinstance(lora_a := getattr(m, 'lora_A', None), torch.nn.ModuleDict)
+            for name in lora_a.keys()
         }
 
     def uniform_names(self) -> set[str]:

@@ -122,8 +122,8 @@ class BatchDecoder:
         )
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
         if prompt_logprobs:
-            for result, row in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
-                result.prompt_logprobs = row
+            for result, logprobs_of_prompt in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
+                result.prompt_logprobs = logprobs_of_prompt
         # Fan the prefilled prompts out to one row per sample.
         owner = [(p, s) for p, job in enumerate(jobs) for s in range(job.num_samples)]
         fan_out = torch.tensor([p for p, _ in owner], device=device)

@@ -16,7 +16,7 @@ layers, PEFT-wrapped models whose mixed-adapter routing needs PEFT's forward hoo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, Sequence, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -52,14 +52,22 @@ class StaticKVCache:
         self.values = [v[rows] for v in self.values]
 
 
+class _RMSNormLike(Protocol):
+    """An HF RMSNorm module (its class differs per architecture); `variance_epsilon` is read when present."""
+
+    weight: torch.Tensor
+
+
 class FastDecoder:
     """One-token decode steps for a supported model. Build with `for_model`."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
+        # `model`: an HF Llama-family causal LM (checked by `for_model`); its submodules (lm_head, model.layers ...)
+        # are attributes found at runtime, which `nn.Module.__getattr__` can only type as `Tensor | Module`
         self.model = model
         self.config = model.config
         self.body = model.model
-        self.eps = self.config.rms_norm_eps
+        self.eps: float = self.config.rms_norm_eps
         self._projections: list[tuple[Projection, Projection]] = []
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -96,7 +104,8 @@ class FastDecoder:
         if getattr(config, 'sliding_window', None) and getattr(config, 'use_sliding_window', True):
             return None
         if fuse:
-            for layer in model.model.layers:
+            body: Any = model.model  # checked above: a Llama-family decoder
+            for layer in body.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
                 fuse_linears([mlp.gate_proj, mlp.up_proj])
@@ -137,7 +146,7 @@ class FastDecoder:
         cache.length = slot + 1
         return self.model.lm_head(self._norm(x, self.body.norm))[:, -1]
 
-    def _norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, norm: _RMSNormLike) -> torch.Tensor:
         """HF's RMSNorm: normalise in fp32, cast back, scale (one fused kernel when that order cannot matter)."""
         eps = getattr(norm, 'variance_epsilon', self.eps)
         if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
@@ -165,9 +174,14 @@ class Projection:
         return list(F.linear(x, weight, bias).split(self.sizes, dim=-1))
 
 
-def fuse_linears(linears: list[nn.Module]) -> None:
+def _plain_linears(linears: Sequence[nn.Module]) -> TypeGuard[Sequence[nn.Linear]]:
+    """True when every module is exactly `nn.Linear` (no subclass such as a LoRA layer)."""
+    return all(type(lin) is nn.Linear for lin in linears)
+
+
+def fuse_linears(linears: Sequence[nn.Module]) -> None:
     """Make the weights (and biases) of plain Linears with the same input views of one concatenated tensor."""
-    if not all(type(lin) is nn.Linear for lin in linears) or _fused_weight(linears) is not None:
+    if not _plain_linears(linears) or _fused_weight(linears) is not None:
         return
     for attr in ('weight', 'bias'):
         params = [getattr(lin, attr) for lin in linears]
@@ -181,9 +195,9 @@ def fuse_linears(linears: list[nn.Module]) -> None:
             offset += rows
 
 
-def _fused_weight(linears: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def _fused_weight(linears: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(weight, bias) spanning `linears` when they are plain Linears whose parameters are consecutive views."""
-    if not all(type(lin) is nn.Linear for lin in linears):
+    if not _plain_linears(linears):
         return None
     weight = _contiguous_span([lin.weight for lin in linears])
     if weight is None:
@@ -195,7 +209,7 @@ def _fused_weight(linears: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor 
     return (weight, bias) if bias is not None else None
 
 
-def _contiguous_span(params: list[torch.Tensor]) -> torch.Tensor | None:
+def _contiguous_span(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """One tensor covering `params` when they lie back to back (in order) in one storage, else None."""
     first = params[0]
     storage = first.untyped_storage().data_ptr()

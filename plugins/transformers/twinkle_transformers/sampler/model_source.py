@@ -48,6 +48,7 @@ def open_model(
 
     from twinkle_transformers.vision import is_vision_language
 
+    assert model_id is not None  # exactly one of model_id / model, checked above
     path = os.fspath(model_id)
     target = (
         torch.device(device) if device is not None else torch.device('cuda' if torch.cuda.is_available() else 'cpu')
@@ -56,7 +57,8 @@ def open_model(
         dtype = torch.float32 if target.type == 'cpu' else 'auto'
     # vision-language checkpoints (Qwen3-VL, Qwen3.5) have no causal-LM class: image + text in, text out
     auto = AutoModelForImageTextToText if is_vision_language(AutoConfig.from_pretrained(path)) else AutoModelForCausalLM
-    module = auto.from_pretrained(path, dtype=dtype).to(target).eval()
+    # transformers types `PreTrainedModel.to` via functools.wraps(nn.Module.to), which loses the bound self
+    module = auto.from_pretrained(path, dtype=dtype).to(target).eval()  # type: ignore[arg-type]
     module.requires_grad_(False)
     return ModelSource(module, tokenizer if tokenizer is not None else _load_tokenizer(path), path, owned=True)
 

@@ -33,7 +33,7 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.kernel import apply_kernels
-from twinkle_core.sampler.base import Sampler
+from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (
     IMAGE_FIELDS,
@@ -63,6 +63,17 @@ class TorchSampler(Sampler):
     for a model the sampler loaded itself); False always uses the model's HF forward. `kernels`: layer kernels
     installed for inference into a model the sampler loaded itself (`twinkle_core.kernel.apply_kernels`; they run
     in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements)."""
+
+    #: adapters mixed per row, any number resident; the model lives in this process, placed by ``device=``
+    capabilities = SamplerCapabilities(
+        per_row_adapters=True,
+        max_adapters=None,
+        max_adapters_per_call=None,
+        prompt_logprobs=True,
+        adapter_from_tensors=True,
+        weights_in_process=True,
+        takes_device=True,
+    )
 
     def __init__(
         self,
@@ -185,10 +196,15 @@ class TorchSampler(Sampler):
         *,
         path: str | None = None,
     ) -> None:
-        if (tensors is None) == (path is None):
+        source: Path | dict[str, torch.Tensor]
+        if tensors is not None and path is None:
+            source = dict(tensors)
+        elif path is not None and tensors is None:
+            source = Path(path)
+        else:
             raise InvalidInputError(f'add_adapter({name!r}): pass exactly one of tensors= or path=.')
         self.model  # noqa: B018 - follow a shared owner's current module first
-        self._adapters.load(name, Path(path) if path is not None else dict(tensors), config)
+        self._adapters.load(name, source, config)
 
     def remove_adapter(self, name: str) -> None:
         lora.check_adapters(self._adapters, [name])

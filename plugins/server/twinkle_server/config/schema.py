@@ -1,6 +1,6 @@
 """The schema of the server's config file: which keys each section takes and what their values must be.
 
-`config_file` checks a file against these tables; `docs/deployment.md` describes every key (a test holds the
+`loading` checks a file against these tables; `docs/deployment.md` describes every key (a test holds the
 two equal).
 """
 
@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from twinkle_server.config import DEVICE_TYPES, HUBS, MESH_KEYS, is_ip_or_network
+from twinkle_server.config.settings import DEVICE_TYPES, HUBS, MESH_KEYS, is_ip_or_network
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""`RayEngine`: one hosted base model whose training runs in a Ray device group and whose sampling runs in
-data-parallel sampler replicas (each its own device group), behind the same `Engine` interface the service uses.
+"""`RayModelHost`: one hosted base model whose training runs in a Ray device group and whose sampling runs in
+data-parallel sampler replicas (each its own device group), behind the same `ModelHost` interface the service
+uses.
 
 - **Training** (`TrainingHost` on every rank of the model's training group): the backend named in the config,
   under the group's mesh. Calls go to every rank; results come from rank 0, per-row log-probs from the data
@@ -25,8 +26,8 @@ from typing import Any
 
 from twinkle_core.types import SampleResponse
 from twinkle_server.config import ModelSpec
-from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError
+from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
 from twinkle_server.ray_deploy.hosted_group import HostedGroup, WorkersLost
 from twinkle_server.ray_deploy.hosts import SamplerHost, TrainingHost
 
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 MAX_REMEMBERED = 8  # committed checkpoints remembered per adapter for restores
 
 
-class RayEngine(Engine):
-    """A base model served from Ray device groups (module docstring). Blocking calls: the service calls engines
+class RayModelHost(ModelHost):
+    """A base model served from Ray device groups (module docstring). Blocking calls: the service calls hosts
     from the model's worker thread only."""
 
     def __init__(self, spec: ModelSpec, model_dir: str, env: dict[str, str]) -> None:
@@ -139,6 +140,8 @@ class RayEngine(Engine):
 
     def _data_leaders(self) -> list[int]:
         mesh = self.training.mesh
+        if mesh is None:
+            return [0]
         return [r for r in range(mesh.world_size) if mesh.is_data_leader(r)]
 
     def pass_stats(self) -> dict[str, int]:

@@ -1,7 +1,7 @@
-"""The production engine: a training backend chosen by registry name (kind `model`; default
-`MultiLoraTransformersModel`, whose `PassPlanner` splits tenants' queued work into passes) + a sampler chosen by
-registry name (`TorchSampler` by default, or e.g. `vLLMSampler`), driven only through the `Model` and `Sampler`
-interfaces and their declared capabilities.
+"""`LocalModelHost`: a base model hosted in this process -- a training backend chosen by registry name (kind
+`model`; default `MultiLoraTransformersModel`, whose `PassPlanner` splits tenants' queued work into passes) + a
+sampler chosen by registry name (`TorchSampler` by default, or e.g. `vLLMSampler`), built and driven only through
+the `Model` and `Sampler` interfaces and their declared capabilities (`construction`), never by class name.
 
 A backend that declares `ModelCapabilities.mixed_adapters` gets every queued adapter's rows in one call; any other
 is called once per adapter (its `max_adapters` bounds the training models a server hosts on it). The sampler holds
@@ -27,19 +27,21 @@ import torch
 from twinkle_core.model import Model
 from twinkle_core.sampler import Sampler
 from twinkle_core.types import SampleResponse
-from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, unprocessable
+from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
+from twinkle_server.model_host.construction import build_backend, build_sampler
 from twinkle_server.tinker.losses import tinker_loss
 
 _GLOBAL_RNG = threading.Lock()  # held while an adapter is initialised from a seeded global torch RNG
 
 
-class TwinkleEngine(Engine):
-    """`backend`: a registered model name built on `model_dir` with `backend_args` (plus `device`), or a ready
-    `Model`. `sampler`: a registered sampler name built on `model_dir` with `sampler_args` (TorchSampler also gets
-    `device`), a ready `Sampler` (e.g. one vLLM engine shared across tests), or None for a training-only engine
-    (sampling then happens elsewhere, e.g. in the sampler replicas of a Ray deployment). `max_sampler_adapters`
-    bounds the adapters the sampler holds at once (see `AdapterSampler`)."""
+class LocalModelHost(ModelHost):
+    """`backend`: a registered model name built on `model_dir` with `backend_args` (plus `device` and
+    `device_mesh` where it declares it takes them: `construction.build_backend`), or a ready `Model`. `sampler`: a
+    registered sampler name built on `model_dir` with `sampler_args` (plus `device` where it declares it), a ready
+    `Sampler` (e.g. one vLLM sampler shared across tests), or None for a training-only host (sampling then happens
+    elsewhere, e.g. in the sampler replicas of a Ray deployment). `max_sampler_adapters` bounds the adapters the
+    sampler holds at once (see `AdapterSampler`)."""
 
     def __init__(
         self,
@@ -50,16 +52,17 @@ class TwinkleEngine(Engine):
         max_sampler_adapters: int = 32,
         backend: str | Model = 'MultiLoraTransformersModel',
         backend_args: dict[str, Any] | None = None,
+        device_mesh: Any = None,
         sampler: str | Sampler | None = 'TorchSampler',
         sampler_args: dict[str, Any] | None = None,
     ) -> None:
-        from twinkle_core.registry import resolve
-
         self.base_model, self.model_dir = base_model, str(model_dir)
         self.model: Model = (
             backend
             if isinstance(backend, Model)
-            else resolve('model', backend, model_id=self.model_dir, device=device, **(backend_args or {}))
+            else build_backend(
+                backend, self.model_dir, device=device, device_mesh=device_mesh, backend_args=backend_args
+            )
         )
         self.sampling = (
             None
@@ -75,7 +78,7 @@ class TwinkleEngine(Engine):
     # ---- adapters ------------------------------------------------------------------------------------------
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
         # lora.seed: the same initial weights on every backend. Seeding goes through torch's global RNG, which the
-        # engines of other base models (other worker threads) use too: one at a time, or they reseed each other.
+        # hosts of other base models (other worker threads) use too: one at a time, or they reseed each other.
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             if lora.seed is not None:
                 torch.manual_seed(lora.seed)
@@ -176,12 +179,12 @@ class TwinkleEngine(Engine):
     @property
     def sampler(self) -> Sampler:
         if self.sampling is None:
-            raise ApiError(503, f'{self.base_model}: this engine trains only; its sampler runs elsewhere')
+            raise ApiError(503, f'{self.base_model}: this host trains only; its sampler runs elsewhere')
         return self.sampling.sampler
 
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
         if self.sampling is None:
-            raise ApiError(503, f'{self.base_model}: this engine trains only; its sampler runs elsewhere')
+            raise ApiError(503, f'{self.base_model}: this host trains only; its sampler runs elsewhere')
         return self.sampling.sample(jobs)
 
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -193,8 +196,9 @@ class TwinkleEngine(Engine):
 class AdapterSampler:
     """A sampler plus the adapters it serves: LoRA weights are loaded from saved checkpoint directories (what a
     client samples is exactly what was saved) into a bounded pool of slots, least recently used first out, so a
-    long RL run does not grow memory without limit. `max_adapters` is further capped by the sampler's declared
-    `capabilities.max_adapters`."""
+    long RL run does not grow memory without limit. Planned by the sampler's declared `capabilities`:
+    `max_adapters` further caps the slots, `per_row_adapters` / `max_adapters_per_call` bound the adapters one
+    `sample` call mixes, and a sampler without `prompt_logprobs` is not asked for them (those jobs fail with 422)."""
 
     def __init__(
         self,
@@ -206,10 +210,15 @@ class AdapterSampler:
         max_adapters: int = 32,
     ) -> None:
         self.sampler = (
-            sampler if isinstance(sampler, Sampler) else _build_sampler(sampler, model_dir, device, sampler_args or {})
+            sampler
+            if isinstance(sampler, Sampler)
+            else build_sampler(sampler, model_dir, device=device, sampler_args=sampler_args)
         )
-        capacity = self.sampler.capabilities.max_adapters
-        self.max_adapters = min(max_adapters, capacity) if capacity else max_adapters
+        self.capabilities = caps = self.sampler.capabilities
+        self.max_adapters = min(max_adapters, caps.max_adapters) if caps.max_adapters else max_adapters
+        #: distinct adapters one `sample` call may mix (1: the sampler takes one adapter per call)
+        per_call = caps.max_adapters_per_call or self.max_adapters
+        self.per_call = min(self.max_adapters, per_call) if caps.per_row_adapters else 1
         self._slots: OrderedDict[str, str] = OrderedDict()  # checkpoint directory -> sampler adapter name
 
     def _slot(self, directory: str) -> str:
@@ -233,10 +242,17 @@ class AdapterSampler:
         return name
 
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
-        """Jobs with the same sampling settings share one `sample` call (adapters mixed per row)."""
+        """Jobs with the same sampling settings share one `sample` call (adapters mixed per row where the sampler
+        declares it can)."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         groups: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
+            if job.prompt_logprobs and not self.capabilities.prompt_logprobs:
+                out[i] = unprocessable(
+                    f'prompt_logprobs: the sampler of this model ({type(self.sampler).__name__}) does not compute '
+                    f'them; sample without prompt_logprobs'
+                )
+                continue
             params = job.params.model_copy(
                 update={'num_samples': job.num_samples, 'prompt_logprobs': job.prompt_logprobs, 'logprobs': True}
             )
@@ -244,9 +260,11 @@ class AdapterSampler:
             groups.setdefault(params.model_dump_json(), []).append(i)
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
-                adapters = [None if jobs[i].adapter_dir is None else self._slot(jobs[i].adapter_dir) for i in idx]
+                adapters = [self._slot(d) if (d := jobs[i].adapter_dir) is not None else None for i in idx]
                 responses = self.sampler.sample(
-                    [jobs[i].row() for i in idx], jobs[idx[0]].params, adapter_name=adapters
+                    [jobs[i].row() for i in idx],
+                    jobs[idx[0]].params,
+                    adapter_name=adapters if self.capabilities.per_row_adapters else adapters[0],
                 )
                 for i, r in zip(idx, responses):
                     out[i] = r
@@ -256,26 +274,24 @@ class AdapterSampler:
         return out  # type: ignore[return-value]
 
     def _by_adapter_budget(self, jobs: list[SampleJob], idx: list[int]) -> list[list[int]]:
-        """Split `idx` so no chunk needs more distinct adapters than there are sampler slots."""
+        """Split `idx` so no chunk needs more distinct adapters than one call may mix (`per_call`); a sampler
+        without per-row adapters gets chunks of one adapter (or of the base model) each."""
+        if not self.capabilities.per_row_adapters:
+            alike: dict[str | None, list[int]] = {}
+            for i in idx:
+                alike.setdefault(jobs[i].adapter_dir, []).append(i)
+            return list(alike.values())
         chunks: list[list[int]] = [[]]
         dirs: set[str] = set()
         for i in idx:
             d = jobs[i].adapter_dir
-            if d is not None and d not in dirs and len(dirs) >= self.max_adapters:
+            if d is not None and d not in dirs and len(dirs) >= self.per_call:
                 chunks.append([])
                 dirs = set()
             if d is not None:
                 dirs.add(d)
             chunks[-1].append(i)
         return chunks
-
-
-def _build_sampler(name: str, model_dir: str, device: str | None, args: dict[str, Any]) -> Sampler:
-    from twinkle_core.registry import resolve
-
-    if name == 'TorchSampler':
-        args = {'device': device, **args}
-    return resolve('sampler', name, model_id=model_dir, **args)
 
 
 def _result(out: dict[str, Any]) -> TrainResult | BaseException:

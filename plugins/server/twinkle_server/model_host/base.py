@@ -1,8 +1,10 @@
-"""The narrow engine interface the service runs on: one base model, many LoRA adapters, a sampler.
+"""`ModelHost`: the narrow interface the service runs on -- one hosted base model, many LoRA adapters, a sampler.
 
 Everything here is called from the base model's worker thread only (see `scheduler.py`), never from the
 event loop, so implementations need no locking. The HTTP layers speak only this interface; which training
-stack sits behind it (`MultiLoraTransformersModel` + `TorchSampler`) is the implementation's business.
+stack sits behind it (a backend and a sampler chosen by registry name, driven through their declared
+capabilities) and where it runs (`local.LocalModelHost` in this process, `ray_deploy.RayModelHost` on Ray device
+groups) is the implementation's business.
 
 Rows are `InputFeature` dicts (docs/conventions.md): `labels` aligned with `input_ids`, per-token fields
 (`weights`, `old_logps`, `advantages`) aligned the same way. Losses are sums over tokens (Tinker semantics):
@@ -25,7 +27,7 @@ ALL_LINEAR = 'all-linear'
 @dataclass(frozen=True)
 class LoraSpec:
     """What a client asked for. `targets` are module-name suffixes (attention and/or MLP, lm_head), or
-    `('all-linear',)`; `options` are further peft `LoraConfig` fields (native API), validated by the engine."""
+    `('all-linear',)`; `options` are further peft `LoraConfig` fields (native API), validated by the backend."""
 
     rank: int
     alpha: float
@@ -154,7 +156,7 @@ class SampleJob:
         return {'input_ids': self.prompt, **self.images}
 
 
-class Engine(ABC):
+class ModelHost(ABC):
     """One hosted base model: adapters for training, a sampler for generation."""
 
     #: public name clients use (e.g. "Qwen/Qwen3-0.6B"), and the local directory holding weights + tokenizer
@@ -179,12 +181,12 @@ class Engine(ABC):
 
     @abstractmethod
     def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:
-        """Run every batch (one per adapter) in the passes the engine finds fastest (one shared pass, groups or
+        """Run every batch (one per adapter) in the passes the backend finds fastest (one shared pass, groups or
         one by one); one batch's failure is returned in its slot and never touches another adapter's
         gradients."""
 
     def pass_stats(self) -> dict[str, int]:
-        """How training work was split into passes so far (strategy counts); empty when the engine does not
+        """How training work was split into passes so far (strategy counts); empty when the backend does not
         plan passes."""
         return {}
 
@@ -202,7 +204,7 @@ class Engine(ABC):
 
     @abstractmethod
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
-        """Generate for every job (batched where possible); failures are returned in their slot. The engine
+        """Generate for every job (batched where possible); failures are returned in their slot. The host
         loads adapters from `adapter_dir` as needed and bounds how many it keeps in memory."""
 
     @abstractmethod
@@ -211,7 +213,7 @@ class Engine(ABC):
 
     def checkpoint_written(self, adapter: str, directory: str, *, optimizer: bool) -> None:
         """`save_state` of `adapter` is now committed at `directory` (its final place: `save_state` itself wrote
-        into a temporary one). Engines that can lose their workers restore adapters from here."""
+        into a temporary one). Hosts that can lose their workers restore adapters from here."""
 
     def close(self) -> None:
-        """Release what the engine holds outside this process (e.g. Ray actors); called once at shutdown."""
+        """Release what the host holds outside this process (e.g. Ray actors); called once at shutdown."""

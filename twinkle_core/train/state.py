@@ -25,7 +25,9 @@ import torch
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.metric.base import Metric
 from twinkle_core.metric.training import LossMetric, Throughput, TokenAccuracy
+from twinkle_core.processor import InputProcessor
 from twinkle_core.registry import resolve
+from twinkle_core.train import grad_norm
 from twinkle_core.utils.json import is_json_plain
 
 DEFAULT_LOSS = 'CrossEntropyLoss'
@@ -106,8 +108,6 @@ class TrainState:
         self.specs['loss'] = {'name': spec_name(loss), 'kwargs': kwargs}
 
     def set_processor(self, processor: Any, **kwargs: Any) -> None:
-        from twinkle_core.processor import InputProcessor
-
         if processor is InputProcessor:  # the interface itself (the Twinkle documents pass it): the default one
             processor = 'InputProcessor'
         self.processor = resolve('processor', processor, **kwargs)
@@ -166,9 +166,7 @@ class TrainState:
         if not grads:
             return 0.0
         if any(hasattr(p.grad, 'device_mesh') for p in grads):  # FSDP2/TP shards: the norm spans all ranks
-            from twinkle_core.model.grad_norm import clip_grad_norm
-
-            self.last_grad_norm = clip_grad_norm(grads, max_norm)
+            self.last_grad_norm = grad_norm.clip_grad_norm(grads, max_norm)
             return self.last_grad_norm
         limit = math.inf if max_norm is None else float(max_norm)
         norm = torch.nn.utils.clip_grad_norm_(grads, limit, error_if_nonfinite=False)

@@ -1,11 +1,14 @@
-"""`EngineHandle`: one vLLM `LLM`, and what happens when its engine process dies.
+"""`LLMHandle`: our handle on one vLLM `LLM`, and what happens when its engine core process dies.
 
 vLLM's engine core cannot recover from an exception in a worker: every later call raises `EngineDeadError` (or,
-in process, hangs). Every call into the engine goes through `EngineHandle.call`: a dead engine is shut down and
+in process, hangs). Every call into the engine goes through `LLMHandle.call`: a dead engine is shut down and
 replaced by a fresh one built with the same arguments, the caller gets a `TwinkleError` saying so (the failed call
 is not retried behind its back), and `on_restart` callbacks re-register what lived in the old engine (adapters).
 A fresh engine serves the checkpoint's weights: if base weights had been loaded into the old one, the sampler
 refuses to serve until they are loaded again (`weights_lost`), rather than silently serving old weights.
+
+"Engine" in this plugin always means vLLM's own: its `LLMEngine` (`LLMHandle.llm_engine`) and the engine core
+process behind it. Our wrapper is the handle.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ logger = logging.getLogger(__name__)
 _T = TypeVar('_T')
 
 
-class EngineHandle:
+class LLMHandle:
     """`args`: keyword arguments of `vllm.LLM`; `multiprocess`: run the engine core in its own process."""
 
     def __init__(self, args: dict[str, Any], *, multiprocess: bool) -> None:
@@ -34,8 +37,8 @@ class EngineHandle:
         self.restarts = 0
 
     @property
-    def engine(self) -> Any:
-        """vLLM's `LLMEngine` (add_lora / remove_lora / configs)."""
+    def llm_engine(self) -> Any:
+        """vLLM's `LLMEngine` of the current `LLM` (add_lora / remove_lora / configs), as vLLM names it."""
         return self.llm.llm_engine
 
     def call(self, what: str, fn: Callable[[Any], _T]) -> _T:
@@ -79,13 +82,13 @@ class EngineHandle:
             with contextlib.suppress(Exception):  # a dead engine may fail to shut down cleanly
                 engine_core.shutdown()
 
-    def engine_pid(self) -> int | None:
+    def engine_core_pid(self) -> int | None:
         """PID of the engine-core process (None when it runs in this process)."""
         process = self._engine_process()
         return process.pid if process is not None else None
 
     def _engine_process(self) -> Any:
-        resources = getattr(self.engine.engine_core, 'resources', None)
+        resources = getattr(self.llm_engine.engine_core, 'resources', None)
         manager = getattr(resources, 'engine_manager', None)
         processes = getattr(manager, 'processes', None) or []
         return processes[0] if processes else None
@@ -95,7 +98,7 @@ class EngineHandle:
         """vLLM 0.32's synchronous client waits forever for outputs when its engine process dies mid-call (its
         output thread exits without queueing an error; the async client does queue one). A watchdog polls the
         process while the call runs and, if it died, hands the waiting call an `EngineDeadError`."""
-        core = self.engine.engine_core
+        core = self.llm_engine.engine_core
         outputs = getattr(core, 'outputs_queue', None)
         if outputs is None or self._engine_process() is None:
             yield

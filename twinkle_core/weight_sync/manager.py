@@ -31,9 +31,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from twinkle_core.checkpoint_engine.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
-from twinkle_core.checkpoint_engine.weights import merge_peft
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.weight_sync.weights import merge_peft
 
 EXPORT_METHODS = ('list_adapters', 'trains_base', 'is_export_rank', 'export_base', 'export_adapter')
 
@@ -96,14 +96,16 @@ class CheckpointEngineManager:
         if engine is None:
             if model is None or sampler is None:
                 raise InvalidInputError('Syncing across processes needs engine= (e.g. BroadcastCheckpointEngine).')
-            from twinkle_core.checkpoint_engine.in_process import InProcessCheckpointEngine
+            from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
 
-            engine = InProcessCheckpointEngine()
+            self.engine: CheckpointEngine = InProcessCheckpointEngine()
         elif isinstance(engine, str):
             from twinkle_core.registry import resolve
 
-            engine = resolve('checkpoint_engine', engine)
-        self.model, self.sampler, self.engine = model, sampler, engine
+            self.engine = resolve('checkpoint_engine', engine)
+        else:
+            self.engine = engine
+        self.model, self.sampler = model, sampler
         self.adapter_name, self.sampler_adapter_name = adapter_name, sampler_adapter_name
         self.bucket_bytes = bucket_bytes
         self._sampler_has_pristine_base = False  # True once our base weights reached the sampler unmerged

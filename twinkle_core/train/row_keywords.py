@@ -47,7 +47,7 @@ def with_row_keywords(
         n = len(row['input_ids'])
         if advantages is not None:
             value = advantages[i]
-            field = 'advantages' if isinstance(value, (list, tuple)) or getattr(value, 'ndim', 0) else 'advantage'
+            field = 'advantages' if isinstance(value, (list, tuple)) or bool(getattr(value, 'ndim', 0)) else 'advantage'
             _set(row, field, float(value) if field == 'advantage' else _left_padded(value, n, i, 'advantages'), i)
         if old_logps is not None:
             _set(row, 'old_logps', _left_padded(old_logps[i], n, i, 'old_logps'), i)

@@ -1,6 +1,7 @@
 """`TrainStateMethods`: the `Model` methods every backend that keeps a `TrainState` per trainable unit shares
 (TransformersModel, MultiLoraTransformersModel; a second backend mixes it in the same way). Every per-tenant
-configuration and optimizer call only finds that state and forwards to it, so it is written once here.
+configuration and optimizer call only finds that state and forwards to it, so it is written once here. What the
+mixin needs from its host model is declared by the protocol `TrainStateHost`, the type of `self` in its methods.
 
 Failures are reported here too: every training-step and checkpoint method of both models is wrapped in
 `reports_failure(stage)`. An exception escaping such a call fires the ``twinkle_failure`` hook once (for the
@@ -16,12 +17,12 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
-from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks.emit import emit_failure, emit_metrics
 from twinkle_core.model.base import component_arg
-from twinkle_core.model.train_state import TrainState
+from twinkle_core.train.state import TrainState
 
 logger = logging.getLogger(__name__)
 _F = TypeVar('_F', bound=Callable[..., Any])
@@ -63,8 +64,9 @@ def failure_context(model: Any, stage: str, adapter_name: str | None, exc: BaseE
     multi-tenant call), the method that failed and the adapter's optimizer steps taken so far (the ``step`` of its
     ``twinkle_metrics``; None when unknown)."""
     name = adapter_name
-    if name is None and isinstance(getattr(exc, 'adapter_name', None), str):
-        name = exc.adapter_name  # e.g. the tenant of a TenantStepError
+    reported = getattr(exc, 'adapter_name', None)  # e.g. the tenant of a TenantStepError
+    if name is None and isinstance(reported, str):
+        name = reported
     if name is None:
         try:
             name = model._name(None)  # the model's only adapter, or the one of `with model.adapter(...)`
@@ -98,46 +100,58 @@ def report_failure(model: Any, exc: BaseException, stage: str, adapter_name: str
         )
 
 
-class TrainStateMethods:
-    """Mixin (listed before `Model`) forwarding the per-adapter `Model` methods to a `TrainState`.
-
-    The host class provides `_name(adapter_name)` (the adapter a call addresses) and `_state(adapter_name)` (its
-    `TrainState`; raises for an unknown adapter), plus the attributes `model_id`, `model_dir`, `tokenizer` and
-    `_pending` (the forward waiting for `calculate_loss` / `backward`, or None).
-    """
+class TrainStateHost(Protocol):
+    """What `TrainStateMethods` relies on in the model it is mixed into: `_name(adapter_name)` (the adapter a call
+    addresses), `_state(adapter_name)` (its `TrainState`; raises for an unknown adapter), the attributes
+    `model_id`, `model_dir` and `tokenizer`, `_pending` (the forward waiting for `calculate_loss` / `backward`, or
+    None) and `_eval_loss` (the last `forward_only`'s loss)."""
 
     model_id: str
     model_dir: Any
     tokenizer: Any
     _pending: Any
+    _eval_loss: Any
 
-    def _name(self, adapter_name: str | None) -> str | None:
-        raise NotImplementedError
+    def _name(self, adapter_name: str | None) -> str | None: ...
 
-    def _state(self, adapter_name: str | None) -> TrainState:
-        raise NotImplementedError
+    def _state(self, adapter_name: str | None) -> TrainState: ...
+
+
+class TrainStateMethods:
+    """Mixin (listed before `Model`) forwarding the per-adapter `Model` methods to a `TrainState`; its host model
+    provides what `TrainStateHost` declares."""
 
     # ---- configuration ---------------------------------------------------------------------------------------
     def set_optimizer(
-        self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+        self: TrainStateHost,
+        optimizer: Any = None,
+        *,
+        optimizer_cls: Any = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
     ) -> None:
         optimizer = component_arg('set_optimizer', optimizer, 'optimizer_cls', optimizer_cls)
         self._state(adapter_name).set_optimizer(optimizer, **kwargs)
 
     def set_lr_scheduler(
-        self, scheduler: Any = None, *, scheduler_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
+        self: TrainStateHost,
+        scheduler: Any = None,
+        *,
+        scheduler_cls: Any = None,
+        adapter_name: str | None = None,
+        **kwargs: Any,
     ) -> None:
         scheduler = component_arg('set_lr_scheduler', scheduler, 'scheduler_cls', scheduler_cls)
         self._state(adapter_name).set_lr_scheduler(scheduler, **kwargs)
 
-    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_loss(self: TrainStateHost, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._state(adapter_name).set_loss(loss, **kwargs)
 
-    def set_processor(self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_processor(self: TrainStateHost, processor: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._state(adapter_name).set_processor(processor, **kwargs)
 
     def set_template(
-        self, template: Any, *, adapter_name: str | None = None, model_id: Any = None, **kwargs: Any
+        self: TrainStateHost, template: Any, *, adapter_name: str | None = None, model_id: Any = None, **kwargs: Any
     ) -> None:
         """Template by name (kind ``template``); named templates get `model_id` (a model dir or tokenizer), by
         default the model's tokenizer."""
@@ -146,32 +160,34 @@ class TrainStateMethods:
         self._state(adapter_name).set_template(template, **kwargs)
 
     # ---- optimizer step and metrics --------------------------------------------------------------------------
-    def update_optimizer(self, *, adapter_name: str | None = None, **fields: Any) -> None:
+    def update_optimizer(self: TrainStateHost, *, adapter_name: str | None = None, **fields: Any) -> None:
         self._state(adapter_name).update_optimizer(**fields)
 
     @reports_failure('clip_grad_and_step')
     def clip_grad_and_step(
-        self, max_norm: float | None = 1.0, *, adapter_name: str | None = None, **kwargs: Any
+        self: TrainStateHost, max_norm: float | None = 1.0, *, adapter_name: str | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         return self._state(adapter_name).clip_grad_and_step(max_norm)
 
     @reports_failure('clip_grad_norm')
-    def clip_grad_norm(self, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
+    def clip_grad_norm(self: TrainStateHost, max_norm: float | None = 1.0, *, adapter_name: str | None = None) -> float:
         return self._state(adapter_name).clip_grad_norm(max_norm)
 
     @reports_failure('step')
-    def step(self, *, adapter_name: str | None = None) -> None:
+    def step(self: TrainStateHost, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).step()
 
     @reports_failure('zero_grad')
-    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+    def zero_grad(self: TrainStateHost, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).zero_grad()
 
     @reports_failure('lr_step')
-    def lr_step(self, *, adapter_name: str | None = None) -> None:
+    def lr_step(self: TrainStateHost, *, adapter_name: str | None = None) -> None:
         self._state(adapter_name).lr_step()
 
-    def calculate_metric(self, is_training: bool = True, *, adapter_name: str | None = None) -> dict[str, Any]:
+    def calculate_metric(
+        self: TrainStateHost, is_training: bool = True, *, adapter_name: str | None = None
+    ) -> dict[str, Any]:
         """The adapter's metrics since its last call (then reset); also sent to every ``twinkle_metrics`` hook."""
         name = self._name(adapter_name)
         state = self._state(name)
@@ -183,7 +199,7 @@ class TrainStateMethods:
         )
         return metrics
 
-    def _require_pending(self, what: str) -> Any:
+    def _require_pending(self: TrainStateHost, what: str) -> Any:
         if self._pending is None:
             raise TwinkleError(
                 f'{what}() needs a preceding forward(inputs=...) whose loss was not backpropagated yet'
@@ -195,28 +211,6 @@ class TrainStateMethods:
     #: right after it (the evaluation loop of the Twinkle documents). Cleared by `forward`.
     _eval_loss: Any = None
 
-    def _loss_of_last_forward_only(self) -> Any:
+    def _loss_of_last_forward_only(self: TrainStateHost) -> Any:
         """The last `forward_only`'s loss when no `forward` is pending since; None otherwise."""
         return self._eval_loss if self._pending is None else None
-
-
-class SingleUnitMethods:
-    """Mixin (before `TrainStateMethods`) for a model with one trainable unit: all parameters, or the one LoRA
-    adapter named `adapter_name` (None: full-parameter training), whose `TrainState` is `state`."""
-
-    adapter_name: str | None
-    state: TrainState
-
-    def list_adapters(self) -> list[str]:
-        return [self.adapter_name] if self.adapter_name is not None else []
-
-    def _name(self, adapter_name: str | None) -> str | None:
-        """The adapter a call addresses: this model's one adapter (None under full-parameter training)."""
-        if adapter_name is not None and adapter_name != self.adapter_name:
-            trained = f'adapter {self.adapter_name!r}' if self.adapter_name else 'all parameters (no adapter)'
-            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
-        return self.adapter_name
-
-    def _state(self, adapter_name: str | None) -> TrainState:
-        self._name(adapter_name)
-        return self.state

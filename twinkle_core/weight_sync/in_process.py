@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from twinkle_core.checkpoint_engine.base import CheckpointEngine, LabelledBucket, WeightUpdate
 from twinkle_core.errors import TwinkleError
+from twinkle_core.weight_sync.base import CheckpointEngine, LabelledBucket, WeightUpdate
 
 
 class InProcessCheckpointEngine(CheckpointEngine):

@@ -1,8 +1,9 @@
-"""Server configuration: hosted models, data directory, limits, deployment.
+"""Server settings: the dataclasses of hosted models, data directory, limits, deployment.
 
 `ServerConfig` is what the server runs from; `twinkle server start` builds it from flags or from one YAML file
-(`config_file.load_server_config`, docs/deployment.md). Each hosted base model is a `ModelSpec` (backend,
-sampler, device groups, mesh, sampler replicas); `ServerConfig.model_specs` is the one table engines are built from.
+(`loading.load_server_config`, docs/deployment.md). Each hosted base model is a `ModelSpec` (backend,
+sampler, device groups, mesh, sampler replicas); `ServerConfig.model_specs` is the one table model hosts are built
+from.
 
 Limits come in one table (`Limits`) with built-in defaults sized for a small machine (2 cores, ~24 GiB: one
 `forward_backward` of 32k tokens on a 0.6B model stays well inside memory). `--limits FILE` overrides them key by
@@ -80,7 +81,7 @@ MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'ep_size')
 
 @dataclass(frozen=True)
 class HubPushConfig:
-    """Pushing saved checkpoints to a model hub: the settings (checked by `config_file`, used by `hub_push`)."""
+    """Pushing saved checkpoints to a model hub: the settings (checked by `config.loading`, used by `hub_push`)."""
 
     enabled: bool = False
     hub: str = 'ms'  # 'ms' (ModelScope) | 'hf' (Hugging Face)
@@ -137,7 +138,7 @@ class DeploymentConfig:
 class ModelSpec:
     """One hosted base model: served as `name` from `path` (local directory or `ms://` / `hf://` id), trained by
     the model backend `backend` (registry name, built with `backend_args`) and sampled by `sampler` (built with
-    `sampler_args`). `device` places an embedded engine; `train_group`, `mesh` (DeviceMesh.from_sizes sizes, None =
+    `sampler_args`). `device` places an embedded model host; `train_group`, `mesh` (DeviceMesh.from_sizes sizes, None =
     data parallel over the group), `sampler_replicas` and `sampler_group` place it on Ray. `hub_push`: this model's
     effective push settings (the server's, with the model's overrides), None when pushing is not configured."""
 
@@ -198,7 +199,7 @@ class ModelSpec:
 class ServerConfig:
     """`models`: public name -> local directory (or a `ms://`/`hf://` id resolved at start-up).
 
-    `model_specs` (name -> `ModelSpec`) is what engines are built from. Left empty, it is derived from `models` and
+    `model_specs` (name -> `ModelSpec`) is what model hosts are built from. Left empty, it is derived from `models` and
     the server-wide `backend*` / `sampler*` fields (the flags of `twinkle server start`); given (a config file),
     `models` is derived from it (or must agree with it)."""
 
@@ -231,15 +232,15 @@ class ServerConfig:
     lora_alpha: float = 32.0
     #: (when `model_specs` is derived from `models`) the training backend of every hosted model, by registry name
     #: (kind `model`), and its constructor
-    #: arguments (e.g. ``{'pass_strategy': 'mixed'}`` for MultiLoraTransformersModel: how queued work of several
-    #: adapters splits into passes)
+    #: arguments (e.g. ``{'pass_strategy': 'mixed'}`` for a backend that declares pass strategies, such as
+    #: MultiLoraTransformersModel: how queued work of several adapters splits into passes)
     backend: str = 'MultiLoraTransformersModel'
     backend_args: dict[str, Any] = field(default_factory=dict)
     #: the sampler serving Tinker sampling, by registry name (kind `sampler`), and its constructor arguments
     #: (e.g. ``{'engine_args': {'max_model_len': 4096}}`` for vLLMSampler)
     sampler: str = 'TorchSampler'
     sampler_args: dict[str, Any] = field(default_factory=dict)
-    #: public name -> everything about one hosted model; the table engines are built from (class docstring)
+    #: public name -> everything about one hosted model; the table model hosts are built from (class docstring)
     model_specs: dict[str, ModelSpec] = field(default_factory=dict)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     #: `sqlite:///PATH` or `postgresql://user@host:port/db`; None = SQLite in `data_dir`

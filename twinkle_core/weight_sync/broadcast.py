@@ -22,9 +22,9 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from twinkle_core.checkpoint_engine.base import CheckpointEngine, LabelledBucket, WeightUpdate
-from twinkle_core.checkpoint_engine.weights import bucketed
 from twinkle_core.errors import TwinkleError
+from twinkle_core.weight_sync.base import CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.weight_sync.weights import bucketed
 
 ALIGN = 64  # byte alignment of each tensor inside a bucket (any dtype view is valid there)
 
@@ -54,7 +54,11 @@ class BroadcastCheckpointEngine(CheckpointEngine):
                 raise TwinkleError('torch.distributed is already initialised; pass group= instead of init_method=.')
             backend = backend or ('nccl' if torch.cuda.is_available() else 'gloo')
             dist.init_process_group(
-                backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+                backend,
+                init_method=init_method,
+                rank=-1 if rank is None else rank,  # torch's defaults: from the init method / environment
+                world_size=-1 if world_size is None else world_size,
+                timeout=timedelta(seconds=timeout_s),
             )
             self._owns_group = True
         elif not dist.is_initialized():

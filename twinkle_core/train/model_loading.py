@@ -1,6 +1,6 @@
-"""Where a model's weights come from and where they run, for every backend: a model id -> local directory, the
-default device (CUDA ``cuda:$LOCAL_RANK`` under torchrun, then Apple MPS, then CPU) and dtype (bfloat16 on GPUs,
-float32 on CPU)."""
+"""Loading a model, for every backend: where its weights come from (a model id -> local directory), the default
+device they are loaded on (CUDA ``cuda:$LOCAL_RANK`` under torchrun, then Apple MPS, then CPU), the dtype (bfloat16 on
+GPUs, float32 on CPU) and the tokenizer stored with them."""
 
 from __future__ import annotations
 

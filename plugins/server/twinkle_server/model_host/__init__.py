@@ -1,20 +1,24 @@
-"""Engines: the training/sampling stack behind the service (see `base.Engine`)."""
+"""Model hosts: the training/sampling stack behind the service, one per hosted base model (see `base.ModelHost`).
+
+`load_model_host` builds the in-process one (`local.LocalModelHost`); `twinkle_server.ray_deploy` builds the one
+on Ray device groups. Backends and samplers are built as their declared capabilities say (`construction`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from twinkle_server.engine.base import AdamStep, Engine, LoraSpec, SampleJob, TrainBatch, TrainResult
+from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
 
 __all__ = [
     'AdamStep',
-    'Engine',
     'LoraSpec',
+    'ModelHost',
     'SampleJob',
     'TrainBatch',
     'TrainResult',
-    'load_engine',
+    'load_model_host',
     'resolve_model_dir',
 ]
 
@@ -33,32 +37,28 @@ def resolve_model_dir(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def load_engine(
+def load_model_host(
     base_model: str,
     path: str,
     *,
     device: str | None = None,
     backend: str = 'MultiLoraTransformersModel',
     backend_args: dict[str, Any] | None = None,
-    pass_strategy: str | None = None,
     sampler: str = 'TorchSampler',
     sampler_args: dict[str, Any] | None = None,
-) -> Engine:
-    """The engine hosting `path` under the public name `base_model`: the model registered as `backend` (kind
-    `model`, built with `backend_args`) for training and the sampler registered as `sampler` (kind `sampler`,
-    built with `sampler_args`) for generation. `pass_strategy` (multi-LoRA backends: 'auto', 'mixed' or
-    'one_by_one') is a shortcut for ``backend_args['pass_strategy']``."""
-    from twinkle_server.engine.twinkle_engine import TwinkleEngine
+) -> ModelHost:
+    """The in-process host of `path` under the public name `base_model`: the model registered as `backend` (kind
+    `model`, built with `backend_args`, e.g. ``{'pass_strategy': 'mixed'}`` for a backend that declares pass
+    strategies) for training and the sampler registered as `sampler` (kind `sampler`, built with `sampler_args`)
+    for generation. Raises ValueError for `backend_args` the backend does not declare (`construction`)."""
+    from twinkle_server.model_host.local import LocalModelHost
 
-    backend_args = dict(backend_args or {})
-    if pass_strategy is not None:
-        backend_args['pass_strategy'] = pass_strategy
-    return TwinkleEngine(
+    return LocalModelHost(
         base_model,
         resolve_model_dir(path),
         device=device,
         backend=backend,
-        backend_args=backend_args,
+        backend_args=dict(backend_args or {}),
         sampler=sampler,
         sampler_args=sampler_args,
     )

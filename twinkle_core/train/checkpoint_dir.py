@@ -72,10 +72,10 @@ def rng_state() -> dict[str, Any]:
     """Every global RNG state, as plain python values and tensors (loadable with ``weights_only=True``)."""
     import numpy as np
 
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state = {
         'python': random.getstate(),
-        'numpy': (name, keys.tolist(), pos, has_gauss, gauss),
+        'numpy': (name, np.asarray(keys).tolist(), pos, has_gauss, gauss),
         'torch': torch.get_rng_state(),
     }
     if torch.cuda.is_available():

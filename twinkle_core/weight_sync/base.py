@@ -3,7 +3,7 @@
 An engine is a transport. One `send` on the model side matches one `receive` on each sampler side and carries a
 `WeightUpdate`: a small JSON-safe metadata dict (sent first: which adapter, its LoRA config, merged or not) and a
 stream of buckets, each labelled `BASE` (Hugging Face names) or `ADAPTER` (PEFT keys). What to send is decided by
-`CheckpointEngineManager`; names and buckets are defined in `twinkle_core.checkpoint_engine.weights`.
+`CheckpointEngineManager`; names and buckets are defined in `twinkle_core.weight_sync.weights`.
 """
 
 from __future__ import annotations

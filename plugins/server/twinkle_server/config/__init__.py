@@ -1,0 +1,61 @@
+"""The server's configuration, in one package; each module says what it is:
+
+- `settings`: the settings dataclasses (`ServerConfig`, `ModelSpec`, `GroupSpec`, `DeploymentConfig`, `RayConfig`,
+  `HubPushConfig`, `TenantLimits`);
+- `loading`: loading a config file -> a checked `ServerConfig` (`load_server_config`, `load_storage`, `describe`);
+- `schema`: the schema rules (the keys of each section and what their values must be);
+- `yaml_lines`: YAML read with the line of every key, ``${VAR}`` expansion, command-line overrides, `ConfigError`.
+
+Everything is importable from here (``from twinkle_server.config import ServerConfig, load_server_config``); the
+loading names are imported on first use, so importing the settings stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from twinkle_server.config.settings import (
+    DEVICE_TYPES,
+    HUBS,
+    MESH_KEYS,
+    DeploymentConfig,
+    GroupSpec,
+    HubPushConfig,
+    ModelSpec,
+    RayConfig,
+    ServerConfig,
+    TenantLimits,
+    is_ip_or_network,
+)
+
+_LAZY = {
+    'ConfigError': 'twinkle_server.config.yaml_lines',
+    'describe': 'twinkle_server.config.loading',
+    'load_server_config': 'twinkle_server.config.loading',
+    'load_storage': 'twinkle_server.config.loading',
+}
+
+__all__ = [
+    'DEVICE_TYPES',
+    'HUBS',
+    'MESH_KEYS',
+    'ConfigError',
+    'DeploymentConfig',
+    'GroupSpec',
+    'HubPushConfig',
+    'ModelSpec',
+    'RayConfig',
+    'ServerConfig',
+    'TenantLimits',
+    'describe',
+    'is_ip_or_network',
+    'load_server_config',
+    'load_storage',
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

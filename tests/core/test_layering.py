@@ -1,0 +1,222 @@
+"""The core's import graph is acyclic and layered (docs/architecture.md, "Layers").
+
+Imports are read from the sources with `ast`, at module level AND inside functions: an import moved into a
+function still is a dependency, so hiding one there to dodge a cycle does not pass. Importing ``a.b.c`` first runs
+the package ``a.b`` (its ``__init__``), so that package is a dependency too (except for a module inside it).
+
+A module may import its own layer or lower ones. Lower layers reach a component (an upper layer) only through
+``"module:attr"`` targets -- entry points, `kinds.KIND_INTERFACES`, `kinds.KIND_HUB_LOADERS` -- never by importing it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parents[2] / 'twinkle_core'
+
+# Lowest first. A module's layer is that of its longest prefix listed here (names relative to twinkle_core).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # -- the interface layer --
+    ('foundation', ('errors', 'kinds', 'types', 'utils', 'mesh', 'dispatch', 'plugins')),
+    ('index and hub', ('registry_index', 'hub')),
+    ('registry', ('registry', '_lazy')),
+    ('runtime and hooks', ('runtime', 'hooks')),
+    (
+        'kind interfaces',
+        (
+            'model.base',
+            'model.step_errors',
+            'sampler.base',
+            'loss.base',
+            'advantage.base',
+            'reward.base',
+            'metric.base',
+            'template.base',
+            'preprocessor.base',
+            'processor.base',
+            'patch.base',
+            'kernel.base',
+            'weight_sync.base',
+        ),
+    ),
+    # -- above it --
+    (
+        'components',
+        (
+            'model',
+            'sampler',
+            'loss',
+            'advantage',
+            'reward',
+            'metric',
+            'template',
+            'preprocessor',
+            'processor',
+            'patch',
+            'kernel',
+            'weight_sync',
+            'dataset',
+            'lr_scheduler',
+            'optimizer',
+        ),
+    ),
+    ('training machinery', ('train',)),
+    (
+        'compatibility aliases',
+        (
+            'compat',
+            'data_format',
+            'dataloader',
+            'server',
+            'preprocessor.llm',
+            'checkpoint_engine',
+        ),
+    ),
+    ('package root and tools', ('', 'cli', 'fixtures')),
+]
+
+
+def module_names() -> dict[str, Path]:
+    out = {}
+    for path in sorted(CORE.rglob('*.py')):
+        parts = ['twinkle_core', *path.relative_to(CORE).with_suffix('').parts]
+        if parts[-1] == '__init__':
+            parts.pop()
+        out['.'.join(parts)] = path
+    return out
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Every twinkle_core module `module` imports (module level and inside functions), with the packages that
+    importing them runs, except the root package and `module`'s own packages."""
+    is_package = path.name == '__init__.py'
+    package = module if is_package else module.rpartition('.')[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
+                base = '.'.join(anchor + ([node.module] if node.module else []))
+            targets = [base] + [f'{base}.{alias.name}' for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split('.')
+            for i in range(2, len(parts) + 1):
+                name = '.'.join(parts[:i])
+                if name in known and name != module and not module.startswith(name + '.'):
+                    found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {m: imports_of(m, p, set(modules)) for m, p in modules.items()}
+
+
+def layer_of(module: str) -> int:
+    relative = module.removeprefix('twinkle_core').removeprefix('.')
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if relative == prefix or (prefix and relative.startswith(prefix + '.')):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), index)
+    if best is None:
+        raise AssertionError(f'{module} is in no layer: add it to LAYERS in {__file__}.')
+    return best[1]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_core_import_graph_has_no_cycle() -> None:
+    graph = import_graph()
+    assert {'twinkle_core.registry', 'twinkle_core.hub.loader', 'twinkle_core.kernel.layer'} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_lower_layers_never_import_upper_ones() -> None:
+    wrong = [
+        f'{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})'
+        for m, deps in sorted(import_graph().items())
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m)
+    ]
+    assert wrong == []
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
+    source = tmp_path / 'm.py'
+    source.write_text('def f():\n    from twinkle_core.registry import resolve\n    return resolve\n')
+    assert imports_of('twinkle_core.x', source, {'twinkle_core.registry'}) == {'twinkle_core.registry'}
+    assert cycles({'a': {'b'}, 'b': {'a'}, 'c': set()}) == [['a', 'b']]
+
+
+@pytest.mark.parametrize('alias', sorted(importlib.import_module('twinkle_core.compat').ALIAS_MODULES))
+def test_alias_modules_are_thin_reexports(alias: str) -> None:
+    """Each alias module (`twinkle_core.compat.ALIAS_MODULES`) has a one-line docstring, defines nothing, and
+    re-exports the very objects of the module holding the code."""
+    target = importlib.import_module('twinkle_core.compat').ALIAS_MODULES[alias]
+    path = module_names()[alias]
+    tree = ast.parse(path.read_text(encoding='utf-8'))
+    doc = ast.get_docstring(tree) or ''
+    assert doc and '\n' not in doc, f'{alias}: a one-line docstring naming the path it serves'
+    assert not [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    module, code = importlib.import_module(alias), importlib.import_module(target)
+    assert module.__all__
+    for name in module.__all__:
+        assert getattr(module, name) is getattr(code, name), f'{alias}.{name}'
+
+
+def test_every_module_attr_target_of_the_core_imports() -> None:
+    """The targets the lower layers reach components by (the core's entry points in pyproject.toml, the kinds'
+    interfaces and hub loaders) name importable objects: a module moved without its target breaks lookup."""
+    import tomllib
+
+    from twinkle_core import kinds
+    from twinkle_core.plugins import import_target
+
+    project = tomllib.loads((CORE.parent / 'pyproject.toml').read_text(encoding='utf-8'))['project']
+    targets = [t for group in project['entry-points'].values() for t in group.values()]
+    targets += [*kinds.KIND_INTERFACES.values(), *kinds.KIND_HUB_LOADERS.values()]
+    assert all(import_target(t) is not None for t in targets)
