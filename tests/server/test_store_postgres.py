@@ -268,6 +268,29 @@ def test_fronts_starting_at_once_migrate_once(url, tmp_path):
             s.close()
 
 
+def test_a_front_opening_while_another_holds_the_sqlite_lock_waits_for_it(tmp_path):
+    """Opening waits out another connection's lock for longer than sqlite3's default 5 s (a front migrating on a
+    loaded machine); before the busy timeout was set at connect, switching the file to WAL failed at once."""
+    from twinkle_server.store import Store
+
+    path = tmp_path / 'server.db'
+    holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    holder.execute('CREATE TABLE IF NOT EXISTS held (x INTEGER)')
+    holder.execute('BEGIN EXCLUSIVE')
+    release = threading.Timer(6.0, lambda: holder.execute('COMMIT'))
+    release.start()
+    t0 = time.monotonic()
+    try:
+        store = Store.open(f'sqlite:///{path}', tmp_path)
+    finally:
+        release.join()
+        holder.close()
+    try:
+        assert time.monotonic() - t0 >= 5.5 and store.migrated  # it waited for the lock, then migrated
+    finally:
+        store.close()
+
+
 def test_newer_schema_is_refused_and_failed_migration_rolled_back(url, tmp_path):
     from twinkle_server.db import DatabaseError, open_database
     from twinkle_server.db.migrations import MIGRATIONS, Migration, applied_versions, migrate

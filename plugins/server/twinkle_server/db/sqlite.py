@@ -15,6 +15,8 @@ from typing import Iterator
 from twinkle_server.db.base import Database, DatabaseError, Session
 
 MEMORY = ':memory:'
+#: how long opening the database waits for another connection's lock (another front starting or migrating)
+BUSY_TIMEOUT_S = 30.0
 
 
 class SqliteDatabase(Database):
@@ -29,10 +31,11 @@ class SqliteDatabase(Database):
             if not self.memory:
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))  # created private, never world-readable
-            db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            # Another front opening or migrating the same file holds its lock: wait for it (the busy timeout is set
+            # by connect, before the first statement; sqlite3's default of 5 s is too short under load).
+            db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
             db.execute('PRAGMA journal_mode=WAL')
             db.execute('PRAGMA synchronous=NORMAL')
-            db.execute('PRAGMA busy_timeout=30000')  # another process migrating: wait for its write lock
         except (OSError, sqlite3.Error) as exc:
             raise DatabaseError(f'cannot open the metadata database {self.url}: {exc}') from exc
         self._lock = threading.RLock()
