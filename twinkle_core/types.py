@@ -153,6 +153,21 @@ class SamplingParams(BaseModel):
     #: per generated token, also the k most likely tokens with their log-probs (0: none)
     top_logprobs: int = Field(default=0, ge=0)
     prompt_logprobs: bool = False
+    #: per prompt token, the k most likely (token, log-prob) pairs of the raw model at that position, most likely
+    #: first (0: none; position 0, which nothing predicts, gets None). Needs `SamplerCapabilities.prompt_top_logprobs`
+    prompt_top_logprobs: int = Field(default=0, ge=0)
+    #: score only the last n prompt tokens: `prompt_logprobs` and `prompt_top_logprobs` are None before them
+    #: (1 <= n <= len(prompt) - 1; None: the whole prompt). Leaves `prompt_target_tokens`/`prompt_alt_tokens` alone
+    prompt_logprobs_last_n: int | None = Field(default=None, ge=1)
+    #: token ids to score at prompt positions, the same for every prompt of the call: row i lists ids scored at
+    #: prompt position i + 1 (len(prompt) - 1 rows, any number of columns), -1 = no id. Answered in
+    #: `SampleResponse.prompt_target_logprobs`. Needs `SamplerCapabilities.prompt_target_logprobs`
+    prompt_target_tokens: list[list[int]] | None = None
+    #: at every prompt position after the first, k tokens drawn independently (with replacement, at `temperature`;
+    #: top_k/top_p do not apply; seeded by `seed`) from the model's next-token distribution, with their raw
+    #: log-probs (0: none). Answered in `SampleResponse.prompt_alt_tokens`. Needs
+    #: `SamplerCapabilities.prompt_alt_tokens`
+    prompt_alt_tokens: int = Field(default=0, ge=0)
 
     @field_validator('logprobs')
     @classmethod
@@ -170,6 +185,34 @@ class SamplingParams(BaseModel):
     def alternatives(self) -> int:
         """How many most-likely tokens per step a sampler must compute (for `top_logprobs` and pair logprobs)."""
         return max(self.top_logprobs, self.logprob_pairs or 0)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's positions must be scored (any of the prompt_* outputs asked for)."""
+        return bool(
+            self.prompt_logprobs
+            or self.prompt_top_logprobs
+            or self.prompt_target_tokens is not None
+            or self.prompt_alt_tokens
+        )
+
+    @field_validator('prompt_target_tokens')
+    @classmethod
+    def _prompt_target_tokens(cls, v: list[list[int]] | None) -> list[list[int]] | None:
+        if v is not None:
+            if len({len(row) for row in v}) > 1:
+                raise ValueError('prompt_target_tokens rows must all have the same length (pad with -1)')
+            if not any(t >= 0 for row in v for t in row):
+                raise ValueError('prompt_target_tokens names no token id (every cell is -1)')
+            if any(t < -1 for row in v for t in row):
+                raise ValueError('prompt_target_tokens holds ids below -1 (-1 marks a cell without an id)')
+        return v
+
+    @model_validator(mode='after')
+    def _last_n_scores_something(self) -> SamplingParams:
+        if self.prompt_logprobs_last_n is not None and not (self.prompt_logprobs or self.prompt_top_logprobs):
+            raise ValueError('prompt_logprobs_last_n limits prompt_logprobs / prompt_top_logprobs; ask for one of them')
+        return self
 
     @field_validator('top_k')
     @classmethod
@@ -209,7 +252,20 @@ class SampledSequence(BaseModel):
 
 
 class SampleResponse(BaseModel):
-    """All samples for one prompt. `prompt_logprobs[0]` is None (nothing predicts the first token)."""
+    """All samples for one prompt. `prompt_logprobs[0]` is None (nothing predicts the first token), and so are the
+    entries before the last `SamplingParams.prompt_logprobs_last_n`.
+
+    - `prompt_top_logprobs`: per prompt token the `SamplingParams.prompt_top_logprobs` most likely (token, log p)
+      at that position, most likely first; None at position 0 and before the last `prompt_logprobs_last_n`.
+    - `prompt_target_logprobs`: the log p of each id of `SamplingParams.prompt_target_tokens`, in its shape (row i:
+      prompt position i + 1), 0.0 where the id is -1.
+    - `prompt_alt_tokens`: row i holds the `SamplingParams.prompt_alt_tokens` draws (token, log p) at prompt
+      position i + 1 (len(prompt) - 1 rows).
+
+    Log-probs are the raw model's (temperature 1), like every other log-prob a sampler returns."""
 
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_target_logprobs: list[list[float]] | None = None
+    prompt_alt_tokens: list[list[tuple[int, float]]] | None = None

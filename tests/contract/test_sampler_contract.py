@@ -262,3 +262,63 @@ def test_bad_input_is_refused_clearly(sampler, call, message):
     with pytest.raises(InvalidInputError, match=message):
         call(sampler)
     assert sampler.sample([[5, 6]], max_tokens=2)[0].sequences  # still serving
+
+
+def test_prompt_top_logprobs_and_last_n_are_the_forwards(sampler, hf_model):
+    """`prompt_top_logprobs=k`: per prompt position the k most likely (token, log p) of the raw model there (None at
+    position 0); `prompt_logprobs_last_n=n`: both prompt outputs None before the last n positions. Checked
+    tie-robustly: each value is the reference's log p of its token, and the values are the reference's k largest."""
+    caps = sampler.capabilities
+    assert caps.prompt_top_logprobs and (caps.max_top_logprobs is None or caps.max_top_logprobs >= 3)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    for last_n in (None, 2):
+        params = SamplingParams(
+            max_tokens=2, prompt_logprobs=True, prompt_top_logprobs=3, prompt_logprobs_last_n=last_n
+        )
+        for prompt, response in zip(prompts, sampler.sample(prompts, params)):
+            with torch.no_grad():
+                ref = hf_model(input_ids=torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+            first = 1 if last_n is None else len(prompt) - last_n
+            assert response.prompt_logprobs[:first] == [None] * first
+            assert response.prompt_top_logprobs[:first] == [None] * first
+            assert len(response.prompt_top_logprobs) == len(response.prompt_logprobs) == len(prompt)
+            for p in range(first, len(prompt)):
+                top = response.prompt_top_logprobs[p]
+                tokens, got = [t for t, _ in top], torch.tensor([lp for _, lp in top])
+                assert len(set(tokens)) == 3 and got.tolist() == sorted(got.tolist(), reverse=True)
+                torch.testing.assert_close(got, ref[p - 1, tokens], atol=ATOL, rtol=0)
+                torch.testing.assert_close(got, ref[p - 1].topk(3).values, atol=ATOL, rtol=0)
+                assert response.prompt_logprobs[p] == pytest.approx(float(ref[p - 1, prompt[p]]), abs=ATOL)
+    with pytest.raises(InvalidInputError, match='prompt_logprobs_last_n=5 is more than'):
+        sampler.sample([[5, 6, 7]], max_tokens=1, prompt_logprobs=True, prompt_logprobs_last_n=5)
+
+
+def test_prompt_target_and_alt_tokens_or_a_clear_refusal(sampler, hf_model):
+    """`prompt_target_tokens` (log p of chosen ids at prompt positions, 0.0 for -1) and `prompt_alt_tokens` (seeded
+    draws with their raw log p) where the sampler declares them; an InvalidInputError naming them where not."""
+    prompt = PROMPTS[2]
+    targets = [[-1, -1]] * (len(prompt) - 1)
+    targets[-1], targets[1] = [3, 4], [prompt[2], -1]
+    caps = sampler.capabilities
+    if not caps.prompt_target_logprobs:
+        with pytest.raises(InvalidInputError, match='does not support prompt_target_tokens'):
+            sampler.sample([prompt], max_tokens=1, prompt_target_tokens=targets)
+    if not caps.prompt_alt_tokens:
+        with pytest.raises(InvalidInputError, match='does not support prompt_alt_tokens'):
+            sampler.sample([prompt], max_tokens=1, prompt_alt_tokens=2)
+    if not (caps.prompt_target_logprobs and caps.prompt_alt_tokens):
+        return
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+    out = sampler.sample([prompt], max_tokens=1, seed=4, prompt_target_tokens=targets, prompt_alt_tokens=3)[0]
+    ids = torch.tensor(targets)
+    expected = ref[:-1].gather(-1, ids.clamp(min=0)).masked_fill(ids < 0, 0.0)
+    torch.testing.assert_close(torch.tensor(out.prompt_target_logprobs), expected, atol=ATOL, rtol=0)
+    draws = torch.tensor([[t for t, _ in row] for row in out.prompt_alt_tokens])
+    assert draws.shape == (len(prompt) - 1, 3)
+    got = torch.tensor([[lp for _, lp in row] for row in out.prompt_alt_tokens])
+    torch.testing.assert_close(got, ref[:-1].gather(-1, draws), atol=ATOL, rtol=0)
+    again = sampler.sample([prompt], max_tokens=1, seed=4, prompt_alt_tokens=3)[0].prompt_alt_tokens
+    assert again == out.prompt_alt_tokens  # the draws' own stream: the same seed gives the same draws
+    with pytest.raises(InvalidInputError, match='has 2 rows'):
+        sampler.sample([prompt], max_tokens=1, prompt_target_tokens=[[1], [2]])

@@ -93,3 +93,111 @@ def bent(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         return value
 
     return st.one_of(valid, mutate(), ANY_JSON)
+
+
+# ---- the OpenAI-compatible routes (/v1/...) -------------------------------------------------------------------------
+#: max_tokens of the OpenAI bodies that may sample: small, so a request that reaches the sampler stays quick
+SMALL_MAX_TOKENS = st.integers(1, 3)
+_SAMPLING = {
+    'temperature': st.floats(0, 2) | EXTREME_NUMBERS,
+    'top_p': st.floats(0, 1) | EXTREME_NUMBERS,
+    'top_k': st.integers(-2, 5),
+    'n': st.integers(1, 3) | EXTREME_NUMBERS,
+    'stop': TEXT | st.lists(TEXT, max_size=20),
+    'seed': st.integers(-(2**70), 2**70),
+    'stream': st.booleans(),
+    'stream_options': st.fixed_dictionaries({'include_usage': st.booleans()}),
+    'frequency_penalty': st.sampled_from([0, 0.5]),
+    'logit_bias': st.dictionaries(TEXT, st.floats(-100, 100), max_size=2),
+}
+
+
+def _openai_body(
+    models: st.SearchStrategy[str], required: dict[str, st.SearchStrategy[Any]], optional: dict[str, Any]
+) -> st.SearchStrategy[Any]:
+    """A body that mostly fits, bent (`bent` makes the misfits); `max_tokens` stays small whenever the body has
+    none (the route's default could sample to the context's end)."""
+    valid = st.fixed_dictionaries(
+        {'model': models, 'max_tokens': SMALL_MAX_TOKENS, **required}, optional={**_SAMPLING, **optional}
+    )
+
+    def small(body: Any) -> Any:
+        if isinstance(body, dict) and not isinstance(body.get('max_tokens'), int):
+            return {**body, 'max_tokens': 2}
+        return body
+
+    return bent(valid).map(small)
+
+
+def openai_chat_body(models: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    """`POST /v1/chat/completions` bodies: messages of every role (and a few unknown ones), text and non-text
+    parts, tool calls, tools, tool_choice, log-prob settings."""
+    call = st.fixed_dictionaries(
+        {'id': TEXT, 'type': st.just('function'), 'function': st.fixed_dictionaries({'name': TEXT, 'arguments': TEXT})}
+    )
+    part = st.fixed_dictionaries({'type': st.sampled_from(['text', 'image_url']) | TEXT, 'text': TEXT})
+    message = st.fixed_dictionaries(
+        {'role': st.sampled_from(['system', 'developer', 'user', 'assistant', 'tool'])},
+        optional={
+            'content': TEXT | st.none() | st.lists(part, max_size=2),
+            'tool_calls': st.lists(call, max_size=2),
+            'tool_call_id': TEXT,
+        },
+    )
+    function = st.fixed_dictionaries({'name': TEXT}, optional={'parameters': ANY_JSON})
+    tool = st.fixed_dictionaries({'type': st.just('function'), 'function': function})
+    return _openai_body(
+        models,
+        {'messages': st.lists(message, min_size=1, max_size=3)},
+        {
+            'tools': st.lists(tool, max_size=2),
+            'tool_choice': st.sampled_from(['none', 'auto', 'required'])
+            | st.fixed_dictionaries({'type': st.just('function'), 'function': st.fixed_dictionaries({'name': TEXT})}),
+            'logprobs': st.booleans(),
+            'top_logprobs': st.integers(-1, 25),
+            'max_completion_tokens': SMALL_MAX_TOKENS | EXTREME_NUMBERS,
+            'response_format': st.fixed_dictionaries({'type': st.sampled_from(['text', 'json_object'])}),
+            'chat_template_kwargs': st.dictionaries(st.sampled_from(['tokenize', 'enable_thinking']) | TEXT, ANY_JSON),
+        },
+    )
+
+
+def openai_completion_body(models: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    """`POST /v1/completions` bodies: text, token-id and batched prompts (ids inside and outside the vocabulary)."""
+    ids = st.lists(st.integers(-3, 5000) | EXTREME_NUMBERS.filter(lambda v: isinstance(v, int)), max_size=8)
+    return _openai_body(
+        models,
+        {'prompt': TEXT | st.lists(TEXT, max_size=3) | ids | st.lists(ids, max_size=3)},
+        {'logprobs': st.integers(-1, 25), 'echo': st.booleans(), 'best_of': st.integers(0, 3), 'suffix': TEXT},
+    )
+
+
+# ---- sessions, futures and weight operations (tinker/routes_service.py, routes_futures.py, routes_checkpoints.py) ----
+def retrieve_futures_body(ids: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    """`POST /api/v1/retrieve_futures` bodies (`FuturesRetrieveRequest`, bent). The route long-polls for up to the
+    server's `long_poll_s` when a body names no `timeout`, so every object body gets a short one (the fuzzer's answer
+    deadline is the long poll itself)."""
+    from tinker import types
+
+    def short(body: Any) -> Any:
+        if isinstance(body, dict):
+            timeout = body.get('timeout')
+            if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not -1 <= timeout <= 0.5:
+                return {**body, 'timeout': 0.2}
+        return body
+
+    return bent(from_json_schema(types.FuturesRetrieveRequest.model_json_schema(), ids)).map(short)
+
+
+#: `PUT .../checkpoints/{checkpoint_id}/ttl` bodies: `{ttl_seconds}` in and out of range, and anything else
+TTL_BODY = st.fixed_dictionaries({'ttl_seconds': st.none() | st.integers(-5, 4000) | EXTREME_NUMBERS}) | ANY_JSON
+
+#: the query of a signed checkpoint-file URL (`GET /api/v1/checkpoint_files/{file}`): forged, partial, extreme
+CHECKPOINT_FILE_QUERY: dict[str, st.SearchStrategy[Any]] = {
+    'run_id': TEXT,
+    'checkpoint_id': TEXT | st.sampled_from(['external_weights/x', 'weights/x']),
+    'owner': st.sampled_from(['alice', 'bob']) | TEXT,
+    'reader': st.sampled_from(['alice', 'bob']) | TEXT,
+    'expires': st.integers(-2, 2**40) | EXTREME_NUMBERS,
+    'sig': st.text(alphabet='0123456789abcdef', min_size=64, max_size=64) | TEXT,
+}

@@ -28,7 +28,18 @@ from urllib.parse import quote
 import httpx
 import pytest
 from conftest import MODEL
-from fuzz_strategies import ANY_JSON, EXTREME_NUMBERS, TEXT, bent, from_json_schema
+from fuzz_strategies import (
+    ANY_JSON,
+    CHECKPOINT_FILE_QUERY,
+    EXTREME_NUMBERS,
+    TEXT,
+    TTL_BODY,
+    bent,
+    from_json_schema,
+    openai_chat_body,
+    openai_completion_body,
+    retrieve_futures_body,
+)
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from raw_http import PROTO, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
@@ -242,6 +253,15 @@ def _fields(path: str, fields: dict[str, st.SearchStrategy[Any]]) -> Callable[[F
     return build
 
 
+def _openai(path: str, body: Callable[[st.SearchStrategy[str]], st.SearchStrategy[Any]]) -> Callable[[Fuzz], Any]:
+    def build(f: Fuzz) -> st.SearchStrategy[Request]:
+        return body(st.sampled_from([MODEL, f'{MODEL}:bob-ck', 'gpt-9']) | f.ids).map(
+            lambda b: Request('POST', path, json=b)
+        )
+
+    return build
+
+
 INTS = st.integers(-2, 100) | EXTREME_NUMBERS
 ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('post', '/api/v1/client/config'): _json('/api/v1/client/config'),
@@ -276,6 +296,38 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('get', '/api/v1/samplers/{sampler_id}'): _get('/api/v1/samplers/{a}'),
     ('post', '/api/v1/asample'): _json('/api/v1/asample', types.SampleRequest),
     ('post', '/api/v1/retrieve_future'): _json('/api/v1/retrieve_future', types.FutureRetrieveRequest),
+    # sessions, futures and weight operations (SDK 0.38 parity)
+    ('get', '/api/v1/sessions'): _get(
+        '/api/v1/sessions', limit=INTS, offset=INTS, access_scope=st.sampled_from(['owned', 'accessible']) | TEXT
+    ),
+    ('get', '/api/v1/sessions/{session_id}'): _get(
+        '/api/v1/sessions/{a}', access_scope=st.sampled_from(['owned', 'accessible']) | TEXT
+    ),
+    ('post', '/api/v1/sessions/search'): _json('/api/v1/sessions/search', types.SessionSearchRequest),
+    ('post', '/api/v1/join_sampling_session'): _json('/api/v1/join_sampling_session', types.JoinSamplingSessionRequest),
+    ('post', '/api/v1/retrieve_futures'): lambda f: retrieve_futures_body(f.ids).map(
+        lambda b: Request('POST', '/api/v1/retrieve_futures', json=b)
+    ),
+    ('post', '/api/v1/cancel_future'): _json('/api/v1/cancel_future', types.FutureRetrieveRequest),
+    ('post', '/api/v1/save_weights_external'): _json('/api/v1/save_weights_external', types.SaveWeightsExternalRequest),
+    ('get', '/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/external_weights_urls'): _get(
+        '/api/v1/training_runs/{a}/checkpoints/{b}/external_weights_urls'
+    ),
+    ('get', '/api/v1/checkpoint_files/{file}'): _get('/api/v1/checkpoint_files/{a}', **CHECKPOINT_FILE_QUERY),
+    ('post', '/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/publish'): _path(
+        'POST', '/api/v1/training_runs/{a}/checkpoints/{b}/publish'
+    ),
+    ('delete', '/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/publish'): _path(
+        'DELETE', '/api/v1/training_runs/{a}/checkpoints/{b}/publish'
+    ),
+    ('put', '/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/ttl'): _path(
+        'PUT', '/api/v1/training_runs/{a}/checkpoints/{b}/ttl', TTL_BODY
+    ),
+    ('post', '/api/v1/copy_weights'): _json('/api/v1/copy_weights', types.CopyWeightsRequest),
+    ('get', '/v1/models'): _get('/v1/models'),
+    ('get', '/v1/models/{model}'): _get('/v1/models/{a}'),
+    ('post', '/v1/chat/completions'): _openai('/v1/chat/completions', openai_chat_body),
+    ('post', '/v1/completions'): _openai('/v1/completions', openai_completion_body),
     ('post', '/twinkle/v1/models'): _fields(
         '/twinkle/v1/models',
         {
@@ -420,8 +472,13 @@ def _check(f: Fuzz, req: Request, r: httpx.Response) -> None:
             body = r.json()
         except ValueError:
             pytest.fail(f'{r.status_code} without a JSON body for {req}: {r.text[:300]}')
-        assert isinstance(body, dict) and isinstance(body.get('error'), str) and body['error'], (req, body)
-        assert body.get('category') in ('user', 'server', 'unknown') and body.get('status') == r.status_code, body
+        if req.path.startswith('/v1/'):  # the OpenAI-compatible routes answer in OpenAI's error shape
+            error = body.get('error') if isinstance(body, dict) else None
+            assert isinstance(error, dict) and set(error) == {'message', 'type', 'param', 'code'}, (req, body)
+            assert isinstance(error['message'], str) and error['message'] and isinstance(error['type'], str), body
+        else:
+            assert isinstance(body, dict) and isinstance(body.get('error'), str) and body['error'], (req, body)
+            assert body.get('category') in ('user', 'server', 'unknown') and body.get('status') == r.status_code, body
         if r.status_code not in RETRYABLE:
             assert r.headers.get('x-should-retry') == 'false', (req, r.status_code, dict(r.headers))
         return

@@ -5,6 +5,7 @@ oversized request, a full disk (507, previous checkpoint intact) and no temporar
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from bounded import small_tmpfs
 from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from tinker import types
 from uninstalled_index import index_with_uninstalled
 
 
@@ -162,8 +164,6 @@ def test_native_paths_must_stay_inside_the_model_or_an_allowed_root(server, nati
 
 # ---- failures: hook, memory, disk ----------------------------------------------------------------------------------
 def test_failed_server_work_fires_the_failure_hook(server, http):
-    from tinker.proto import tinker_public_pb2 as pb
-
     from twinkle_core.hooks import hook, register_hooks, unregister_hooks
 
     class Recorder:
@@ -178,12 +178,15 @@ def test_failed_server_work_fires_the_failure_hook(server, http):
     register_hooks(recorder)
     try:
         _, model_id = new_model(http, MODEL)
-        msg = pb.ForwardBackwardRequest()
-        msg.ParseFromString(fwdbwd_body(model_id, 1, [datum()]))
-        msg.loss_fn_config['bogus_option'] = 1.0  # the loss refuses it when the work runs
-        r = http.post('/forward_backward', content=msg.SerializeToString(), headers=PROTO)
+        bad = types.Datum(  # a NaN advantage at a loss position: the loss refuses it when the work runs
+            model_input=types.ModelInput.from_ints([5, 6, 7]),
+            loss_fn_inputs={'target_tokens': [6, 7, 8], 'logprobs': [-1.0] * 3, 'advantages': [1.0, math.nan, 1.0]},
+        )
+        r = http.post(
+            '/forward_backward', content=fwdbwd_body(model_id, 1, [bad], 'importance_sampling'), headers=PROTO
+        )
         failed = result(http, r.json()['request_id'])
-        assert 'bogus_option' in failed['error'] and failed['category'] == 'user'
+        assert 'advantages' in failed['error'] and failed['category'] == 'user'
     finally:
         unregister_hooks(recorder)
     server_calls = [ctx for _, ctx in recorder.calls if ctx.get('where') == 'server']

@@ -411,7 +411,56 @@ CASES: dict[str, Case] = {
         'max_sample_tokens=4096',
     ),
     'asample empty prompt': (lambda c: _sample(c, prompt=_tinker_prompt([])), 422, 'no tokens'),
-    'asample top-k logprobs': (lambda c: _sample(c, topk_prompt_logprobs=5), 422, 'not supported'),
+    'asample top-k above the cap': (lambda c: _sample(c, topk_prompt_logprobs=10_000), 400, 'max_topk_logprobs=64'),
+    'asample top-k negative': (lambda c: _sample(c, topk_sample_logprobs=-1), 400, 'topk_sample_logprobs must be'),
+    'asample last_n without prompt logprobs': (
+        lambda c: _sample(c, prompt_logprobs_last_n=1),
+        400,
+        'set prompt_logprobs=true',
+    ),
+    'asample last_n beyond the prompt': (
+        lambda c: _sample(c, prompt_logprobs=True, prompt_logprobs_last_n=3),
+        422,
+        'more than the prompt',
+    ),
+    'asample target ids of a wrong shape': (
+        lambda c: _sample(c, target_prompt_logprobs={'data': [1, 2, 3], 'dtype': 'int64', 'shape': [3]}),
+        400,
+        'must be 2-D',
+    ),
+    'asample target ids float': (
+        lambda c: _sample(c, target_prompt_logprobs={'data': [1.5, 2.0], 'dtype': 'float32', 'shape': [2, 1]}),
+        400,
+        'int64 tensor',
+    ),
+    'asample target ids bad CSR': (
+        lambda c: _sample(
+            c,
+            target_prompt_logprobs={
+                'data': [1],
+                'dtype': 'int64',
+                'shape': [2, 1],
+                'sparse_crow_indices': [0, 5, 1],
+                'sparse_col_indices': [0],
+            },
+        ),
+        400,
+        'malformed sparse CSR',
+    ),
+    'asample target ids of 10^12 cells': (
+        lambda c: _sample(
+            c,
+            target_prompt_logprobs={
+                'data': [1],
+                'dtype': 'int64',
+                'shape': [2, 10**12],
+                'sparse_crow_indices': [0, 1, 1],
+                'sparse_col_indices': [0],
+            },
+        ),
+        400,
+        'max_prompt_logprob_cells',
+    ),
     'asample unknown session': (lambda c: _sample(c, sampling_session_id='nope'), 404, 'not found'),
     'asample over the context': (
         lambda c: _sample(c, prompt=_tinker_prompt([5] * (c.context - 1)), sampling_params={'max_tokens': 8}),

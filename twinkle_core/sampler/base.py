@@ -21,8 +21,8 @@ from twinkle_core.runtime.context import HostedComponentMeta
 class SamplerCapabilities:
     """What a sampler can do, declared (callers plan with it instead of guessing from class names or constructor
     signatures). Every default describes the conservative case: a sampler that declares nothing is given one
-    adapter per `sample` call, holds one adapter at a time, is not asked for prompt logprobs and is built with
-    ``model_id`` and its own arguments only.
+    adapter per `sample` call, holds one adapter at a time, is not asked for prompt logprobs or top-k
+    alternatives and is built with ``model_id`` and its own arguments only.
 
     Declare it as a class attribute (``capabilities = SamplerCapabilities(...)``): `takes_device` is read from the
     class before any instance exists. An instance may refine the other fields once it knows them (e.g. vLLM's
@@ -32,7 +32,14 @@ class SamplerCapabilities:
     - `per_row_adapters`: one `sample` call may give each prompt its own adapter (``adapter_name=[...]``).
     - `max_adapters`: adapters resident at once (None: bounded by memory only; 0: no LoRA adapters).
     - `max_adapters_per_call`: distinct adapters one `sample` call may use (None: no limit of its own).
-    - `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported.
+    - `prompt_logprobs`: `SamplingParams(prompt_logprobs=True)` is supported (and `prompt_logprobs_last_n`).
+    - `max_top_logprobs`: the most (token, log-prob) alternatives per position the sampler returns
+      (`SamplingParams.top_logprobs`, ``logprobs=k``, `prompt_top_logprobs`); None: any k up to the vocabulary;
+      0: none.
+    - `prompt_top_logprobs`: `SamplingParams.prompt_top_logprobs` (top-k at prompt positions) is supported.
+    - `prompt_target_logprobs`: `SamplingParams.prompt_target_tokens` (log-probs of chosen ids at prompt
+      positions) is supported.
+    - `prompt_alt_tokens`: `SamplingParams.prompt_alt_tokens` (tokens drawn at prompt positions) is supported.
     - `adapter_from_tensors`: `add_adapter` takes in-memory tensors directly (False: they are written to a PEFT
       directory first).
     - `weights_in_process`: the model runs in the caller's process (False: e.g. vLLM's engine core; weights go
@@ -44,6 +51,10 @@ class SamplerCapabilities:
     max_adapters: int | None = 1
     max_adapters_per_call: int | None = None
     prompt_logprobs: bool = False
+    max_top_logprobs: int | None = 0
+    prompt_top_logprobs: bool = False
+    prompt_target_logprobs: bool = False
+    prompt_alt_tokens: bool = False
     adapter_from_tensors: bool = False
     weights_in_process: bool = False
     takes_device: bool = False

@@ -134,6 +134,67 @@ def adapters_per_prompt(adapter_name: str | list[str | None] | None, rows: list[
     return [row_adapter(row) for row in rows]
 
 
+def check_prompt_scoring(
+    sampler: str, capabilities: Any, prompts: list[list[int]], params: SamplingParams, vocab: int | None = None
+) -> None:
+    """Refuse (InvalidInputError) what `params` asks of the prompts that the sampler does not declare in
+    `capabilities` (a `SamplerCapabilities`; `sampler`: its name, for the message) or that does not fit a prompt:
+    top-k alternatives above ``max_top_logprobs``, a `prompt_logprobs_last_n` beyond a prompt, target ids whose rows
+    do not match a prompt's positions or lie outside the vocabulary."""
+    caps = capabilities
+    asked = {
+        'prompt_logprobs (log-probs of the prompt tokens)': params.prompt_logprobs and not caps.prompt_logprobs,
+        'prompt_top_logprobs (top-k log-probs at prompt positions)': bool(params.prompt_top_logprobs)
+        and not caps.prompt_top_logprobs,
+        'prompt_target_tokens (log-probs of chosen token ids at prompt positions)': params.prompt_target_tokens
+        is not None
+        and not caps.prompt_target_logprobs,
+        'prompt_alt_tokens (tokens drawn at prompt positions)': bool(params.prompt_alt_tokens)
+        and not caps.prompt_alt_tokens,
+    }
+    for name, refused in asked.items():
+        if refused:
+            raise InvalidInputError(f'{sampler} does not support {name}; sample without it or use another sampler.')
+    widest = max(params.alternatives, params.prompt_top_logprobs)
+    if widest and caps.max_top_logprobs is not None and widest > caps.max_top_logprobs:
+        what = 'prompt_top_logprobs' if params.prompt_top_logprobs == widest else 'top_logprobs'
+        raise InvalidInputError(
+            f'{what}={widest} (top-k log-probs per position) is above the {caps.max_top_logprobs} most likely '
+            f'tokens per position {sampler} returns; ask for fewer.'
+        )
+    targets = params.prompt_target_tokens
+    for i, ids in enumerate(prompts):
+        last_n = params.prompt_logprobs_last_n
+        if last_n is not None and last_n > len(ids) - 1:
+            raise InvalidInputError(
+                f'Prompt {i}: prompt_logprobs_last_n={last_n} is more than its {len(ids) - 1} scorable tokens '
+                f'(len(prompt) - 1; position 0 has no logprob).'
+            )
+        if targets is not None and len(targets) != len(ids) - 1:
+            raise InvalidInputError(
+                f'Prompt {i}: prompt_target_tokens has {len(targets)} rows but the prompt has {len(ids)} tokens; '
+                f'it needs len(prompt) - 1 = {len(ids) - 1} rows (row i scores position i + 1).'
+            )
+        if params.prompt_alt_tokens and len(ids) < 2:
+            raise InvalidInputError(f'Prompt {i}: prompt_alt_tokens needs a prompt of at least 2 tokens.')
+    if targets is not None and vocab is not None:
+        top = max(t for row in targets for t in row)
+        if top >= vocab:
+            raise InvalidInputError(f'prompt_target_tokens holds id {top}, outside the vocabulary [0, {vocab}).')
+
+
+def first_scored(prompt_length: int, last_n: int | None) -> int:
+    """The first prompt position whose log-probs are returned: 1 (position 0 has none), or the first of the last
+    `last_n` positions."""
+    return 1 if last_n is None else max(1, prompt_length - last_n)
+
+
+def prompt_draw_seed(base_seed: int, prompt: Sequence[int]) -> int:
+    """Seed of the `prompt_alt_tokens` draws of `prompt` in a request seeded `base_seed` (a stream of its own,
+    distinct from every sample's)."""
+    return sequence_seed(base_seed, -1, prompt)
+
+
 def sequence_seed(base_seed: int, sample_index: int, prompt: Sequence[int]) -> int:
     """Seed of sample `sample_index` of `prompt` (its token ids) in a request seeded `base_seed` (well mixed, 63
     bits). Each sample of each prompt has its own random stream: a seeded sample is reproducible whatever else is

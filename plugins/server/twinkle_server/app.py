@@ -1,5 +1,5 @@
-"""The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1, Prometheus
-metrics at /metrics.
+"""The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1, the
+OpenAI-compatible routes under /v1 (`openai_api/`), Prometheus metrics at /metrics.
 
 Middleware, outermost first: request ids and access log (`logs.py`), HTTP request counts (`metrics.py`), the drain
 gate (`drain.py`), body limit and seq_id release (`guard.py`)."""
@@ -81,6 +81,9 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
         native_datasets,
     ):
         app.include_router(module.router)
+    from twinkle_server.openai_api.router import router as openai_router
+
+    app.include_router(openai_router)
     return app
 
 
@@ -99,6 +102,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
+            from twinkle_server.openai_api.errors import as_openai_error
+
+            exc = as_openai_error(exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(OSError)
@@ -122,6 +129,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             err = ApiError(405, f'{request.method} is not allowed on {request.url.path}')
         else:
             err = ApiError(exc.status_code, str(exc.detail))
+        if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
+            from twinkle_server.openai_api.errors import unrouted
+
+            err = unrouted(request.method, request.url.path, exc.status_code, str(exc.detail))
         return JSONResponse(err.body(), status_code=err.status, headers={**err.headers(), **(exc.headers or {})})
 
     @app.exception_handler(RequestValidationError)

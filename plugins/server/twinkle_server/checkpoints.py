@@ -1,9 +1,11 @@
 """Checkpoint paths and atomic writes.
 
-A checkpoint is addressed as `tinker://{run_id}/{weights|sampler_weights}/{name}` (the native client uses the
-same path with `twinkle://`). On disk it is `<data_dir>/checkpoints/<tenant>/<run_id>/<kind>/<name>/` holding
-`adapter_model.safetensors` + `adapter_config.json` (PEFT format), `optimizer.pt` for training state, and
-`twinkle_checkpoint.json` (base model, LoRA config). Writes go to a temporary sibling directory that is
+A checkpoint is addressed as `tinker://{run_id}/{weights|sampler_weights|external_weights}/{name}` (the native
+client uses the same path with `twinkle://`; `external_weights` holds the PEFT adapter export of
+`save_weights_external`, downloaded file by file through signed URLs). On disk it is
+`<data_dir>/checkpoints/<tenant>/<run_id>/<kind>/<name>/` holding `adapter_model.safetensors` +
+`adapter_config.json` (PEFT format), `optimizer.pt` for training state, and `twinkle_checkpoint.json` (base model,
+LoRA config). Writes go to a temporary sibling directory that is
 renamed into place with `os.replace`, so a crash never leaves a half-written checkpoint behind a listed name.
 """
 
@@ -21,14 +23,14 @@ from typing import Any, Callable
 from twinkle_server.errors import bad_request
 
 SCHEMES = ('tinker://', 'twinkle://')
-SEGMENT_KIND = {'weights': 'training', 'sampler_weights': 'sampler'}
+SEGMENT_KIND = {'weights': 'training', 'sampler_weights': 'sampler', 'external_weights': 'external'}
 META = 'twinkle_server.json'
 
 
 @dataclass(frozen=True)
 class CheckpointPath:
     run_id: str
-    segment: str  # "weights" | "sampler_weights"
+    segment: str  # "weights" | "sampler_weights" | "external_weights"
     name: str
     scheme: str = 'tinker://'
 
@@ -50,8 +52,8 @@ def parse_path(path: str) -> CheckpointPath:
     parts = path[len(scheme) :].split('/') if scheme else []
     if scheme is None or len(parts) != 3 or parts[1] not in SEGMENT_KIND or not parts[0] or not parts[2]:
         raise bad_request(
-            f'invalid checkpoint path {path!r}: expected tinker://<run_id>/weights/<name> or '
-            f'tinker://<run_id>/sampler_weights/<name>'
+            f'invalid checkpoint path {path!r}: expected tinker://<run_id>/weights/<name>, '
+            f'tinker://<run_id>/sampler_weights/<name> or tinker://<run_id>/external_weights/<name>'
         )
     return CheckpointPath(parts[0], parts[1], parts[2], scheme)
 
@@ -122,6 +124,38 @@ class CheckpointFiles:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return sum(f.stat().st_size for f in final.rglob('*') if f.is_file())
+
+    def link_copy(self, source: str | Path, final: Path, meta: dict[str, Any]) -> int:
+        """Copy the checkpoint in `source` to `final` (which must not exist) sharing its bytes: every file is
+        hard-linked (copied where links are impossible, e.g. across file systems), the metadata file is written
+        anew with `meta`. Atomic like `write`; deleting either checkpoint later leaves the other whole. Returns
+        the size."""
+        source = Path(source)
+
+        def fill(tmp: str) -> None:
+            for f in source.rglob('*'):
+                rel = f.relative_to(source)
+                if not f.is_file() or str(rel) == META:
+                    continue
+                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(f, Path(tmp) / rel)
+                except OSError:
+                    shutil.copy2(f, Path(tmp) / rel)
+
+        return self.write(final, fill, meta, overwrite=False)
+
+    @staticmethod
+    def files(directory: str | Path) -> dict[str, Path]:
+        """The files of a checkpoint a client downloads (relative path -> file), without the server's metadata
+        file and hidden files."""
+        root = Path(directory)
+        out = {}
+        for f in sorted(root.rglob('*')):
+            rel = f.relative_to(root)
+            if f.is_file() and str(rel) != META and not any(part.startswith('.') for part in rel.parts):
+                out[rel.as_posix()] = f
+        return out
 
     @staticmethod
     def read_meta(directory: str | Path) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 `Drain.start` (on SIGTERM/SIGINT: `launch.serve`; or `RunningServer.drain`) moves the service from serving to
 draining. From then on `DrainGate` answers 503 "server is draining" (with Retry-After) to every request except
-collecting results (`retrieve_future`), heartbeats, telemetry and `/metrics`; `/api/v1/healthz` answers 503 too, so
-a load balancer stops routing here. Accepted work — queued or running model-host work, and requests already being
-handled — finishes, for at most `drain_timeout_s`. Parked work waiting for a seq_id that can no longer arrive (no
-request is in flight) is failed at once. At the deadline, work still queued is failed with `SHUTDOWN_QUEUED` and
-work still running with `SHUTDOWN_RUNNING`: every future gets a definite answer, recorded in the store, so a client
-polling it — here, or on a restarted server with the same data dir — never hangs. Then the server shuts down.
+collecting results (`retrieve_future`, `retrieve_futures`), heartbeats, telemetry and `/metrics`; `/api/v1/healthz`
+answers 503 too, so a load balancer stops routing here. Accepted work — queued or running model-host work, and
+requests already being handled — finishes, for at most `drain_timeout_s`. Parked work waiting for a seq_id that can
+no longer arrive (no request is in flight) is failed at once. At the deadline, work still queued is failed with
+`SHUTDOWN_QUEUED` and work still running with `SHUTDOWN_RUNNING`: every future gets a definite answer, recorded in
+the store, so a client polling it — here, or on a restarted server with the same data dir — never hangs. Then the
+server shuts down.
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ DRAINING = (
     '(results of accepted requests can still be retrieved here until it stops)'
 )
 #: what a draining server still answers: collecting results, keeping sessions alive, monitoring
-EXEMPT_PATHS = frozenset({'/api/v1/retrieve_future', '/api/v1/session_heartbeat', '/api/v1/telemetry', '/metrics'})
+EXEMPT_PATHS = frozenset(
+    {
+        '/api/v1/retrieve_future',
+        '/api/v1/retrieve_futures',  # a sampling client's completions (then fetched with retrieve_future)
+        '/api/v1/session_heartbeat',
+        '/api/v1/telemetry',
+        '/metrics',
+    }
+)
 POLL_S = 0.05
 
 

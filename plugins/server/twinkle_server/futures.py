@@ -31,6 +31,7 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event = field(default_factory=asyncio.Event)
     answered: bool = False  # a result is being recorded: later answers are ignored
+    target: str | None = None  # the sampling-session client whose `retrieve_futures` reports it
 
 
 class FutureTable:
@@ -43,6 +44,8 @@ class FutureTable:
         # results the store refused outright (its write-behind for a full disk is full too, or the database is
         # unreachable), newest last
         self._unsaved: dict[str, FutureRow] = {}
+        # (tenant, target) -> events of the `retrieve_futures` polls waiting for one of its futures to finish
+        self._watchers: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._lock = threading.Lock()
 
     def recover(self) -> int:
@@ -56,11 +59,13 @@ class FutureTable:
             n += 1
         return n
 
-    def create(self, tenant: str) -> str:
+    def create(self, tenant: str, target: str | None = None) -> str:
+        """A pending future of `tenant`; `target`: the sampling-session client whose `retrieve_futures` polls
+        report it once it finishes."""
         request_id = f'req-{uuid.uuid4().hex}'
-        self.store.add_future(request_id, tenant)
+        self.store.add_future(request_id, tenant, target)
         with self._lock:
-            self._pending[request_id] = _Pending(tenant, self.loop)
+            self._pending[request_id] = _Pending(tenant, self.loop, target=target)
         return request_id
 
     def pending(self, tenant: str) -> int:
@@ -89,10 +94,12 @@ class FutureTable:
         else:
             self._finish(request_id, 'done', JSON, json.dumps(result).encode())
 
-    def reject(self, request_id: str, exc: BaseException) -> None:
-        self._finish(request_id, 'failed', JSON, json.dumps(failure_body(exc)).encode())
+    def reject(self, request_id: str, exc: BaseException, *, untarget: bool = False) -> None:
+        """Fail the future with `exc`; `untarget`: the client never learnt its id (its submission was refused), so
+        `retrieve_futures` does not report it."""
+        self._finish(request_id, 'failed', JSON, json.dumps(failure_body(exc)).encode(), untarget=untarget)
 
-    def _finish(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
+    def _finish(self, request_id: str, state: str, content_type: str, body: bytes, *, untarget: bool = False) -> None:
         with self._lock:
             claimed = self._pending.get(request_id)
             if claimed is None or claimed.answered:
@@ -100,7 +107,7 @@ class FutureTable:
                 return
             claimed.answered = True
         try:
-            self.store.finish_future(request_id, state, content_type, body)
+            self.store.finish_future(request_id, state, content_type, body, untarget=untarget)
         except Exception:  # noqa: BLE001 - the client must still get its answer
             logger.exception('could not record the result of %s; keeping it in memory', request_id)
             with self._lock:
@@ -111,13 +118,46 @@ class FutureTable:
                         self._unsaved.pop(next(iter(self._unsaved)))
         with self._lock:
             pending = self._pending.pop(request_id, None)
+            watchers = (
+                list(self._watchers.get((pending.tenant, pending.target), ()))
+                if pending is not None and pending.target is not None and not untarget
+                else []
+            )
         if pending is not None:
             try:
                 pending.loop.call_soon_threadsafe(pending.event.set)
+                for event in watchers:
+                    pending.loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # the event loop has closed (shutdown): nobody is waiting any more
                 pass
 
     # ---- retrieval (event loop) ----------------------------------------------------------------------------
+    async def completions(
+        self, tenant: str, target: str, prev_cursor: int, timeout_s: float
+    ) -> tuple[list[tuple[str, str, int | None]], int]:
+        """`retrieve_futures`: the finished futures of `tenant`'s `target` not yet acknowledged by `prev_cursor`
+        (`Store.deliver_completions`), waiting up to `timeout_s` for one when there are none."""
+        event = asyncio.Event()
+        key = (tenant, target)
+        with self._lock:  # watch first, then look: a future finishing in between still wakes this poll
+            self._watchers.setdefault(key, set()).add(event)
+        try:
+            found, cursor = self.store.deliver_completions(tenant, target, prev_cursor)
+            if found or timeout_s <= 0:
+                return found, cursor
+            try:
+                await asyncio.wait_for(event.wait(), timeout=timeout_s)
+            except TimeoutError:
+                return [], prev_cursor
+            return self.store.deliver_completions(tenant, target, prev_cursor)
+        finally:
+            with self._lock:
+                waiting = self._watchers.get(key)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._watchers[key]
+
     async def wait(self, request_id: str, tenant: str, timeout_s: float) -> FutureRow | None:
         """The finished row, a pending row after `timeout_s`, or None if the id is unknown to this tenant."""
         with self._lock:

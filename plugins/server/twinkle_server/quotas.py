@@ -8,6 +8,7 @@ import threading
 import time
 from collections import deque
 
+from twinkle_core.types import SamplingParams
 from twinkle_server.config import ServerConfig
 from twinkle_server.errors import ApiError, bad_request, over_limit, unprocessable
 from twinkle_server.store import Store
@@ -134,3 +135,30 @@ class Quotas:
             raise bad_request(f'max_tokens must be >= 1, got {max_tokens}')
         if limits.max_sample_tokens is not None and max_tokens > limits.max_sample_tokens:
             raise over_limit('max_sample_tokens', limits.max_sample_tokens, max_tokens, 'max_tokens', status=400)
+
+    def check_sample_scores(self, tenant: str, prompt_length: int, params: SamplingParams) -> None:
+        """The top-k widths and prompt scores one sample request asks for (`SamplingParams`' `top_logprobs`,
+        `prompt_top_logprobs`, `prompt_target_tokens`, `prompt_alt_tokens`): each width at most `max_topk_logprobs`,
+        and the prompt's length times each width (distinct target ids for the targets) at most
+        `max_prompt_logprob_cells` -- both 400, before the job is queued."""
+        limits = self.config.limits(tenant)
+        widths = {
+            'the top-k width of sampled-token logprobs': params.alternatives,
+            'the top-k width of prompt logprobs': params.prompt_top_logprobs,
+            'prompt alt-token draws per position': params.prompt_alt_tokens,
+        }
+        cap = limits.max_topk_logprobs
+        for what, width in widths.items():
+            if cap is not None and width > cap:
+                raise over_limit('max_topk_logprobs', cap, width, what, status=400)
+        targets = params.prompt_target_tokens
+        distinct = len({t for row in targets for t in row if t >= 0}) if targets is not None else 0
+        cells = {
+            'prompt length x top-k width of prompt logprobs': params.prompt_top_logprobs,
+            'prompt length x distinct target token ids': distinct,
+            'prompt length x alt-token draws': params.prompt_alt_tokens,
+        }
+        cap = limits.max_prompt_logprob_cells
+        for what, width in cells.items():
+            if cap is not None and prompt_length * width > cap:
+                raise over_limit('max_prompt_logprob_cells', cap, f'{prompt_length} x {width}', what, status=400)

@@ -52,6 +52,7 @@ class Work:
     seq_id: int | None = None
     op: str | None = None  # what a `call` does (optim_step, save, ...), for metrics and logs
     context: logs.RequestContext | None = None  # the submitting request's log context (taken by `submit`)
+    request_id: str | None = None  # the future it answers (`cancel` finds queued work by it)
 
     @property
     def kind(self) -> str:
@@ -160,6 +161,31 @@ class ModelWorker:
     def queued(self) -> int:
         with self._cond:
             return sum(len(q) for q in self._ready.values())
+
+    def cancel(self, request_id: str, exc: BaseException) -> bool:
+        """Drop the queued sample work answering `request_id` before it runs, answering it with `exc` (neither a
+        failure nor a success in the metrics); False when no such work is queued (running, done, or not here)."""
+        with self._cond:
+            found = None
+            for q in self._ready.values():
+                for work in q:
+                    if work.sample is not None and work.request_id == request_id:
+                        found = work
+                        break
+                if found is not None:
+                    q.remove(found)
+                    break
+            if found is None:
+                return False
+            self._queued_samples -= 1
+            for t in [t for t, q in self._ready.items() if not q]:
+                del self._ready[t]
+        with logs.bound(found.context):
+            try:
+                found.on_error(exc)
+            except BaseException:  # noqa: BLE001
+                logger.exception('answering a cancelled request failed')
+        return True
 
     # ---- read-only views (metrics, drain) ------------------------------------------------------------------
     def queue_depths(self) -> dict[str, int]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -19,20 +21,29 @@ from twinkle_server.auth import LoginThrottle
 from twinkle_server.checkpoints import CheckpointFiles
 from twinkle_server.config import ServerConfig
 from twinkle_server.drain import Drain
-from twinkle_server.errors import ApiError, not_found, unprocessable
+from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
 from twinkle_server.futures import FutureTable
 from twinkle_server.hub_push import HubPusher
 from twinkle_server.metrics import Gauges, Metrics
-from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch
+from twinkle_server.model_host.base import OPTIMIZERS, AdamStep, LoraSpec, ModelHost, OptimStep, SampleJob, TrainBatch
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.service_checkpoints import CheckpointOperations
 from twinkle_server.store import SamplingSessionRow, Store
 from twinkle_server.tinker.images import DecodeBudget, ImagePolicy
 from twinkle_server.tinker.lora import lora_targets
+from twinkle_server.tinker.stability import StabilityRecords
 
 logger = logging.getLogger(__name__)
 SEEN_PER_MODEL = 4096  # re-posts are retries of recent requests
+#: a sampling client numbers its requests in blocks of a billion per client (clone) of a sampling session
+SEQ_IDS_PER_SAMPLING_CLIENT = 1_000_000_000
+IDEMPOTENCY_KEEP_S = 24 * 3600
+
+
+def sampling_target(sampling_session_id: str, client: int) -> str:
+    """The key under which the futures of one client of a sampling session are reported (`retrieve_futures`)."""
+    return f'{sampling_session_id}#{client}'
 
 
 @dataclass
@@ -85,11 +96,18 @@ class Service:
         self.quotas = Quotas(config, self.store)
         self.logins = LoginThrottle(config.max_failed_logins_per_minute)
         self.image_budget = DecodeBudget(config.image_decode_budget_bytes)
+        #: what samples with record_stability_info recorded, for stable_reinforce provenance (tinker.stability)
+        self.stability = StabilityRecords()
         self.models: dict[str, LiveModel] = {}
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
         self._lock = threading.Lock()
-        self.checkpoints = CheckpointOperations(self.store, self.files, self.pusher, self.model, self.enqueue)
+        self.checkpoints = CheckpointOperations(
+            self.store, self.files, self.pusher, self.model, self.enqueue, min_ttl_s=config.min_checkpoint_ttl_s
+        )
+        self._sweeper_stop = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name='twinkle-checkpoint-sweeper', daemon=True)
+        self._sweeper.start()
         self.metrics.watch(
             Gauges(
                 queue_depths=lambda: {name: w.queue_depths() for name, w in self.workers.items()},
@@ -103,6 +121,7 @@ class Service:
     def close(self) -> None:
         """Shut down. Queued work is failed, the running host call may finish (briefly, after a drain), and
         whatever is still unanswered is failed too: every accepted request gets a definite answer."""
+        self._sweeper_stop.set()
         self.drain.fail_queued()
         for w in self.workers.values():
             w.stop(timeout_s=1.0 if self.drain.draining else 10.0)
@@ -113,13 +132,34 @@ class Service:
             except Exception:  # noqa: BLE001 - closing the others and the store matters more
                 logger.exception('closing the host of %s failed', host.base_model)
         self.pusher.close()
+        self._sweeper.join(timeout=5.0)
         self.store.close()
 
+    def _sweep_loop(self) -> None:
+        """Delete expired checkpoints (and old idempotency records): at start-up, then every
+        `checkpoint_sweep_s` seconds."""
+        while True:
+            try:
+                self.checkpoints.sweep()
+                self.store.prune_idempotent_results(IDEMPOTENCY_KEEP_S)
+            except Exception:  # noqa: BLE001 - keep sweeping; the next round retries
+                logger.exception('the checkpoint expiry sweep failed')
+            if self._sweeper_stop.wait(self.config.checkpoint_sweep_s):
+                return
+
     # ---- tenants -------------------------------------------------------------------------------------------
-    def add_session(self, tenant: str, session_id: str, tags: list[str], user_metadata: Any) -> None:
+    def add_session(
+        self,
+        tenant: str,
+        session_id: str,
+        tags: list[str],
+        user_metadata: Any,
+        project_id: str | None = None,
+        display_name: str | None = None,
+    ) -> None:
         """Record a new session, within the tenant's `max_sessions` (unfinished, heart-beating) cap."""
         self.quotas.check_new_session(tenant)
-        self.store.add_session(session_id, tenant, tags, user_metadata)
+        self.store.add_session(session_id, tenant, tags, user_metadata, project_id, display_name)
 
     def check_train_request(self, tenant: str, model_id: str, lengths: list[int]) -> None:
         """Per-request caps of a forward_backward (`lengths`: tokens per datum), checked before decoding."""
@@ -186,10 +226,11 @@ class Service:
         post: Callable[[Any], Any] = lambda r: r,
         model_id: str | None = None,
         seq_id: int | None = None,
+        target: str | None = None,
         **work: Any,
     ) -> str:
         """Queue work on `base_model`'s host and return a future id; `post(result)` (worker thread) makes the
-        future's value."""
+        future's value. `target`: the sampling-session client whose `retrieve_futures` reports the future."""
         logs.annotate(model=base_model)
         if model_id is not None and seq_id is not None:
             with self._lock:
@@ -198,19 +239,20 @@ class Service:
             if seen is not None:
                 return seen
         self.quotas.check_pending(tenant, self.futures.pending(tenant))
-        request_id = self.futures.create(tenant)
+        request_id = self.futures.create(tenant, target=target)
         item = Work(
             tenant,
             on_done=lambda r: self.futures.resolve(request_id, post(r)),
             on_error=lambda e: self.futures.reject(request_id, e),
             model_id=model_id,
             seq_id=seq_id,
+            request_id=request_id,
             **work,
         )
         try:
             self.workers[base_model].submit(item)
         except ApiError as exc:
-            self.futures.reject(request_id, exc)
+            self.futures.reject(request_id, exc, untarget=True)  # the client never learns this id
             raise
         if model_id is not None and seq_id is not None:
             with self._lock:
@@ -237,9 +279,11 @@ class Service:
         tinker_lora: dict[str, Any],
         user_metadata: Any = None,
         lora: LoraSpec | None = None,
+        optimizer: str = 'adamw',
     ) -> str:
         """A new training model. `lora`: the exact adapter (native API); by default it is derived from the
-        Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha`."""
+        Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha` and the optimizer
+        family `optimizer` (Tinker's `optimizer_config.type`: adamw or dimuon)."""
         self.require_session(tenant, session_id)
         self.host(base_model)
         rank = lora.rank if lora is not None else tinker_lora.get('rank')
@@ -247,7 +291,9 @@ class Service:
             raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
         self._check_new_adapter(tenant, rank, base_model)
         if lora is None:
-            lora = LoraSpec(rank, self.config.lora_alpha, lora_targets(tinker_lora), tinker_lora.get('seed'))
+            lora = LoraSpec(
+                rank, self.config.lora_alpha, lora_targets(tinker_lora), tinker_lora.get('seed'), optimizer=optimizer
+            )
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
             return self._repost(tenant, model_id)
@@ -284,10 +330,13 @@ class Service:
         optimizer: bool,
         base_model: str | None = None,
         user_metadata: Any = None,
+        optimizer_config: str | None = None,
     ) -> str:
-        """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1)."""
+        """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1). With
+        `optimizer` the checkpoint's optimizer (family and state) is restored and `optimizer_config` (a family
+        name) may only repeat it; weights only, the model gets `optimizer_config` (default AdamW)."""
         self.require_session(tenant, session_id)
-        cp, row = self.checkpoints.checkpoint(tenant, path)
+        cp, row = self.checkpoints.checkpoint(tenant, path, readable=True)
         meta = self.files.read_meta(row.directory)
         base = base_model or meta['base_model']
         if base != meta['base_model']:
@@ -296,6 +345,13 @@ class Service:
             raise unprocessable(f'{path} is a sampler checkpoint without optimizer state; load a weights/ checkpoint')
         self.host(base)
         lora = LoraSpec.from_dict(meta['lora'])
+        if optimizer and optimizer_config not in (None, lora.optimizer):
+            raise unprocessable(
+                f'checkpoint {path} holds {lora.optimizer} optimizer state; optimizer_config '
+                f'{optimizer_config!r} cannot override it (load weights only to change optimizer)'
+            )
+        if not optimizer:
+            lora = dataclasses.replace(lora, optimizer=optimizer_config or 'adamw')
         self._check_new_adapter(tenant, lora.rank, base)
         model_id = f'{session_id}:train:{model_seq_id}'
         if model_id in self.models:
@@ -324,12 +380,18 @@ class Service:
 
     def load_into_model(self, tenant: str, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
         m = self.model(tenant, model_id)
-        cp, row = self.checkpoints.checkpoint(tenant, path)
+        cp, row = self.checkpoints.checkpoint(tenant, path, readable=True)
         meta = self.files.read_meta(row.directory)
         if meta['base_model'] != m.base_model or LoraSpec.from_dict(meta['lora']).rank != m.lora.rank:
             raise unprocessable(
                 f'checkpoint {path} (base {meta["base_model"]}, rank {meta["lora"]["rank"]}) does '
                 f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})'
+            )
+        saved = LoraSpec.from_dict(meta['lora']).optimizer
+        if optimizer and saved != m.lora.optimizer:
+            raise unprocessable(
+                f'checkpoint {path} holds {saved} optimizer state but model {model_id} trains with '
+                f'{m.lora.optimizer}; load it with optimizer=False, or into a new client'
             )
 
         def load(host: ModelHost) -> dict[str, Any]:
@@ -345,8 +407,15 @@ class Service:
         self.store.touch_training_run(model_id)
         return self.enqueue(tenant, m.base_model, train=batch, post=post, model_id=model_id, seq_id=seq_id)
 
-    def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: AdamStep) -> str:
+    def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: OptimStep) -> str:
         m = self.model(tenant, model_id)
+        family = m.lora.optimizer
+        if not isinstance(step, OPTIMIZERS.get(family, AdamStep)):
+            sent = next((name for name, cls in OPTIMIZERS.items() if isinstance(step, cls)), '?')
+            raise unprocessable(
+                f'model {model_id} was created with the {family} optimizer; optim_step sent {sent} '
+                f'parameters (send {"DimuonParams" if family == "dimuon" else "AdamParams"})'
+            )
         return self.enqueue(
             tenant,
             m.base_model,
@@ -399,9 +468,13 @@ class Service:
         if state == 'finished':
             raise ApiError(410, f'session {session_id!r} has finished; create a new session')
 
-    def finish_session(self, tenant: str, session_id: str) -> None:
+    def finish_session(
+        self, tenant: str, session_id: str, reason: str | None = None, detail: str | None = None
+    ) -> None:
+        """Finish a session (`reason`: the client's `success` / `errored` / `interrupted`, first one wins): its
+        models are unloaded and its unnamed sampling snapshots deleted."""
         self.require_session(tenant, session_id)
-        self.store.finish_session(session_id)
+        self.store.finish_session(session_id, reason, detail)
         for model_id in [k for k, m in self.models.items() if m.session_id == session_id]:
             self.unload(model_id)
             for snap in self.store.checkpoints(tenant, model_id, hidden=True):
@@ -412,7 +485,7 @@ class Service:
     ) -> str:
         self.require_session(tenant, session_id)
         if model_path:
-            _, row = self.checkpoints.checkpoint(tenant, model_path)
+            _, row = self.checkpoints.checkpoint(tenant, model_path, readable=True)
             base = self.files.read_meta(row.directory)['base_model']
         elif base_model:
             base = base_model
@@ -433,7 +506,7 @@ class Service:
                 raise not_found('sampling session', sampling_session_id)
             return row.base_model, row.model_path
         if model_path:
-            _, ck = self.checkpoints.checkpoint(tenant, model_path)
+            _, ck = self.checkpoints.checkpoint(tenant, model_path, readable=True)
             return self.files.read_meta(ck.directory)['base_model'], model_path
         if base_model:
             return base_model, None
@@ -447,19 +520,89 @@ class Service:
         base_model: str | None,
         job: SampleJob,
         post: Callable[[Any], Any],
+        seq_id: int | None = None,
     ) -> str:
+        """Queue a sample; `seq_id` (the client's request number) says which client of the sampling session sent
+        it, so that client's `retrieve_futures` reports it. A checkpoint is checked on every request: another
+        tenant's stops serving once it is unpublished."""
         base, model_path = self.sampling_target(tenant, sampling_session_id, model_path, base_model)
         host = self.host(base)
         self.quotas.check_sample_request(tenant, job.num_samples, job.params.max_tokens)
+        self.quotas.check_sample_scores(tenant, len(job.prompt), job.params)
         if len(job.prompt) + job.params.max_tokens > host.max_context_length:
             raise unprocessable(
                 f'prompt ({len(job.prompt)} tokens) + max_tokens ({job.params.max_tokens}) exceeds '
                 f'the context length {host.max_context_length} of {base!r}'
             )
         if model_path:
-            _, ck = self.checkpoints.checkpoint(tenant, model_path)
+            _, ck = self.checkpoints.checkpoint(tenant, model_path, readable=True)
             job.adapter_dir = ck.directory
-        return self.enqueue(tenant, base, sample=job, post=post)
+        target = None
+        if sampling_session_id:
+            client = (seq_id or 0) // SEQ_IDS_PER_SAMPLING_CLIENT if (seq_id or 0) >= 0 else 0
+            target = sampling_target(sampling_session_id, client)
+        return self.enqueue(tenant, base, sample=job, post=post, target=target)
+
+    def join_sampling_session(self, tenant: str, sampling_session_id: str) -> int:
+        """A new client number of `tenant`'s sampling session (1, 2, ...: the creating client is 0)."""
+        counter = self.store.join_sampling_session(sampling_session_id, tenant)
+        if counter is None:
+            raise not_found('sampling session', sampling_session_id)
+        return counter
+
+    def cancel_future(self, tenant: str, request_id: str) -> None:
+        """Cancel one of `tenant`'s sampling requests: queued, it is dropped before it runs; running, its future
+        answers the cancellation at once (the sampler finishes its batch; that result is discarded). Either way
+        the future fails with a `category: user` error saying it was cancelled. A finished request is left as it
+        is; any other kind of request cannot be cancelled (400)."""
+        row = self.store.future(request_id, tenant)
+        if row is None:
+            raise not_found('request', request_id)
+        if row.state != 'pending':
+            return
+        if row.target is None:
+            raise bad_request(f'request {request_id!r} is not a sampling request; only sampling can be cancelled')
+        exc = ApiError(499, f'request {request_id} was cancelled by the client (cancel_future)', category='user')
+        for worker in self.workers.values():
+            if worker.cancel(request_id, exc):
+                return
+        self.futures.reject(request_id, exc)
+
+    # ---- copies --------------------------------------------------------------------------------------------
+    def copy_weights(
+        self,
+        tenant: str,
+        source_path: str,
+        *,
+        reader: str,
+        session_id: str | None = None,
+        model_seq_id: int | None = None,
+        project_id: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> str:
+        """Copy a checkpoint `reader` may read (`tenant` itself, or the tenant of a `weights_access_token`) into a
+        new training run of `tenant` that cannot be trained on: `{session_id}:train:{model_seq_id}` in one of
+        `tenant`'s active sessions, or else in a new session (finished at once; in `project_id`). The copy keeps
+        the source's kind and name and shares its files (hard links); returns its path."""
+        _, source = self.checkpoints.checkpoint(reader, source_path, readable=True)
+        ttl = self.checkpoints.check_ttl(ttl_seconds)
+        meta = self.files.read_meta(source.directory)
+        if session_id is not None:
+            if model_seq_id is None or isinstance(model_seq_id, bool) or model_seq_id < 0:
+                raise bad_request('copy_weights with session_id also needs model_seq_id (an integer >= 0)')
+            self.require_session(tenant, session_id)
+            run_id = f'{session_id}:train:{model_seq_id}'
+            if run_id in self.models or self.store.training_run(run_id, tenant) is not None:
+                raise bad_request(f'training run {run_id!r} exists already; copy into an unused model_seq_id')
+        else:
+            session_id = f'sess-{uuid.uuid4().hex[:16]}'
+            self.store.add_session(
+                session_id, tenant, ['copy_weights'], None, project_id, None, 'success', f'copy of {source_path}'
+            )
+            run_id = f'{session_id}:train:0'
+        lora = {'lora': meta['lora'], 'tinker_lora': meta.get('tinker_lora', {'rank': meta['lora']['rank']})}
+        self.store.add_training_run(run_id, tenant, session_id, meta['base_model'], {**lora, 'copy_of': source_path})
+        return self.checkpoints.copy_to_run(source, tenant, run_id, ttl)
 
     def reap_sessions(self) -> None:
         """Unload the models of sessions whose heartbeats stopped more than `session_ttl_s` ago."""

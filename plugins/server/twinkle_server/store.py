@@ -24,7 +24,16 @@ from twinkle_server.db import Database, DatabaseError, open_database
 from twinkle_server.db.migrations import migrate
 from twinkle_server.db.writebehind import Write, WriteBehind
 
-__all__ = ['CheckpointRow', 'DatabaseError', 'FutureRow', 'PushRow', 'SamplingSessionRow', 'Store', 'TrainingRunRow']
+__all__ = [
+    'CheckpointRow',
+    'DatabaseError',
+    'FutureRow',
+    'PushRow',
+    'SamplingSessionRow',
+    'SessionRow',
+    'Store',
+    'TrainingRunRow',
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,25 @@ class CheckpointRow:
     user_metadata: dict[str, str] | None
     expires_at: float | None
     listed: bool = True  # False: a snapshot made for a sampling session (unnamed save), hidden from listings
+    public: bool = False  # published: readable (loaded, sampled, copied, downloaded) by every tenant
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A client session. `finish_reason`: the client's reason for finishing it (`success`, `errored`,
+    `interrupted`; the first one reported stays), None while it runs or when none was given."""
+
+    session_id: str
+    tenant: str
+    created_at: float
+    last_seen: float
+    finished: bool
+    tags: list[str]
+    user_metadata: Any
+    project_id: str | None
+    display_name: str | None
+    finish_reason: str | None
+    finish_detail: str | None
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,7 @@ class FutureRow:
     state: str  # "pending" | "done" | "failed"
     content_type: str | None
     body: bytes | None
+    target: str | None = None  # the sampling session (and client) whose `retrieve_futures` reports it
 
 
 @dataclass(frozen=True)
@@ -91,7 +120,15 @@ class PushRow:
 
 
 _RUN = 'run_id, tenant, session_id, base_model, lora_config, user_metadata, created_at, last_request_time, corrupted'
-_CKPT = 'run_id, checkpoint_id, tenant, kind, directory, size_bytes, created_at, user_metadata, expires_at, listed'
+_CKPT = (
+    'run_id, checkpoint_id, tenant, kind, directory, size_bytes, created_at, user_metadata, expires_at, listed, public'
+)
+_SESSION = (
+    'session_id, tenant, created_at, last_seen, finished, tags, user_metadata, project_id, display_name, '
+    'finish_reason, finish_detail'
+)
+#: a checkpoint row that has not expired (its expiry compared with the parameter `now`)
+_LIVE = '(expires_at IS NULL OR expires_at > ?)'
 _SAMPLING = 'sampling_session_id, tenant, session_id, base_model, model_path, created_at'
 _PUSH = 'run_id, checkpoint_id, tenant, repo, path_in_repo, private, state, requested_at, pushed_at, error'
 
@@ -176,13 +213,81 @@ class Store:
         return [r[0] for r in self.meta.all('SELECT DISTINCT tenant FROM api_keys WHERE revoked = 0 ORDER BY tenant')]
 
     # ---- sessions ------------------------------------------------------------------------------------------
-    def add_session(self, session_id: str, tenant: str, tags: list[str], user_metadata: Any) -> None:
+    def add_session(
+        self,
+        session_id: str,
+        tenant: str,
+        tags: list[str],
+        user_metadata: Any,
+        project_id: str | None = None,
+        display_name: str | None = None,
+        finish_reason: str | None = None,
+        finish_detail: str | None = None,
+    ) -> None:
+        """A new session; one created already finished when `finish_reason` is given (e.g. for a copy)."""
         now = time.time()
         self.meta.execute(
-            'INSERT INTO sessions (session_id, tenant, created_at, last_seen, finished, tags, '
-            'user_metadata) VALUES (?, ?, ?, ?, 0, ?, ?)',
-            (session_id, tenant, now, now, json.dumps(tags), json.dumps(user_metadata)),
+            f'INSERT INTO sessions ({_SESSION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            (
+                session_id,
+                tenant,
+                now,
+                now,
+                int(finish_reason is not None),
+                json.dumps(tags),
+                json.dumps(user_metadata),
+                project_id,
+                display_name,
+                finish_reason,
+                finish_detail,
+            ),
         )
+
+    def session(self, session_id: str, tenant: str) -> SessionRow | None:
+        row = self.meta.one(
+            f'SELECT {_SESSION} FROM sessions WHERE session_id = ? AND tenant = ?', (session_id, tenant)
+        )
+        return _session(row) if row else None
+
+    def sessions(self, tenant: str) -> list[SessionRow]:
+        """Every session of `tenant`, newest first."""
+        rows = self.meta.all(
+            f'SELECT {_SESSION} FROM sessions WHERE tenant = ? ORDER BY created_at DESC, session_id DESC', (tenant,)
+        )
+        return [_session(r) for r in rows]
+
+    def session_ids(self, tenant: str, limit: int, offset: int) -> list[str]:
+        """A page of `tenant`'s session ids, newest first."""
+        rows = self.meta.all(
+            'SELECT session_id FROM sessions WHERE tenant = ? ORDER BY created_at DESC, session_id DESC '
+            'LIMIT ? OFFSET ?',
+            (tenant, limit, offset),
+        )
+        return [r[0] for r in rows]
+
+    def session_members(self, session_id: str, tenant: str) -> tuple[list[str], list[str]]:
+        """(training run ids, sampling session ids) created in `tenant`'s session, oldest first."""
+        runs = self.meta.all(
+            'SELECT run_id FROM training_runs WHERE session_id = ? AND tenant = ? ORDER BY created_at, run_id',
+            (session_id, tenant),
+        )
+        samplers = self.meta.all(
+            'SELECT sampling_session_id FROM sampling_sessions WHERE session_id = ? AND tenant = ? '
+            'ORDER BY created_at, sampling_session_id',
+            (session_id, tenant),
+        )
+        return [r[0] for r in runs], [r[0] for r in samplers]
+
+    def session_checkpoint_stats(self, tenant: str) -> dict[str, tuple[int, int]]:
+        """session id -> (listed live checkpoints of its training runs, their bytes), for `tenant`'s sessions."""
+        rows = self.meta.all(
+            'SELECT r.session_id, COUNT(*), SUM(c.size_bytes) FROM checkpoints c '
+            'JOIN training_runs r ON r.run_id = c.run_id '
+            'WHERE c.tenant = ? AND c.listed = 1 AND (c.expires_at IS NULL OR c.expires_at > ?) '
+            'GROUP BY r.session_id',
+            (tenant, time.time()),
+        )
+        return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
 
     def session_state(self, session_id: str, tenant: str) -> str | None:
         """'active', 'finished', or None when the session is unknown to this tenant."""
@@ -208,8 +313,13 @@ class Store:
         )
         return int(row[0]) if row else 0
 
-    def finish_session(self, session_id: str) -> None:
-        self.meta.execute('UPDATE sessions SET finished = 1 WHERE session_id = ?', (session_id,))
+    def finish_session(self, session_id: str, reason: str | None = None, detail: str | None = None) -> None:
+        """Mark a session finished; the first reason reported stays (a later one is ignored)."""
+        self.meta.execute(
+            'UPDATE sessions SET finished = 1, finish_reason = COALESCE(finish_reason, ?), '
+            'finish_detail = CASE WHEN finish_reason IS NULL THEN ? ELSE finish_detail END WHERE session_id = ?',
+            (reason, detail, session_id),
+        )
 
     # ---- training runs -------------------------------------------------------------------------------------
     def add_training_run(
@@ -231,18 +341,39 @@ class Store:
         row = self.meta.one(f'SELECT {_RUN} FROM training_runs WHERE run_id = ? AND tenant = ?', (run_id, tenant))
         return _run(row) if row else None
 
-    def training_runs(self, tenant: str, limit: int, offset: int) -> tuple[list[TrainingRunRow], int]:
+    def training_runs(
+        self, tenant: str, limit: int, offset: int, *, accessible: bool = False
+    ) -> tuple[list[TrainingRunRow], int]:
+        """A page of `tenant`'s training runs, newest first (`accessible`: and the runs of other tenants that
+        have a published checkpoint), and how many there are in all."""
+        where = 'tenant = ?'
+        params: tuple[Any, ...] = (tenant,)
+        if accessible:
+            where = (
+                'tenant = ? OR run_id IN (SELECT run_id FROM checkpoints WHERE public = 1 AND listed = 1 '
+                'AND (expires_at IS NULL OR expires_at > ?))'
+            )
+            params = (tenant, time.time())
         rows, total = self.meta.read(
-            frozenset({'training_runs'}),
+            frozenset({'training_runs', 'checkpoints'}),
             lambda s: (
                 s.all(
-                    f'SELECT {_RUN} FROM training_runs WHERE tenant = ? ORDER BY created_at DESC LIMIT ? OFFSET ?',
-                    (tenant, limit, offset),
+                    f'SELECT {_RUN} FROM training_runs WHERE {where} ORDER BY created_at DESC LIMIT ? OFFSET ?',
+                    (*params, limit, offset),
                 ),
-                s.one('SELECT COUNT(*) FROM training_runs WHERE tenant = ?', (tenant,)),
+                s.one(f'SELECT COUNT(*) FROM training_runs WHERE {where}', params),
             ),
         )
         return [_run(r) for r in rows], int(total[0] if total else 0)
+
+    def accessible_training_run(self, run_id: str, tenant: str) -> TrainingRunRow | None:
+        """`tenant`'s run, or another tenant's run with a published checkpoint."""
+        row = self.meta.one(
+            f'SELECT {_RUN} FROM training_runs WHERE run_id = ? AND (tenant = ? OR run_id IN (SELECT run_id FROM '
+            f'checkpoints WHERE public = 1 AND listed = 1 AND (expires_at IS NULL OR expires_at > ?)))',
+            (run_id, tenant, time.time()),
+        )
+        return _run(row) if row else None
 
     def count_training_runs(self, tenant: str) -> int:
         row = self.meta.one('SELECT COUNT(*) FROM training_runs WHERE tenant = ?', (tenant,))
@@ -277,6 +408,7 @@ class Store:
                             json.dumps(row.user_metadata),
                             row.expires_at,
                             int(row.listed),
+                            int(row.public),
                         ),
                     ),
                     (
@@ -288,26 +420,70 @@ class Store:
         )
 
     def checkpoint(self, run_id: str, checkpoint_id: str, tenant: str) -> CheckpointRow | None:
+        """`tenant`'s checkpoint, unless it has expired."""
         row = self.meta.one(
-            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND tenant = ?',
-            (run_id, checkpoint_id, tenant),
+            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND tenant = ? AND {_LIVE}',
+            (run_id, checkpoint_id, tenant, time.time()),
+        )
+        return _ckpt(row) if row else None
+
+    def readable_checkpoint(self, run_id: str, checkpoint_id: str, tenant: str) -> CheckpointRow | None:
+        """A checkpoint `tenant` may read: its own, or a published one of another tenant (unless expired)."""
+        row = self.meta.one(
+            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND (tenant = ? OR '
+            f'(public = 1 AND listed = 1)) AND {_LIVE}',
+            (run_id, checkpoint_id, tenant, time.time()),
         )
         return _ckpt(row) if row else None
 
     def checkpoints(self, tenant: str, run_id: str | None = None, *, hidden: bool = False) -> list[CheckpointRow]:
-        """Listed checkpoints (newest first); `hidden=True` returns the unlisted sampling snapshots instead."""
+        """Listed checkpoints (newest first); `hidden=True` returns the unlisted sampling snapshots instead.
+        Expired ones are left out (the sweeper deletes them soon)."""
         listed = 0 if hidden else 1
         if run_id is None:
             rows = self.meta.all(
-                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND listed = ? ORDER BY created_at DESC',
-                (tenant, listed),
+                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND listed = ? AND {_LIVE} ORDER BY created_at DESC',
+                (tenant, listed, time.time()),
             )
         else:
             rows = self.meta.all(
-                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND run_id = ? AND listed = ? '
+                f'SELECT {_CKPT} FROM checkpoints WHERE tenant = ? AND run_id = ? AND listed = ? AND {_LIVE} '
                 f'ORDER BY created_at DESC',
-                (tenant, run_id, listed),
+                (tenant, run_id, listed, time.time()),
             )
+        return [_ckpt(r) for r in rows]
+
+    def public_checkpoints(self, run_id: str) -> list[CheckpointRow]:
+        """The published, live checkpoints of a run (what another tenant sees of it), newest first."""
+        rows = self.meta.all(
+            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND public = 1 AND listed = 1 AND {_LIVE} '
+            f'ORDER BY created_at DESC',
+            (run_id, time.time()),
+        )
+        return [_ckpt(r) for r in rows]
+
+    def set_checkpoint_public(self, run_id: str, checkpoint_id: str, tenant: str, public: bool) -> int:
+        """Publish or unpublish `tenant`'s checkpoint; the rows changed (0: unknown, or already so)."""
+        return self.meta.execute(
+            f'UPDATE checkpoints SET public = ? WHERE run_id = ? AND checkpoint_id = ? AND tenant = ? AND public = ? '
+            f'AND {_LIVE}',
+            (int(public), run_id, checkpoint_id, tenant, int(not public), time.time()),
+        )
+
+    def set_checkpoint_expiry(self, run_id: str, checkpoint_id: str, tenant: str, expires_at: float | None) -> int:
+        """Set (None: remove) the expiry of `tenant`'s live checkpoint; the rows changed."""
+        return self.meta.execute(
+            f'UPDATE checkpoints SET expires_at = ? WHERE run_id = ? AND checkpoint_id = ? AND tenant = ? AND {_LIVE}',
+            (expires_at, run_id, checkpoint_id, tenant, time.time()),
+        )
+
+    def expired_checkpoints(self, now: float, limit: int = 1000) -> list[CheckpointRow]:
+        """Checkpoints of every tenant whose expiry has passed (for the sweeper that deletes them)."""
+        rows = self.meta.all(
+            f'SELECT {_CKPT} FROM checkpoints WHERE expires_at IS NOT NULL AND expires_at <= ? '
+            f'ORDER BY expires_at LIMIT ?',
+            (now, limit),
+        )
         return [_ckpt(r) for r in rows]
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
@@ -318,6 +494,27 @@ class Store:
                     ('DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ?', (run_id, checkpoint_id)),
                 )
             )
+        )
+
+    def delete_expired_checkpoint(self, run_id: str, checkpoint_id: str, now: float) -> bool:
+        """Delete the checkpoint's row if it is still expired at `now` (it may have been re-saved or given a new
+        expiry since it was listed); True when it was deleted."""
+        expired = 'run_id = ? AND checkpoint_id = ? AND expires_at IS NOT NULL AND expires_at <= ?'
+        key = (run_id, checkpoint_id, now)
+        return (
+            self.meta.write(
+                Write(
+                    (
+                        (
+                            f'DELETE FROM checkpoint_pushes WHERE run_id = ? AND checkpoint_id = ? AND EXISTS '
+                            f'(SELECT 1 FROM checkpoints WHERE {expired})',
+                            (run_id, checkpoint_id, *key),
+                        ),
+                        (f'DELETE FROM checkpoints WHERE {expired}', key),
+                    )
+                )
+            )
+            > 0
         )
 
     # ---- checkpoint hub pushes -----------------------------------------------------------------------------
@@ -388,27 +585,113 @@ class Store:
         )
         return SamplingSessionRow(*row) if row else None
 
+    def join_sampling_session(self, sampling_session_id: str, tenant: str, attempts: int = 100) -> int | None:
+        """Allocate the next client number of `tenant`'s sampling session (1, 2, ...; the creating client is 0),
+        unique even with several servers on one database (compare-and-set). None for an unknown session."""
+        for _ in range(attempts):
+            row = self.meta.one(
+                'SELECT clients FROM sampling_sessions WHERE sampling_session_id = ? AND tenant = ?',
+                (sampling_session_id, tenant),
+            )
+            if row is None:
+                return None
+            taken = int(row[0])
+            if self.meta.execute(
+                'UPDATE sampling_sessions SET clients = ? WHERE sampling_session_id = ? AND tenant = ? AND clients = ?',
+                (taken + 1, sampling_session_id, tenant, taken),
+            ):
+                return taken + 1
+        raise RuntimeError(f'could not allocate a client of sampling session {sampling_session_id!r}: too contended')
+
     # ---- futures -------------------------------------------------------------------------------------------
-    def add_future(self, request_id: str, tenant: str) -> None:
+    def add_future(self, request_id: str, tenant: str, target: str | None = None) -> None:
+        """A pending future; `target`: the sampling session (and client) whose `retrieve_futures` reports it."""
         self.meta.execute(
             _upsert(
-                'futures', 'request_id, tenant, state, content_type, body, created_at, finished_at, owner', 'request_id'
+                'futures',
+                'request_id, tenant, state, content_type, body, created_at, finished_at, owner, target, delivered',
+                'request_id',
             ),
-            (request_id, tenant, 'pending', None, None, time.time(), None, self.owner),
+            (request_id, tenant, 'pending', None, None, time.time(), None, self.owner, target, None),
         )
 
-    def finish_future(self, request_id: str, state: str, content_type: str, body: bytes) -> None:
+    def finish_future(
+        self, request_id: str, state: str, content_type: str, body: bytes, *, untarget: bool = False
+    ) -> None:
+        """Record a future's result; `untarget`: it is no longer reported to `retrieve_futures` (the client never
+        learnt its id, e.g. a sample refused with 429)."""
+        extra = ', target = NULL' if untarget else ''
         self.meta.execute(
-            'UPDATE futures SET state = ?, content_type = ?, body = ?, finished_at = ? WHERE request_id = ?',
+            f'UPDATE futures SET state = ?, content_type = ?, body = ?, finished_at = ?{extra} WHERE request_id = ?',
             (state, content_type, body, time.time(), request_id),
         )
 
     def future(self, request_id: str, tenant: str) -> FutureRow | None:
         row = self.meta.one(
-            'SELECT request_id, tenant, state, content_type, body FROM futures WHERE request_id = ? AND tenant = ?',
+            'SELECT request_id, tenant, state, content_type, body, target FROM futures '
+            'WHERE request_id = ? AND tenant = ?',
             (request_id, tenant),
         )
-        return FutureRow(row[0], row[1], row[2], row[3], bytes(row[4]) if row[4] is not None else None) if row else None
+        if row is None:
+            return None
+        return FutureRow(row[0], row[1], row[2], row[3], bytes(row[4]) if row[4] is not None else None, row[5])
+
+    def deliver_completions(
+        self, tenant: str, target: str, prev_cursor: int
+    ) -> tuple[list[tuple[str, str, int | None]], int]:
+        """The finished futures of `tenant`'s `target` a `retrieve_futures` poll with `prev_cursor` has not seen
+        acknowledged, as (request_id, state, payload bytes), and the cursor to answer with.
+
+        Each finished future is stamped with the cursor of the answer that first reports it; a poll acknowledges
+        every answer up to its `prev_cursor`, so a future is reported again only when the answer that carried it
+        was lost (the client polls again with the older cursor). Cursors grow per target."""
+        rows = self.meta.all(
+            'SELECT request_id, state, LENGTH(body), delivered FROM futures WHERE target = ? AND tenant = ? '
+            "AND state != 'pending' AND (delivered IS NULL OR delivered > ?) ORDER BY finished_at, request_id",
+            (target, tenant, prev_cursor),
+        )
+        if not rows:
+            return [], prev_cursor
+        top = self.meta.one('SELECT MAX(delivered) FROM futures WHERE target = ? AND tenant = ?', (target, tenant))
+        cursor = max(prev_cursor, int(top[0]) if top and top[0] is not None else 0) + 1
+        new = [r[0] for r in rows if r[3] is None]
+        for start in range(0, len(new), 500):
+            chunk = new[start : start + 500]
+            self.meta.execute(
+                f'UPDATE futures SET delivered = ? WHERE target = ? AND tenant = ? AND delivered IS NULL '
+                f'AND request_id IN ({", ".join("?" * len(chunk))})',
+                (cursor, target, tenant, *chunk),
+            )
+        return [(r[0], r[1], None if r[2] is None else int(r[2])) for r in rows], cursor
+
+    # ---- server settings and idempotent requests -----------------------------------------------------------
+    def setting(self, name: str, default: str) -> str:
+        """The server setting `name`, set to `default` by whichever server asks first (several servers sharing
+        one database agree on it)."""
+        self.meta.execute(
+            'INSERT INTO server_settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING', (name, default)
+        )
+        row = self.meta.one('SELECT value FROM server_settings WHERE name = ?', (name,))
+        return str(row[0]) if row else default
+
+    def idempotent_result(self, tenant: str, key: str) -> str | None:
+        """The result recorded for `tenant`'s request with this idempotency key."""
+        row = self.meta.one(
+            'SELECT result FROM idempotent_results WHERE tenant = ? AND idempotency_key = ?', (tenant, key)
+        )
+        return str(row[0]) if row else None
+
+    def put_idempotent_result(self, tenant: str, key: str, result: str) -> str:
+        """Record `result` for the key unless one is recorded already; the recorded result (first wins)."""
+        self.meta.execute(
+            'INSERT INTO idempotent_results (tenant, idempotency_key, result, created_at) VALUES (?, ?, ?, ?) '
+            'ON CONFLICT (tenant, idempotency_key) DO NOTHING',
+            (tenant, key, result, time.time()),
+        )
+        return self.idempotent_result(tenant, key) or result
+
+    def prune_idempotent_results(self, older_than_s: float) -> int:
+        return self.meta.execute('DELETE FROM idempotent_results WHERE created_at < ?', (time.time() - older_than_s,))
 
     def pending_futures(self) -> Iterator[str]:
         """Ids of unfinished futures: this server's and unowned ones (with an `owner`), else all."""
@@ -452,6 +735,24 @@ def _ckpt(row: tuple[Any, ...]) -> CheckpointRow:
         json.loads(row[7] or 'null'),
         None if row[8] is None else float(row[8]),
         bool(row[9]),
+        bool(row[10]),
+    )
+
+
+def _session(row: tuple[Any, ...]) -> SessionRow:
+    tags = json.loads(row[5] or '[]')
+    return SessionRow(
+        row[0],
+        row[1],
+        float(row[2]),
+        float(row[3]),
+        bool(row[4]),
+        tags if isinstance(tags, list) else [],
+        json.loads(row[6] or 'null'),
+        row[7],
+        row[8],
+        row[9],
+        row[10],
     )
 
 

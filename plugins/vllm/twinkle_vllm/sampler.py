@@ -31,7 +31,9 @@ from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (
     adapters_per_prompt,
     as_sampling_params,
+    check_prompt_scoring,
     encode_prompt_row,
+    first_scored,
     prompt_rows,
     sampled_sequence,
     sequence_seed,
@@ -51,13 +53,20 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
     runs it in this process: faster start, but a crash in the engine takes the caller with it).
     `bucket_bytes`: the largest weight bucket one RPC carries during `load_weights`."""
 
-    #: what holds for every instance; each one refines `max_adapters` (vLLM's ``max_cpu_loras``; 0 without LoRA)
-    #: and `weights_in_process` (``multiprocess=False``) from its arguments. vLLM places itself: no ``device=``.
+    #: what holds for every instance; each one refines `max_adapters` (vLLM's ``max_cpu_loras``; 0 without LoRA),
+    #: `max_top_logprobs` (the engine's ``max_logprobs``, 20 by default) and `weights_in_process`
+    #: (``multiprocess=False``) from its arguments. vLLM places itself: no ``device=``. Prompt top-k comes from
+    #: vLLM's ``prompt_logprobs=k``; log-probs of arbitrary ids and draws at prompt positions need the full
+    #: distribution there, which vLLM does not return: not supported.
     capabilities = SamplerCapabilities(
         per_row_adapters=True,
         max_adapters=None,
         max_adapters_per_call=None,
         prompt_logprobs=True,
+        max_top_logprobs=20,
+        prompt_top_logprobs=True,
+        prompt_target_logprobs=False,
+        prompt_alt_tokens=False,
         adapter_from_tensors=False,
         weights_in_process=False,
         takes_device=False,
@@ -95,9 +104,11 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         lora = self._handle.llm_engine.vllm_config.lora_config
         self._adapters = AdapterTable(self._handle, max_rank=args.get('max_lora_rank', 0), enabled=lora is not None)
         self._handle.on_restart.append(self._adapters.restore)
+        max_logprobs = int(model_config.max_logprobs)
         self.capabilities = dataclasses.replace(
             type(self).capabilities,
             max_adapters=lora.max_cpu_loras if lora is not None else 0,
+            max_top_logprobs=None if max_logprobs < 0 else max_logprobs,
             weights_in_process=not multiprocess,
         )
         if template is not None:
@@ -136,7 +147,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             [prompts[i] for i, _ in requests],
             [p for _, p in requests],
             [adapters[i] for i, _ in requests],
-            one_per_call=params.prompt_logprobs,
+            one_per_call=params.scores_prompt,
         )
         per_prompt: dict[int, list[Any]] = {}
         for (i, _), out in zip(requests, outputs):
@@ -244,12 +255,17 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                     "engine_args['max_model_len']."
                 )
         max_logprobs = self._handle.llm_engine.vllm_config.model_config.max_logprobs
-        if max_logprobs >= 0 and params.alternatives > max_logprobs:
-            asked = 'top_logprobs' if params.top_logprobs >= (params.logprob_pairs or 0) else 'logprobs'
-            raise InvalidInputError(
-                f"{asked}={params.alternatives} is above the engine's max_logprobs="
-                f"{max_logprobs}; ask for fewer or raise engine_args['max_logprobs']."
-            )
+        widths = {
+            'top_logprobs' if params.top_logprobs >= (params.logprob_pairs or 0) else 'logprobs': params.alternatives,
+            'prompt_top_logprobs': params.prompt_top_logprobs,
+        }
+        for asked, width in widths.items():
+            if max_logprobs >= 0 and width > max_logprobs:
+                raise InvalidInputError(
+                    f"{asked}={width} is above the engine's max_logprobs="
+                    f"{max_logprobs}; ask for fewer or raise engine_args['max_logprobs']."
+                )
+        check_prompt_scoring(type(self).__name__, self.capabilities, prompts, params, self.vocab_size)
         self._adapters.check_known(adapters)
 
     @staticmethod
@@ -266,7 +282,10 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             stop=params.stop_strings() or None,
             stop_token_ids=params.stop_token_ids() or None,
             logprobs=params.alternatives if params.logprobs is not False or params.top_logprobs else None,
-            prompt_logprobs=0 if params.prompt_logprobs else None,
+            # k > 0: the prompt token and the k most likely at each position (vLLM's ranks say which is which)
+            prompt_logprobs=params.prompt_top_logprobs
+            if params.prompt_logprobs or params.prompt_top_logprobs
+            else None,
             # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
             # only needed to match stop strings
             detokenize=bool(params.stop_strings()),
@@ -314,11 +333,18 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                         params, row, prompt, tokens, logprobs, top, completion.finish_reason, self._codec.decode(tokens)
                     )
                 )
-        prompt_logprobs = None
+        prompt_logprobs: list[float | None] | None = None
+        prompt_top: list[list[tuple[int, float]] | None] | None = None
+        first = first_scored(len(prompt), params.prompt_logprobs_last_n)
+        blank: list[None] = [None] * first
         if params.prompt_logprobs:
             raw = outputs[0].prompt_logprobs
-            prompt_logprobs = [None] + [float(step[t].logprob) for t, step in zip(prompt[1:], raw[1:])]
-        return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+            prompt_logprobs = [*blank, *(float(raw[p][prompt[p]].logprob) for p in range(first, len(prompt)))]
+        if params.prompt_top_logprobs:
+            raw = outputs[0].prompt_logprobs
+            k = params.prompt_top_logprobs
+            prompt_top = [*blank, *(_ranked(raw[p], k) for p in range(first, len(prompt)))]
+        return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top)
 
 
 def _load_bucket(llm: Any, blob: Any) -> Any:

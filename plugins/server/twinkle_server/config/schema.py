@@ -82,6 +82,8 @@ SERVER: dict[str, Rule] = {
     'drain_timeout_s': POSITIVE,
     'trusted_proxies': ADDRESSES,
     'image_decode_budget_mb': number_rule(0, inclusive=False, nullable=True),
+    'min_checkpoint_ttl_s': POSITIVE,
+    'checkpoint_sweep_s': POSITIVE,
 }
 STORAGE: dict[str, Rule] = {
     'data_dir': text_rule('a directory for metadata and checkpoints'),

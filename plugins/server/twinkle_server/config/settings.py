@@ -34,6 +34,10 @@ class TenantLimits:
     max_rows_per_request: int | None = 1024  # datums of one forward_backward
     max_num_samples: int | None = 64  # num_samples of one sample request
     max_sample_tokens: int | None = 4096  # max_tokens of one sample request (also bounded by the context)
+    # k of top-k log-probs (per sampled token or prompt position) and of prompt alt-token draws, per request
+    max_topk_logprobs: int | None = 64
+    # prompt length x (top-k width | distinct target ids | alt draws) of one sample request, each: 2 Mi cells
+    max_prompt_logprob_cells: int | None = 1 << 21
     # pixels of one image, read from its header; never above the decoder's own MAX_IMAGE_PIXELS (8192 x 8192)
     max_image_pixels: int | None = MAX_IMAGE_PIXELS
     # memory decoding a request's images takes, summed (width x height x 16 bytes each, tinker/images.py): 32 Mi pixels
@@ -216,6 +220,11 @@ class ServerConfig:
     max_queued_samples: int = 256
     max_batch: int = 16
     session_ttl_s: float = 30 * 60
+    #: the shortest checkpoint `ttl_seconds` accepted (save_state, copy_weights, set_checkpoint_ttl); the hosted
+    #: service's bound is one hour
+    min_checkpoint_ttl_s: float = 3600.0
+    #: how often expired checkpoints are deleted (files and rows); they vanish from listings at once regardless
+    checkpoint_sweep_s: float = 60.0
     #: how long work of a training model may wait for a missing earlier seq_id before it is failed
     seq_gap_timeout_s: float = 120.0
     #: failed logins within a minute, per client address and key id (`auth.LoginThrottle`), before 429

@@ -65,6 +65,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(3, 'owner of each future', ('ALTER TABLE futures ADD COLUMN owner TEXT',)),
+    Migration(
+        4,
+        'sessions, published checkpoints, sampling-session futures, server settings, idempotent requests',
+        (
+            'ALTER TABLE sessions ADD COLUMN project_id TEXT',
+            'ALTER TABLE sessions ADD COLUMN display_name TEXT',
+            'ALTER TABLE sessions ADD COLUMN finish_reason TEXT',
+            'ALTER TABLE sessions ADD COLUMN finish_detail TEXT',
+            'CREATE INDEX sessions_tenant ON sessions (tenant, created_at)',
+            'CREATE INDEX training_runs_session ON training_runs (session_id)',
+            'ALTER TABLE checkpoints ADD COLUMN public {INT} NOT NULL DEFAULT 0',
+            'CREATE INDEX checkpoints_expiry ON checkpoints (expires_at)',
+            'ALTER TABLE sampling_sessions ADD COLUMN clients {INT} NOT NULL DEFAULT 0',
+            'CREATE INDEX sampling_sessions_session ON sampling_sessions (session_id)',
+            'ALTER TABLE futures ADD COLUMN target TEXT',
+            'ALTER TABLE futures ADD COLUMN delivered {INT}',
+            'CREATE INDEX futures_target ON futures (target)',
+            'CREATE TABLE server_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)',
+            """CREATE TABLE idempotent_results (
+            tenant TEXT NOT NULL, idempotency_key TEXT NOT NULL, result TEXT NOT NULL, created_at {REAL} NOT NULL,
+            PRIMARY KEY (tenant, idempotency_key))""",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 LEGACY_TABLE = 'api_keys'  # present in every database written before schema_migrations existed

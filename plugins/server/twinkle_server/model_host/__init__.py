@@ -9,11 +9,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
+from twinkle_server.model_host.base import (
+    AdamStep,
+    DimuonStep,
+    LoraSpec,
+    ModelHost,
+    OptimStep,
+    SampleJob,
+    TrainBatch,
+    TrainResult,
+)
 
 __all__ = [
     'AdamStep',
+    'DimuonStep',
     'LoraSpec',
+    'OptimStep',
     'ModelHost',
     'SampleJob',
     'TrainBatch',

@@ -35,6 +35,8 @@ class LoraSpec:
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     gradient_accumulation_steps: int = 1  # optimizer steps happen on every n-th clip_grad_and_step / step
+    #: the adapter's optimizer family (`OPTIMIZERS`): Tinker's `optimizer_config.type`, kept by checkpoints
+    optimizer: str = 'adamw'
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +46,7 @@ class LoraSpec:
             'seed': self.seed,
             'options': dict(self.options),
             'gradient_accumulation_steps': self.gradient_accumulation_steps,
+            'optimizer': self.optimizer,
         }
 
     @classmethod
@@ -55,6 +58,7 @@ class LoraSpec:
             d.get('seed'),
             d.get('options') or {},
             int(d.get('gradient_accumulation_steps', 1)),
+            str(d.get('optimizer') or 'adamw'),  # checkpoints written before dimuon existed: AdamW
         )
 
     def peft_config(self) -> dict[str, Any]:
@@ -108,6 +112,28 @@ class AdamStep:
                 raise ApiError(400, f'adam_params.{name} must be a finite number {allowed}, got {value!r}')
 
 
+@dataclass
+class DimuonStep:
+    """Tinker `DimuonParams` (SDK 0.38: learning_rate, beta1, grad_clip_norm): applied to the adapter's `Dimuon`
+    optimizer before it steps (its AdamW path, for non-matrix parameters, keeps beta2=0.95, eps=1e-12)."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    grad_clip_norm: float = 0.0  # <= 0 = no clipping
+
+    def validate(self) -> None:
+        """Raise a 400 naming the first field outside `DIMUON_RANGES` (the AdamW counterpart is `ADAM_RANGES`)."""
+        for name, allowed in DIMUON_RANGES.items():
+            value = getattr(self, name)
+            if not math.isfinite(value) or not allowed.contains(value):
+                raise ApiError(400, f'dimuon params.{name} must be a finite number {allowed}, got {value!r}')
+
+
+#: what an adapter's `optim_step` takes, by optimizer family (`LoraSpec.optimizer`)
+OptimStep = AdamStep | DimuonStep
+OPTIMIZERS: dict[str, type[AdamStep] | type[DimuonStep]] = {'adamw': AdamStep, 'dimuon': DimuonStep}
+
+
 @dataclass(frozen=True)
 class Range:
     """An interval of numbers: ``[low, high]``, either end open."""
@@ -134,6 +160,15 @@ ADAM_RANGES: dict[str, Range] = {
     'eps': Range(0, 1, low_open=True),
     'weight_decay': Range(0, 10),
     'grad_clip_norm': Range(0, 1e30),
+}
+
+#: the DimuonParams an optimizer step accepts. The SDK already refuses lr < 0, beta1 outside [0, 1) and NaN/Inf;
+#: the step direction has Frobenius norm sqrt(rank), so lr bounds each matrix's change directly. A non-positive
+#: grad_clip_norm means no clipping (as the SDK documents), so only its upper end is bounded.
+DIMUON_RANGES: dict[str, Range] = {
+    'learning_rate': Range(0, 10),
+    'beta1': Range(0, 1, high_open=True),
+    'grad_clip_norm': Range(-1e30, 1e30),
 }
 
 
@@ -170,7 +205,7 @@ class ModelHost(ABC):
 
     @abstractmethod
     def add_adapter(self, adapter: str, lora: LoraSpec) -> None:
-        """Create a trainable adapter with a fresh AdamW optimizer."""
+        """Create a trainable adapter with a fresh optimizer of the family `lora.optimizer` (AdamW or Dimuon)."""
 
     @abstractmethod
     def remove_adapter(self, adapter: str) -> None:
@@ -191,8 +226,9 @@ class ModelHost(ABC):
         return {}
 
     @abstractmethod
-    def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
-        """Apply `step`'s hyper-parameters, clip, step and zero the adapter's gradients. Returns metrics."""
+    def optim_step(self, adapter: str, step: OptimStep) -> dict[str, float]:
+        """Apply `step`'s hyper-parameters (an `AdamStep` for AdamW adapters, a `DimuonStep` for Dimuon ones), clip,
+        step and zero the adapter's gradients. Returns metrics."""
 
     @abstractmethod
     def save_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:

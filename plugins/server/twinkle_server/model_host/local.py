@@ -24,11 +24,21 @@ from typing import Any
 
 import torch
 
+from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.model import Model
 from twinkle_core.sampler import Sampler
+from twinkle_core.sampler.prompts import check_prompt_scoring
 from twinkle_core.types import SampleResponse
 from twinkle_server.errors import ApiError, unprocessable
-from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
+from twinkle_server.model_host.base import (
+    DimuonStep,
+    LoraSpec,
+    ModelHost,
+    OptimStep,
+    SampleJob,
+    TrainBatch,
+    TrainResult,
+)
 from twinkle_server.model_host.construction import build_backend, build_sampler
 from twinkle_server.tinker.losses import tinker_loss
 
@@ -85,7 +95,23 @@ class LocalModelHost(ModelHost):
             self.model.add_adapter_to_model(
                 adapter, lora.peft_config(), gradient_accumulation_steps=lora.gradient_accumulation_steps
             )
-        self.model.set_optimizer('AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, adapter_name=adapter)
+        try:
+            if lora.optimizer == 'dimuon':  # Tinker's defaults; every optim_step sets lr and beta1 again
+                self.model.set_optimizer('Dimuon', lr=1e-4, beta1=0.9, adapter_name=adapter)
+            elif lora.optimizer == 'adamw':
+                self.model.set_optimizer(
+                    'AdamW', lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, adapter_name=adapter
+                )
+            else:
+                raise unprocessable(f'optimizer {lora.optimizer!r} is not offered; use adamw or dimuon')
+        except TwinkleError as exc:  # a backend that cannot build this optimizer (e.g. Megatron: AdamW only)
+            self.model.remove_adapter(adapter)
+            raise unprocessable(
+                f'optimizer {lora.optimizer!r} is not available on the backend of this model: {exc}'
+            ) from None
+        except ApiError:
+            self.model.remove_adapter(adapter)
+            raise
 
     def remove_adapter(self, adapter: str) -> None:
         if self.has_adapter(adapter):
@@ -144,14 +170,20 @@ class LocalModelHost(ModelHost):
     def pass_stats(self) -> dict[str, int]:
         return dict(self.model.model_info().get('pass_stats') or {})
 
-    def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
-        self.model.update_optimizer(
-            lr=step.learning_rate,
-            betas=(step.beta1, step.beta2),
-            eps=step.eps,
-            weight_decay=step.weight_decay,
-            adapter_name=adapter,
-        )
+    def optim_step(self, adapter: str, step: OptimStep) -> dict[str, float]:
+        try:
+            if isinstance(step, DimuonStep):
+                self.model.update_optimizer(lr=step.learning_rate, beta1=step.beta1, adapter_name=adapter)
+            else:
+                self.model.update_optimizer(
+                    lr=step.learning_rate,
+                    betas=(step.beta1, step.beta2),
+                    eps=step.eps,
+                    weight_decay=step.weight_decay,
+                    adapter_name=adapter,
+                )
+        except InvalidInputError as exc:  # the step's family is not the adapter's optimizer
+            raise unprocessable(f'optim_step: {exc}') from None
         out = self.model.clip_grad_and_step(
             step.grad_clip_norm if step.grad_clip_norm > 0 else None, adapter_name=adapter
         )
@@ -198,7 +230,8 @@ class AdapterSampler:
     client samples is exactly what was saved) into a bounded pool of slots, least recently used first out, so a
     long RL run does not grow memory without limit. Planned by the sampler's declared `capabilities`:
     `max_adapters` further caps the slots, `per_row_adapters` / `max_adapters_per_call` bound the adapters one
-    `sample` call mixes, and a sampler without `prompt_logprobs` is not asked for them (those jobs fail with 422)."""
+    `sample` call mixes, and a sampler is never asked for prompt scores or top-k widths it does not declare
+    (`prompt_logprobs`, `prompt_top_logprobs`, `max_top_logprobs`, ...: those jobs fail with 422)."""
 
     def __init__(
         self,
@@ -247,15 +280,19 @@ class AdapterSampler:
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         groups: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
-            if job.prompt_logprobs and not self.capabilities.prompt_logprobs:
-                out[i] = unprocessable(
-                    f'prompt_logprobs: the sampler of this model ({type(self.sampler).__name__}) does not compute '
-                    f'them; sample without prompt_logprobs'
-                )
-                continue
             params = job.params.model_copy(
                 update={'num_samples': job.num_samples, 'prompt_logprobs': job.prompt_logprobs, 'logprobs': True}
             )
+            try:  # what the sampler does not declare (or a prompt cannot take) fails this job alone, with a 4xx
+                check_prompt_scoring(
+                    f'the sampler of this model ({type(self.sampler).__name__})',
+                    self.capabilities,
+                    [job.prompt],
+                    params,
+                )
+            except InvalidInputError as exc:
+                out[i] = unprocessable(str(exc))
+                continue
             jobs[i].params = params
             groups.setdefault(params.model_dump_json(), []).append(i)
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):

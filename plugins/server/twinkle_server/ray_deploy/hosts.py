@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle_core.mesh import DeviceMesh, split_for_dp
-from twinkle_server.model_host.base import AdamStep, LoraSpec, SampleJob, TrainBatch
+from twinkle_server.model_host.base import LoraSpec, OptimStep, SampleJob, TrainBatch
 from twinkle_server.model_host.local import AdapterSampler, LocalModelHost
 
 
@@ -80,7 +80,7 @@ class TrainingHost:
     def pass_stats(self) -> Outcome:
         return _outcome(self.host.pass_stats)
 
-    def optim_step(self, adapter: str, step: AdamStep) -> Outcome:
+    def optim_step(self, adapter: str, step: OptimStep) -> Outcome:
         return _outcome(self.host.optim_step, adapter, step)
 
     def save_state(self, adapter: str, directory: str, optimizer: bool) -> Outcome:

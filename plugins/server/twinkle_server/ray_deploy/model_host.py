@@ -27,7 +27,7 @@ from typing import Any
 from twinkle_core.types import SampleResponse
 from twinkle_server.config import ModelSpec
 from twinkle_server.errors import ApiError
-from twinkle_server.model_host.base import AdamStep, LoraSpec, ModelHost, SampleJob, TrainBatch, TrainResult
+from twinkle_server.model_host.base import LoraSpec, ModelHost, OptimStep, SampleJob, TrainBatch, TrainResult
 from twinkle_server.ray_deploy.hosted_group import HostedGroup, WorkersLost
 from twinkle_server.ray_deploy.hosts import SamplerHost, TrainingHost
 
@@ -147,7 +147,7 @@ class RayModelHost(ModelHost):
     def pass_stats(self) -> dict[str, int]:
         return self._train('pass_stats')[0]
 
-    def optim_step(self, adapter: str, step: AdamStep) -> dict[str, float]:
+    def optim_step(self, adapter: str, step: OptimStep) -> dict[str, float]:
         return self._train('optim_step', adapter, step)[0]
 
     def save_state(self, adapter: str, directory: str, *, optimizer: bool) -> None:

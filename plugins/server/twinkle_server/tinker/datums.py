@@ -20,10 +20,22 @@ from twinkle_core.types import IGNORE_INDEX, TOKEN_TYPE_FIELD
 from twinkle_server.errors import unprocessable
 from twinkle_server.tinker.images import ImageEncoder, ImagePolicy, ModelTokens
 from twinkle_server.tinker.losses import tinker_loss
+from twinkle_server.tinker.stability import ACTION_MASK
 from twinkle_server.tinker.wire import WireDatum, check_lengths
 
-#: Tinker loss_fn_inputs name -> InputFeature per-token field
-FIELD_NAMES = {'weights': 'weights', 'logprobs': 'old_logps', 'advantages': 'advantages'}
+#: Tinker loss_fn_inputs name -> InputFeature per-token field (the last three are gspo's optional inputs; the
+#: action mask is set by the server from stable_reinforce provenance, `tinker.stability`)
+FIELD_NAMES = {
+    'weights': 'weights',
+    'logprobs': 'old_logps',
+    'advantages': 'advantages',
+    'sequence_ratio_mask': 'sequence_ratio_mask',
+    'clip_low_threshold': 'clip_low_threshold',
+    'clip_high_threshold': 'clip_high_threshold',
+    ACTION_MASK: 'action_mask',
+}
+#: optional per-token inputs: a request gives each to every datum or to none (rows of one pass must agree)
+ALL_OR_NONE = ('sequence_ratio_mask', 'clip_low_threshold', 'clip_high_threshold', ACTION_MASK)
 
 
 def to_rows(
@@ -32,6 +44,13 @@ def to_rows(
     """One row per datum; `encoder` (the served model's) expands image chunks within `policy` and refuses bad
     ones (4xx)."""
     required = tinker_loss(loss_fn).inputs
+    for name in ALL_OR_NONE:
+        having = [name in d.inputs for d in data]
+        if any(having) and not all(having):
+            raise unprocessable(
+                f'datum {having.index(not having[0])}: loss_fn_inputs[{name!r}] is given for some datums of this '
+                f'request but not for others; give it to every datum or to none'
+            )
     rows = []
     for i, d in enumerate(data):
         missing = [k for k in required if k not in d.inputs]

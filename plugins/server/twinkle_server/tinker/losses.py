@@ -4,14 +4,22 @@ Each Tinker `loss_fn` maps to the `loss_fn_inputs` every datum must carry and to
 resolved through the registry (kind `loss`) by name, with fixed constructor arguments (a request's
 `loss_fn_config` is added to them). `cross_entropy` is `CrossEntropyLoss(reduction='sum')` (weights may be any
 real number); the RL names are registered by twinkle-core under their Tinker names. Unknown names are refused
-(never a silent cross-entropy).
+(never a silent cross-entropy), and so is a `loss_fn_config` with a key the loss does not take or a value it
+refuses (`check_config`: a 422 before anything is queued, naming the keys it takes).
+
+`gspo` additionally reads the optional per-token inputs `sequence_ratio_mask`, `clip_low_threshold` and
+`clip_high_threshold`; `stable_reinforce` may carry provenance spans instead of usable `logprobs`
+(`tinker.stability`).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle_core.errors import TwinkleError
+from twinkle_core.registry import resolve_class
 from twinkle_server.errors import unprocessable
 
 RL_INPUTS = ('target_tokens', 'logprobs', 'advantages')
@@ -31,6 +39,9 @@ TINKER_LOSSES: dict[str, TinkerLoss] = {
     'ppo': TinkerLoss(RL_INPUTS, 'ppo'),
     'cispo': TinkerLoss(RL_INPUTS, 'cispo'),
     'dro': TinkerLoss(RL_INPUTS, 'dro'),
+    'gspo': TinkerLoss(RL_INPUTS, 'gspo'),
+    # logprobs: from the datum, or from the sampler's records where its provenance spans say (tinker.stability)
+    'stable_reinforce': TinkerLoss(RL_INPUTS, 'stable_reinforce'),
 }
 
 
@@ -43,3 +54,25 @@ def tinker_loss(loss_fn: str) -> TinkerLoss:
             f'(custom losses run client-side via forward_backward_custom)'
         )
     return spec
+
+
+def check_config(loss_fn: str, config: dict[str, Any]) -> None:
+    """A 422 unless `config` (a request's `loss_fn_config`) only names constructor arguments of `loss_fn`'s loss
+    (its fixed ones excluded) with values that loss accepts."""
+    spec = tinker_loss(loss_fn)
+    if not config:
+        return
+    cls = resolve_class('loss', spec.loss)
+    params = inspect.signature(cls).parameters.values()
+    takes = sorted(
+        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in spec.fixed
+    )
+    unknown = sorted(set(config) - set(takes))
+    if unknown:
+        raise unprocessable(
+            f'loss_fn_config keys {unknown} are not valid for loss_fn {loss_fn!r}; it takes {takes or "no keys"}'
+        )
+    try:
+        cls(**spec.fixed, **config)
+    except (TwinkleError, TypeError, ValueError) as exc:
+        raise unprocessable(f'loss_fn_config {config} is not valid for loss_fn {loss_fn!r}: {exc}') from None

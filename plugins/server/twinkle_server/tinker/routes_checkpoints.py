@@ -1,26 +1,34 @@
-"""Tinker checkpoint routes: save/load weights, sampler weights, weights_info, run and checkpoint listings.
+"""Tinker checkpoint routes: save/load weights, sampler weights, external weights (PEFT export + signed download
+URLs), weights_info, copies, publish/unpublish, TTLs, run and checkpoint listings.
 
-A refused request frees its seq_id through the request guard (`guard.py`); routes just raise.
+A refused request frees its seq_id through the request guard (`guard.py`); routes just raise. The rules (who may
+read, publish, expire, copy) live in `service_checkpoints.py`.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
 from tinker import types
 
-from twinkle_server.auth import Tenant
-from twinkle_server.checkpoints import CheckpointPath
+from twinkle_server.auth import Tenant, key_from_headers
+from twinkle_server.checkpoints import SEGMENT_KIND, CheckpointPath
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.errors import bad_request, not_found, unprocessable
 from twinkle_server.hub_push import listing_fields, listing_metadata
 from twinkle_server.service import Service
+from twinkle_server.service_checkpoints import DOWNLOAD_PATH
 from twinkle_server.store import CheckpointRow, PushRow, TrainingRunRow
+from twinkle_server.tinker.optimizers import optimizer_family
 
 router = APIRouter(prefix='/api/v1')
 MAX_OFFSET = 2**62  # list offsets are SQL integers (64-bit)
+MAX_IDEMPOTENCY_KEY = 256
 
 
 @router.post('/save_weights')
@@ -37,6 +45,41 @@ async def save_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
         optimizer=True,
         overwrite=True,
         user_metadata=req.user_metadata,
+        ttl_seconds=req.ttl_seconds,
+    )
+    return {'request_id': rid, 'model_id': req.model_id}
+
+
+@router.post('/save_weights_external')
+async def save_weights_external(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """Export the adapter in Hugging Face PEFT format (`adapter_model.safetensors`, `adapter_config.json`) as
+    `tinker://{run}/external_weights/{name}`; its files download through `external_weights_urls`. The future's
+    value is `{path, size_bytes}`. age encryption is not supported (400)."""
+    req = parse(types.SaveWeightsExternalRequest, await json_body(request))
+    if not req.path:
+        raise bad_request('save_weights_external needs a name in `path`')
+    if req.age_encryption_recipients:
+        raise bad_request(
+            'age_encryption_recipients is not supported by this server: external weights are stored unencrypted '
+            "(on the server operator's disk); leave it unset, and encrypt after download if needed"
+        )
+
+    def done(uri: str) -> dict[str, Any]:
+        row = svc.store.checkpoint(req.model_id, f'external_weights/{req.path}', who.name)
+        return {'path': uri, 'size_bytes': row.size_bytes if row else None, 'type': 'save_weights_external'}
+
+    rid = svc.checkpoints.save(
+        who.name,
+        req.model_id,
+        req.seq_id,
+        req.path,
+        sampler=False,
+        external=True,
+        optimizer=False,
+        ttl_seconds=req.ttl_seconds,
+        post=done,
     )
     return {'request_id': rid, 'model_id': req.model_id}
 
@@ -56,6 +99,7 @@ async def save_weights_for_sampler(
             optimizer=False,
             user_metadata=req.user_metadata,
             post=lambda uri: {'path': uri, 'type': 'save_weights_for_sampler'},
+            ttl_seconds=req.ttl_seconds,
         )
     elif req.sampling_session_seq_id is not None:
         session_id = req.model_id.split(':train:')[0]
@@ -74,11 +118,26 @@ async def load_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
         if req.model_seq_id is None:
             raise bad_request('load_weights with session_id also needs model_seq_id')
         rid = svc.load_new_model(
-            who.name, req.session_id, req.model_seq_id, req.path, req.optimizer, req.base_model, req.user_metadata
+            who.name,
+            req.session_id,
+            req.model_seq_id,
+            req.path,
+            req.optimizer,
+            req.base_model,
+            req.user_metadata,
+            optimizer_config=None if req.optimizer_config is None else optimizer_family(req.optimizer_config),
         )
         return {'request_id': rid, 'model_id': f'{req.session_id}:train:{req.model_seq_id}'}
     if req.model_id is None:
         raise bad_request('load_weights needs either {session_id, model_seq_id} or {model_id, seq_id}')
+    if req.optimizer_config is not None:
+        family = optimizer_family(req.optimizer_config)
+        current = svc.model(who.name, req.model_id).lora.optimizer
+        if family != current:
+            raise unprocessable(
+                f'model {req.model_id} trains with {current}; optimizer_config ({family}) cannot change the '
+                f'optimizer of an existing model'
+            )
     rid = svc.load_into_model(who.name, req.model_id, req.seq_id, req.path, req.optimizer)
     return {'request_id': rid, 'model_id': req.model_id}
 
@@ -89,7 +148,7 @@ async def weights_info(request: Request, who: Tenant = Depends(tenant), svc: Ser
     path = body.get('tinker_path')
     if not isinstance(path, str):
         raise bad_request('weights_info needs `tinker_path`')
-    _, row = svc.checkpoints.checkpoint(who.name, path)
+    _, row = svc.checkpoints.checkpoint(who.name, path, readable=True)  # also another tenant's published one
     meta = svc.files.read_meta(row.directory)
     tl = meta.get('tinker_lora', {})
     return {
@@ -102,14 +161,19 @@ async def weights_info(request: Request, who: Tenant = Depends(tenant), svc: Ser
     }
 
 
+Scope = Literal['owned', 'accessible']
+
+
 @router.get('/training_runs')
 async def training_runs(
     limit: int = Query(20, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
+    access_scope: Scope = Query('owned'),
     who: Tenant = Depends(tenant),
     svc: Service = Depends(service),
 ) -> dict:
-    runs, total = svc.store.training_runs(who.name, limit, offset)
+    """The caller's runs (`access_scope=accessible`: and other tenants' runs with a published checkpoint)."""
+    runs, total = svc.store.training_runs(who.name, limit, offset, accessible=access_scope == 'accessible')
     return {
         'training_runs': [_run(svc, who.name, r) for r in runs],
         'cursor': {'offset': offset, 'limit': limit, 'total_count': total},
@@ -117,8 +181,15 @@ async def training_runs(
 
 
 @router.get('/training_runs/{run_id}')
-async def training_run(run_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
-    row = svc.store.training_run(run_id, who.name)
+async def training_run(
+    run_id: str, access_scope: Scope = Query('owned'), who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """404 for another tenant's run, unless `access_scope=accessible` and it has a published checkpoint (then
+    only its published checkpoints show)."""
+    if access_scope == 'accessible':
+        row = svc.store.accessible_training_run(run_id, who.name)
+    else:
+        row = svc.store.training_run(run_id, who.name)
     if row is None:
         raise not_found('training run', run_id)
     return _run(svc, who.name, row)
@@ -126,10 +197,138 @@ async def training_run(run_id: str, who: Tenant = Depends(tenant), svc: Service 
 
 @router.get('/training_runs/{run_id}/checkpoints')
 async def run_checkpoints(run_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    """A run's checkpoints: all of the caller's own run, or the published ones of another tenant's (404 when it
+    has none)."""
     if svc.store.training_run(run_id, who.name) is None:
-        raise not_found('training run', run_id)
+        public = svc.store.public_checkpoints(run_id)
+        if not public:
+            raise not_found('training run', run_id)
+        return {'checkpoints': [_checkpoint(c) for c in public]}
     pushes = svc.store.pushes(who.name, run_id)
     return {'checkpoints': [_checkpoint(c, pushes) for c in svc.store.checkpoints(who.name, run_id)]}
+
+
+@router.get('/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls')
+async def external_weights_urls(
+    run_id: str, checkpoint_id: str, request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """`ExternalWeightsUrlsResponse{urls: {file: signed URL}, expires}` for an external_weights/ checkpoint the
+    caller may read; each URL is a plain GET on this server (`/api/v1/checkpoint_files/...`), no API key."""
+    _checkpoint_id(checkpoint_id)
+    urls, expires = await run_in_threadpool(
+        svc.checkpoints.download_urls, who.name, run_id, checkpoint_id, str(request.base_url)
+    )
+    return {'urls': urls, 'expires': _time(expires)}
+
+
+@router.get(DOWNLOAD_PATH.removeprefix('/api/v1') + '/{file:path}')
+async def checkpoint_file(
+    file: str,
+    run_id: str = Query(..., max_length=1024),
+    checkpoint_id: str = Query(..., max_length=1024),
+    owner: str = Query(..., max_length=1024),
+    reader: str = Query(..., max_length=1024),
+    expires: int = Query(..., ge=0, le=MAX_OFFSET),
+    sig: str = Query(..., max_length=128),
+    svc: Service = Depends(service),
+) -> FileResponse:
+    """One file of an external-weights checkpoint, by a URL `external_weights_urls` signed (no API key: the
+    signature is the credential). 403 for a bad or expired signature; 404 once the checkpoint is deleted, expired
+    or -- for another tenant's reader -- unpublished."""
+    path = svc.checkpoints.signed_file(file, run_id, checkpoint_id, owner, reader, expires, sig)
+    return FileResponse(path, media_type='application/octet-stream', filename=path.name)
+
+
+@router.post('/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish')
+async def publish_checkpoint(
+    run_id: str, checkpoint_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """Make the caller's checkpoint readable by every tenant; 400 when it is public already (the hosted service's
+    409 would be retried by the SDK for minutes), 404 for anyone else's."""
+    svc.checkpoints.set_public(who.name, run_id, _checkpoint_id(checkpoint_id), True)
+    return {}
+
+
+@router.delete('/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish')
+async def unpublish_checkpoint(
+    run_id: str, checkpoint_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """Make the caller's checkpoint private again (other tenants' next requests for it answer 404); 400 when it
+    is private already. Registered before the DELETE of a checkpoint, whose path matches too: a checkpoint named
+    `publish` (`.../checkpoints/weights/publish`, no `/` left in `checkpoint_id`) is deleted here."""
+    if checkpoint_id in SEGMENT_KIND:
+        svc.checkpoints.delete_checkpoint(who.name, run_id, f'{checkpoint_id}/publish')
+        return {}
+    svc.checkpoints.set_public(who.name, run_id, _checkpoint_id(checkpoint_id), False)
+    return {}
+
+
+@router.put('/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl')
+async def set_checkpoint_ttl(
+    run_id: str, checkpoint_id: str, request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict:
+    """`{ttl_seconds}`: the checkpoint expires that long from now (between the server's minimum, one hour by
+    default, and 10 years), or never (`null`). Expired checkpoints leave listings at once and are deleted, files
+    and all, by the server's sweep."""
+    body = await json_body(request)
+    if 'ttl_seconds' not in body:
+        raise bad_request('set_checkpoint_ttl needs `ttl_seconds` (seconds, or null to remove the expiry)')
+    svc.checkpoints.set_ttl(who.name, run_id, _checkpoint_id(checkpoint_id), body['ttl_seconds'])
+    return {}
+
+
+@router.post('/copy_weights')
+async def copy_weights(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
+    """`CopyWeightsRequest` -> `{tinker_path}`: a copy of a checkpoint the caller may read (its own, a published
+    one, or one readable by the tenant whose API key is the `weights_access_token`) in a new training run of the
+    caller that cannot be trained on, sharing the source's files. `X-Idempotency-Key` makes retries return the
+    first copy."""
+    req = parse(types.CopyWeightsRequest, await json_body(request))
+    key = request.headers.get('x-idempotency-key')
+    if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise bad_request(f'X-Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters')
+    if key is not None:
+        done = svc.store.idempotent_result(who.name, f'copy_weights:{key}')
+        if done is not None:
+            return _copied(done, req.source_path)
+    token = req.weights_access_token or request.headers.get('x-tinker-weights-access-token')
+    reader = who.name
+    if token:
+        address = request.client.host if request.client else 'unknown'
+        reader = svc.logins.authenticate(svc.store, key_from_headers(token, None), address).name
+    path = await run_in_threadpool(
+        lambda: svc.copy_weights(
+            who.name,
+            req.source_path,
+            reader=reader,
+            session_id=req.session_id,
+            model_seq_id=req.model_seq_id,
+            project_id=req.destination_project_id,
+            ttl_seconds=req.ttl_seconds,
+        )
+    )
+    if key is not None:
+        recorded = json.dumps({'source_path': req.source_path, 'tinker_path': path})
+        return _copied(svc.store.put_idempotent_result(who.name, f'copy_weights:{key}', recorded), req.source_path)
+    return {'tinker_path': path}
+
+
+def _copied(recorded: str, source_path: str) -> dict:
+    done = json.loads(recorded)
+    if done['source_path'] != source_path:
+        raise unprocessable(
+            f'X-Idempotency-Key was used for a copy of {done["source_path"]}, not {source_path}; use a new key'
+        )
+    return {'tinker_path': done['tinker_path']}
+
+
+def _checkpoint_id(checkpoint_id: str) -> str:
+    if '/' not in checkpoint_id:
+        raise unprocessable(
+            f'checkpoint_id {checkpoint_id!r} must look like weights/<name>, sampler_weights/<name> or '
+            f'external_weights/<name>'
+        )
+    return checkpoint_id
 
 
 @router.get('/checkpoints')
@@ -150,9 +349,7 @@ async def checkpoints(
 async def delete_checkpoint(
     run_id: str, checkpoint_id: str, who: Tenant = Depends(tenant), svc: Service = Depends(service)
 ) -> dict:
-    if '/' not in checkpoint_id:
-        raise unprocessable(f'checkpoint_id {checkpoint_id!r} must look like weights/<name> or sampler_weights/<name>')
-    svc.checkpoints.delete_checkpoint(who.name, run_id, checkpoint_id)
+    svc.checkpoints.delete_checkpoint(who.name, run_id, _checkpoint_id(checkpoint_id))
     return {}
 
 
@@ -170,8 +367,9 @@ def _checkpoint(c: CheckpointRow, pushes: dict[tuple[str, str], PushRow] | None 
         'time': _time(c.created_at),
         'tinker_path': CheckpointPath(c.run_id, segment, name).uri(),
         'size_bytes': c.size_bytes,
-        'public': False,
+        'public': c.public,
         'user_metadata': c.user_metadata,
+        'expires_at': None if c.expires_at is None else _time(c.expires_at),
     }
     push = (pushes or {}).get((c.run_id, c.checkpoint_id))
     if push is not None:
@@ -181,7 +379,11 @@ def _checkpoint(c: CheckpointRow, pushes: dict[tuple[str, str], PushRow] | None 
 
 
 def _run(svc: Service, tenant: str, r: TrainingRunRow) -> dict[str, Any]:
-    cks, pushes = svc.store.checkpoints(tenant, r.run_id), svc.store.pushes(tenant, r.run_id)
+    """A Tinker `TrainingRun`; another tenant's run (published checkpoints) shows only those."""
+    if r.tenant == tenant:
+        cks, pushes = svc.store.checkpoints(tenant, r.run_id), svc.store.pushes(tenant, r.run_id)
+    else:
+        cks, pushes = svc.store.public_checkpoints(r.run_id), {}
     last = next((_checkpoint(c, pushes) for c in cks if c.kind == 'training'), None)
     last_sampler = next((_checkpoint(c, pushes) for c in cks if c.kind == 'sampler'), None)
     meta = r.user_metadata if isinstance(r.user_metadata, dict) else None

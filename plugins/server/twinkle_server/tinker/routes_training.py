@@ -14,9 +14,9 @@ from tinker import types
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.errors import ApiError, bad_request
-from twinkle_server.model_host.base import AdamStep, TrainBatch, TrainResult
+from twinkle_server.model_host.base import TrainBatch, TrainResult
 from twinkle_server.service import Service
-from twinkle_server.tinker import datums, images, wire
+from twinkle_server.tinker import datums, images, losses, optimizers, stability, wire
 
 router = APIRouter(prefix='/api/v1')
 
@@ -28,10 +28,14 @@ async def create_model(
     req = parse(types.CreateModelRequest, await json_body(request))
     if req.lora_config is None:
         raise ApiError(422, 'full fine-tuning is not offered by this server; pass a lora_config (rank >= 1)')
-    if getattr(req.optimizer_config, 'type', 'adamw') != 'adamw':
-        raise ApiError(422, f'optimizer {req.optimizer_config.type!r} is not supported; use AdamW (the default)')
     rid = svc.create_model(
-        who.name, req.session_id, req.model_seq_id, req.base_model, req.lora_config.model_dump(), req.user_metadata
+        who.name,
+        req.session_id,
+        req.model_seq_id,
+        req.base_model,
+        req.lora_config.model_dump(),
+        req.user_metadata,
+        optimizer=optimizers.optimizer_family(req.optimizer_config),
     )
     return {'request_id': rid, 'model_id': f'{req.session_id}:train:{req.model_seq_id}'}
 
@@ -70,6 +74,9 @@ async def forward_backward(
     m = svc.model(who.name, msg.model_id)  # 404 before anything else for unknown / other tenants' models
     svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
     call = wire.decode_forward_backward(msg)
+    losses.check_config(call.loss_fn, call.loss_config)  # unknown loss or bad loss_fn_config: 422 before queueing
+    if call.loss_fn == 'stable_reinforce':
+        stability.apply_provenance(call.data, lambda sid: svc.stability.lookup(who.name, m.session_id, sid))
     host = svc.host(m.base_model)
     encoder = images.encoder_for(m.base_model, host.model_dir)
     if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
@@ -105,15 +112,7 @@ def _image_rows(
 @router.post('/optim_step')
 async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     req = parse(types.OptimStepRequest, await json_body(request))
-    params = req.optim_params
-    if not isinstance(params, types.AdamParams):
-        raise ApiError(
-            422, f'optimizer params of type {getattr(params, "type", "?")!r} are not supported; send AdamParams'
-        )
-    step = AdamStep(
-        params.learning_rate, params.beta1, params.beta2, params.eps, params.weight_decay, params.grad_clip_norm
-    )
-    step.validate()
+    step = optimizers.optim_step(req.optim_params)  # AdamParams or DimuonParams, range-checked
     rid = svc.optim_step(who.name, req.model_id, req.seq_id, step)
     return {'request_id': rid, 'model_id': req.model_id}
 

@@ -40,13 +40,45 @@ Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[A
 @dataclass
 class PromptJob:
     """One prompt and the random streams of its samples (one generator per sample; empty when greedy);
-    `images`: an image prompt's images (vision-language models only)."""
+    `images`: an image prompt's images (vision-language models only); `scored`: this job returns the prompt's
+    scores (`PromptScoring`; False for the further parts of a prompt split over batches); `draws`: the random
+    stream of its `prompt_alt_tokens` draws."""
 
     token_ids: list[int]
     generators: list[torch.Generator]
     num_samples: int
     adapter_name: str | None = None
     images: PromptImages | None = None
+    scored: bool = True
+    draws: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class PromptScoring:
+    """What to compute at the prompt's positions from the prefill (`SamplingParams`' prompt_* fields): the prompt
+    tokens' log-probs, the `top_k` most likely, both from position `first_scored(len, last_n)` on; log-probs of the
+    `targets` ids (row i: position i + 1, -1 = none); `alt_k` draws at `alt_temperature` per position. Log-probs
+    are the raw model's (float32 log-softmax of the logits)."""
+
+    logprobs: bool = False
+    top_k: int = 0
+    last_n: int | None = None
+    targets: list[list[int]] | None = None
+    alt_k: int = 0
+    alt_temperature: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.logprobs or self.top_k > 0 or self.targets is not None or self.alt_k > 0
+
+    def logits_to_keep(self) -> int:
+        """Prefill logits to keep: the last one (nothing scored), the last ``last_n + 1`` (only a suffix scored: the
+        prompts are left-padded, so a row's last positions are its own), or all (0)."""
+        if not self.active:
+            return 1
+        if self.targets is None and not self.alt_k and self.last_n is not None:
+            return self.last_n + 1
+        return 0
 
 
 @dataclass
@@ -60,7 +92,11 @@ class Generation:
 @dataclass
 class PromptResult:
     generations: list[Generation]
+    scored: bool = False  # the prompt_* fields below were computed by this part
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_target_logprobs: list[list[float]] | None = None
+    prompt_alt_tokens: list[list[tuple[int, float]]] | None = None
 
 
 class BatchDecoder:
@@ -95,7 +131,7 @@ class BatchDecoder:
         chooser: TokenChooser,
         stop: StopCondition,
         *,
-        prompt_logprobs: bool = False,
+        scoring: PromptScoring = PromptScoring(),
         top_logprobs: int = 0,
     ) -> list[PromptResult]:
         device = next(self.model.parameters()).device
@@ -117,13 +153,14 @@ class BatchDecoder:
             input_ids=input_ids,
             attention_mask=mask,
             past_key_values=cache,
-            logits_to_keep=0 if prompt_logprobs else 1,
+            logits_to_keep=scoring.logits_to_keep(),
             **inputs,
         )
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
-        if prompt_logprobs:
-            for result, logprobs_of_prompt in zip(results, _prompt_logprobs(out.logits, input_ids, jobs)):
-                result.prompt_logprobs = logprobs_of_prompt
+        if scoring.active:
+            for row, (job, result) in enumerate(zip(jobs, results)):
+                if job.scored:
+                    _score_prompt(out.logits[row], job, scoring, result)
         # Fan the prefilled prompts out to one row per sample.
         owner = [(p, s) for p, job in enumerate(jobs) for s in range(job.num_samples)]
         fan_out = torch.tensor([p for p, _ in owner], device=device)
@@ -272,9 +309,60 @@ def _left_pad(
     return input_ids.to(device), mask.to(device), positions.to(device)
 
 
-def _prompt_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, jobs: list[PromptJob]) -> list[list[float | None]]:
-    """Per prompt: [None, log p(t1 | t0), log p(t2 | t0 t1), ...] from the prefill logits (left-padded rows)."""
-    width = input_ids.shape[1]
-    targets = input_ids[:, 1:]
-    lps = chosen_logprobs(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1)).view(targets.shape)
-    return [[None] + lps[i, width - len(job.token_ids) :].tolist() for i, job in enumerate(jobs)]
+#: float32 logits scored at once (bounds the memory of scoring a long prompt over a large vocabulary: 128 MiB)
+SCORE_CHUNK_ELEMENTS = 1 << 25
+
+
+def _score_prompt(logits: torch.Tensor, job: PromptJob, scoring: PromptScoring, result: PromptResult) -> None:
+    """Fill `result`'s prompt_* fields from one left-padded row's prefill logits [W, V] (the last W positions of
+    the batch: position p of a prompt of length L is predicted by row ``W - L + p - 1``). Positions are scored in
+    chunks of at most `SCORE_CHUNK_ELEMENTS` logits."""
+    from twinkle_core.sampler.prompts import first_scored
+
+    ids = job.token_ids
+    length, width, vocab = len(ids), logits.shape[0], logits.shape[-1]
+    first = first_scored(length, scoring.last_n) if scoring.logprobs or scoring.top_k else length
+    # the positions every output needs: targets and draws cover 1..L-1, the others first..L-1
+    start = 1 if scoring.targets is not None or scoring.alt_k else first
+    offset = width - length - 1  # row of position p = offset + p
+    tokens = torch.tensor(ids, device=logits.device)
+    chosen: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    target_lps: list[list[float]] = []
+    draws: list[list[tuple[int, float]]] = []
+    step = max(1, SCORE_CHUNK_ELEMENTS // vocab)
+    for lo in range(start, length, step):
+        hi = min(lo + step, length)  # positions lo..hi-1
+        rows = logits[offset + lo : offset + hi].float()
+        norm = rows.logsumexp(-1, keepdim=True)
+        s = max(first, lo) - lo  # rows of this chunk from the first scored position on
+        if scoring.logprobs and s < hi - lo:
+            chosen += (rows[s:].gather(-1, tokens[max(first, lo) : hi, None]) - norm[s:])[:, 0].tolist()
+        if scoring.top_k and s < hi - lo:
+            values, indices = rows[s:].topk(min(scoring.top_k, vocab), dim=-1)
+            top += [list(zip(i, v)) for i, v in zip(indices.tolist(), (values - norm[s:]).tolist())]
+        if scoring.targets is not None:
+            asked = torch.tensor(scoring.targets[lo - 1 : hi - 1], dtype=torch.long, device=logits.device)
+            if asked.numel():
+                lps = (rows.gather(-1, asked.clamp(min=0)) - norm).masked_fill(asked < 0, 0.0)
+                target_lps += lps.tolist()
+            else:
+                target_lps += [[] for _ in range(hi - lo)]
+        if scoring.alt_k:
+            if scoring.alt_temperature == 0.0:
+                picked = rows.argmax(-1, keepdim=True).expand(-1, scoring.alt_k)
+            else:
+                probs = (rows / scoring.alt_temperature).softmax(-1)
+                picked = torch.multinomial(probs, scoring.alt_k, replacement=True, generator=job.draws)
+            lps = rows.gather(-1, picked) - norm
+            draws += [list(zip(t, v)) for t, v in zip(picked.tolist(), lps.tolist())]
+    blank: list[None] = [None] * first
+    if scoring.logprobs:
+        result.prompt_logprobs = [*blank, *chosen]
+    if scoring.top_k:
+        result.prompt_top_logprobs = [*blank, *top]
+    if scoring.targets is not None:
+        result.prompt_target_logprobs = target_lps
+    if scoring.alt_k:
+        result.prompt_alt_tokens = draws
+    result.scored = True

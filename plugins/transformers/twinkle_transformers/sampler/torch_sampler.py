@@ -39,7 +39,9 @@ from twinkle_core.sampler.prompts import (
     IMAGE_FIELDS,
     adapters_per_prompt,
     as_sampling_params,
+    check_prompt_scoring,
     encode_prompt_row,
+    prompt_draw_seed,
     prompt_rows,
     sampled_sequence,
     sequence_seed,
@@ -47,7 +49,7 @@ from twinkle_core.sampler.prompts import (
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
-from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult
+from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult, PromptScoring
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
@@ -64,12 +66,17 @@ class TorchSampler(Sampler):
     installed for inference into a model the sampler loaded itself (`twinkle_core.kernel.apply_kernels`; they run
     in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements)."""
 
-    #: adapters mixed per row, any number resident; the model lives in this process, placed by ``device=``
+    #: adapters mixed per row, any number resident; every prompt score (top-k of any width, target ids, draws);
+    #: the model lives in this process, placed by ``device=``
     capabilities = SamplerCapabilities(
         per_row_adapters=True,
         max_adapters=None,
         max_adapters_per_call=None,
         prompt_logprobs=True,
+        max_top_logprobs=None,
+        prompt_top_logprobs=True,
+        prompt_target_logprobs=True,
+        prompt_alt_tokens=True,
         adapter_from_tensors=True,
         weights_in_process=True,
         takes_device=True,
@@ -142,6 +149,14 @@ class TorchSampler(Sampler):
         )
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
         jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy, images)
+        scoring = PromptScoring(
+            logprobs=params.prompt_logprobs,
+            top_k=params.prompt_top_logprobs,
+            last_n=params.prompt_logprobs_last_n,
+            targets=params.prompt_target_tokens,
+            alt_k=params.prompt_alt_tokens,
+            alt_temperature=params.temperature,
+        )
         results: dict[int, list[PromptResult]] = {}
         decoder = BatchDecoder(
             model,
@@ -153,11 +168,7 @@ class TorchSampler(Sampler):
         with _eval_mode(model):
             for batch in _batches(jobs, self.max_batch_size, by_adapter=by_adapter):
                 outputs = decoder.decode(
-                    [job for _, job in batch],
-                    chooser,
-                    stop,
-                    prompt_logprobs=params.prompt_logprobs,
-                    top_logprobs=params.alternatives,
+                    [job for _, job in batch], chooser, stop, scoring=scoring, top_logprobs=params.alternatives
                 )
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
@@ -332,6 +343,7 @@ class TorchSampler(Sampler):
                     f'shorten the prompt.'
                 )
         lora.check_adapters(self._adapters, adapters)
+        check_prompt_scoring(type(self).__name__, self.capabilities, prompts, params, vocab)
         if params.stop_strings() and self._codec.template is None and self.tokenizer is None:
             raise InvalidInputError(
                 'Stop strings need a tokenizer or template to decode tokens; call '
@@ -356,7 +368,12 @@ class TorchSampler(Sampler):
                 if greedy
                 else [make_generator(sequence_seed(base_seed, s, ids), device) for s in range(params.num_samples)]
             )
-            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image)))
+            draws = (
+                make_generator(prompt_draw_seed(base_seed, ids), device)
+                if params.prompt_alt_tokens and not greedy
+                else None
+            )
+            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image, draws=draws)))
         return jobs
 
     def _response(
@@ -378,7 +395,14 @@ class TorchSampler(Sampler):
             for part in parts
             for gen in part.generations
         ]
-        return SampleResponse(sequences=sequences, prompt_logprobs=parts[0].prompt_logprobs)
+        scored = next((part for part in parts if part.scored), parts[0])
+        return SampleResponse(
+            sequences=sequences,
+            prompt_logprobs=scored.prompt_logprobs,
+            prompt_top_logprobs=scored.prompt_top_logprobs,
+            prompt_target_logprobs=scored.prompt_target_logprobs,
+            prompt_alt_tokens=scored.prompt_alt_tokens,
+        )
 
 
 def _batches(
@@ -398,9 +422,10 @@ def _batches(
     for index, job in jobs:
         for start in range(0, job.num_samples, max_sequences):
             count = min(max_sequences, job.num_samples - start)
-            split.append(
-                (index, dataclasses.replace(job, generators=job.generators[start : start + count], num_samples=count))
+            part = dataclasses.replace(
+                job, generators=job.generators[start : start + count], num_samples=count, scored=start == 0
             )
+            split.append((index, part))
     split.sort(key=lambda item: len(item[1].token_ids))
     batch: list[tuple[int, PromptJob]] = []
     size = 0
