@@ -19,16 +19,25 @@ For N tenants (default 1, 4, 16), each with its own rank-r all-linear LoRA, Adam
     `--grid` runs (b) for every tenants x shape cell (`--shapes ROWSxTOKENS ...`) and prints which strategy the
     planner chose and `chosen/best`, the chosen strategy's throughput over the better of sequential and peft.
 
-Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small] [--tenants 1 4 16] [--rows 2] [--tokens 32]
-     [--ranks 8 [32 ...]] [--repeats 5] [--threads 1] [--skip-memory] [--skip-throughput]
+`--device` (default cuda when available, else cpu): on CUDA the models are bfloat16 (LoRA weights and AdamW state
+stay fp32), timers synchronize the GPU, `--threads` is ignored unless given, (a) reports each child's peak GPU
+memory (`torch.cuda.max_memory_allocated`) instead of RSS, and the peft xN baseline is left out (n/a) where N
+copies of the base model would not fit in free GPU memory (or a cell runs out of memory). `--json PATH` writes
+the results as one JSON object (rewritten after every row, so a run cut short keeps what it measured).
+
+Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small|medium] [--tenants 1 4 16] [--rows 2] [--tokens 32]
+     [--ranks 8 [32 ...]] [--repeats 5] [--threads 1] [--skip-memory] [--skip-throughput] [--device cpu|cuda]
+     [--json PATH]
      .venv/bin/python bench/multi_tenant.py --grid [--model small] [--tenants 1 4 16 64]
      [--shapes 1x16 4x64 8x256] [--ranks 8 32] [--max-step-tokens 16384]
+     GPU: python bench/multi_tenant.py --grid --model medium --tenants 16 64 --shapes 1x64 2x128 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import resource
@@ -42,6 +51,21 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 
 LR = 1e-4
+
+
+def _dtype(device: str):
+    """bfloat16 on GPUs, float32 on CPU (bf16 matmuls are slow there) -- the engine's own default."""
+    import torch
+
+    return torch.float32 if device == 'cpu' else torch.bfloat16
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so that a timer read next measures finished work."""
+    if device.startswith('cuda'):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
@@ -60,10 +84,10 @@ def _rank(i: int, ranks: list[int]) -> int:
     return ranks[i % len(ranks)]
 
 
-def _engine(model_dir: str, n: int, ranks: list[int], **engine_kwargs):
+def _engine(model_dir: str, n: int, ranks: list[int], device: str = 'cpu', **engine_kwargs):
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
-    engine = MultiLoraTransformersModel(model_dir, device='cpu', **engine_kwargs)
+    engine = MultiLoraTransformersModel(model_dir, device=device, dtype=_dtype(device), **engine_kwargs)
     for i in range(n):
         r = _rank(i, ranks)
         engine.add_adapter_to_model(f't{i}', dict(r=r, lora_alpha=2 * r, target_modules='all-linear'))
@@ -71,12 +95,22 @@ def _engine(model_dir: str, n: int, ranks: list[int], **engine_kwargs):
     return engine
 
 
-def _peft_models(model_dir: str, n: int, ranks: list[int]):
+def _peft_models(model_dir: str, n: int, ranks: list[int], device: str = 'cpu', check_fit: bool = False):
+    """N independent peft models (N - 1 deep copies of the base). With `check_fit` (CUDA), None instead where the
+    copies would take more than 60% of the GPU memory still available (the rest is left for activations)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(device))
+    if device != 'cpu':
+        base = base.to(device)
+    if check_fit and device.startswith('cuda'):
+        free, _ = torch.cuda.mem_get_info()
+        available = free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        copy_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+        if (n - 1) * copy_bytes > 0.6 * available:
+            return None
     models = []
     for i in range(n):
         m = get_peft_model(
@@ -87,13 +121,13 @@ def _peft_models(model_dir: str, n: int, ranks: list[int]):
     return models
 
 
-def _padded(rows: list[dict]):
+def _padded(rows: list[dict], device: str = 'cpu'):
     import torch
 
     width = max(len(r['input_ids']) for r in rows)
-    ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows])
-    labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows])
-    mask = torch.tensor([[1] * len(r['input_ids']) + [0] * (width - len(r['input_ids'])) for r in rows])
+    ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows], device=device)
+    labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows], device=device)
+    mask = torch.tensor([[1] * len(r['input_ids']) + [0] * (width - len(r['input_ids'])) for r in rows], device=device)
     return ids, mask, labels
 
 
@@ -121,27 +155,34 @@ def peft_step(models, batches) -> None:
 
 
 # ---- (a) memory, one configuration per fresh process ------------------------------------------------------
-def child(kind: str, model_dir: str, n: int, rows: int, tokens: int, ranks: list[int]) -> None:
+def child(kind: str, model_dir: str, n: int, rows: int, tokens: int, ranks: list[int], device: str = 'cpu') -> None:
     data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
     if kind == 'engine':  # one pass per step, like `one_adapter` (same activations)
-        engine = _engine(model_dir, n, ranks, pass_strategy='mixed', max_pass_tokens=None)
+        engine = _engine(model_dir, n, ranks, device, pass_strategy='mixed', max_pass_tokens=None)
         for _ in range(3):
             mixed_step(engine, data)
     elif kind == 'one_adapter':  # same rows and activations, a single adapter for all of them
-        engine = _engine(model_dir, 1, ranks)
+        engine = _engine(model_dir, 1, ranks, device)
         for _ in range(3):
             mixed_step(engine, {'t0': [r for rs in data.values() for r in rs]})
     elif kind == 'peft':
-        models = _peft_models(model_dir, n, ranks)
-        batches = [_padded(rs) for rs in data.values()]
+        models = _peft_models(model_dir, n, ranks, device)
+        batches = [_padded(rs, device) for rs in data.values()]
         for _ in range(3):
             peft_step(models, batches)
     else:
         raise SystemExit(f'unknown child kind {kind!r}')
-    print(json.dumps({'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    if device.startswith('cuda'):
+        import torch
+
+        print(json.dumps({'peak_mb': torch.cuda.max_memory_allocated() / 2**20}))
+    else:
+        print(json.dumps({'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float:
+def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> float | None:
+    """Peak RSS (CPU) or peak GPU memory allocated (CUDA), MB, of `kind` in a fresh process; None where the
+    child failed on CUDA (out of memory, typically: N peft copies of a large model)."""
     out = subprocess.run(
         [
             sys.executable,
@@ -158,24 +199,30 @@ def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> 
             str(args.tokens),
             '--threads',
             str(args.threads),
+            '--device',
+            args.device,
             '--ranks',
             *map(str, args.ranks),
         ],
-        check=True,
+        check=args.device == 'cpu',
         capture_output=True,
         text=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])['peak_rss_mb']
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ['no output'])[-1]
+        print(f'    {kind} N={n}: child failed ({last[:160]})', flush=True)
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])['peak_mb']
 
 
-def adapter_train_mb(model_dir: str, ranks: list[int]) -> float:
-    engine = _engine(model_dir, 1, ranks)
+def adapter_train_mb(model_dir: str, ranks: list[int], device: str = 'cpu') -> float:
+    engine = _engine(model_dir, 1, ranks, device)
     params = sum(p.numel() for p in engine.manager.parameters('t0'))
     return params * 4 * 4 / 2**20  # fp32 weight + grad + exp_avg + exp_avg_sq
 
 
 # ---- (b) throughput, in this process --------------------------------------------------------------------
-def _median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+def _median_times(steps: dict[str, Callable[[], None]], repeats: int, device: str = 'cpu') -> dict[str, float]:
     """Median seconds per call of each step; the steps run round-robin so that load from other processes on
     a shared machine hits all of them alike."""
     for step in steps.values():
@@ -183,8 +230,10 @@ def _median_times(steps: dict[str, Callable[[], None]], repeats: int) -> dict[st
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
+            _sync(device)
             start = time.perf_counter()
             step()
+            _sync(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -208,48 +257,101 @@ def describe(plan) -> str:
 
 
 def throughput(model_dir: str, n: int, rows: int, tokens: int, args: argparse.Namespace) -> dict[str, float | str]:
+    """Tenant-steps/s of each strategy (no 'peft' key where the peft xN baseline does not fit, CUDA only)."""
+    device = args.device
     data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
-    mixed_engine = _engine(model_dir, n, args.ranks, pass_strategy='mixed', max_pass_tokens=None)
-    chosen_engine = _engine(model_dir, n, args.ranks)  # the default: pass_strategy='auto'
+    mixed_engine = _engine(model_dir, n, args.ranks, device, pass_strategy='mixed', max_pass_tokens=None)
+    chosen_engine = _engine(model_dir, n, args.ranks, device)  # the default: pass_strategy='auto'
     settle(chosen_engine, data)
-    models, batches = _peft_models(model_dir, n, args.ranks), [_padded(rs) for rs in data.values()]
-    seconds = _median_times(
-        {
-            'mixed': lambda: mixed_step(mixed_engine, data),
-            'sequential': lambda: sequential_step(mixed_engine, data),
-            'peft': lambda: peft_step(models, batches),
-            'chosen': lambda: mixed_step(chosen_engine, data),
-        },
-        args.repeats,
-    )
+    models = _peft_models(model_dir, n, args.ranks, device, check_fit=True)
+    batches = [_padded(rs, device) for rs in data.values()]
+    steps = {
+        'mixed': lambda: mixed_step(mixed_engine, data),
+        'sequential': lambda: sequential_step(mixed_engine, data),
+        'peft': lambda: peft_step(models, batches),
+        'chosen': lambda: mixed_step(chosen_engine, data),
+    }
+    if models is None:
+        del steps['peft']
+    seconds = _median_times(steps, args.repeats, device)
     out: dict[str, float | str] = {name: n / t for name, t in seconds.items()}
     out['strategy'] = describe(chosen_engine.planner.last_plan)
     return out
 
 
-def print_throughput(args: argparse.Namespace, model_dir: str) -> None:
+def _free_gpu(device: str) -> None:
+    """Release the previous cell's models (engines hold reference cycles) before the next one loads."""
+    if device.startswith('cuda'):
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def print_throughput(args: argparse.Namespace, model_dir: str, report: dict) -> None:
     print('\n(b) throughput (tenant-steps/s, median), same process; best = max(sequential, peft)')
     print(
         f'{"N":>3} {"rows x tokens":>13} {"mixed":>8} {"sequential":>10} {"peft xN":>8} {"chosen":>8} '
         f'{"strategy":>16} {"chosen/best":>11} {"mixed/sequential":>16}'
     )
+    cells = report['throughput'] = []
     for n in args.tenants:
         for rows, tokens in args.shapes:
+            cell: dict = {'tenants': n, 'rows': rows, 'tokens': tokens, 'tokens_per_step': n * rows * tokens}
+            cells.append(cell)
             if n * rows * tokens > args.max_step_tokens:
                 print(
                     f'{n:>3} {f"{rows} x {tokens}":>13}   skipped: {n * rows * tokens} tokens per step > '
                     f'--max-step-tokens {args.max_step_tokens}',
                     flush=True,
                 )
+                cell['skipped'] = f'tokens per step > --max-step-tokens {args.max_step_tokens}'
+                _write_json(args, report)
                 continue
-            r = throughput(model_dir, n, rows, tokens, args)
-            best = max(r['sequential'], r['peft'])
+            try:
+                r = throughput(model_dir, n, rows, tokens, args)
+            except Exception as exc:  # CUDA out of memory: report the cell, go on with the next one
+                if not (args.device.startswith('cuda') and 'out of memory' in str(exc).lower()):
+                    raise
+                r = None
+            _free_gpu(args.device)
+            if r is None:
+                print(f'{n:>3} {f"{rows} x {tokens}":>13}   skipped: CUDA out of memory', flush=True)
+                cell['skipped'] = 'CUDA out of memory'
+                _write_json(args, report)
+                continue
+            peft = r.get('peft')
+            best = max(r['sequential'], peft) if peft is not None else r['sequential']
+            peft_text = f'{peft:>8.2f}' if peft is not None else f'{"n/a":>8}'
             print(
                 f'{n:>3} {f"{rows} x {tokens}":>13} {r["mixed"]:>8.2f} {r["sequential"]:>10.2f} '
-                f'{r["peft"]:>8.2f} {r["chosen"]:>8.2f} {r["strategy"]:>16} {r["chosen"] / best:>11.2f} '
+                f'{peft_text} {r["chosen"]:>8.2f} {r["strategy"]:>16} {r["chosen"] / best:>11.2f} '
                 f'{r["mixed"] / r["sequential"]:>16.2f}',
                 flush=True,
             )
+            per_step = rows * tokens  # tokens per tenant-step
+            for name in ('mixed', 'sequential', 'peft', 'chosen'):
+                value = r.get(name)
+                cell[name] = {
+                    'tenant_steps_per_s': value,
+                    'tokens_per_s': value * per_step if value is not None else None,
+                }
+            cell['best'] = {
+                'of': 'max(sequential, peft)' if peft is not None else 'sequential (peft xN does not fit)',
+                'tenant_steps_per_s': best,
+                'tokens_per_s': best * per_step,
+            }
+            cell['strategy'] = r['strategy']
+            cell['chosen_over_best'] = r['chosen'] / best
+            cell['mixed_over_sequential'] = r['mixed'] / r['sequential']
+            _write_json(args, report)
+
+
+def _write_json(args: argparse.Namespace, report: dict) -> None:
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=2)
+            f.write('\n')
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -261,8 +363,10 @@ def _shape(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
+    from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--model', default='tiny', choices=['tiny', 'small'])
+    parser.add_argument('--model', default='tiny', choices=list(SPECS), help='fixture size (medium: ~0.8B, GPUs)')
     parser.add_argument('--tenants', type=int, nargs='+', default=[1, 4, 16])
     parser.add_argument('--rows', type=int, default=2, help='rows per tenant per step')
     parser.add_argument('--tokens', type=int, default=32, help='tokens per row')
@@ -284,7 +388,14 @@ def main() -> None:
         help='skip grid cells with more tokens per step (the mixed baseline holds them all in one pass)',
     )
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads (1: stable on shared CPUs)')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help='torch intra-op threads (default 1 on CPU: stable on shared CPUs; on CUDA left as torch sets it)',
+    )
+    parser.add_argument('--device', default=None, help='cpu or cuda (default: cuda when available, else cpu)')
+    parser.add_argument('--json', metavar='PATH', help='also write the results to PATH as one JSON object')
     parser.add_argument('--skip-memory', action='store_true')
     parser.add_argument('--skip-throughput', action='store_true')
     parser.add_argument('--child', help=argparse.SUPPRESS)
@@ -293,11 +404,16 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    torch.set_num_threads(args.threads)
+    if args.device is None:
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.device == 'cpu' and args.threads is None:
+        args.threads = 1
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    else:
+        args.threads = torch.get_num_threads()
     if args.child:
-        return child(args.child, args.model_dir, args.n, args.rows, args.tokens, args.ranks)
-    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
-
+        return child(args.child, args.model_dir, args.n, args.rows, args.tokens, args.ranks, args.device)
     model_dir = str(ensure_tiny_model(args.model))
     if args.grid:
         args.skip_memory = True
@@ -305,30 +421,72 @@ def main() -> None:
     else:
         args.shapes = [(args.rows, args.tokens)]
         args.max_step_tokens = max(args.max_step_tokens, max(args.tenants) * args.rows * args.tokens)
+    cuda = args.device.startswith('cuda')
+    where = f'{torch.cuda.get_device_name(torch.device(args.device))}, bfloat16' if cuda else 'CPU'
     print(
         f'model={args.model} tenants={args.tenants} shapes (rows x tokens per tenant)='
         f'{[f"{r}x{t}" for r, t in args.shapes]} ranks={args.ranks} all-linear, AdamW; torch {torch.__version__}, '
-        f'{torch.get_num_threads()} threads, CPU'
+        f'{torch.get_num_threads()} threads, {where}'
     )
+    report: dict = {
+        'bench': 'multi_tenant',
+        'argv': sys.argv[1:],
+        'model': args.model,
+        'device': args.device,
+        'device_name': torch.cuda.get_device_name(torch.device(args.device)) if cuda else 'CPU',
+        'dtype': str(_dtype(args.device)).removeprefix('torch.'),
+        'torch': torch.__version__,
+        'threads': torch.get_num_threads(),
+        'tenants': args.tenants,
+        'shapes': [f'{r}x{t}' for r, t in args.shapes],
+        'ranks': args.ranks,
+        'repeats': args.repeats,
+        'grid': args.grid,
+        'max_step_tokens': args.max_step_tokens,
+    }
     if not args.skip_memory:
-        adapter = adapter_train_mb(model_dir, args.ranks)
-        print(f'\n(a) peak RSS (MB), fresh process each; one adapter trains with {adapter:.1f} MB')
+        adapter = adapter_train_mb(model_dir, args.ranks, args.device)
+        _free_gpu(args.device)
+        metric = 'peak GPU memory allocated (MB, torch.cuda.max_memory_allocated)' if cuda else 'peak RSS (MB)'
+        print(f'\n(a) {metric}, fresh process each; one adapter trains with {adapter:.1f} MB')
         print(
             f'{"N":>3} {"engine":>9} {"peft xN":>9} {"base(N)":>9} {"budget":>9} {"engine/budget":>14} '
             f'{"peft/engine":>12}'
         )
+        rows_out = []
+        report['memory'] = {
+            'metric': 'cuda_max_memory_allocated_mb' if cuda else 'peak_rss_mb',
+            'adapter_train_mb': adapter,
+            'rows': rows_out,
+        }
         for n in args.tenants:
             ours, peft = measure_rss('engine', model_dir, n, args), measure_rss('peft', model_dir, n, args)
             base = measure_rss('one_adapter', model_dir, n, args)
-            budget = (base + (n - 1) * adapter) * 1.10
+            budget = (base + (n - 1) * adapter) * 1.10 if base is not None else None
+            rows_out.append(
+                {
+                    'tenants': n,
+                    'engine_mb': ours,
+                    'peft_mb': peft,
+                    'base_mb': base,
+                    'budget_mb': budget,
+                    'engine_over_budget': ours / budget if ours is not None and budget else None,
+                    'peft_over_engine': peft / ours if peft is not None and ours else None,
+                }
+            )
             print(
-                f'{n:>3} {ours:>9.1f} {peft:>9.1f} {base:>9.1f} {budget:>9.1f} {ours / budget:>14.2f} '
-                f'{peft / ours:>12.2f}',
+                f'{n:>3} {_mb(ours, 9)} {_mb(peft, 9)} {_mb(base, 9)} {_mb(budget, 9)} '
+                f'{_mb(rows_out[-1]["engine_over_budget"], 14, 2)} {_mb(rows_out[-1]["peft_over_engine"], 12, 2)}',
                 flush=True,
             )
-    if args.skip_throughput:
-        return
-    print_throughput(args, model_dir)
+            _write_json(args, report)
+    if not args.skip_throughput:
+        print_throughput(args, model_dir, report)
+    _write_json(args, report)
+
+
+def _mb(value: float | None, width: int, decimals: int = 1) -> str:
+    return f'{value:>{width}.{decimals}f}' if value is not None else f'{"n/a":>{width}}'
 
 
 if __name__ == '__main__':

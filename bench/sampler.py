@@ -8,8 +8,12 @@ the ratio of the medians is printed. A greedy pass first checks that both produc
 
 vLLMSampler is compared with both in bench/sampler_vllm.py.
 
-Run: .venv/bin/python bench/sampler.py [--model tiny|small] [--batch 16] [--new-tokens 64] [--repeats 5]
-                                      [--threads 1] [--shared]
+`--device` (default cuda when available, else cpu): on CUDA both sides run in bfloat16, timers synchronize the GPU
+and `--threads` is ignored unless given. `--json PATH` also writes the results as one JSON object.
+
+Run: .venv/bin/python bench/sampler.py [--model tiny|small|medium] [--batch 16] [--new-tokens 64] [--repeats 5]
+                                      [--threads 1] [--shared] [--device cpu|cuda] [--json PATH]
+     GPU: python bench/sampler.py --model medium --batch 32 --new-tokens 128 --repeats 5
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -42,8 +47,8 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, sam
 
     length = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (length - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (length - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     kwargs = dict(do_sample=True, **sampling) if sampling['temperature'] > 0 else dict(do_sample=False)
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, pad_token_id=pad, **kwargs)[
         :, length:
@@ -60,9 +65,19 @@ def _until_eos(row: list[int], eos: set[int]) -> list[int]:
     return row
 
 
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so that a timer read next measures finished work."""
+    if device.startswith('cuda'):
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def main() -> None:
+    from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
+
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--model', default='tiny', choices=['tiny', 'small'])
+    parser.add_argument('--model', default='tiny', choices=list(SPECS), help='fixture size (medium: ~0.8B, GPUs)')
     parser.add_argument('--batch', type=int, default=16)
     parser.add_argument('--new-tokens', type=int, default=64)
     parser.add_argument('--repeats', type=int, default=5)
@@ -72,9 +87,12 @@ def main() -> None:
     parser.add_argument(
         '--threads',
         type=int,
-        default=1,
-        help='torch intra-op threads for both sides (1 = stable timings on a shared machine)',
+        default=None,
+        help='torch intra-op threads for both sides (default 1 on CPU = stable timings on a shared machine; on '
+        'CUDA left as torch sets it)',
     )
+    parser.add_argument('--device', default=None, help='cpu or cuda (default: cuda when available, else cpu)')
+    parser.add_argument('--json', metavar='PATH', help='also write the results to PATH as one JSON object')
     parser.add_argument(
         '--shared',
         action='store_true',
@@ -86,18 +104,24 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
     from twinkle_core.types import SamplingParams
     from twinkle_transformers.sampler import TorchSampler
 
-    torch.set_num_threads(args.threads)
+    device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    cpu = device == 'cpu'
+    if args.threads is None and cpu:
+        args.threads = 1
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    dtype = torch.float32 if cpu else torch.bfloat16  # bf16 matmuls are slow on CPU
     model_dir = ensure_tiny_model(args.model)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = (model if cpu else model.to(device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampler = (
         TorchSampler(model=model, tokenizer=tokenizer, max_batch_size=args.batch)
         if args.shared
-        else TorchSampler(model_dir, device='cpu', max_batch_size=args.batch)
+        else TorchSampler(model_dir, device=device, dtype=dtype, max_batch_size=args.batch)
     )
     prompts = chat_prompts(tokenizer, args.batch)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -110,20 +134,50 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.new_tokens, **sampling)
     hf_rates, our_rates = [], []
     for _ in range(args.repeats):
+        _sync(device)
         start = time.perf_counter()
         out = hf_generate(model, tokenizer, prompts, args.new_tokens, sampling)
+        _sync(device)
         hf_rates.append(sum(map(len, out)) / (time.perf_counter() - start))
+        _sync(device)
         start = time.perf_counter()
         responses = sampler.sample(prompts, params)
+        _sync(device)
         our_rates.append(sum(len(r.sequences[0].tokens) for r in responses) / (time.perf_counter() - start))
     hf, ours = statistics.median(hf_rates), statistics.median(our_rates)
+    device_name = 'CPU' if cpu else torch.cuda.get_device_name(torch.device(device))
     print(
         f'model={args.model} batch={args.batch} new_tokens={args.new_tokens} {sampling} '
         f'threads={torch.get_num_threads()} repeats={args.repeats} shared={args.shared}'
+        + ('' if cpu else f' device={device} ({device_name}) dtype=bfloat16')
     )
     print(f'HF generate:  {hf:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in hf_rates)})')
     print(f'TorchSampler: {ours:8.0f} tokens/s (median; runs: {", ".join(f"{r:.0f}" for r in our_rates)})')
     print(f'ratio TorchSampler / HF generate = {ours / hf:.2f}x')
+    if args.json:
+        report = {
+            'bench': 'sampler',
+            'argv': sys.argv[1:],
+            'model': args.model,
+            'device': device,
+            'device_name': device_name,
+            'dtype': str(dtype).removeprefix('torch.'),
+            'torch': torch.__version__,
+            'threads': torch.get_num_threads(),
+            'batch': args.batch,
+            'new_tokens': args.new_tokens,
+            'sampling': sampling,
+            'repeats': args.repeats,
+            'shared': args.shared,
+            'greedy_identical': same,
+            'greedy_total': len(prompts),
+            'hf_generate': {'tokens_per_s': hf, 'runs_tokens_per_s': hf_rates},
+            'torch_sampler': {'tokens_per_s': ours, 'runs_tokens_per_s': our_rates},
+            'ratio_torch_sampler_over_hf': ours / hf,
+        }
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=2)
+            f.write('\n')
 
 
 if __name__ == '__main__':

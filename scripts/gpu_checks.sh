@@ -7,14 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
 sections=${*:-kernels megatron}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . -e plugins/transformers -e plugins/megatron \
-  2>&1 | tail -2
-nvidia-smi -L
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+. scripts/device_setup.sh
 pytest_gpu() { python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts="" "$@"; }
 for section in $sections; do
   case $section in

@@ -136,6 +136,7 @@ def main() -> None:
     p.add_argument('--distributed-optimizer', action='store_true')
     p.add_argument('--adapter', default=None, help='a PEFT adapter directory to start from (LoRA training)')
     p.add_argument('--packed', action='store_true', help='padding-free batches')
+    p.add_argument('--compile-layers', default=None, help='a torch.compile backend for every decoder layer')
     p.add_argument('--steps', type=int, default=3)
     p.add_argument('--micro-batch-size', type=int, default=None)
     p.add_argument('--loss', default=None)
@@ -159,6 +160,8 @@ def main() -> None:
         dp, dp_rank = mesh.data_world_size, mesh.data_rank(env_rank())
     else:
         dp, dp_rank = 1, 0
+    if args.compile_layers:
+        kwargs['compile_layers'] = args.compile_layers
 
     def build():
         model = resolve('model', args.backend, model_id=args.model, **kwargs)
@@ -189,6 +192,7 @@ def main() -> None:
     model.set_optimizer('AdamW', lr=2e-3, weight_decay=0.0)
     model.set_lr_scheduler('CosineAnnealingLR', T_max=10)
     result = {'world_size': world, 'before': before, 'eval_rows': eval_rows}
+    result['compile_backend'] = getattr(model, 'compile_backend', None)
     if args.resume_after is None:
         losses, norms = train(model, range(args.steps), dp, dp_rank, args.loss, args.micro_batch_size, neighbour)
     else:

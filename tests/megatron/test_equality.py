@@ -22,6 +22,8 @@ LAYOUTS = {
     'pp2_vpp2': (2, ('--pp', 2, '--vpp', 2)),
     'pp2_three_micro_batches': (2, ('--pp', 2, '--micro-batch-size', 3)),
     'tp2_sp_padding_free': (2, ('--tp', 2, '--sp', '--packed')),
+    # regional compilation traced by AOTAutograd (no code generation on CPU): same numbers as eager
+    'compiled_layers': (1, ('--compile-layers', 'aot_eager')),
 }
 SLOW_LAYOUTS = {
     'tp2_pp2': (4, ('--tp', 2, '--pp', 2)),
@@ -58,6 +60,7 @@ def check_layout(megatron_run, tiny_model_dir, nproc: int, args: tuple) -> None:
     reference = megatron_run(1, '--backend', 'TransformersModel')
     result = megatron_run(nproc, *args)
     assert result['world_size'] == nproc
+    assert result['compile_backend'] == (args[1] if '--compile-layers' in args else None)
     assert_same_run(result, reference)
     assert_checkpoint_reloads(result, tiny_model_dir)
 

@@ -37,9 +37,17 @@ def run_loss(loss: Loss, batch: dict[str, Any], outputs: dict[str, Any]) -> Loss
 def step_summary(batch: dict[str, Any], outputs: dict[str, Any], loss: Tensor) -> dict[str, Any]:
     """The micro-batch summary `TrainState.record` folds (``loss``, ``num_loss_tokens``, ``num_correct``,
     ``num_tokens``) as Python numbers, fetched from the device in one transfer."""
-    values = torch.stack(
-        [loss.detach().float(), outputs['mask'].sum().float(), outputs['correct'].sum().float()]
-    ).tolist()
+    return summary_from_values(batch, summary_values(outputs, loss).tolist())
+
+
+def summary_values(outputs: dict[str, Any], loss: Tensor) -> Tensor:
+    """The summary's device-side numbers ``[loss, num_loss_tokens, num_correct]`` (no host sync): fetch them
+    later, e.g. once the backward is queued, and pass them to `summary_from_values`."""
+    return torch.stack([loss.detach().float(), outputs['mask'].sum().float(), outputs['correct'].sum().float()])
+
+
+def summary_from_values(batch: dict[str, Any], values: list[float]) -> dict[str, Any]:
+    """`step_summary` from the fetched `summary_values`."""
     return {
         'loss': values[0],
         'num_loss_tokens': int(values[1]),

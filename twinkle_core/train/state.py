@@ -25,6 +25,7 @@ import torch
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.metric.base import Metric
 from twinkle_core.metric.training import LossMetric, Throughput, TokenAccuracy
+from twinkle_core.optimizer.fused import prefer_fused
 from twinkle_core.processor import InputProcessor
 from twinkle_core.registry import resolve
 from twinkle_core.train import grad_norm
@@ -94,6 +95,7 @@ class TrainState:
                 f'{self.name!r} has no trainable parameters; add an adapter or unfreeze the model before set_optimizer.'
             )
         self.optimizer = resolve('optimizer', optimizer, params=params, **kwargs)
+        prefer_fused(self.optimizer)  # CUDA Adam/AdamW without an explicit fused/foreach choice: the fused kernels
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
         self.specs['optimizer'] = {'name': spec_name(optimizer), 'kwargs': kwargs}

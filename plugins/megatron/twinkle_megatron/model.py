@@ -36,6 +36,7 @@ from twinkle_core.mesh import split_for_dp
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
+from twinkle_core.train.compile import compile_blocks
 from twinkle_core.train.loss_step import micro_batch_shares
 from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.train.row_keywords import check_row_lengths, micro_batches, with_row_keywords
@@ -65,6 +66,7 @@ class MegatronModel(TrainStateMethods, Model):
         virtual_pipeline_stages: model chunks per pipeline rank (interleaved 1F1B; needs pp > 1).
         distributed_optimizer: shard optimizer state over dp (default: when dp > 1).
         seed: Megatron's RNG seed (dropout, LoRA initialisation).
+        compile_layers: ``torch.compile`` each transformer layer (True: inductor, or a backend name).
     """
 
     backend = 'megatron'
@@ -85,6 +87,7 @@ class MegatronModel(TrainStateMethods, Model):
         virtual_pipeline_stages: int = 1,
         distributed_optimizer: bool | None = None,
         seed: int = 42,
+        compile_layers: bool | str = False,
     ) -> None:
         from transformers import AutoConfig
 
@@ -110,6 +113,10 @@ class MegatronModel(TrainStateMethods, Model):
             tp=self.layout.tp,
             tp_rank=self.ranks['tp'],
             expert_offset=self._expert_offset(),
+        )
+        # regional compilation of every transformer layer (twinkle_core.train.compile)
+        self.compile_backend = compile_blocks(
+            (layer for c in self.chunks for layer in c.decoder.layers), compile_layers
         )
         self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
         self.tokenizer = load_tokenizer_if_any(self.model_dir)

@@ -21,6 +21,7 @@ from typing import Any, Callable, ContextManager, Iterable
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.optimizer.fused import prefer_fused
 from twinkle_core.train.state import TrainState, spec_name
 from twinkle_megatron.cpu_compat import tensors_as_cuda
 
@@ -134,6 +135,8 @@ class MegatronTrainState(TrainState):
         with self.scope(), tensors_as_cuda():
             self.megatron_optimizer = get_megatron_optimizer(config, self.chunks)
         self.optimizer = inner_optimizer(self.megatron_optimizer)
+        for torch_optimizer in getattr(self.megatron_optimizer, 'chained_optimizers', None) or [self.optimizer]:
+            prefer_fused(getattr(torch_optimizer, 'optimizer', torch_optimizer))  # torch AdamW without TE/Apex
         self.lr_scheduler = None
         self.specs.pop('lr_scheduler', None)
         self.specs['optimizer'] = {'name': spec_name(optimizer), 'kwargs': kwargs}

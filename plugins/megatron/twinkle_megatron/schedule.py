@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.train.loss_step import rows_logprobs, run_loss, step_summary
+from twinkle_core.train.loss_step import rows_logprobs, run_loss, summary_from_values, summary_values
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_megatron import groups
 from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_parallel_logps
@@ -134,16 +134,13 @@ def run(
 
     def _loss(m: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         outputs = loss_outputs(logits, m.batch, loss, vocab_size)
-        info: dict[str, Any] = {'logprobs': rows_logprobs(m.batch, outputs['target_logps'])}
+        # device tensors only: fetched (`_fetch`) once the whole schedule, backward included, is queued
+        info: dict[str, Any] = {'batch': m.batch, 'target_logps': outputs['target_logps'].detach()}
         value = logits.sum() * 0.0  # keeps the graph when no loss is computed
         if compute_loss and bool(outputs['mask'].any()):
             result = run_loss(loss, m.batch, outputs)
             value = result['loss'] * (scale * m.share)
-            info.update(
-                loss=float(result['loss'].detach()),
-                metrics=dict(result.get('metrics') or {}),
-                summary=step_summary(m.batch, outputs, result['loss']),
-            )
+            info.update(metrics=dict(result.get('metrics') or {}), summary=summary_values(outputs, result['loss']))
         return value, torch.ones((), dtype=torch.int), info
 
     iterators: Any = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
@@ -156,7 +153,20 @@ def run(
         micro_batch_size=rows,
         forward_only=forward_only,
     )
-    return _from_last_stage(list(infos))
+    return _from_last_stage([_fetch(info) for info in infos])
+
+
+def _fetch(info: dict[str, Any]) -> dict[str, Any]:
+    """A micro-batch's host-side results (``logprobs``, and ``loss``/``summary``/``metrics`` where a loss ran)
+    from the device tensors `_loss` kept."""
+    batch = info.pop('batch', None)
+    if batch is None:  # not the last pipeline stage: nothing computed here
+        return info
+    out: dict[str, Any] = {'logprobs': rows_logprobs(batch, info.pop('target_logps')), **info}
+    if 'summary' in out:
+        out['summary'] = summary_from_values(batch, out['summary'].tolist())
+        out['loss'] = out['summary']['loss']
+    return out
 
 
 def _from_last_stage(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -115,6 +115,7 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
             argmax[s : s + chunk] = x.argmax(dim=-1)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk = chunk
+        ctx.autocast = _autocast_state(hidden.device.type)  # the backward recomputes under the same autocast
         ctx.mark_non_differentiable(argmax)
         return out, argmax
 
@@ -129,16 +130,22 @@ class _HiddenTokenLogProbs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_out = grad_out.float()
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            h = hidden[s : s + ctx.chunk]
-            x = (h @ weight.T).float()
-            d = _softmax_grad(x, lse[s : s + ctx.chunk], targets[s : s + ctx.chunk], grad_out[s : s + ctx.chunk, None])
-            d = d.to(hidden.dtype)
-            if grad_h is not None:
-                grad_h[s : s + ctx.chunk] = d @ weight
-            if grad_w is not None:
-                grad_w += (d.T @ h).float()
+        with torch.autocast(hidden.device.type, **ctx.autocast):
+            for s in range(0, hidden.shape[0], ctx.chunk):
+                h = hidden[s : s + ctx.chunk]
+                x = (h @ weight.T).float()
+                g = grad_out[s : s + ctx.chunk, None]
+                d = _softmax_grad(x, lse[s : s + ctx.chunk], targets[s : s + ctx.chunk], g).to(hidden.dtype)
+                if grad_h is not None:
+                    grad_h[s : s + ctx.chunk] = d @ weight
+                if grad_w is not None:
+                    grad_w += (d.T @ h).float()
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+
+
+def _autocast_state(device_type: str) -> dict[str, Any]:
+    """``torch.autocast`` keyword arguments reproducing the autocast state active now on `device_type`."""
+    return {'enabled': torch.is_autocast_enabled(device_type), 'dtype': torch.get_autocast_dtype(device_type)}
 
 
 def compute_logps_from_hidden(

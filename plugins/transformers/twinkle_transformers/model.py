@@ -45,7 +45,7 @@ from twinkle_core.train.state import FULL, TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel, vision
+from twinkle_transformers import parallel, speed, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.loading import load_causal_lm, max_model_length
@@ -70,6 +70,10 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             says how many modules each replaced.
         freeze_vision_tower: vision-language models only: full fine-tuning leaves the vision encoder as loaded
             (LoRA never adapts it unless ``target_modules`` asks for ``'vision'`` or ``'all'``).
+        compile_layers: ``torch.compile`` each decoder layer (True: inductor, or a backend name;
+            `twinkle_transformers.speed`).
+        mixed_precision: ``'bf16'``: float32 parameters (master weights) and bf16 autocast forwards; dtype
+            defaults to float32 then.
         **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes (vision-language
             checkpoints, e.g. Qwen3-VL or Qwen3.5, load through ``AutoModelForImageTextToText``).
     """
@@ -90,6 +94,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         device_mesh: Any = None,
         kernels: Sequence[Any] = (),
         freeze_vision_tower: bool = False,
+        compile_layers: bool | str = False,
+        mixed_precision: str | None = None,
         **from_pretrained_kwargs: Any,
     ) -> None:
         self.model_id = str(model_id)
@@ -97,7 +103,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self._mesh_applied = False
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device) if device is not None else default_device()
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype = resolve_dtype('float32' if dtype is None and mixed_precision else dtype, self.device)
+        self.autocast_dtype = speed.autocast_dtype(mixed_precision, self.dtype)
         self.attn_implementation = attn_implementation
         self.model: torch.nn.Module = load_causal_lm(
             self.model_dir,
@@ -109,6 +116,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         if freeze_vision_tower:
             vision.freeze_vision_tower(self.model)
+        self.compile_backend = speed.compile_decoder_layers(self.model, compile_layers)
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
         self.unit = SingleUnit(TrainState(FULL, self.model.parameters))  # all parameters, until add_adapter_to_model
@@ -183,16 +191,18 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
         state = self._state(adapter_name)
         self._apply_device_mesh()
-        return self._forward_batch(state, self._collate(state, inputs))
+        batch = self._collate(state, inputs)
+        return {'logprobs': rows_logprobs(batch, self._forward_batch(state, batch)['target_logps'])}
 
     def _forward_batch(self, state: TrainState, batch: dict[str, Any], share: float = 1.0) -> dict[str, Any]:
         """Forward a collated batch with gradients, pending its loss; `share`: this micro-batch's part of the
         call's loss (its gradient is scaled by it)."""
         self._eval_loss = None
         self.model.train()
-        outputs = forward_logps(self.model, batch, loss=state.loss)
+        with speed.autocast(self.device, self.autocast_dtype):
+            outputs = forward_logps(self.model, batch, loss=state.loss)
         self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None, 'share': share}
-        return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
+        return outputs
 
     @remote_method('all', 'mean')
     @reports_failure('calculate_loss')
@@ -213,16 +223,18 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         """Backpropagate the loss of the last `forward` (scaled for gradient accumulation); gradients add up."""
         reject_unknown_kwargs('backward', kwargs, ('adapter_name',))
         pending = self._require_pending('backward')
-        if pending['loss'] is None:
-            self.calculate_loss()
+        if pending['loss'] is None:  # not through calculate_loss: its float() would sync the host here
+            pending['loss'] = run_loss(pending['state'].loss, pending['batch'], pending['outputs'])
         state, result = pending['state'], pending['loss']
-        summary = step_summary(pending['batch'], pending['outputs'], result['loss'])
         reduction, rows = getattr(state.loss, 'reduction', None), len(pending['batch']['row_lengths'])
+        summarise = partial(step_summary, pending['batch'], pending['outputs'], result['loss'])
+        # Without a mesh the summary (a host sync) is fetched after the backward is queued; a mesh needs its counts
+        summary = summarise() if parallel.applied_mesh(self.model) is not None else None
         dp_scale = parallel.backward_scale(
-            self.model, reduction, num_loss_tokens=summary['num_loss_tokens'], num_rows=rows
+            self.model, reduction, num_loss_tokens=summary['num_loss_tokens'] if summary else 0, num_rows=rows
         )  # equal to one process over the global batch
         (result['loss'] * (state.loss_scale() * dp_scale * pending['share'])).backward()
-        summary = parallel.reduce_step_summary(self.model, summary, reduction, num_rows=rows)
+        summary = parallel.reduce_step_summary(self.model, summary or summarise(), reduction, num_rows=rows)
         state.record(summary, is_training=True)
         self._pending = None
         return {'loss': summary['loss'], 'metrics': dict(result.get('metrics') or {})}
@@ -247,11 +259,13 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         inputs = with_row_keywords(
             inputs, old_logps=old_logps, advantages=advantages, loss=self._state(adapter_name).loss
         )
-        if micro_batch_size is None:
-            row_logprobs = self.forward(inputs=inputs, adapter_name=adapter_name)['logprobs']
-            return {**self.backward(), 'logprobs': row_logprobs}
         state = self._state(adapter_name)
         self._apply_device_mesh()
+        if micro_batch_size is None:
+            batch = self._collate(state, inputs)
+            outputs = self._forward_batch(state, batch)
+            result = self.backward()  # queued before the log-probs are fetched: no host sync mid-step
+            return {**result, 'logprobs': rows_logprobs(batch, outputs['target_logps'])}
         chunks = micro_batches(as_input_features(inputs), micro_batch_size)
         batches = [self._collate(state, chunk) for chunk in chunks]
         shares, _ = micro_batch_shares(getattr(state.loss, 'reduction', None), batches)
@@ -259,8 +273,9 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         loss = 0.0
         metrics: dict[str, float] = {}
         for batch, share in zip(batches, shares):
-            logprobs += self._forward_batch(state, batch, share)['logprobs']
+            outputs = self._forward_batch(state, batch, share)
             out = self.backward()
+            logprobs += rows_logprobs(batch, outputs['target_logps'])
             loss += share * out['loss']
             for name, value in out['metrics'].items():  # averaged over the micro-batches by their share
                 if isinstance(value, (int, float)):
@@ -279,7 +294,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self._apply_device_mesh()
         batch = self._collate(state, inputs)
         self.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), speed.autocast(self.device, self.autocast_dtype):
             outputs = forward_logps(self.model, batch, loss=state.loss)
             result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
             if compute_loss and bool(outputs['mask'].any()):
