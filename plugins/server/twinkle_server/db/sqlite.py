@@ -9,6 +9,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +35,7 @@ class SqliteDatabase(Database):
             # Another front opening or migrating the same file holds its lock: wait for it (the busy timeout is set
             # by connect, before the first statement; sqlite3's default of 5 s is too short under load).
             db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-            db.execute('PRAGMA journal_mode=WAL')
+            _switch_to_wal(db)
             db.execute('PRAGMA synchronous=NORMAL')
         except (OSError, sqlite3.Error) as exc:
             raise DatabaseError(f'cannot open the metadata database {self.url}: {exc}') from exc
@@ -73,3 +74,20 @@ class SqliteDatabase(Database):
     def close(self) -> None:
         with self._lock:
             self._session.conn.close()
+
+
+def _switch_to_wal(db: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, retried for up to `BUSY_TIMEOUT_S`: the switch needs an exclusive lock, and
+    where waiting for it could deadlock with another connection's read lock SQLite answers "database is locked" at
+    once instead of calling the busy handler -- fronts opening one file together hit that."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.01
+    while True:
+        try:
+            db.execute('PRAGMA journal_mode=WAL')
+            return
+        except sqlite3.OperationalError as exc:
+            if ('locked' not in str(exc) and 'busy' not in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
