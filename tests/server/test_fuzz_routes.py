@@ -210,7 +210,7 @@ def _datums(draw: st.DrawFn) -> list[types.Datum]:
 
 def _forward_backward(f: Fuzz) -> st.SearchStrategy[Request]:
     models = st.sampled_from([f.model, f.bob_model, 'nope', f.native_model])
-    losses = st.sampled_from(['cross_entropy', 'importance_sampling', 'ppo', 'cispo', 'dro', 'made_up'])
+    losses = st.sampled_from(['cross_entropy', 'importance_sampling', 'ppo', 'cispo', 'dro', 'custom', 'made_up'])
     seqs = st.integers(-1, 5) | EXTREME_NUMBERS.filter(lambda v: isinstance(v, int) and 0 <= v < 2**31)
     proto = st.builds(fwdbwd_body, models, seqs, _datums(), losses, st.booleans())
     garbled = st.builds(
@@ -275,6 +275,7 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('post', '/api/v1/create_model'): _json('/api/v1/create_model', types.CreateModelRequest),
     ('post', '/api/v1/get_info'): _json('/api/v1/get_info', types.GetInfoRequest),
     ('post', '/api/v1/forward_backward'): _forward_backward,
+    ('post', '/api/v1/create_custom_loss'): _json('/api/v1/create_custom_loss', types.CreateCustomLossRequest),
     ('post', '/api/v1/optim_step'): _json('/api/v1/optim_step', types.OptimStepRequest),
     ('post', '/api/v1/unload_model'): _json('/api/v1/unload_model', types.UnloadModelRequest),
     ('post', '/api/v1/save_weights'): _json('/api/v1/save_weights', types.SaveWeightsRequest),
@@ -324,6 +325,16 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
         'PUT', '/api/v1/training_runs/{a}/checkpoints/{b}/ttl', TTL_BODY
     ),
     ('post', '/api/v1/copy_weights'): _json('/api/v1/copy_weights', types.CopyWeightsRequest),
+    ('put', '/api/v1/sessions/{session_id}/project'): _path(
+        'PUT', '/api/v1/sessions/{a}/project', st.fixed_dictionaries({'project_id': TEXT | INTS | st.none()}) | ANY_JSON
+    ),
+    ('get', '/api/v1/sessions/{session_id}/trace_export'): _get('/api/v1/sessions/{a}/trace_export'),
+    ('get', '/api/v1/session_traces/{session_id}'): _get(
+        '/api/v1/session_traces/{a}',
+        owner=st.sampled_from(['alice', 'bob']) | TEXT,
+        expires=st.integers(-2, 2**40) | EXTREME_NUMBERS,
+        sig=st.text(alphabet='0123456789abcdef', min_size=64, max_size=64) | TEXT,
+    ),
     ('get', '/v1/models'): _get('/v1/models'),
     ('get', '/v1/models/{model}'): _get('/v1/models/{a}'),
     ('post', '/v1/chat/completions'): _openai('/v1/chat/completions', openai_chat_body),
@@ -385,6 +396,38 @@ def _tall_png() -> bytes:
     )
 
 
+def _hostile_graphs() -> list[list[Any]]:
+    """Custom-loss graphs a traced loss never has: nesting past any limit, references that are not names, huge
+    integers, a module call, thousands of nodes, an output that is not (loss, metrics)."""
+    lp = {'op': 'placeholder', 'name': 'lp', 'target': 'logprobs'}
+    out = {'op': 'output', 'name': 'output', 'target': 'output', 'args': [{'tuple': [{'ref': 'lp'}, {'dict': {}}]}]}
+    deep: Any = 1
+    for _ in range(200):
+        deep = [deep]
+    call = {'op': 'call_function', 'name': 'x', 'target': 'torch.exp'}
+    return [
+        [lp, {**call, 'args': [deep]}, out],
+        [lp, {**call, 'args': [{'ref': ['lp']}]}, out],
+        [lp, {**call, 'args': [{'ref': 'lp'}, 10**40]}, out],
+        [lp, {'op': 'call_module', 'name': 'm', 'target': 'torch.nn.Linear'}, out],
+        [lp, *({**call, 'name': f'x{i}', 'args': [{'ref': 'lp'}]} for i in range(5000)), out],
+        [lp, {**out, 'args': [{'ref': 'lp'}]}],
+        [lp, lp, out],
+        [{**lp, 'name': 'lp; import os'}, out],
+        [lp, {**call, 'args': [{'float': 'inf'}, {'dtype': 'complex128'}]}, out],
+    ]
+
+
+def _custom_loss_body(f: Fuzz, i: int, nodes: list[Any]) -> dict[str, Any]:
+    return {
+        'session_id': f.model.split(':')[0],
+        'custom_loss_seq_id': 500 + i,
+        'name': 'hostile',
+        'inputs': [{'name': 'logprobs', 'rank': 1}],
+        'graph': {'format': 1, 'nodes': nodes},
+    }
+
+
 def _seeds(f: Fuzz) -> dict[tuple[str, str], list[Request]]:
     """The defects of earlier hostile probes, replayed on every run before the drawn requests."""
     tall = types.ModelInput(chunks=[types.ImageChunk(data=_tall_png(), format='png')])
@@ -402,6 +445,10 @@ def _seeds(f: Fuzz) -> dict[tuple[str, str], list[Request]]:
                     'steps': [],
                 },
             )
+        ],
+        ('post', '/api/v1/create_custom_loss'): [
+            Request('POST', '/api/v1/create_custom_loss', json=_custom_loss_body(f, i, nodes))
+            for i, nodes in enumerate(_hostile_graphs())
         ],
         ('post', '/api/v1/optim_step'): [
             Request(

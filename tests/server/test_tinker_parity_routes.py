@@ -110,7 +110,7 @@ def test_client_config_advertises_what_is_served(base_url, keys):
             http.post('/client/dynamic_config', json={'sdk_version': 'x'}).json()
         )
     assert config.sample_use_retrieve_futures and config.sample_join_sampling_session
-    assert not config.custom_loss_server_side and not config.pjwt_auth_enabled
+    assert config.custom_loss_server_side and not config.pjwt_auth_enabled  # tests/server/test_tinker_custom_loss.py
     assert dynamic.sample_cancel_enabled and dynamic.sample_cancel_max_batch_size >= 1
 
 

@@ -68,11 +68,13 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
         routes_futures,
         routes_sampling,
         routes_service,
+        routes_sessions_extra,
         routes_training,
     )
 
     for module in (
         routes_service,
+        routes_sessions_extra,
         routes_training,
         routes_checkpoints,
         routes_sampling,

@@ -59,11 +59,19 @@ class FutureTable:
             n += 1
         return n
 
-    def create(self, tenant: str, target: str | None = None) -> str:
+    def create(
+        self,
+        tenant: str,
+        target: str | None = None,
+        *,
+        session_id: str | None = None,
+        op: str | None = None,
+        model_id: str | None = None,
+    ) -> str:
         """A pending future of `tenant`; `target`: the sampling-session client whose `retrieve_futures` polls
-        report it once it finishes."""
+        report it once it finishes; `session_id`, `op`, `model_id`: recorded for the session's trace."""
         request_id = f'req-{uuid.uuid4().hex}'
-        self.store.add_future(request_id, tenant, target)
+        self.store.add_future(request_id, tenant, target, session_id=session_id, op=op, model_id=model_id)
         with self._lock:
             self._pending[request_id] = _Pending(tenant, self.loop, target=target)
         return request_id

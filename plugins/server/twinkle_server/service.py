@@ -30,6 +30,7 @@ from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker, Work
 from twinkle_server.service_checkpoints import CheckpointOperations
 from twinkle_server.store import SamplingSessionRow, Store
+from twinkle_server.tinker.custom_loss import CustomLossStore
 from twinkle_server.tinker.images import DecodeBudget, ImagePolicy
 from twinkle_server.tinker.lora import lora_targets
 from twinkle_server.tinker.stability import StabilityRecords
@@ -44,6 +45,13 @@ IDEMPOTENCY_KEEP_S = 24 * 3600
 def sampling_target(sampling_session_id: str, client: int) -> str:
     """The key under which the futures of one client of a sampling session are reported (`retrieve_futures`)."""
     return f'{sampling_session_id}#{client}'
+
+
+def _session_of_target(target: str | None) -> str | None:
+    """The session a `sampling_target` belongs to: sampling session ids are `{session_id}:sample:{seq}`."""
+    if target is None or ':sample:' not in target:
+        return None
+    return target.rsplit(':sample:', 1)[0]
 
 
 @dataclass
@@ -98,6 +106,8 @@ class Service:
         self.image_budget = DecodeBudget(config.image_decode_budget_bytes)
         #: what samples with record_stability_info recorded, for stable_reinforce provenance (tinker.stability)
         self.stability = StabilityRecords()
+        #: custom losses uploaded with /create_custom_loss, per tenant and session, in memory (tinker.custom_loss)
+        self.custom_losses = CustomLossStore()
         self.models: dict[str, LiveModel] = {}
         # model_id -> {seq_id: request_id} of its recent requests, so a re-posted request gets its original future
         self._seen: dict[str, OrderedDict[int, str]] = {}
@@ -227,10 +237,14 @@ class Service:
         model_id: str | None = None,
         seq_id: int | None = None,
         target: str | None = None,
+        session_id: str | None = None,
+        traced_model: str | None = None,
         **work: Any,
     ) -> str:
         """Queue work on `base_model`'s host and return a future id; `post(result)` (worker thread) makes the
-        future's value. `target`: the sampling-session client whose `retrieve_futures` reports the future."""
+        future's value. `target`: the sampling-session client whose `retrieve_futures` reports the future.
+        `session_id` / `traced_model`: the session and model the request belongs to in its session's trace, where
+        `model_id` or `target` do not say (a model's creation)."""
         logs.annotate(model=base_model)
         if model_id is not None and seq_id is not None:
             with self._lock:
@@ -239,16 +253,23 @@ class Service:
             if seen is not None:
                 return seen
         self.quotas.check_pending(tenant, self.futures.pending(tenant))
-        request_id = self.futures.create(tenant, target=target)
         item = Work(
             tenant,
             on_done=lambda r: self.futures.resolve(request_id, post(r)),
             on_error=lambda e: self.futures.reject(request_id, e),
             model_id=model_id,
             seq_id=seq_id,
-            request_id=request_id,
             **work,
         )
+        live = self.models.get(model_id) if model_id is not None else None
+        request_id = self.futures.create(
+            tenant,
+            target=target,
+            session_id=session_id or (live.session_id if live else None) or _session_of_target(target),
+            op=item.operation,
+            model_id=traced_model or model_id,
+        )
+        item.request_id = request_id
         try:
             self.workers[base_model].submit(item)
         except ApiError as exc:
@@ -308,7 +329,9 @@ class Service:
         self.models[model_id] = live
         self.workers[base_model].start_sequence(model_id, 1)
         try:
-            live.created_by = self.enqueue(tenant, base_model, call=create, op='create_model')
+            live.created_by = self.enqueue(
+                tenant, base_model, call=create, op='create_model', session_id=session_id, traced_model=model_id
+            )
         except ApiError:
             self._forget(model_id)
             raise
@@ -372,7 +395,9 @@ class Service:
         self.models[model_id] = live
         self.workers[base].start_sequence(model_id, 1)
         try:
-            live.created_by = self.enqueue(tenant, base, call=load, op='load_state')
+            live.created_by = self.enqueue(
+                tenant, base, call=load, op='load_state', session_id=session_id, traced_model=model_id
+            )
         except ApiError:
             self._forget(model_id)
             raise
@@ -475,6 +500,7 @@ class Service:
         models are unloaded and its unnamed sampling snapshots deleted."""
         self.require_session(tenant, session_id)
         self.store.finish_session(session_id, reason, detail)
+        self.custom_losses.drop_session(session_id)
         for model_id in [k for k, m in self.models.items() if m.session_id == session_id]:
             self.unload(model_id)
             for snap in self.store.checkpoints(tenant, model_id, hidden=True):

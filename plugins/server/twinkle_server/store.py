@@ -29,6 +29,7 @@ __all__ = [
     'DatabaseError',
     'FutureRow',
     'PushRow',
+    'RequestRow',
     'SamplingSessionRow',
     'SessionRow',
     'Store',
@@ -100,6 +101,21 @@ class FutureRow:
     content_type: str | None
     body: bytes | None
     target: str | None = None  # the sampling session (and client) whose `retrieve_futures` reports it
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """A future as a session's trace shows it: what it did (`op`), for which model or sampling-session client
+    (`model_id`, `target`), how it ended (`state`, `error` of a failed one) and when."""
+
+    request_id: str
+    op: str | None
+    model_id: str | None
+    target: str | None
+    state: str
+    created_at: float
+    finished_at: float | None
+    error: bytes | None
 
 
 @dataclass(frozen=True)
@@ -312,6 +328,12 @@ class Store:
             'SELECT COUNT(*) FROM sessions WHERE tenant = ? AND finished = 0 AND last_seen >= ?', (tenant, seen_since)
         )
         return int(row[0]) if row else 0
+
+    def set_session_project(self, session_id: str, tenant: str, project_id: str) -> None:
+        """Move `tenant`'s session into `project_id` (its runs and samplers follow: they are found by session)."""
+        self.meta.execute(
+            'UPDATE sessions SET project_id = ? WHERE session_id = ? AND tenant = ?', (project_id, session_id, tenant)
+        )
 
     def finish_session(self, session_id: str, reason: str | None = None, detail: str | None = None) -> None:
         """Mark a session finished; the first reason reported stays (a later one is ignored)."""
@@ -604,16 +626,71 @@ class Store:
         raise RuntimeError(f'could not allocate a client of sampling session {sampling_session_id!r}: too contended')
 
     # ---- futures -------------------------------------------------------------------------------------------
-    def add_future(self, request_id: str, tenant: str, target: str | None = None) -> None:
-        """A pending future; `target`: the sampling session (and client) whose `retrieve_futures` reports it."""
+    def add_future(
+        self,
+        request_id: str,
+        tenant: str,
+        target: str | None = None,
+        *,
+        session_id: str | None = None,
+        op: str | None = None,
+        model_id: str | None = None,
+    ) -> None:
+        """A pending future; `target`: the sampling session (and client) whose `retrieve_futures` reports it;
+        `session_id`, `op`, `model_id`: the session it belongs to, what it does and for which model (its trace)."""
         self.meta.execute(
             _upsert(
                 'futures',
-                'request_id, tenant, state, content_type, body, created_at, finished_at, owner, target, delivered',
+                'request_id, tenant, state, content_type, body, created_at, finished_at, owner, target, delivered, '
+                'session_id, op, model_id',
                 'request_id',
             ),
-            (request_id, tenant, 'pending', None, None, time.time(), None, self.owner, target, None),
+            (
+                request_id,
+                tenant,
+                'pending',
+                None,
+                None,
+                time.time(),
+                None,
+                self.owner,
+                target,
+                None,
+                session_id,
+                op,
+                model_id,
+            ),
         )
+
+    def session_requests(self, session_id: str, tenant: str, limit: int) -> tuple[list[RequestRow], int]:
+        """The newest `limit` futures of `tenant`'s session (newest first; the error body of failed ones only),
+        and how many it has in all. Finished futures are pruned a day after they finish."""
+        rows, total = self.meta.read(
+            frozenset({'futures'}),
+            lambda s: (
+                s.all(
+                    'SELECT request_id, op, model_id, target, state, created_at, finished_at, CASE WHEN state = '
+                    "'failed' THEN body END FROM futures WHERE session_id = ? AND tenant = ? "
+                    'ORDER BY created_at DESC, request_id DESC LIMIT ?',
+                    (session_id, tenant, limit),
+                ),
+                s.one('SELECT COUNT(*) FROM futures WHERE session_id = ? AND tenant = ?', (session_id, tenant)),
+            ),
+        )
+        out = [
+            RequestRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                float(r[5]),
+                None if r[6] is None else float(r[6]),
+                None if r[7] is None else bytes(r[7]),
+            )
+            for r in rows
+        ]
+        return out, int(total[0]) if total else 0
 
     def finish_future(
         self, request_id: str, state: str, content_type: str, body: bytes, *, untarget: bool = False

@@ -88,6 +88,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (tenant, idempotency_key))""",
         ),
     ),
+    Migration(
+        5,
+        'session, operation and model of each future (session trace export)',
+        (
+            'ALTER TABLE futures ADD COLUMN session_id TEXT',
+            'ALTER TABLE futures ADD COLUMN op TEXT',
+            'ALTER TABLE futures ADD COLUMN model_id TEXT',
+            'CREATE INDEX futures_session ON futures (session_id, created_at)',
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 LEGACY_TABLE = 'api_keys'  # present in every database written before schema_migrations existed

@@ -87,7 +87,9 @@ class TrainBatch:
 @dataclass
 class TrainResult:
     loss: float  # the sum-reduced loss of this batch
-    logprobs: list[list[float]]  # per row, aligned with input_ids; element 0 is 0.0
+    #: per row, aligned with input_ids (element 0 is a dummy): a float per token, or a list of K per token for
+    #: candidate matrices (2-D target_tokens: soft targets, rank-2 custom losses)
+    logprobs: list[list[Any]]
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.loss.candidates import ROW_CANDIDATE_LOGPS
 from twinkle_core.model import Model
 from twinkle_core.sampler import Sampler
 from twinkle_core.sampler.prompts import check_prompt_scoring
@@ -40,6 +41,7 @@ from twinkle_server.model_host.base import (
     TrainResult,
 )
 from twinkle_server.model_host.construction import build_backend, build_sampler
+from twinkle_server.tinker.custom_loss import GraphLoss
 from twinkle_server.tinker.losses import tinker_loss
 
 _GLOBAL_RNG = threading.Lock()  # held while an adapter is initialised from a seeded global torch RNG
@@ -124,6 +126,12 @@ class LocalModelHost(ModelHost):
     # ---- training ------------------------------------------------------------------------------------------
     def _set_loss(self, batch: TrainBatch) -> None:
         spec = tinker_loss(batch.loss_fn)
+        if batch.loss_fn == 'custom':  # an uploaded graph (tinker.custom_loss): built here, keyed by its digest
+            key: tuple[str, tuple] = ('custom', (batch.loss_config['digest'],))
+            if self._losses.get(batch.adapter) != key:
+                self.model.set_loss(GraphLoss(batch.loss_config), adapter_name=batch.adapter)
+                self._losses[batch.adapter] = key
+            return
         name, kwargs = spec.loss, {**spec.fixed, **batch.loss_config}
         key = (name, tuple(sorted(kwargs.items())))
         if self._losses.get(batch.adapter) != key:
@@ -332,8 +340,16 @@ class AdapterSampler:
 
 
 def _result(out: dict[str, Any]) -> TrainResult | BaseException:
+    """A backend's per-adapter result as a `TrainResult`; a loss's per-row candidate log-probs (soft targets, rank-2
+    custom losses: `twinkle_core.loss.candidates`) replace the rows' log-probs, as [n][K] lists (row 0 a dummy)."""
     if 'error' in out:
         err = out['error']
         return ApiError(422, f'{err.get("stage", "step")} failed: {err.get("message", err)}')
-    metrics = {k: float(v) for k, v in (out.get('metrics') or {}).items() if isinstance(v, (int, float))}
-    return TrainResult(float(out['loss']), [list(map(float, lp)) for lp in out['logprobs']], metrics)
+    raw = dict(out.get('metrics') or {})
+    rows = raw.pop(ROW_CANDIDATE_LOGPS, None)
+    metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
+    if rows is not None:
+        logprobs: list[list[Any]] = [[[]] + list(r) for r in rows]
+    else:
+        logprobs = [list(map(float, lp)) for lp in out['logprobs']]
+    return TrainResult(float(out['loss']), logprobs, metrics)

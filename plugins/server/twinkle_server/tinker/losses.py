@@ -9,7 +9,10 @@ refuses (`check_config`: a 422 before anything is queued, naming the keys it tak
 
 `gspo` additionally reads the optional per-token inputs `sequence_ratio_mask`, `clip_low_threshold` and
 `clip_high_threshold`; `stable_reinforce` may carry provenance spans instead of usable `logprobs`
-(`tinker.stability`).
+(`tinker.stability`). `cross_entropy` with 2-D ``(N, K)`` `target_tokens` and `weights` (soft / top-k targets)
+is the same loss with `candidates=True`, set by the server from the data (`internal`: never a client's key).
+`custom` runs a loss uploaded with `/create_custom_loss` (`tinker.custom_loss`): its `loss_fn_config` is exactly
+`{loss_id}`, and the model host builds its `GraphLoss` itself (`loss` is empty: nothing is resolved by name).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ class TinkerLoss:
     inputs: tuple[str, ...]  # required loss_fn_inputs of every datum
     loss: str  # registered loss name (kind `loss`)
     fixed: dict[str, Any] = field(default_factory=dict)  # fixed constructor arguments
+    internal: tuple[str, ...] = ()  # constructor arguments the server sets from the data, refused in loss_fn_config
 
 
 #: Tinker loss_fn -> its required inputs and the registered loss behind it.
 TINKER_LOSSES: dict[str, TinkerLoss] = {
-    'cross_entropy': TinkerLoss(('target_tokens',), 'CrossEntropyLoss', {'reduction': 'sum'}),
+    'cross_entropy': TinkerLoss(('target_tokens',), 'CrossEntropyLoss', {'reduction': 'sum'}, ('candidates',)),
     'importance_sampling': TinkerLoss(RL_INPUTS, 'importance_sampling'),
     'ppo': TinkerLoss(RL_INPUTS, 'ppo'),
     'cispo': TinkerLoss(RL_INPUTS, 'cispo'),
@@ -42,6 +46,8 @@ TINKER_LOSSES: dict[str, TinkerLoss] = {
     'gspo': TinkerLoss(RL_INPUTS, 'gspo'),
     # logprobs: from the datum, or from the sampler's records where its provenance spans say (tinker.stability)
     'stable_reinforce': TinkerLoss(RL_INPUTS, 'stable_reinforce'),
+    # a loss uploaded with /create_custom_loss, named by loss_fn_config {loss_id} (tinker.custom_loss)
+    'custom': TinkerLoss(('target_tokens',), ''),
 }
 
 
@@ -51,7 +57,7 @@ def tinker_loss(loss_fn: str) -> TinkerLoss:
     if spec is None:
         raise unprocessable(
             f'unknown loss_fn {loss_fn!r}; this server supports {sorted(TINKER_LOSSES)} '
-            f'(custom losses run client-side via forward_backward_custom)'
+            f"('custom' runs a loss created with ServiceClient.create_custom_loss)"
         )
     return spec
 
@@ -60,13 +66,19 @@ def check_config(loss_fn: str, config: dict[str, Any]) -> None:
     """A 422 unless `config` (a request's `loss_fn_config`) only names constructor arguments of `loss_fn`'s loss
     (its fixed ones excluded) with values that loss accepts."""
     spec = tinker_loss(loss_fn)
+    if loss_fn == 'custom':
+        if set(config) != {'loss_id'} or not isinstance(config['loss_id'], str):
+            raise unprocessable(
+                f"loss_fn 'custom' takes loss_fn_config {{'loss_id': <the id create_custom_loss returned>}}, got "
+                f'{config}'
+            )
+        return
     if not config:
         return
     cls = resolve_class('loss', spec.loss)
     params = inspect.signature(cls).parameters.values()
-    takes = sorted(
-        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in spec.fixed
-    )
+    skip = {*spec.fixed, *spec.internal}
+    takes = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip)
     unknown = sorted(set(config) - set(takes))
     if unknown:
         raise unprocessable(

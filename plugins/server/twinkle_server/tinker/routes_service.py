@@ -3,7 +3,8 @@ sampling session, telemetry, capabilities, health.
 
 Sessions belong to the tenant that created them: listing, getting and searching show only the caller's own (another
 tenant's id answers 404), whatever `access_scope` or `owner` asks for -- tenants of this server are separate
-organizations. A session's project is the `project_id` it was created with (`"default"` when none).
+organizations. A session's project is the `project_id` it was created with, or last moved to with
+`assign_session_project` (`routes_sessions_extra.py`; `"default"` when none).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ FEATURE_FLAGS: dict[str, bool] = {
     # unpickled SamplingClients ask /join_sampling_session for their client number (below; same test file)
     'sample_join_sampling_session': True,
     # ServiceClient.create_custom_loss uploads the traced loss and forward_backward_custom runs it server-side:
-    # needs /create_custom_loss and loss_fn='custom' (tinker/losses.py, routes_training.py)
-    'custom_loss_server_side': False,
+    # /create_custom_loss and loss_fn='custom' (tinker/custom_loss.py, routes_training.py;
+    # tests/server/test_tinker_custom_loss.py)
+    'custom_loss_server_side': True,
 }
 #: The `ClientDynamicConfigResponse` flags (re-read by live clients every `refresh_interval_sec`).
 DYNAMIC_FLAGS: dict[str, Any] = {

@@ -1,4 +1,5 @@
-"""Tinker training routes: create_model, get_info, forward_backward (protobuf), optim_step, unload_model.
+"""Tinker training routes: create_model, get_info, create_custom_loss, forward_backward (protobuf), optim_step,
+unload_model.
 
 A refused request frees its seq_id through the request guard (`guard.py`); routes just raise.
 """
@@ -13,10 +14,11 @@ from tinker import types
 
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import json_body, parse, service, tenant
-from twinkle_server.errors import ApiError, bad_request
+from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
 from twinkle_server.model_host.base import TrainBatch, TrainResult
 from twinkle_server.service import Service
 from twinkle_server.tinker import datums, images, losses, optimizers, stability, wire
+from twinkle_server.tinker.custom_loss import CustomLossSpec, GraphError
 
 router = APIRouter(prefix='/api/v1')
 
@@ -55,6 +57,29 @@ async def get_info(request: Request, who: Tenant = Depends(tenant), svc: Service
     }
 
 
+@router.post('/create_custom_loss')
+async def create_custom_loss(
+    request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
+) -> dict[str, Any]:
+    """`CreateCustomLossRequest` -> future of `{loss_id}`: the traced graph, validated node by node
+    (`tinker.custom_loss`; a 422 naming the bad input or node), kept for the session (in memory)."""
+    req = parse(types.CreateCustomLossRequest, await json_body(request))
+    svc.require_session(who.name, req.session_id)  # 404 unknown or another tenant's, 410 finished
+    try:
+        spec = await run_in_threadpool(
+            CustomLossSpec.validate,
+            req.name,
+            [i.model_dump() for i in req.inputs],
+            [n.model_dump() for n in req.graph.nodes],
+        )
+        loss_id = svc.custom_losses.add(who.name, req.session_id, req.custom_loss_seq_id, spec)
+    except GraphError as exc:
+        raise unprocessable(f'create_custom_loss {req.name!r}: {exc}') from None
+    rid = svc.futures.create(who.name, session_id=req.session_id, op='create_custom_loss')
+    svc.futures.resolve(rid, {'loss_id': loss_id, 'type': 'create_custom_loss'})
+    return {'request_id': rid}
+
+
 @router.post('/forward_backward')
 async def forward_backward(
     request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
@@ -75,26 +100,48 @@ async def forward_backward(
     svc.check_train_request(who.name, msg.model_id, wire.datum_lengths(msg))  # before any large allocation
     call = wire.decode_forward_backward(msg)
     losses.check_config(call.loss_fn, call.loss_config)  # unknown loss or bad loss_fn_config: 422 before queueing
+    custom, config = None, dict(call.loss_config)
+    if call.loss_fn == 'custom':  # another tenant's or session's loss id: 404, like any foreign id
+        stored = svc.custom_losses.get(who.name, m.session_id, call.loss_config['loss_id'])
+        if stored is None:
+            raise not_found('custom loss', call.loss_config['loss_id'])
+        custom, config = stored.spec, stored.spec.config(stored.loss_id)
+    elif call.loss_fn == 'cross_entropy' and datums.has_candidates(call.data):
+        config['candidates'] = True  # soft targets: (N, K) target_tokens and weights
     if call.loss_fn == 'stable_reinforce':
         stability.apply_provenance(call.data, lambda sid: svc.stability.lookup(who.name, m.session_id, sid))
     host = svc.host(m.base_model)
     encoder = images.encoder_for(m.base_model, host.model_dir)
     if encoder.accepts_images:  # sizing and decoding images is CPU work: off the event loop
-        rows = await run_in_threadpool(_image_rows, svc, who.name, call, encoder)
+        rows = await run_in_threadpool(_image_rows, svc, who.name, call, encoder, custom)
     else:
-        rows = datums.to_rows(call.data, call.loss_fn, encoder)
-    batch = TrainBatch(call.model_id, rows, call.loss_fn, call.loss_config, call.forward_only)
+        rows = datums.to_rows(call.data, call.loss_fn, encoder, custom=custom)
+    batch = TrainBatch(call.model_id, rows, call.loss_fn, config, call.forward_only)
+    widths = [d.inputs['target_tokens'].shape[1] if d.inputs['target_tokens'].ndim == 2 else 0 for d in call.data]
 
     def output(result: TrainResult) -> bytes:
         metrics = {'loss:sum': result.loss, **{k: v for k, v in result.metrics.items() if ':' in k}}
-        return wire.encode_forward_backward_output(datums.datum_logprobs(result.logprobs), metrics)
+        per_datum = [_shaped(lp, k) for lp, k in zip(datums.datum_logprobs(result.logprobs), widths)]
+        return wire.encode_forward_backward_output(per_datum, metrics)
 
     rid = svc.forward_backward(who.name, call.model_id, call.seq_id, batch, post=output)
     return {'request_id': rid, 'model_id': call.model_id}
 
 
+def _shaped(logprobs: list[Any], width: int) -> Any:
+    """A datum's log-probs as the SDK expects them: [N], or [N, K] for 2-D target_tokens (`width` K > 0). Rows of
+    candidate log-probs (lists) of a 1-D datum are its single column."""
+    if width or not logprobs or not isinstance(logprobs[0], list):
+        return logprobs
+    return [row[0] for row in logprobs]
+
+
 def _image_rows(
-    svc: Service, tenant_name: str, call: wire.ForwardBackwardCall, encoder: images.ImageEncoder
+    svc: Service,
+    tenant_name: str,
+    call: wire.ForwardBackwardCall,
+    encoder: images.ImageEncoder,
+    custom: CustomLossSpec | None,
 ) -> list[dict[str, Any]]:
     """Rows of a request to a vision-language model: every datum is sized from its image headers and checked
     against the request caps (tokens, image pixels and decoding memory) before any pixel is decoded (and checked
@@ -104,7 +151,7 @@ def _image_rows(
     sized = [encoder.measure(d.chunks, f'datum {i}', policy) for i, d in enumerate(call.data)]
     svc.check_train_request(tenant_name, call.model_id, [s.tokens for s in sized])
     policy.check_request(sized)
-    rows = datums.to_rows(call.data, call.loss_fn, encoder, policy)
+    rows = datums.to_rows(call.data, call.loss_fn, encoder, policy, custom)
     svc.check_train_request(tenant_name, call.model_id, [len(r['input_ids']) - 1 for r in rows])
     return rows
 
@@ -121,8 +168,8 @@ async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Servi
 async def unload_model(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     body = await json_body(request)
     model_id = str(body.get('model_id', ''))
-    svc.model(who.name, model_id)
+    live = svc.model(who.name, model_id)
     svc.unload(model_id)
-    rid = svc.futures.create(who.name)
+    rid = svc.futures.create(who.name, session_id=live.session_id, op='unload_model', model_id=model_id)
     svc.futures.resolve(rid, {'model_id': model_id, 'type': 'unload_model'})
     return {'request_id': rid, 'model_id': model_id}

@@ -97,6 +97,8 @@ def decode_forward_backward(msg: Any) -> ForwardBackwardCall:
         if not any(chunks):
             raise unprocessable(f'datum {i}: model_input has no tokens')
         inputs = {name: _tensor(t, f'datum {i} loss_fn_inputs[{name!r}]') for name, t in d.loss_fn_inputs.items()}
+        if 'target_tokens' in inputs and inputs['target_tokens'].ndim == 0:  # one target, sent without a shape
+            inputs['target_tokens'] = inputs['target_tokens'].reshape(1)
         datum = WireDatum(chunks, inputs, *_provenance(d, f'datum {i}'))
         if not datum.has_images:  # image inputs are checked once the server has sized their images
             check_lengths(datum.inputs, declared_length(chunks), f'datum {i}')
@@ -126,9 +128,10 @@ def _provenance(d: Any, where: str) -> tuple[list[Span] | None, list[Span] | Non
 
 
 def check_lengths(inputs: dict[str, np.ndarray], length: int, where: str) -> None:
-    """Every loss_fn_input has one value per input position (a 422 naming the first that has not)."""
+    """Every loss_fn_input but a scalar (a custom loss's rank-0 input) has one value (or row) per input position (a
+    422 naming the first that has not)."""
     for name, arr in inputs.items():
-        if arr.shape[0] != length:
+        if arr.ndim and arr.shape[0] != length:
             raise unprocessable(
                 f'{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values but the model input '
                 f'has {length} tokens; every tensor needs one value per input token (an image '
@@ -170,29 +173,39 @@ def _tensor(t: Any, where: str) -> np.ndarray:
             arr = dense if len(shape) > 1 else dense[:, 0]
         else:
             arr = np.frombuffer(t.dense, dtype=dtype)
-            if shape:
+            if shape or arr.size == 1:  # no shape: 1-D, or a scalar (shape [], what the SDK sends for a 0-d tensor)
                 arr = arr.reshape(shape)
     except (ValueError, IndexError) as exc:
         raise unprocessable(f'{where}: tensor bytes do not match shape {shape}: {exc}') from None
     return arr
 
 
-def encode_forward_backward_output(logprobs: list[list[float]], metrics: dict[str, float]) -> bytes:
-    """`logprobs[i]`: per-token learner log-probs of datum i (one per input token)."""
-    record = pb.ArrayRecord(num_datums=len(logprobs))
-    _batched(record.fields['logprobs'], logprobs)
-    out = pb.ForwardBackwardOutput(loss_fn_output_type='ArrayRecord', loss_fn_outputs=[record])
+def encode_forward_backward_output(logprobs: list[Any], metrics: dict[str, float]) -> bytes:
+    """`logprobs[i]`: learner log-probs of datum i, [N] (one per input token) or [N, K] (one per candidate of 2-D
+    `target_tokens`). Consecutive datums of one trailing shape share an `ArrayRecord` (the SDK reads each record's
+    `trailing_shape`, so widths may differ between records)."""
+    arrays = [np.asarray(x, dtype='<f4') for x in logprobs]
+    out = pb.ForwardBackwardOutput(loss_fn_output_type='ArrayRecord')
+    start = 0
+    while start < len(arrays) or not out.loss_fn_outputs:
+        trailing = arrays[start].shape[1:] if arrays else ()
+        stop = start + 1
+        while stop < len(arrays) and arrays[stop].shape[1:] == trailing:
+            stop += 1
+        record = out.loss_fn_outputs.add(num_datums=stop - start if arrays else 0)
+        _batched(record.fields['logprobs'], arrays[start:stop], trailing)
+        start = stop
     for k, v in metrics.items():
         out.metrics[k] = float(v)
     return out.SerializeToString()
 
 
-def _batched(bt: Any, per_datum: list[list[float]]) -> None:
-    arrays = [np.asarray(x, dtype='<f4') for x in per_datum]
+def _batched(bt: Any, arrays: list[np.ndarray], trailing: tuple[int, ...]) -> None:
     offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype('<i8')
     bt.data = b''.join(a.tobytes() for a in arrays)
     bt.offsets = offsets.tobytes()
     bt.dtype = pb.DTYPE_FLOAT32
+    bt.trailing_shape.extend(trailing)
 
 
 #: an empty top-k cell (`tinker.types.topk_logprobs`: token 0, log-prob -99999.0; a row of them reads as None)

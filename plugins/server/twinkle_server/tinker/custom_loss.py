@@ -1,0 +1,346 @@
+"""Server-side custom losses (SDK 0.38 `ServiceClient.create_custom_loss`, `forward_backward(loss_fn='custom')`).
+
+The SDK traces a per-datum loss ``fn(logprobs, *inputs) -> (loss, {"custom/<name>:sum|mean": tensor})`` with
+`torch.fx` and uploads its nodes as plain data (`tinker.types.CustomLossGraph`). `CustomLossSpec.validate` checks
+that graph node by node -- placeholders matching the declared inputs, every call on the whitelist of
+`custom_loss_ops`, references only to earlier nodes, at most `MAX_NODES` nodes, a ``(loss, metrics)`` output --
+and compiles it into a `Program`: a list of steps over whitelisted callables (nothing is ever `eval`'d,
+imported or looked up by a client-given name). `GraphLoss` runs the program once per datum, as the SDK does
+client-side (`run_loss_handle`): the datum's ``logprobs`` (``[N]``, or ``[N, K]`` for 2-D ``target_tokens``) and
+its declared inputs, on the CPU in float32; the request's loss is the sum of the datums' losses, metrics sum
+(``:sum``) or average over datums (``:mean``). Rows carry the inputs as fields named by `input_field`
+(`tinker.datums`). Losses are stored per session in memory (`CustomLossStore`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import twinkle_core.loss.candidates as cand
+from twinkle_core.errors import InvalidInputError
+from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_server.tinker import custom_loss_ops as ops
+from twinkle_server.tinker.custom_loss_ops import GraphError, Ref
+
+MAX_NODES = 512
+MAX_INPUTS = 16
+MAX_ARG_ITEMS = 256  # encoded values in one node's arguments, nested ones included
+MAX_ARG_DEPTH = 8
+MAX_LOSSES_PER_TENANT = 256
+_NODE_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]{0,127}')
+_INPUT_NAME = re.compile(r'[a-z_][a-z0-9_]{0,63}')
+_METRIC_KEY = re.compile(r'custom/[a-z0-9_./-]{1,64}:(sum|mean)')
+_OPS = ('placeholder', 'call_function', 'call_method', 'output')
+
+
+def input_field(name: str) -> str:
+    """The row field carrying custom-loss input `name` (a matrix for rank 2, `twinkle_core.loss.candidates`)."""
+    return f'custom:{name}'
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    op: str  # call_function | call_method
+    target: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A validated graph: its inputs' names, the steps in order, the output's loss and metric references."""
+
+    inputs: tuple[str, ...]
+    steps: tuple[Step, ...]
+    loss: Ref
+    metrics: dict[str, Ref]
+
+    def run(self, values: list[torch.Tensor], where: str, budget: ops.Budget) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(loss, metrics) of one datum; `GraphError` naming the node that fails."""
+        env: dict[str, Any] = dict(zip(self.inputs, values))
+        for step in self.steps:
+            at = f'{where}: node {step.name!r} ({step.target})'
+            args = [ops.resolve(a, env) for a in step.args]
+            kwargs = {k: ops.resolve(v, env) for k, v in step.kwargs.items()}
+            if step.target in ops.GETATTR and step.op == 'call_function':
+                env[step.name] = ops.read_attribute(args[0], args[1], at)
+                continue
+            ops.check_call(step.target, args, kwargs, at, budget)
+            try:
+                if step.op == 'call_method':
+                    if not isinstance(args[0], torch.Tensor):
+                        raise GraphError(f'{at}: a method call needs a tensor, got {type(args[0]).__name__}')
+                    value = getattr(args[0], step.target)(*args[1:], **kwargs)
+                else:
+                    value = ops.FUNCTIONS[step.target](*args, **kwargs)
+            except GraphError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of the client's graph is the client's error
+                raise GraphError(f'{at} failed: {type(exc).__name__}: {exc}') from None
+            ops.check_result(value, at)
+            env[step.name] = value
+        loss = env[self.loss.name]
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise GraphError(f'{where}: the loss must be a scalar tensor, got {shape}')
+        metrics = {k: env[r.name] for k, r in self.metrics.items()}
+        for key, value in metrics.items():
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise GraphError(f'{where}: metric {key!r} must be a scalar tensor')
+        return loss, metrics
+
+
+@dataclass(frozen=True)
+class LossInput:
+    name: str
+    rank: int  # 0 scalar, 1 [N], 2 [N, K]
+
+
+@dataclass(frozen=True, eq=False)
+class CustomLossSpec:
+    """A validated custom loss: its name, inputs (``logprobs`` first), wire nodes, digest and compiled program."""
+
+    name: str
+    inputs: tuple[LossInput, ...]
+    nodes: tuple[dict[str, Any], ...] = field(repr=False)
+    digest: str
+    program: Program = field(repr=False)
+
+    @classmethod
+    def validate(cls, name: str, inputs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> CustomLossSpec:
+        """Check a `CreateCustomLossRequest`'s name, inputs and graph nodes (JSON form); `GraphError` naming the
+        first bad input or node."""
+        if not isinstance(name, str) or not 0 < len(name) <= 128:
+            raise GraphError('the loss name must be 1 to 128 characters')
+        declared = _inputs(inputs)
+        if len(nodes) > MAX_NODES:
+            raise GraphError(f'the graph has {len(nodes)} nodes; at most {MAX_NODES} are allowed')
+        return cls(name, declared, tuple(nodes), _digest(name, declared, nodes), _compile(declared, nodes))
+
+    def config(self, loss_id: str) -> dict[str, Any]:
+        """JSON-plain form for `TrainBatch.loss_config` (re-validated by `from_config` where the loss runs)."""
+        return {
+            'loss_id': loss_id,
+            'name': self.name,
+            'inputs': [{'name': i.name, 'rank': i.rank} for i in self.inputs],
+            'nodes': list(self.nodes),
+            'digest': self.digest,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CustomLossSpec:
+        return cls.validate(config['name'], config['inputs'], config['nodes'])
+
+
+def _inputs(inputs: list[dict[str, Any]]) -> tuple[LossInput, ...]:
+    if not 0 < len(inputs) <= MAX_INPUTS:
+        raise GraphError(f'a custom loss takes 1 to {MAX_INPUTS} inputs (logprobs first), got {len(inputs)}')
+    out = []
+    for i, item in enumerate(inputs):
+        name, rank = item.get('name'), item.get('rank')
+        if not isinstance(name, str) or not _INPUT_NAME.fullmatch(name) or rank not in (0, 1, 2):
+            raise GraphError(f'input {i} ({name!r}, rank {rank!r}): needs a lowercase name and rank 0, 1 or 2')
+        out.append(LossInput(name, int(rank)))
+    if out[0].name != 'logprobs' or out[0].rank not in (1, 2):
+        raise GraphError('the first input must be logprobs, of rank 1 ([N]) or 2 ([N, K])')
+    if len({i.name for i in out}) != len(out):
+        raise GraphError(f'input names repeat: {[i.name for i in out]}')
+    return tuple(out)
+
+
+def _compile(inputs: tuple[LossInput, ...], nodes: list[dict[str, Any]]) -> Program:
+    defined: set[str] = set()
+    placeholders: list[str] = []
+    steps: list[Step] = []
+    output: tuple[Ref, dict[str, Ref]] | None = None
+    for index, node in enumerate(nodes):
+        op, name, target = node.get('op'), node.get('name'), node.get('target')
+        where = f'node {index} ({name!r})'
+        if output is not None:
+            raise GraphError(f'{where}: comes after the output node')
+        if op not in _OPS:
+            raise GraphError(f'{where}: op {op!r} is not allowed (allowed: {", ".join(_OPS)})')
+        if not isinstance(name, str) or not _NODE_NAME.fullmatch(name) or name in defined:
+            raise GraphError(f'{where}: node names must be unique identifiers')
+        if not isinstance(target, str):
+            raise GraphError(f'{where}: target must be a string')
+        decode = ops.Decoder(defined, where, MAX_ARG_ITEMS, MAX_ARG_DEPTH)
+        args, kwargs = node.get('args') or [], node.get('kwargs') or {}
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise GraphError(f'{where}: args must be a list and kwargs an object')
+        if op == 'placeholder':
+            if steps or len(placeholders) >= len(inputs) or target != inputs[len(placeholders)].name:
+                expected = [i.name for i in inputs]
+                raise GraphError(f'{where}: placeholders must come first and be the inputs {expected} in order')
+            placeholders.append(name)
+        elif op == 'output':
+            output = _output(decode(args), where)
+        else:
+            _check_target(op, target, args, where)
+            steps.append(Step(name, op, target, tuple(decode(args)), {str(k): decode(v) for k, v in kwargs.items()}))
+        defined.add(name)
+    if len(placeholders) != len(inputs):
+        raise GraphError(f'the graph has {len(placeholders)} placeholders for {len(inputs)} declared inputs')
+    if output is None:
+        raise GraphError('the graph has no output node')
+    return Program(tuple(placeholders), tuple(steps), *output)
+
+
+def _check_target(op: str, target: str, args: list[Any], where: str) -> None:
+    if op == 'call_method':
+        if target not in ops.METHODS:
+            raise GraphError(f'{where}: tensor method {target!r} is not on the allowed list')
+        if not args:
+            raise GraphError(f'{where}: a method call needs the tensor it is called on')
+    elif target in ops.GETATTR:
+        if len(args) != 2 or args[1] not in ops.ATTRIBUTES:
+            raise GraphError(f'{where}: getattr may read only {sorted(ops.ATTRIBUTES)}')
+    elif target not in ops.FUNCTIONS:
+        raise GraphError(f'{where}: function {target!r} is not on the allowed list of torch, operator and math ops')
+
+
+def _output(args: list[Any], where: str) -> tuple[Ref, dict[str, Ref]]:
+    value = args[0] if len(args) == 1 else None
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], Ref)):
+        raise GraphError(f'{where}: the output must be (loss, metrics) with the loss a tensor node')
+    metrics = value[1]
+    if not isinstance(metrics, dict):
+        raise GraphError(f'{where}: the metrics must be a dict')
+    for key, ref in metrics.items():
+        if not _METRIC_KEY.fullmatch(key) or not isinstance(ref, Ref):
+            raise GraphError(f'{where}: metric {key!r} must be named custom/<name>:sum or :mean and be a tensor')
+    return value[0], dict(metrics)
+
+
+def _digest(name: str, inputs: tuple[LossInput, ...], nodes: list[dict[str, Any]]) -> str:
+    body = json.dumps([name, [[i.name, i.rank] for i in inputs], nodes], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class GraphLoss(Loss):
+    """A `CustomLossSpec` as a loss: per datum, its program on that datum's log-probs and inputs (module docstring);
+    a sum over datums. Reads ``outputs['logps']``, or the logits for rank-2 log-probs (candidate matrix
+    ``target_tokens``), whose per-row values it returns under `candidates.ROW_CANDIDATE_LOGPS`."""
+
+    reduction = 'sum'
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        try:
+            self.spec = CustomLossSpec.from_config(config)
+        except GraphError as exc:
+            raise InvalidInputError(f'custom loss: {exc}') from None
+        self.needs_logits = self.spec.inputs[0].rank == 2
+        self.__name__ = f'custom loss {self.spec.name!r}'
+
+    def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
+        mask = outputs['mask']
+        logps, lp_widths = outputs['logps'], None
+        if self.needs_logits:
+            ids = cand.stack(inputs, 'target_tokens')
+            if ids is None or outputs.get('logits') is None:
+                raise InvalidInputError(f'{self.__name__}: rank-2 logprobs need 2-D target_tokens and the logits')
+            logps, lp_widths = cand.candidate_logps(outputs['logits'], ids, mask), cand.widths(inputs, 'target_tokens')
+        values = logps.float().cpu()
+        columns = [self._column(inputs, i) for i in self.spec.inputs[1:]]
+        budget, total = ops.Budget(), None
+        sums: dict[str, float] = {}
+        spans = cand.row_spans(inputs)
+        for row, (b, s, e) in enumerate(spans):
+            lp = values[b, s:e] if lp_widths is None else values[b, s:e, : lp_widths[row]]
+            args = [lp, *(_datum_value(col, row, b, s, e) for col in columns)]
+            try:
+                loss, metrics = self.spec.program.run(args, f'datum {row}', budget)
+            except GraphError as exc:
+                raise InvalidInputError(f'{self.__name__}: {exc}') from None
+            total = loss if total is None else total + loss
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value.detach())
+        assert total is not None  # a request has at least one datum
+        total = total.to(device=logps.device, dtype=torch.float32)
+        if torch.is_grad_enabled() and logps.requires_grad and not total.requires_grad:
+            total = total + logps.sum() * 0.0  # a loss that ignores logprobs still backpropagates (zeros)
+        out: dict[str, Any] = {k: v / len(spans) if k.endswith(':mean') else v for k, v in sums.items()}
+        if lp_widths is not None:
+            out[cand.ROW_CANDIDATE_LOGPS] = cand.per_row(inputs, logps, lp_widths)
+        return LossOutput(loss=total, num_tokens=int(mask.sum()), metrics=out)
+
+    @staticmethod
+    def _column(inputs: dict[str, Any], item: LossInput) -> tuple[int, Any, list[int] | None]:
+        """(rank, the batch's values of input `item` on the CPU, per-row widths for rank 2)."""
+        name = input_field(item.name)
+        if item.rank == 2:
+            matrix = cand.stack(inputs, name)
+            if matrix is None:
+                raise InvalidInputError(f'custom loss input {item.name!r} (rank 2) is missing from the batch')
+            return 2, matrix.float().cpu(), cand.widths(inputs, name)
+        if inputs.get(name) is None:
+            raise InvalidInputError(f'custom loss input {item.name!r} is missing from the batch')
+        return item.rank, torch.as_tensor(inputs[name], dtype=torch.float32).cpu(), None
+
+
+def _datum_value(column: tuple[int, Any, list[int] | None], row: int, b: int, s: int, e: int) -> torch.Tensor:
+    rank, values, widths = column
+    if rank == 0:
+        return values[row]
+    if rank == 1:
+        return values[b, s:e]
+    assert widths is not None
+    return values[b, s:e, : widths[row]]
+
+
+@dataclass(frozen=True)
+class StoredLoss:
+    loss_id: str
+    tenant: str
+    session_id: str
+    spec: CustomLossSpec
+
+
+class CustomLossStore:
+    """Custom losses by id, bound to the tenant and session that created them; in memory (a restart forgets them),
+    at most `MAX_LOSSES_PER_TENANT` per tenant (least recently used first out). Thread-safe."""
+
+    def __init__(self, max_per_tenant: int = MAX_LOSSES_PER_TENANT) -> None:
+        self.max_per_tenant = max_per_tenant
+        self._losses: OrderedDict[str, StoredLoss] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    def add(self, tenant: str, session_id: str, seq_id: int, spec: CustomLossSpec) -> str:
+        """Store `spec` as loss `seq_id` of the session; the same request again gets the same id, another loss
+        under a used `seq_id` raises `GraphError`."""
+        loss_id = f'{session_id}:loss:{seq_id}'
+        with self._lock:
+            old = self._losses.get(loss_id)
+            if old is not None:
+                if old.tenant != tenant or old.spec.digest != spec.digest:
+                    raise GraphError(f'custom_loss_seq_id {seq_id} of this session already names another loss')
+                self._losses.move_to_end(loss_id)
+                return loss_id
+            self._losses[loss_id] = StoredLoss(loss_id, tenant, session_id, spec)
+            mine = [k for k, v in self._losses.items() if v.tenant == tenant]
+            for key in mine[: max(0, len(mine) - self.max_per_tenant)]:
+                del self._losses[key]
+        return loss_id
+
+    def get(self, tenant: str, session_id: str, loss_id: str) -> StoredLoss | None:
+        """The loss `loss_id` if `tenant`'s session `session_id` created it."""
+        with self._lock:
+            stored = self._losses.get(loss_id)
+            if stored is None or stored.tenant != tenant or stored.session_id != session_id:
+                return None
+            self._losses.move_to_end(loss_id)
+            return stored
+
+    def drop_session(self, session_id: str) -> None:
+        with self._lock:
+            for key in [k for k, v in self._losses.items() if v.session_id == session_id]:
+                del self._losses[key]
