@@ -50,6 +50,7 @@ else
   pip_quiet install -c requirements/constraints.txt \
     -e ".[data,hub,tensorboard,kernels,dev]" \
     -e plugins/transformers -e plugins/megatron -e plugins/client -e "plugins/server[postgres]" -e plugins/ray \
+    -e plugins/agentic \
     -r requirements/test.txt
   # The official tinker cookbook, without its transformers<=5.5.4 cap (see requirements/test.txt; its tests pass
   # against the pinned transformers).

@@ -29,6 +29,8 @@ KINDS: tuple[str, ...] = (
     'optimizer',
     'lr_scheduler',
     'dataset_source',
+    'env',
+    'tool',
 )
 
 # The interface of each kind ("module:attr"), imported only when a plain function must be wrapped.
@@ -46,6 +48,8 @@ KIND_INTERFACES: dict[str, str] = {
     'kernel': 'twinkle_core.kernel.base:Kernel',
     'runtime': 'twinkle_core.runtime.base:Runtime',
     'checkpoint_engine': 'twinkle_core.weight_sync.base:CheckpointEngine',
+    'env': 'twinkle_core.env.base:Env',
+    'tool': 'twinkle_core.tool.decorator:FunctionTool',  # Tool's implementation for typed functions
 }
 
 # Kinds whose hub repos are not imported module by module (`twinkle_core.hub.importer`) but by their own loader

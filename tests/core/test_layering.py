@@ -41,6 +41,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'patch.base',
             'kernel.base',
             'weight_sync.base',
+            'tool',
+            'tool.base',
+            'env',
+            'env.base',
         ),
     ),
     # -- above it --
@@ -62,6 +66,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'dataset',
             'lr_scheduler',
             'optimizer',
+            'tool.decorator',
         ),
     ),
     ('training machinery', ('train',)),

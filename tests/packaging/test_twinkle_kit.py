@@ -47,6 +47,7 @@ SOURCES = {
     'twinkle-vllm': 'plugins/vllm',
     'twinkle-server': 'plugins/server',
     'twinkle-ray': 'plugins/ray',
+    'twinkle-agentic': 'plugins/agentic',
     KIT: 'packages/twinkle-kit',
 }
 # what `pip install twinkle-kit` must bring (distribution -> its extras), and what each extra adds
@@ -56,7 +57,8 @@ EXTRAS = {
     'vllm': {'twinkle-vllm'},
     'server': {'twinkle-server'},
     'ray': {'twinkle-ray'},
-    'all': {'twinkle-megatron', 'twinkle-vllm', 'twinkle-server', 'twinkle-ray'},
+    'agentic': {'twinkle-agentic'},
+    'all': {'twinkle-megatron', 'twinkle-vllm', 'twinkle-server', 'twinkle-ray', 'twinkle-agentic'},
 }
 PIP_TIMEOUT = 600
 IGNORE = shutil.ignore_patterns('__pycache__', '*.pyc', '*.egg-info', 'build', 'dist')

@@ -119,3 +119,6 @@ def postgres():
 def postgres_url(postgres) -> str:
     """The URL of a new, empty database on the session's PostgreSQL server."""
     return postgres.create_database()
+
+
+from openai_tools import tool_adapter  # noqa: E402, F401 - the session-wide tool-calling adapter

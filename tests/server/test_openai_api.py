@@ -4,42 +4,34 @@ streaming, log-probs checked against a plain `transformers` forward, seeds, stop
 with an adapter trained (through the `tinker` SDK) to call a tool, checkpoints as models and another tenant's 404,
 and errors in OpenAI's shape raised as the client's exception classes.
 
-The tiny model's chat template renders no tools, so the server writes the fallback (hermes) tool text into the
-prompt; a template that renders tools itself is checked in-process with a Qwen-style template (`QWEN_STYLE`)."""
+The tiny model's chat template renders tools itself (Qwen3 style); the fallback (hermes) tool text the server
+writes for a template without tool support is checked in-process with a plain ChatML template (`PLAIN_CHATML`),
+and another template that renders tools with a Qwen-style one (`QWEN_STYLE`)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 
 import httpx
 import openai
 import pytest
 import torch
 from conftest import MODEL
-from tinker import types
+from openai_tools import CALL_TEXT, QUESTION, TOOLS, prompt_ids, request
 
 from twinkle_server.openai_api.chat import ChatRenderer
-from twinkle_server.openai_api.schemas import ChatCompletionRequest
 from twinkle_server.openai_api.tool_parsers import FORMATS, HermesFormat, ParsedCall, format_for
 
-TOOLS = [
-    {
-        'type': 'function',
-        'function': {
-            'name': 'get_weather',
-            'description': 'The current weather in a city.',
-            'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
-        },
-    }
-]
-QUESTION = [{'role': 'user', 'content': 'What is the weather in Paris?'}]
-CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 RESULT = '{"temperature_c": 21}'
 HELLO = [{'role': 'user', 'content': 'Say hello.'}]
 
 # A Qwen2.5-style template that renders tools, tool calls and tool results itself (the tiny model's does not).
+# ChatML without tool support: the server must write the tools and calls itself
+PLAIN_CHATML = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 QWEN_STYLE = (
     '{%- if tools %}{{- "<|im_start|>system\\n" }}'
     '{%- if messages[0].role == "system" %}{{- messages[0].content + "\\n\\n" }}{%- endif %}'
@@ -86,41 +78,6 @@ def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
-
-
-def _request(**body) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate_json(json.dumps({'model': MODEL, **body}))
-
-
-def _prompt_ids(tokenizer, messages, tools=None) -> list[int]:
-    """The prompt the server renders for `messages` (the same renderer, in this process)."""
-    text = ChatRenderer(tokenizer).render(_request(messages=messages, tools=tools)).text
-    return tokenizer(text, add_special_tokens=False)['input_ids']
-
-
-@pytest.fixture(scope='module')
-def tool_adapter(service_client, tokenizer) -> str:
-    """A LoRA adapter trained (tinker SDK, cross-entropy) until it answers QUESTION-with-TOOLS by calling
-    get_weather(city="Paris"): until every answer token has probability > 0.6, so greedy decoding writes exactly the
-    call (~50 steps). Saved with save_weights_for_sampler as 'oa-tool-caller'."""
-    prompt = _prompt_ids(tokenizer, QUESTION, TOOLS)
-    answer = tokenizer(CALL_TEXT, add_special_tokens=False)['input_ids'] + [tokenizer.eos_token_id]
-    tokens = prompt + answer
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={'target_tokens': tokens[1:], 'weights': [0.0] * (len(prompt) - 1) + [1.0] * len(answer)},
-    )
-    tc = service_client.create_lora_training_client(base_model=MODEL, rank=16, seed=0).result()
-    worst = -math.inf
-    for _ in range(200):
-        fwd = tc.forward_backward([datum], 'cross_entropy')
-        opt = tc.optim_step(types.AdamParams(learning_rate=3e-3))
-        worst = min(fwd.result().loss_fn_outputs[0]['logprobs'].tolist()[len(prompt) - 1 :])
-        opt.result()
-        if worst > math.log(0.6):
-            break
-    assert worst > math.log(0.6), f'the adapter did not learn the tool call (least likely answer token: {worst})'
-    return tc.save_weights_for_sampler('oa-tool-caller').result().path
 
 
 # ---- models ---------------------------------------------------------------------------------------------------------
@@ -192,7 +149,7 @@ def test_chat_logprobs_are_the_models(client, tokenizer, hf_model):
         model=MODEL, messages=HELLO, max_tokens=6, temperature=0, logprobs=True, top_logprobs=k
     )
     entries = r.choices[0].logprobs.content
-    ids = _prompt_ids(tokenizer, HELLO)
+    ids = prompt_ids(tokenizer, HELLO)
     assert r.usage.prompt_tokens == len(ids)
     assert 1 <= len(entries) <= 6
     for entry in entries:  # greedy: the model's most likely token at each step, with the reference's log-probs
@@ -284,26 +241,28 @@ def test_tool_call_round_trip_with_a_trained_adapter(client, tool_adapter, token
     ]
     r = client.chat.completions.create(model=tool_adapter, messages=follow_up, tools=TOOLS, temperature=0, max_tokens=4)
     assert r.choices[0].finish_reason in ('stop', 'length', 'tool_calls')
-    rendered = ChatRenderer(tokenizer).render(_request(messages=follow_up, tools=TOOLS)).text
+    rendered = ChatRenderer(tokenizer).render(request(messages=follow_up, tools=TOOLS)).text
     assert json.dumps(TOOLS[0]) in rendered and CALL_TEXT in rendered
     assert f'<|im_start|>user\n<tool_response>\n{RESULT}\n</tool_response><|im_end|>' in rendered
     assert r.usage.prompt_tokens == len(tokenizer(rendered, add_special_tokens=False)['input_ids'])
 
 
 def test_fallback_rendering_on_a_template_without_tools(tokenizer):
-    renderer = ChatRenderer(tokenizer)
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = PLAIN_CHATML
+    renderer = ChatRenderer(tok)
     assert not renderer.native_tools and renderer.tool_format.name == 'hermes'
     system = [{'role': 'system', 'content': 'Be brief.'}]
-    text = renderer.render(_request(messages=system + QUESTION, tools=TOOLS)).text
+    text = renderer.render(request(messages=system + QUESTION, tools=TOOLS)).text
     assert text.startswith('<|im_start|>system\nBe brief.\n\n# Tools\n')
     assert f'<tools>\n{json.dumps(TOOLS[0])}\n</tools>' in text and text.endswith('<|im_start|>assistant\n')
-    assert '# Tools' not in renderer.render(_request(messages=QUESTION, tools=TOOLS, tool_choice='none')).text
+    assert '# Tools' not in renderer.render(request(messages=QUESTION, tools=TOOLS, tool_choice='none')).text
     forced = renderer.render(
-        _request(messages=QUESTION, tools=TOOLS, tool_choice={'type': 'function', 'function': {'name': 'get_weather'}})
+        request(messages=QUESTION, tools=TOOLS, tool_choice={'type': 'function', 'function': {'name': 'get_weather'}})
     )
     assert forced.prefill == '<tool_call>\n{"name": "get_weather", "arguments": '
     assert forced.text.endswith('<|im_start|>assistant\n' + forced.prefill)
-    assert renderer.render(_request(messages=QUESTION, tools=TOOLS, tool_choice='required')).prefill.endswith(
+    assert renderer.render(request(messages=QUESTION, tools=TOOLS, tool_choice='required')).prefill.endswith(
         '{"name": "'
     )
 
@@ -320,7 +279,7 @@ def test_a_template_that_renders_tools_gets_them_natively(tokenizer):
         ]},
         {'role': 'tool', 'tool_call_id': 'call_1', 'content': RESULT},
     ]  # fmt: skip
-    text = renderer.render(_request(messages=messages, tools=TOOLS)).text
+    text = renderer.render(request(messages=messages, tools=TOOLS)).text
     assert text.startswith('<|im_start|>system\n# Tools\n\n<tools>\n{"type": "function"')
     assert '"name": "get_weather"' in text and '"required": ["city"]' in text
     assert f'<|im_start|>assistant\n{CALL_TEXT}<|im_end|>' in text

@@ -4,9 +4,10 @@
 
 - ``advantages``: one value per row -> the row field ``advantage`` (broadcast over its loss tokens), or one list
   per row -> the per-token field ``advantages``;
-- ``old_logps``: one list per row of the behaviour policy's log-probs of the row's last tokens (a sampled
-  completion, as ``[lp[0][1] for lp in sequence.logprobs]`` gives them) -> the per-token field ``old_logps``,
-  left-padded with 0.0 to the row's length;
+- ``old_logps``: one list per row of the behaviour policy's log-probs -> the per-token field ``old_logps`` (0.0
+  elsewhere): with one value per labelled position (``labels != -100``) they go to those positions in order (a
+  multi-turn episode's sampled turns, separated by inserted tokens); otherwise they are the row's last tokens (a
+  sampled completion, as ``[lp[0][1] for lp in sequence.logprobs]`` gives them), left-padded to the row's length;
 - ``micro_batch_size``: rows per forward/backward pass inside one call (`micro_batches`); the gradients equal
   one pass over all rows.
 A row that already holds the field keeps nothing of its own: giving both is an error.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.types import as_input_features
+from twinkle_core.types import IGNORE_INDEX, as_input_features
 
 
 def with_row_keywords(
@@ -50,7 +51,7 @@ def with_row_keywords(
             field = 'advantages' if isinstance(value, (list, tuple)) or bool(getattr(value, 'ndim', 0)) else 'advantage'
             _set(row, field, float(value) if field == 'advantage' else _left_padded(value, n, i, 'advantages'), i)
         if old_logps is not None:
-            _set(row, 'old_logps', _left_padded(old_logps[i], n, i, 'old_logps'), i)
+            _set(row, 'old_logps', _at_labels(old_logps[i], row.get('labels'), n, i), i)
     return rows
 
 
@@ -76,11 +77,28 @@ def micro_batches(rows: list[Any], micro_batch_size: int) -> list[list[Any]]:
 
 
 def _left_padded(values: Any, length: int, row: int, name: str) -> list[float]:
-    tolist = getattr(values, 'tolist', None)
-    values = [float(v) for v in (tolist() if callable(tolist) else values)]
+    values = _floats(values)
     if len(values) > length:
         raise InvalidInputError(f'{name}[{row}] has {len(values)} values for a row of {length} tokens.')
     return [0.0] * (length - len(values)) + values
+
+
+def _at_labels(values: Any, labels: Sequence[int] | None, length: int, row: int) -> list[float]:
+    """`values` at the labelled positions of `labels` when there is one value per labelled position, else
+    left-padded to `length` (`_left_padded`)."""
+    floats = _floats(values)
+    positions = [i for i, label in enumerate(labels or ()) if label != IGNORE_INDEX]
+    if labels is None or len(labels) != length or len(floats) != len(positions):
+        return _left_padded(floats, length, row, 'old_logps')
+    out = [0.0] * length
+    for position, value in zip(positions, floats):
+        out[position] = value
+    return out
+
+
+def _floats(values: Any) -> list[float]:
+    tolist = getattr(values, 'tolist', None)
+    return [float(v) for v in (tolist() if callable(tolist) else values)]
 
 
 def _set(row: dict[str, Any], field: str, value: Any, index: int) -> None:

@@ -1,0 +1,7 @@
+"""Multi-turn rollouts: `MultiTurnRollout` (a local or Ray sampler, token-exact, trainable) and
+`APIMultiTurnRollout` (an OpenAI-compatible endpoint, for evaluation and data collection)."""
+
+from twinkle_agentic.rollout.api import APIMultiTurnRollout
+from twinkle_agentic.rollout.multi_turn import MultiTurnRollout
+
+__all__ = ['APIMultiTurnRollout', 'MultiTurnRollout']
