@@ -4,11 +4,14 @@ log-probs that the training model reproduces, batching (one sample call per turn
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 from scripted_policy import ScriptedSampler
 
 from twinkle_agentic.rollout import MultiTurnRollout
+from twinkle_core import plugins
+from twinkle_core.env import Env, StepResult
 from twinkle_core.types import IGNORE_INDEX
 
 pytestmark = pytest.mark.usefixtures('tiny_model_dir')
@@ -130,3 +133,40 @@ def test_stop_reasons(torch_sampler, template):
     assert parse['stop_reason'] == 'max_turns' and 'not valid JSON' in parse['messages'][2]['content']
     (strict,) = MultiTurnRollout(broken, template, env='GuessNumberEnv', stop_on_parse_error=True)(games([5]))
     assert strict['stop_reason'] == 'parse_error'
+
+
+class EchoEnv(Env):
+    """A third-party env: rewards an answer that repeats the word in ``user_data['word']``."""
+
+    def reset(self, trajectory: dict) -> str | None:
+        self.word = trajectory['user_data']['word']
+        return None
+
+    def step(self, tool_name: str, arguments: dict) -> StepResult:
+        return StepResult(observation='no tools here', done=True)
+
+    def respond(self, text: str) -> StepResult:
+        return StepResult(reward=float(text.strip() == self.word), done=True)
+
+
+@pytest.fixture
+def third_party_env(tmp_path):
+    """A distribution (metadata only: a .dist-info folder on sys.path) whose entry point names `EchoEnv` here."""
+    info = tmp_path / 'twinkle_tp_envs-0.0.1.dist-info'
+    info.mkdir()
+    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: twinkle-tp-envs\nVersion: 0.0.1\n')
+    (info / 'entry_points.txt').write_text(f'[twinkle.env]\nEchoEnv = {__name__}:EchoEnv\n')
+    sys.path.insert(0, str(tmp_path))
+    plugins.refresh()
+    yield
+    sys.path.remove(str(tmp_path))
+    plugins.refresh()
+
+
+def test_a_third_party_env_by_name(torch_sampler, template, third_party_env):
+    policy = ScriptedSampler(torch_sampler, template.tokenizer, lambda text: 'hello')
+    prompts = [
+        {'messages': [{'role': 'user', 'content': 'Say a word.'}], 'user_data': {'word': w}} for w in ('hello', 'bye')
+    ]
+    episodes = MultiTurnRollout(policy, template, env='EchoEnv')(prompts)
+    assert [e['reward'] for e in episodes] == [1.0, 0.0] and {e['stop_reason'] for e in episodes} == {'stop'}
