@@ -28,7 +28,7 @@ from twinkle_server.model_host.base import ModelHost
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
 
 if TYPE_CHECKING:
-    from twinkle_server.service import LiveModel
+    from twinkle_server.service_training import LiveModel
 
 __all__ = ['CheckpointOperations', 'MAX_TTL_S', 'URL_LIFETIME_S']
 logger = logging.getLogger(__name__)

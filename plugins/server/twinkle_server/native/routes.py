@@ -63,7 +63,7 @@ async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Ser
         raise bad_request('config must be a JSON object of LoRA fields (r, lora_alpha, target_modules, ...)')
     lora = _lora_spec(config, body.get('seed'), body.get('gradient_accumulation_steps', 1))
     session_id = _native_session(svc, who.name)
-    rid = svc.create_model(
+    rid = svc.training.create_model(
         who.name,
         session_id,
         0,
@@ -79,7 +79,9 @@ async def create_model(request: Request, who: Tenant = Depends(tenant), svc: Ser
 async def load_model(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     body = await json_body(request)
     session_id = _native_session(svc, who.name)
-    rid = svc.load_new_model(who.name, session_id, 0, str(body.get('path', '')), bool(body.get('load_optimizer')))
+    rid = svc.training.load_new_model(
+        who.name, session_id, 0, str(body.get('path', '')), bool(body.get('load_optimizer'))
+    )
     result = await _wait(svc, who.name, rid)
     return {'model_id': result['model_id'], 'base_model': svc.models[result['model_id']].base_model}
 
@@ -110,12 +112,16 @@ async def call_model(
         return await _wait(svc, who.name, rid)
     if method == 'load':
         path = args[0] if args else kwargs.pop('path', None)
-        rid = svc.load_into_model(who.name, model_id, None, str(path or ''), bool(kwargs.get('load_optimizer')))
+        rid = svc.training.load_into_model(
+            who.name, model_id, None, str(path or ''), bool(kwargs.get('load_optimizer'))
+        )
         await _wait(svc, who.name, rid)
         return {'result': None}
     refuse_hub_refs(args, kwargs)
     refuse_foreign_paths(_roots(svc, model_id), OUTSIDE, args, kwargs)
-    rid = svc.call(who.name, model_id, lambda e: {'result': to_json(e.native_call(model_id, method, args, kwargs))})
+    rid = svc.training.call(
+        who.name, model_id, lambda e: {'result': to_json(e.native_call(model_id, method, args, kwargs))}
+    )
     return await _wait(svc, who.name, rid)
 
 
@@ -126,7 +132,7 @@ async def create_sampler(request: Request, who: Tenant = Depends(tenant), svc: S
     if not isinstance(base, (str, type(None))) or not isinstance(path, (str, type(None))):
         raise bad_request('a sampler body is {"base_model": NAME} or {"model_path": "twinkle://..."} (strings)')
     session_id = _native_session(svc, who.name)
-    sid = svc.create_sampling_session(who.name, session_id, 0, path, svc.hosted_name(base) if base else None)
+    sid = svc.sampling.create_sampling_session(who.name, session_id, 0, path, svc.hosted_name(base) if base else None)
     return {'sampler_id': sid}
 
 
@@ -165,7 +171,7 @@ async def call_sampler(
             )
         job = SampleJob(list(ids), params, params.num_samples, params.prompt_logprobs)
         rids.append(
-            svc.sample(
+            svc.sampling.sample(
                 who.name,
                 None if path else sampler_id,
                 path or None,

@@ -1,4 +1,4 @@
-"""OpenAI sampling fields -> `SamplingParams`, and sampling through the service: the same `Service.sample` the
+"""OpenAI sampling fields -> `SamplingParams`, and sampling through the service: the same `svc.sampling.sample` the
 Tinker `asample` route queues on (the model's worker, batched with every tenant's samples; the tenant's limits
 `max_num_samples`, `max_sample_tokens`, `max_pending_futures` apply), awaited here instead of polled."""
 
@@ -101,7 +101,7 @@ async def sample(
     """`n` continuations of `prompt`, queued like the Tinker `asample` route's and awaited; an `OpenAIError` for
     a refusal or a failure."""
     job = SampleJob(prompt=prompt, params=params, num_samples=n)
-    request_id = svc.sample(tenant, None, target.model_path, target.base_model, job, post=_compact)
+    request_id = svc.sampling.sample(tenant, None, target.model_path, target.base_model, job, post=_compact)
     while True:
         row = await svc.futures.wait(request_id, tenant, POLL_S)
         if row is None:

@@ -117,7 +117,7 @@ async def load_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
     if req.session_id is not None:
         if req.model_seq_id is None:
             raise bad_request('load_weights with session_id also needs model_seq_id')
-        rid = svc.load_new_model(
+        rid = svc.training.load_new_model(
             who.name,
             req.session_id,
             req.model_seq_id,
@@ -138,7 +138,7 @@ async def load_weights(request: Request, who: Tenant = Depends(tenant), svc: Ser
                 f'model {req.model_id} trains with {current}; optimizer_config ({family}) cannot change the '
                 f'optimizer of an existing model'
             )
-    rid = svc.load_into_model(who.name, req.model_id, req.seq_id, req.path, req.optimizer)
+    rid = svc.training.load_into_model(who.name, req.model_id, req.seq_id, req.path, req.optimizer)
     return {'request_id': rid, 'model_id': req.model_id}
 
 

@@ -85,5 +85,5 @@ async def cancel_future(request: Request, who: Tenant = Depends(tenant), svc: Se
     request_id = body.get('request_id')
     if not isinstance(request_id, str) or not request_id:
         raise bad_request('cancel_future needs `request_id` (a string)')
-    svc.cancel_future(who.name, request_id)
+    svc.sampling.cancel_future(who.name, request_id)
     return {}

@@ -33,7 +33,7 @@ async def create_sampling_session(
     request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
 ) -> dict[str, Any]:
     req = parse(types.CreateSamplingSessionRequest, await json_body(request))
-    sid = svc.create_sampling_session(
+    sid = svc.sampling.create_sampling_session(
         who.name, req.session_id, req.sampling_session_seq_id, req.model_path, req.base_model
     )
     return {'sampling_session_id': sid, 'type': 'create_sampling_session'}
@@ -51,7 +51,7 @@ async def get_sampler(sampler_id: str, who: Tenant = Depends(tenant), svc: Servi
 async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     req = parse(types.SampleRequest, await json_body(request))
     _check_score_fields(req)
-    base, _ = svc.sampling_target(who.name, req.sampling_session_id, req.model_path, req.base_model)
+    base, _ = svc.sampling.sampling_target(who.name, req.sampling_session_id, req.model_path, req.base_model)
     host = svc.host(base)
     encoder = images.encoder_for(base, host.model_dir)
     chunks = _chunks(req.prompt)
@@ -74,7 +74,7 @@ async def asample(request: Request, who: Tenant = Depends(tenant), svc: Service 
     pending = stability.recorder(
         svc.stability, who.name, session.session_id if session else None, req.record_stability_info, prompt.tokens
     )
-    rid = svc.sample(
+    rid = svc.sampling.sample(
         who.name,
         req.sampling_session_id,
         req.model_path,

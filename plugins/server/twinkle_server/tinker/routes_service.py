@@ -204,7 +204,7 @@ async def join_sampling_session(
     """`{sampling_session_id}` -> `{client_counter}`: a number unique among the sampling session's clients (the
     creating client is 0); an unpickled SamplingClient numbers its requests from `client_counter * 10**9`."""
     req = parse(types.JoinSamplingSessionRequest, await json_body(request))
-    counter = svc.join_sampling_session(who.name, req.sampling_session_id)
+    counter = svc.sampling.join_sampling_session(who.name, req.sampling_session_id)
     return {'type': 'join_sampling_session', 'client_counter': counter}
 
 

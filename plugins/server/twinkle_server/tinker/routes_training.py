@@ -30,7 +30,7 @@ async def create_model(
     req = parse(types.CreateModelRequest, await json_body(request))
     if req.lora_config is None:
         raise ApiError(422, 'full fine-tuning is not offered by this server; pass a lora_config (rank >= 1)')
-    rid = svc.create_model(
+    rid = svc.training.create_model(
         who.name,
         req.session_id,
         req.model_seq_id,
@@ -124,7 +124,7 @@ async def forward_backward(
         per_datum = [_shaped(lp, k) for lp, k in zip(datums.datum_logprobs(result.logprobs), widths)]
         return wire.encode_forward_backward_output(per_datum, metrics)
 
-    rid = svc.forward_backward(who.name, call.model_id, call.seq_id, batch, post=output)
+    rid = svc.training.forward_backward(who.name, call.model_id, call.seq_id, batch, post=output)
     return {'request_id': rid, 'model_id': call.model_id}
 
 
@@ -160,7 +160,7 @@ def _image_rows(
 async def optim_step(request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)) -> dict:
     req = parse(types.OptimStepRequest, await json_body(request))
     step = optimizers.optim_step(req.optim_params)  # AdamParams or DimuonParams, range-checked
-    rid = svc.optim_step(who.name, req.model_id, req.seq_id, step)
+    rid = svc.training.optim_step(who.name, req.model_id, req.seq_id, step)
     return {'request_id': rid, 'model_id': req.model_id}
 
 

@@ -1,0 +1,259 @@
+"""The training-model operations of the service: create a training model (fresh, or from a checkpoint), load a
+checkpoint into one, and queue its forward/backward passes, optimizer steps and native calls -- within the tenant's
+and the host's adapter limits.
+
+`TrainingOperations` is a collaborator `Service` holds (as `training`) and delegates to; it is given exactly what it
+uses. The live models themselves (`Service.models`) stay with the service, which also unloads them and needs them for
+sessions, request traces and the `/metrics` gauges."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from twinkle_server.checkpoints import CheckpointFiles
+from twinkle_server.config import ServerConfig
+from twinkle_server.errors import ApiError, unprocessable
+from twinkle_server.model_host.base import OPTIMIZERS, AdamStep, LoraSpec, ModelHost, OptimStep, TrainBatch
+from twinkle_server.quotas import Quotas
+from twinkle_server.scheduler import ModelWorker
+from twinkle_server.service_checkpoints import CheckpointOperations
+from twinkle_server.store import Store
+from twinkle_server.tinker.lora import lora_targets
+
+__all__ = ['LiveModel', 'TrainingOperations']
+
+
+@dataclass
+class LiveModel:
+    """A training model loaded in its base model's host (its adapter is named by `model_id`)."""
+
+    model_id: str
+    tenant: str
+    base_model: str
+    session_id: str
+    lora: LoraSpec
+    tinker_lora: dict[str, Any]
+    created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
+
+
+class TrainingOperations:
+    """`config`: the server's settings (its `lora_alpha`); `store` / `files` / `checkpoints`: where training runs
+    are recorded and checkpoints looked up and read; `quotas`: the tenant's adapter limits; `workers` / `models`:
+    each base model's worker and the service's live models (shared, not copied); `host(base_model)`: the served model
+    (404 otherwise); `model(tenant, model_id)`: the tenant's live model (404 otherwise); `enqueue(tenant,
+    base_model, **work)`: queue work, returning the request's future id (`Service.enqueue`);
+    `require_session(tenant, session_id)`: 404 / 410 unless it is the tenant's active session; `forget(model_id)`:
+    drop a live model and its recent seq_ids (`Service._forget`)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: Store,
+        files: CheckpointFiles,
+        checkpoints: CheckpointOperations,
+        quotas: Quotas,
+        workers: dict[str, ModelWorker],
+        models: dict[str, LiveModel],
+        host: Callable[[str], ModelHost],
+        model: Callable[[str, str], LiveModel],
+        enqueue: Callable[..., str],
+        require_session: Callable[[str, str], None],
+        forget: Callable[[str], None],
+    ) -> None:
+        self.config, self.store, self.files, self.checkpoints = config, store, files, checkpoints
+        self.quotas, self.workers, self.models = quotas, workers, models
+        self.host, self.model, self.enqueue = host, model, enqueue
+        self.require_session, self._forget = require_session, forget
+
+    def _check_new_adapter(self, tenant: str, rank: int, base_model: str) -> None:
+        self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))
+        host = self.host(base_model)
+        hosted = sum(1 for m in self.models.values() if m.base_model == base_model)
+        if host.max_adapters is not None and hosted >= host.max_adapters:
+            raise ApiError(
+                403,
+                f'base model {base_model!r} is served by {host.backend_name}, which '
+                f'trains at most {host.max_adapters} adapter(s) at once; this server hosts '
+                f'{hosted} already (free one, or serve the model with a multi-adapter backend, '
+                f'e.g. MultiLoraTransformersModel)',
+            )
+
+    def create_model(
+        self,
+        tenant: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        tinker_lora: dict[str, Any],
+        user_metadata: Any = None,
+        lora: LoraSpec | None = None,
+        optimizer: str = 'adamw',
+    ) -> str:
+        """A new training model. `lora`: the exact adapter (native API); by default it is derived from the
+        Tinker `tinker_lora` (rank, train_attn/mlp/unembed, seed) with the server's `lora_alpha` and the optimizer
+        family `optimizer` (Tinker's `optimizer_config.type`: adamw or dimuon)."""
+        self.require_session(tenant, session_id)
+        self.host(base_model)
+        rank = lora.rank if lora is not None else tinker_lora.get('rank')
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise unprocessable(f'lora_config.rank must be an integer >= 1, got {rank!r}')
+        self._check_new_adapter(tenant, rank, base_model)
+        if lora is None:
+            lora = LoraSpec(
+                rank, self.config.lora_alpha, lora_targets(tinker_lora), tinker_lora.get('seed'), optimizer=optimizer
+            )
+        model_id = f'{session_id}:train:{model_seq_id}'
+        if model_id in self.models:
+            return self._repost(tenant, model_id)
+        live = LiveModel(model_id, tenant, base_model, session_id, lora, tinker_lora)
+
+        def create(host: ModelHost) -> dict[str, Any]:
+            with self._undo_on_failure(live):
+                host.add_adapter(model_id, lora)
+            self.store.add_training_run(model_id, tenant, session_id, base_model, _run_config(live), user_metadata)
+            return {'model_id': model_id, 'type': 'create_model'}
+
+        self.models[model_id] = live
+        self.workers[base_model].start_sequence(model_id, 1)
+        try:
+            live.created_by = self.enqueue(
+                tenant, base_model, call=create, op='create_model', session_id=session_id, traced_model=model_id
+            )
+        except ApiError:
+            self._forget(model_id)
+            raise
+        return live.created_by
+
+    def _repost(self, tenant: str, model_id: str) -> str:
+        """A create/load re-posted for an existing model id (a client retry) gets the original future."""
+        live = self.models[model_id]
+        if live.tenant != tenant or not live.created_by:
+            raise ApiError(400, f'model {model_id!r} already exists in this session (model_seq_id reused)')
+        return live.created_by
+
+    def load_new_model(
+        self,
+        tenant: str,
+        session_id: str,
+        model_seq_id: int,
+        path: str,
+        optimizer: bool,
+        base_model: str | None = None,
+        user_metadata: Any = None,
+        optimizer_config: str | None = None,
+    ) -> str:
+        """Create a model from a checkpoint (the load is its request 0; the next expected seq_id is 1). With
+        `optimizer` the checkpoint's optimizer (family and state) is restored and `optimizer_config` (a family
+        name) may only repeat it; weights only, the model gets `optimizer_config` (default AdamW)."""
+        self.require_session(tenant, session_id)
+        cp, row = self.checkpoints.checkpoint(tenant, path, readable=True)
+        meta = self.files.read_meta(row.directory)
+        base = base_model or meta['base_model']
+        if base != meta['base_model']:
+            raise unprocessable(f'checkpoint {path} was trained on {meta["base_model"]!r}, not {base!r}')
+        if optimizer and cp.kind != 'training':
+            raise unprocessable(f'{path} is a sampler checkpoint without optimizer state; load a weights/ checkpoint')
+        self.host(base)
+        lora = LoraSpec.from_dict(meta['lora'])
+        if optimizer and optimizer_config not in (None, lora.optimizer):
+            raise unprocessable(
+                f'checkpoint {path} holds {lora.optimizer} optimizer state; optimizer_config '
+                f'{optimizer_config!r} cannot override it (load weights only to change optimizer)'
+            )
+        if not optimizer:
+            lora = dataclasses.replace(lora, optimizer=optimizer_config or 'adamw')
+        self._check_new_adapter(tenant, lora.rank, base)
+        model_id = f'{session_id}:train:{model_seq_id}'
+        if model_id in self.models:
+            return self._repost(tenant, model_id)
+        live = LiveModel(model_id, tenant, base, session_id, lora, meta.get('tinker_lora', {'rank': lora.rank}))
+
+        def load(host: ModelHost) -> dict[str, Any]:
+            with self._undo_on_failure(live):
+                host.add_adapter(model_id, lora)
+                try:
+                    host.load_state(model_id, row.directory, optimizer=optimizer)
+                except BaseException:
+                    host.remove_adapter(model_id)
+                    raise
+            self.store.add_training_run(model_id, tenant, session_id, base, _run_config(live), user_metadata)
+            return {'model_id': model_id, 'path': path, 'type': 'load_weights'}
+
+        self.models[model_id] = live
+        self.workers[base].start_sequence(model_id, 1)
+        try:
+            live.created_by = self.enqueue(
+                tenant, base, call=load, op='load_state', session_id=session_id, traced_model=model_id
+            )
+        except ApiError:
+            self._forget(model_id)
+            raise
+        return live.created_by
+
+    def load_into_model(self, tenant: str, model_id: str, seq_id: int | None, path: str, optimizer: bool) -> str:
+        m = self.model(tenant, model_id)
+        cp, row = self.checkpoints.checkpoint(tenant, path, readable=True)
+        meta = self.files.read_meta(row.directory)
+        if meta['base_model'] != m.base_model or LoraSpec.from_dict(meta['lora']).rank != m.lora.rank:
+            raise unprocessable(
+                f'checkpoint {path} (base {meta["base_model"]}, rank {meta["lora"]["rank"]}) does '
+                f'not match model {model_id} (base {m.base_model}, rank {m.lora.rank})'
+            )
+        saved = LoraSpec.from_dict(meta['lora']).optimizer
+        if optimizer and saved != m.lora.optimizer:
+            raise unprocessable(
+                f'checkpoint {path} holds {saved} optimizer state but model {model_id} trains with '
+                f'{m.lora.optimizer}; load it with optimizer=False, or into a new client'
+            )
+
+        def load(host: ModelHost) -> dict[str, Any]:
+            host.load_state(model_id, row.directory, optimizer=optimizer)
+            return {'path': path, 'model_id': model_id, 'type': 'load_weights'}
+
+        return self.enqueue(tenant, m.base_model, call=load, model_id=model_id, seq_id=seq_id, op='load_state')
+
+    def forward_backward(
+        self, tenant: str, model_id: str, seq_id: int | None, batch: TrainBatch, post: Callable[[Any], Any]
+    ) -> str:
+        m = self.model(tenant, model_id)
+        self.store.touch_training_run(model_id)
+        return self.enqueue(tenant, m.base_model, train=batch, post=post, model_id=model_id, seq_id=seq_id)
+
+    def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: OptimStep) -> str:
+        m = self.model(tenant, model_id)
+        family = m.lora.optimizer
+        if not isinstance(step, OPTIMIZERS.get(family, AdamStep)):
+            sent = next((name for name, cls in OPTIMIZERS.items() if isinstance(step, cls)), '?')
+            raise unprocessable(
+                f'model {model_id} was created with the {family} optimizer; optim_step sent {sent} '
+                f'parameters (send {"DimuonParams" if family == "dimuon" else "AdamParams"})'
+            )
+        return self.enqueue(
+            tenant,
+            m.base_model,
+            call=lambda e: {'metrics': e.optim_step(model_id, step)},
+            model_id=model_id,
+            seq_id=seq_id,
+            op='optim_step',
+        )
+
+    def call(self, tenant: str, model_id: str, fn: Callable[[ModelHost], Any], seq_id: int | None = None) -> str:
+        m = self.model(tenant, model_id)
+        return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id, op='native_call')
+
+    @contextlib.contextmanager
+    def _undo_on_failure(self, live: LiveModel) -> Iterator[None]:
+        """A model whose creation failed is forgotten (its id answers 404, its seq_ids are dropped)."""
+        try:
+            yield
+        except BaseException:
+            self.workers[live.base_model].end_sequence(live.model_id)
+            self._forget(live.model_id)
+            raise
+
+
+def _run_config(m: LiveModel) -> dict[str, Any]:
+    return {'lora': m.lora.as_dict(), 'tinker_lora': m.tinker_lora}
