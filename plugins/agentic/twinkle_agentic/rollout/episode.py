@@ -40,6 +40,7 @@ class Episode:
     stop_reason: EpisodeStop | None = None
     turn_log: list[dict[str, Any]] = field(default_factory=list)
     sampled_text: str = ''  # the last sampled turn, decoded with its end-of-turn token
+    parsed: Any = None  # the last sampled turn's `ParsedTurn` (tool calls), until the rollout acts on it
 
     def __post_init__(self) -> None:
         self.labels = [IGNORE_INDEX] * len(self.input_ids)

@@ -162,7 +162,7 @@ class MultiTurnRollout:
         if parsed.tool_calls:
             message['tool_calls'] = to_openai_tool_calls(parsed.tool_calls)
         e.messages.append(message)
-        e.turn_log[-1]['parsed'] = parsed
+        e.parsed = parsed
         if seq.stop_reason == 'length':  # cut by the room left in the episode, or by the turn's own budget
             e.stop('context_overflow' if max_tokens < self.params.max_tokens else 'length')
 
@@ -170,7 +170,7 @@ class MultiTurnRollout:
         """Answer each episode's sampled turn: tool calls, env responses, and the inserted tokens."""
         calls: list[tuple[Episode, ToolCall]] = []
         for e in acting:
-            parsed: ParsedTurn = e.turn_log[-1].pop('parsed')
+            parsed: ParsedTurn = e.parsed
             e.turn_log[-1]['tool_calls'] = [c.name for c in parsed.tool_calls]
             if parsed.errors:
                 e.turn_log[-1]['parse_errors'] = parsed.errors
