@@ -4,13 +4,11 @@ log-probs that the training model reproduces, batching (one sample call per turn
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 from scripted_policy import ScriptedSampler
 
 from twinkle_agentic.rollout import MultiTurnRollout
-from twinkle_core import plugins
 from twinkle_core.env import Env, StepResult
 from twinkle_core.types import IGNORE_INDEX
 
@@ -149,21 +147,8 @@ class EchoEnv(Env):
         return StepResult(reward=float(text.strip() == self.word), done=True)
 
 
-@pytest.fixture
-def third_party_env(tmp_path):
-    """A distribution (metadata only: a .dist-info folder on sys.path) whose entry point names `EchoEnv` here."""
-    info = tmp_path / 'twinkle_tp_envs-0.0.1.dist-info'
-    info.mkdir()
-    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: twinkle-tp-envs\nVersion: 0.0.1\n')
-    (info / 'entry_points.txt').write_text(f'[twinkle.env]\nEchoEnv = {__name__}:EchoEnv\n')
-    sys.path.insert(0, str(tmp_path))
-    plugins.refresh()
-    yield
-    sys.path.remove(str(tmp_path))
-    plugins.refresh()
-
-
-def test_a_third_party_env_by_name(torch_sampler, template, third_party_env):
+def test_a_third_party_env_by_name(torch_sampler, template, third_party_dist):
+    third_party_dist('twinkle-tp-envs', 'twinkle.env', f'EchoEnv = {__name__}:EchoEnv')
     policy = ScriptedSampler(torch_sampler, template.tokenizer, lambda text: 'hello')
     prompts = [
         {'messages': [{'role': 'user', 'content': 'Say a word.'}], 'user_data': {'word': w}} for w in ('hello', 'bye')

@@ -4,15 +4,12 @@ function; errors come back as text the model can read. Sandbox limits are tests/
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Literal
 
 import pytest
 
 from twinkle_agentic.tools import Calculator, PythonTool, Tool, ToolError, ToolManager, tool
-from twinkle_core import plugins
 from twinkle_core.registry import resolve
 
 
@@ -227,23 +224,8 @@ def test_unsandboxed_tool_runs_here_with_a_thread_timeout() -> None:
         assert tm.call('broken', {}).output == "Error: tool 'broken' failed: ValueError: no luck"
 
 
-@pytest.fixture
-def third_party_tool(tmp_path: Path):
-    """A distribution (metadata only: a .dist-info folder on sys.path) whose entry point names `shout_tool` here."""
-    info = tmp_path / 'twinkle_tp_tools-0.0.1.dist-info'
-    info.mkdir()
-    (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: twinkle-tp-tools\nVersion: 0.0.1\n')
-    (info / 'entry_points.txt').write_text(f'[twinkle.tool]\nshout = {__name__}:shout_tool\n')
-    sys.path.insert(0, str(tmp_path))
-    plugins.refresh()
-    try:
-        yield
-    finally:
-        sys.path.remove(str(tmp_path))
-        plugins.refresh()
-
-
-def test_third_party_tool_by_entry_point(third_party_tool: None) -> None:
+def test_third_party_tool_by_entry_point(third_party_dist) -> None:
+    third_party_dist('twinkle-tp-tools', 'twinkle.tool', f'shout = {__name__}:shout_tool')
     from twinkle_core.registry import list_components
 
     info = next(c for c in list_components('tool') if c.name == 'shout')
