@@ -5,6 +5,7 @@ play, by answering in plain text: `respond` reads the last integer in the text a
 integer is told so). Every action, valid or not, uses one of `max_guesses`, so an episode always ends. A correct
 guess ends the episode with reward 1.0; running out of guesses ends it with 0. `invalid_penalty` (default 0) is
 the optional shaping: the reward of a malformed, out-of-range or unknown action is ``-invalid_penalty``.
+``tool=False`` offers no ``guess`` tool (plain-text guesses only: no tool schema in the prompt, for small models).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class GuessNumberEnv(Env):
         seed: int | None = None,
         intro: bool | None = None,
         invalid_penalty: float = 0.0,
+        tool: bool = True,
     ) -> None:
         super().__init__()
         if low > high or max_guesses < 1:
@@ -73,20 +75,21 @@ class GuessNumberEnv(Env):
         self.low, self.high, self.max_guesses = low, high, max_guesses
         self.intro = intro
         self.invalid_penalty = invalid_penalty
+        self.tool = tool
         self.rng = random.Random(seed)
         self.secret: int | None = None
         self.guesses: list[int | None] = []
         self.done = False
 
     def tools(self) -> list[Tool]:
-        return [GuessTool(self)]
+        return [GuessTool(self)] if self.tool else []
 
     def rules(self) -> str:
         """The rules, as told to the policy."""
+        how = 'Guess with the `guess` tool, or reply with a number. ' if self.tool else 'Reply with a number. '
         return (
             f"I'm thinking of an integer between {self.low} and {self.high}. You have {self.max_guesses} guesses. "
-            'Guess with the `guess` tool, or reply with a number. '
-            "After each guess I'll say whether it is too low, too high or correct."
+            f"{how}After each guess I'll say whether it is too low, too high or correct."
         )
 
     def reset(self, trajectory: dict[str, Any]) -> str | None:
