@@ -74,6 +74,10 @@ def init_runtime(runtime: str, ranks: int, strategy: str) -> None:
 
 def main() -> None:
     args = parse_args()
+    if 'TWINKLE_METRICS_JSONL' not in os.environ:  # the logged metrics, for `twinkle console --logdir output/`
+        metrics_file = Path(args.output_dir) / 'metrics.jsonl'
+        metrics_file.unlink(missing_ok=True)  # this run's curve only
+        os.environ['TWINKLE_METRICS_JSONL'] = str(metrics_file)
     init_runtime(args.runtime, args.ranks, args.strategy)
     model_id = args.model or str(ensure_tiny_model('tiny'))
     threads = args.threads or (1 if args.model is None else None)

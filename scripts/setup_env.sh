@@ -48,7 +48,7 @@ if [ "$profile" = quickstart ]; then
 else
   echo "[setup] installing twinkle-core, the first-party plugins and the test tools"
   pip_quiet install -c requirements/constraints.txt \
-    -e ".[data,hub,tensorboard,kernels,dev]" \
+    -e ".[data,hub,tensorboard,wandb,swanlab,kernels,dev]" \
     -e plugins/transformers -e plugins/megatron -e plugins/client -e "plugins/server[postgres]" -e plugins/ray \
     -e plugins/agentic \
     -r requirements/test.txt

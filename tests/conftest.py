@@ -64,3 +64,31 @@ def tiny_qwen3_5_model_dir() -> Path:
     from twinkle_core.fixtures.tiny_vl_model import ensure_tiny_vl_model
 
     return ensure_tiny_vl_model('qwen3_5')
+
+
+CHROMIUM = Path('/usr/bin/chromium')
+#: where browser tests save their screenshots (kept after the run: CI artifacts; docs/console.md shows some)
+ARTIFACTS = Path(__file__).resolve().parents[1] / 'test-artifacts'
+
+
+@pytest.fixture(scope='session')
+def browser():
+    """One headless Chromium (Debian's, driven by Playwright) for the session; skips without either."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip('playwright is not installed (requirements/test.txt)')
+    if not CHROMIUM.exists():
+        pytest.skip(f'no {CHROMIUM}: apt-get install chromium chromium-driver (.ci/run does)')
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=str(CHROMIUM), args=['--no-sandbox', '--disable-gpu'])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope='session')
+def artifacts_dir() -> Path:
+    """`test-artifacts/console`, created (screenshots of the browser tests)."""
+    out = ARTIFACTS / 'console'
+    out.mkdir(parents=True, exist_ok=True)
+    return out

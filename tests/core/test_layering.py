@@ -81,7 +81,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'checkpoint_engine',
         ),
     ),
-    ('package root and tools', ('', 'cli', 'fixtures')),
+    ('package root and tools', ('', 'cli', 'fixtures', 'console')),
 ]
 
 

@@ -137,6 +137,7 @@ def main() -> None:
     p.add_argument('--adapter', default=None, help='a PEFT adapter directory to start from (LoRA training)')
     p.add_argument('--packed', action='store_true', help='padding-free batches')
     p.add_argument('--compile-layers', default=None, help='a torch.compile backend for every decoder layer')
+    p.add_argument('--gradient-checkpointing', default=None, help='a JSON activation checkpointing policy')
     p.add_argument('--steps', type=int, default=3)
     p.add_argument('--micro-batch-size', type=int, default=None)
     p.add_argument('--loss', default=None)
@@ -162,6 +163,8 @@ def main() -> None:
         dp, dp_rank = 1, 0
     if args.compile_layers:
         kwargs['compile_layers'] = args.compile_layers
+    if args.gradient_checkpointing:
+        kwargs['gradient_checkpointing'] = json.loads(args.gradient_checkpointing)
 
     def build():
         model = resolve('model', args.backend, model_id=args.model, **kwargs)
@@ -193,6 +196,7 @@ def main() -> None:
     model.set_lr_scheduler('CosineAnnealingLR', T_max=10)
     result = {'world_size': world, 'before': before, 'eval_rows': eval_rows}
     result['compile_backend'] = getattr(model, 'compile_backend', None)
+    result['checkpointed_layers'] = getattr(model, 'checkpointed_layers', [])
     if args.resume_after is None:
         losses, norms = train(model, range(args.steps), dp, dp_rank, args.loss, args.micro_batch_size, neighbour)
     else:

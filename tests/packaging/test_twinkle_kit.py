@@ -151,6 +151,8 @@ def test_wheels_carry_entry_points_package_data_and_no_kit_code(wheel_dir: Path)
     names = zipfile.ZipFile(wheel_of(wheel_dir, 'twinkle-core')).namelist()
     data = sorted(p.name for p in (REPO_ROOT / 'twinkle_core' / 'fixtures' / 'data').iterdir() if p.is_file())
     assert sorted(n.rsplit('/', 1)[1] for n in names if n.startswith('twinkle_core/fixtures/data/')) == data
+    static = sorted(p.name for p in (REPO_ROOT / 'twinkle_core' / 'console' / 'static').iterdir() if p.is_file())
+    assert sorted(n.rsplit('/', 1)[1] for n in names if n.startswith('twinkle_core/console/static/')) == static
     registry = sorted(p.name for p in (REPO_ROOT / 'registry').glob('*.toml'))
     assert sorted(n.rsplit('/', 1)[1] for n in names if n.startswith('twinkle_core/_registry/')) == registry
     kit_files = zipfile.ZipFile(wheel_of(wheel_dir, KIT)).namelist()

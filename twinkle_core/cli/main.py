@@ -31,6 +31,7 @@ COMMANDS: list[Command] = [
     Command('plugins', 'twinkle_core.cli.plugins_cmd:add_parser', 'list and inspect components and plugins'),
     Command('hub', 'twinkle_core.cli.hub_cmd:add_parser', 'publish, pull and hash hub components'),
     Command('fixtures', 'twinkle_core.fixtures.cli:add_cli', 'build local test fixtures (tiny models)'),
+    Command('console', 'twinkle_core.console.cli:add_parser', 'browse local runs (JSONL metrics) in a web browser'),
 ]
 
 

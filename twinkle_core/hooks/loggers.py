@@ -49,7 +49,8 @@ def scalar(value: Any) -> float | None:
         return None
 
 
-def _prefix(context: dict[str, Any]) -> str:
+def tag_prefix(context: dict[str, Any]) -> str:
+    """``'adapter/'`` for a context naming an adapter, else ``''`` (how tags keep tenants apart)."""
     adapter = context.get('adapter_name') if context else None
     return f'{adapter}/' if adapter else ''
 
@@ -83,7 +84,7 @@ class ConsoleMetricsLogger:
         for key, value in metrics.items():
             number = scalar(value)
             parts.append(f'{key}={number:.6g}' if number is not None else f'{key}={value}')
-        self.log.info('[%sstep %d] %s', _prefix(context), step, ' '.join(parts))
+        self.log.info('[%sstep %d] %s', tag_prefix(context), step, ' '.join(parts))
 
     def close(self) -> None:
         handler = getattr(self, '_handler', None)
@@ -154,7 +155,7 @@ class TensorBoardMetricsLogger:
         writer = self._get_writer()
         if writer is None:
             return
-        prefix = _prefix(context)
+        prefix = tag_prefix(context)
         for key, value in metrics.items():
             number = scalar(value)
             if number is not None:

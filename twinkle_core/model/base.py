@@ -41,13 +41,22 @@ class ModelCapabilities:
     - `takes_device_mesh`: the constructor accepts ``device_mesh=`` (a `DeviceMesh`) and trains across its ranks
       (data / tensor / pipeline parallel); without it the backend trains on one rank.
     - `pass_strategies`: the values the constructor accepts as ``pass_strategy=`` (how queued work of several
-      adapters splits into forward/backward passes); empty: it takes no ``pass_strategy``."""
+      adapters splits into forward/backward passes); empty: it takes no ``pass_strategy``.
+    - `mesh_dims`: the mesh dimensions (``dp``, ``fsdp``, ``tp``, ``pp``, ``cp``, ``ep``) it implements (default:
+      data parallel only); a mesh of more than one rank along any other is refused
+      (`twinkle_core.model.mesh_support`), never ignored.
+      `mesh_advice`: ``(dim, what to use instead)`` pairs for the error.
+    - `gradient_checkpointing`: the constructor accepts ``gradient_checkpointing=`` (True or a policy,
+      `twinkle_core.train.activation_checkpointing`)."""
 
     mixed_adapters: bool = False
     max_adapters: int | None = 1
     takes_device: bool = False
     takes_device_mesh: bool = False
     pass_strategies: tuple[str, ...] = ()
+    mesh_dims: tuple[str, ...] = ('dp',)
+    mesh_advice: tuple[tuple[str, str], ...] = ()
+    gradient_checkpointing: bool = False
 
 
 class Model(ABC, metaclass=HostedComponentMeta):

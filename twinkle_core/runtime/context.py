@@ -24,6 +24,7 @@ def initialize(
     groups: list[DeviceGroup] | None = None,
     global_device_mesh: DeviceMesh | None = None,
     notifier: Any = None,
+    loggers: list[Any] | None = None,
     **kwargs: Any,
 ) -> Runtime:
     """Pick and start the runtime plugin named `mode` (kind `runtime`). Calling it again replaces the runtime.
@@ -31,6 +32,9 @@ def initialize(
     `notifier`: alert somebody when the job fails -- a webhook URL, a dict of `WebhookNotifier` arguments
     (``{'url': ..., 'format': 'dingtalk', 'secret': ...}``) or an object implementing ``twinkle_failure``
     (`twinkle_core.hooks.notifier`). None keeps the one installed before, if any.
+
+    `loggers`: metrics loggers for the metrics this process emits, by name or ``{'name': ..., **arguments}``
+    (``['jsonl', {'name': 'wandb', 'project': 'sft'}]``; `twinkle_core.hooks.select`).
     """
     global _active, _mesh, _groups
     from twinkle_core.registry import resolve
@@ -39,6 +43,10 @@ def initialize(
         from twinkle_core.hooks.notifier import install_notifier
 
         install_notifier(notifier)
+    if loggers:
+        from twinkle_core.hooks.select import install_loggers
+
+        install_loggers(loggers)
     runtime = resolve('runtime', mode)
     if _active is not None and _active is not runtime:
         _active.shutdown()

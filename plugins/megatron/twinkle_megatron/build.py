@@ -177,3 +177,9 @@ def load_hf_weights(
                     f'model expects {tuple(param.shape)} (config and weights disagree).'
                 )
             param.copy_(value)
+
+
+def decoder_layers(chunks: list[Any]) -> list[tuple[int, Any]]:
+    """``(global layer index, transformer layer)`` of every layer this rank holds, over all its model chunks: what
+    regional compilation and activation checkpointing apply to."""
+    return [(layer.layer_number - 1, layer) for chunk in chunks for layer in unwrap(chunk).decoder.layers]

@@ -21,22 +21,27 @@ _active: Layout | None = None
 _owns_world = False  # this module started the (one-rank) default process group
 
 
+#: what MegatronModel's mesh refusal (`twinkle_core.model.mesh_support`) suggests instead of fsdp and cp, the
+#: mesh dimensions it does not implement
+MESH_ADVICE: tuple[tuple[str, str], ...] = (
+    (
+        'fsdp',
+        'use dp_size with the distributed optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism',
+    ),
+    (
+        'cp',
+        'context parallelism needs TransformerEngine attention, which the local (non-TE) layer spec lacks: '
+        'install transformer-engine[pytorch] on a CUDA machine, or use sequence parallelism (tp_size > 1, '
+        'sequence_parallel=True)',
+    ),
+)
+
+
 def layout_of(mesh: Any, *, sequence_parallel: bool = False, virtual_pipeline: int = 1) -> Layout:
-    """The Megatron layout a mesh asks for (None: one rank). fsdp has no Megatron meaning and raises; cp needs
-    TransformerEngine's attention and raises with what to install."""
+    """The Megatron layout a mesh asks for (None: one rank). The dimensions Megatron does not implement here
+    (fsdp, cp) are refused before, from `MegatronModel.capabilities` (`twinkle_core.model.mesh_support`)."""
     if mesh is None:
         return Layout(sp=sequence_parallel, vpp=virtual_pipeline)
-    if mesh.size('fsdp') > 1:
-        raise MeshError(
-            f'MegatronModel does not shard with FSDP ({mesh!r}); use dp_size with the distributed '
-            f'optimizer (ZeRO-1, the default when dp > 1) or tensor/pipeline parallelism.'
-        )
-    if mesh.size('cp') > 1:
-        raise MeshError(
-            'Context parallelism (cp_size > 1) needs TransformerEngine attention, which the local '
-            '(non-TE) layer spec lacks: install transformer-engine[pytorch] on a CUDA machine, or use '
-            'sequence parallelism (tp_size > 1, sequence_parallel=True).'
-        )
     return Layout(
         tp=mesh.size('tp'),
         pp=mesh.size('pp'),

@@ -368,3 +368,22 @@ def factors(chunks: list[Any], adapter: str) -> Iterator[tuple[str, nn.Parameter
             a_dim, b_dim = (1, None) if module.kind == 'row' else (None, 0)
             yield peft_key(layer, part, 'A'), f.lora_A[part], a_dim, part
             yield peft_key(layer, part, 'B'), f.lora_B[part], b_dim, part
+
+
+def lora_config(config: Any, **overrides: Any) -> Any:
+    """`config` (a `peft.LoraConfig`, a dict of its fields or None) plus `overrides` -> a causal-LM `LoraConfig`
+    (``target_modules`` default ``'all-linear'``). Unknown fields raise `InvalidInputError`."""
+    from peft import LoraConfig
+
+    fields = (config.to_dict() if isinstance(config, LoraConfig) else dict(config or {})) | overrides
+    fields.setdefault('target_modules', 'all-linear')
+    fields.setdefault('task_type', 'CAUSAL_LM')
+    fields.pop('peft_type', None)
+    unknown = sorted(set(fields) - set(LoraConfig.__dataclass_fields__))
+    if unknown:
+        raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones.')
+    if fields.get('bias', 'none') != 'none':
+        raise InvalidInputError('MegatronModel LoRA trains no biases: use bias="none".')
+    config = LoraConfig(**fields)
+    target_projections(config.target_modules)  # validates
+    return config

@@ -34,8 +34,10 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.mesh import split_for_dp
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.mesh_support import check_mesh_support
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.runtime.distributed import all_reduce_sum
+from twinkle_core.train.activation_checkpointing import apply_activation_checkpointing
 from twinkle_core.train.compile import compile_blocks
 from twinkle_core.train.loss_step import micro_batch_shares
 from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
@@ -67,12 +69,20 @@ class MegatronModel(TrainStateMethods, Model):
         distributed_optimizer: shard optimizer state over dp (default: when dp > 1).
         seed: Megatron's RNG seed (dropout, LoRA initialisation).
         compile_layers: ``torch.compile`` each transformer layer (True: inductor, or a backend name).
+        gradient_checkpointing: True or a policy over the global layer indices (every k-th layer,
+            ``'selective'``: attention only, chosen layers; `twinkle_core.train.activation_checkpointing`).
     """
 
     backend = 'megatron'
     #: several named adapters, one call per adapter; placed by ``device=``, parallel over ``device_mesh=``
     capabilities = ModelCapabilities(
-        mixed_adapters=False, max_adapters=None, takes_device=True, takes_device_mesh=True, pass_strategies=()
+        mixed_adapters=False,
+        max_adapters=None,
+        takes_device=True,
+        takes_device_mesh=True,
+        mesh_dims=('dp', 'tp', 'pp', 'ep'),
+        mesh_advice=groups.MESH_ADVICE,
+        gradient_checkpointing=True,
     )
 
     def __init__(
@@ -88,6 +98,7 @@ class MegatronModel(TrainStateMethods, Model):
         distributed_optimizer: bool | None = None,
         seed: int = 42,
         compile_layers: bool | str = False,
+        gradient_checkpointing: Any = False,
     ) -> None:
         from transformers import AutoConfig
 
@@ -96,6 +107,7 @@ class MegatronModel(TrainStateMethods, Model):
         self.model_dir = resolve_model_dir(model_id)
         self.arch = architecture_of(AutoConfig.from_pretrained(self.model_dir))
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
+        check_mesh_support(type(self), self.device_mesh)
         self.layout = groups.layout_of(
             self.device_mesh, sequence_parallel=sequence_parallel, virtual_pipeline=virtual_pipeline_stages
         )
@@ -114,9 +126,10 @@ class MegatronModel(TrainStateMethods, Model):
             tp_rank=self.ranks['tp'],
             expert_offset=self._expert_offset(),
         )
-        # regional compilation of every transformer layer (twinkle_core.train.compile)
-        self.compile_backend = compile_blocks(
-            (layer for c in self.chunks for layer in c.decoder.layers), compile_layers
+        indices, layers = zip(*build.decoder_layers(self.chunks))  # regional compilation, activation checkpointing
+        self.compile_backend = compile_blocks(layers, compile_layers)
+        self.checkpointed_layers = apply_activation_checkpointing(
+            layers, gradient_checkpointing, indices=indices, num_layers=self.arch.num_layers
         )
         self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
@@ -180,7 +193,7 @@ class MegatronModel(TrainStateMethods, Model):
         if adapter_name in self.units:
             raise InvalidInputError(f'Adapter {adapter_name!r} exists already; remove it first or pick another name.')
         seed = int(kwargs.pop('seed', self.seed))
-        config = lora_config(config, **kwargs)
+        config = lora.lora_config(config, **kwargs)
         full = self.units.pop(FULL, None)
         if full is not None and full.state.optimizer is not None:
             logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
@@ -428,22 +441,3 @@ def _combine(parts: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
     for key in ('num_loss_tokens', 'num_correct', 'num_tokens'):
         summary[key] = sum(info['summary'][key] for _, info in parts)
     return summary
-
-
-def lora_config(config: Any, **overrides: Any) -> Any:
-    """`config` (a `peft.LoraConfig`, a dict of its fields or None) plus `overrides` -> a causal-LM `LoraConfig`
-    (``target_modules`` default ``'all-linear'``). Unknown fields raise `InvalidInputError`."""
-    from peft import LoraConfig
-
-    fields = (config.to_dict() if isinstance(config, LoraConfig) else dict(config or {})) | overrides
-    fields.setdefault('target_modules', 'all-linear')
-    fields.setdefault('task_type', 'CAUSAL_LM')
-    fields.pop('peft_type', None)
-    unknown = sorted(set(fields) - set(LoraConfig.__dataclass_fields__))
-    if unknown:
-        raise InvalidInputError(f'Unknown LoRA config fields {unknown}; see peft.LoraConfig for the valid ones.')
-    if fields.get('bias', 'none') != 'none':
-        raise InvalidInputError('MegatronModel LoRA trains no biases: use bias="none".')
-    config = LoraConfig(**fields)
-    lora.target_projections(config.target_modules)  # validates
-    return config

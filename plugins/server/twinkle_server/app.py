@@ -1,5 +1,6 @@
 """The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1, the
-OpenAI-compatible routes under /v1 (`openai_api/`), Prometheus metrics at /metrics.
+OpenAI-compatible routes under /v1 (`openai_api/`), Prometheus metrics at /metrics, the web console at /console
+(`console/`).
 
 Middleware, outermost first: request ids and access log (`logs.py`), HTTP request counts (`metrics.py`), the drain
 gate (`drain.py`), body limit and seq_id release (`guard.py`)."""
@@ -86,6 +87,9 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
     from twinkle_server.openai_api.router import router as openai_router
 
     app.include_router(openai_router)
+    from twinkle_server.console import router as console_router
+
+    app.include_router(console_router)
     return app
 
 

@@ -31,14 +31,15 @@ class Tenant:
     key_id: str
 
 
-def create_api_key(store: Store, tenant: str) -> str:
-    """Issue a new key for `tenant` and store only its salted digest. The key is shown once."""
+def create_api_key(store: Store, tenant: str, *, admin: bool = False) -> str:
+    """Issue a new key for `tenant` and store only its salted digest. The key is shown once. `admin`: an
+    operator's key, which also opens the console's server-wide operator view."""
     if not tenant or not tenant.replace('-', '').replace('_', '').replace('.', '').isalnum():
         raise ValueError(f'tenant name {tenant!r} must be non-empty and use only letters, digits, "-", "_", "."')
     key_id = secrets.token_hex(KEY_ID_LEN // 2)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_bytes(16)
-    store.add_api_key(key_id, tenant, salt, _digest(salt, secret))
+    store.add_api_key(key_id, tenant, salt, _digest(salt, secret), admin=admin)
     return f'{PREFIX}{key_id}{secret}'
 
 

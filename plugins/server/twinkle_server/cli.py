@@ -4,6 +4,7 @@ twinkle server start --model Qwen/Qwen3-0.6B=/models/qwen3 --data-dir ./server-d
 twinkle server start --config server.yaml [--port 9000 ...]            # flags given override the file
 twinkle server config check server.yaml                                 # every problem, with its line
 twinkle server keys create --tenant alice --data-dir ./server-data      # prints tml-...
+twinkle server keys create --tenant ops --admin --data-dir ./server-data   # an operator's key (console)
 twinkle server keys revoke --tenant alice --data-dir ./server-data
 twinkle server keys create --tenant alice --data-dir ./d --database-url postgresql://twinkle@db/twinkle
 twinkle server keys create --tenant alice --config server.yaml         # the store the file's storage names
@@ -158,6 +159,12 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
             help="the server's metadata database when it is not SQLite in --data-dir: "
             'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH',
         )
+        if action == 'create':
+            p.add_argument(
+                '--admin',
+                action='store_true',
+                help="an operator's key: it also opens the console's server-wide operator view (/console/operator)",
+            )
         p.set_defaults(func=fn)
 
 
@@ -318,7 +325,7 @@ def _create_key(args: argparse.Namespace) -> int:
     if store is None:
         return 2
     try:
-        print(create_api_key(store, args.tenant))
+        print(create_api_key(store, args.tenant, admin=args.admin))
     except ValueError as exc:
         print(f'twinkle server keys create: {exc}', file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-__all__ = ['CONTENT_TYPE', 'Family', 'Gauges', 'HttpMetricsMiddleware', 'Metrics', 'render', 'router']
+__all__ = ['CONTENT_TYPE', 'Family', 'Gauges', 'HttpMetricsMiddleware', 'Metrics', 'render', 'router', 'snapshot']
 
 CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8'
 #: host call durations, seconds (a tiny model's step is milliseconds, a large one's or a save is seconds)
@@ -174,9 +174,15 @@ class Metrics:
         return [calls, items, tokens, http]
 
 
+def snapshot(metrics: Metrics) -> list[Family]:
+    """Every family `/metrics` reports: the watched gauges, then the counters and histograms, then process memory
+    (the console's operator view shows them as a page)."""
+    return [*_gauges(metrics.gauges), *metrics.families(), *_memory()]
+
+
 def render(metrics: Metrics) -> str:
-    """The whole exposition: the watched gauges, then the counters and histograms, then process memory."""
-    return ''.join(f.text() for f in (*_gauges(metrics.gauges), *metrics.families(), *_memory()))
+    """The whole exposition (`snapshot` as text)."""
+    return ''.join(f.text() for f in snapshot(metrics))
 
 
 def _gauges(gauges: Gauges | None) -> list[Family]:

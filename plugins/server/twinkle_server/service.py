@@ -146,6 +146,7 @@ class Service:
             except Exception:  # noqa: BLE001 - closing the others and the store matters more
                 logger.exception('closing the host of %s failed', host.base_model)
         self.pusher.close()
+        self.training.model_loggers.close()
         self._sweeper.join(timeout=5.0)
         self.store.close()
 

@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from twinkle_server.checkpoints import CheckpointFiles
 from twinkle_server.config import ServerConfig
 from twinkle_server.errors import ApiError, unprocessable
-from twinkle_server.model_host.base import OPTIMIZERS, AdamStep, LoraSpec, ModelHost, OptimStep, TrainBatch
+from twinkle_server.model_host.base import (
+    OPTIMIZERS,
+    AdamStep,
+    LoraSpec,
+    ModelHost,
+    OptimStep,
+    TrainBatch,
+    TrainResult,
+)
+from twinkle_server.model_loggers import ModelLoggers
 from twinkle_server.quotas import Quotas
 from twinkle_server.scheduler import ModelWorker
 from twinkle_server.service_checkpoints import CheckpointOperations
 from twinkle_server.store import Store
 from twinkle_server.tinker.lora import lora_targets
 
-__all__ = ['LiveModel', 'TrainingOperations']
+__all__ = ['LiveModel', 'TrainingOperations', 'train_metrics']
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +49,7 @@ class LiveModel:
     lora: LoraSpec
     tinker_lora: dict[str, Any]
     created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
+    steps: int = 0  # forward_backward passes done: the step its per-step metrics are recorded under
 
 
 class TrainingOperations:
@@ -67,6 +80,8 @@ class TrainingOperations:
         self.quotas, self.workers, self.models = quotas, workers, models
         self.host, self.model, self.enqueue = host, model, enqueue
         self.require_session, self._forget = require_session, forget
+        #: each model's configured metrics loggers (W&B, SwanLab, ...), fed by `_record`
+        self.model_loggers = ModelLoggers({name: spec.loggers for name, spec in config.model_specs.items()})
 
     def _check_new_adapter(self, tenant: str, rank: int, base_model: str) -> None:
         self.quotas.check_new_adapter(tenant, rank, sum(1 for m in self.models.values() if m.tenant == tenant))
@@ -220,6 +235,8 @@ class TrainingOperations:
     ) -> str:
         m = self.model(tenant, model_id)
         self.store.touch_training_run(model_id)
+        if not batch.forward_only:
+            post = self._recording(m, post)
         return self.enqueue(tenant, m.base_model, train=batch, post=post, model_id=model_id, seq_id=seq_id)
 
     def optim_step(self, tenant: str, model_id: str, seq_id: int | None, step: OptimStep) -> str:
@@ -231,18 +248,38 @@ class TrainingOperations:
                 f'model {model_id} was created with the {family} optimizer; optim_step sent {sent} '
                 f'parameters (send {"DimuonParams" if family == "dimuon" else "AdamParams"})'
             )
-        return self.enqueue(
-            tenant,
-            m.base_model,
-            call=lambda e: {'metrics': e.optim_step(model_id, step)},
-            model_id=model_id,
-            seq_id=seq_id,
-            op='optim_step',
-        )
+
+        def stepped(host: ModelHost) -> dict[str, Any]:
+            metrics = host.optim_step(model_id, step)
+            lr = getattr(step, 'learning_rate', None)
+            self._record(m, 'optim_step', {**({'learning_rate': lr} if lr is not None else {}), **(metrics or {})})
+            return {'metrics': metrics}
+
+        return self.enqueue(tenant, m.base_model, call=stepped, model_id=model_id, seq_id=seq_id, op='optim_step')
 
     def call(self, tenant: str, model_id: str, fn: Callable[[ModelHost], Any], seq_id: int | None = None) -> str:
         m = self.model(tenant, model_id)
         return self.enqueue(tenant, m.base_model, call=fn, model_id=model_id, seq_id=seq_id, op='native_call')
+
+    def _recording(self, m: LiveModel, post: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`post`, after counting the step and recording its metrics (`train_metrics`) for the console."""
+
+        def record(result: Any) -> Any:
+            if isinstance(result, TrainResult):
+                m.steps += 1
+                self._record(m, 'forward_backward', train_metrics(result))
+            return post(result)
+
+        return record
+
+    def _record(self, m: LiveModel, op: str, metrics: dict[str, Any]) -> None:
+        """Store one step's numeric metrics; a failure is logged, never passed on to the training request."""
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        try:
+            self.store.add_run_metrics(m.model_id, m.tenant, op, m.steps, numbers)
+        except Exception:  # noqa: BLE001 - the console's curves are not worth a failed step
+            logger.exception('could not record the %s metrics of %s', op, m.model_id)
+        self.model_loggers.record(m.base_model, m.model_id, m.steps, numbers)
 
     @contextlib.contextmanager
     def _undo_on_failure(self, live: LiveModel) -> Iterator[None]:
@@ -253,6 +290,11 @@ class TrainingOperations:
             self.workers[live.base_model].end_sequence(live.model_id)
             self._forget(live.model_id)
             raise
+
+
+def train_metrics(result: TrainResult) -> dict[str, float]:
+    """What a forward_backward reports: its summed loss and the host's ``name:reduction`` metrics."""
+    return {'loss:sum': result.loss, **{k: v for k, v in result.metrics.items() if ':' in k}}
 
 
 def _run_config(m: LiveModel) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The metadata store: API keys, sessions, training runs, checkpoints, sampling sessions, finished futures and
-checkpoint hub pushes.
+"""The metadata store: API keys, sessions, training runs, checkpoints, sampling sessions, finished futures,
+checkpoint hub pushes and per-step run metrics.
 
 `Store.open(database_url, data_dir)` picks the database (`twinkle_server.db`): SQLite by default (one file,
 `<data_dir>/server.db`, WAL mode, mode 0600 with its -wal/-shm files: it holds the API key digests), or
@@ -15,8 +15,9 @@ Layout: `Store` (this module) opens, migrates and closes the database; its table
 group of tables, each in its own module and each working only through the `meta` / `owner` attributes `Store` sets
 (`store_tables.StoreTables`): `store_keys.ApiKeyTables` (API keys), `store_sessions.SessionTables` (sessions),
 `store_models.ModelTables` (training runs, sampling sessions), `store_checkpoints.CheckpointTables` (checkpoints,
-hub pushes), `store_futures.FutureTables` (futures) and `store_settings.SettingTables` (server settings, idempotent
-results). The mixins do not call one another; a `Store` method is found in the mixin named for its table. The row
+hub pushes), `store_futures.FutureTables` (futures), `store_settings.SettingTables` (server settings, idempotent
+results) and `store_metrics.RunMetricTables` (per-step metrics of training runs). The mixins do not call one
+another; a `Store` method is found in the mixin named for its table. The row
 types are in `store_rows` and are importable from here, as is `DatabaseError`.
 """
 
@@ -30,6 +31,7 @@ from twinkle_server.db.writebehind import WriteBehind
 from twinkle_server.store_checkpoints import CheckpointTables
 from twinkle_server.store_futures import FutureTables
 from twinkle_server.store_keys import ApiKeyTables
+from twinkle_server.store_metrics import RunMetricTables
 from twinkle_server.store_models import ModelTables
 from twinkle_server.store_rows import (
     CheckpointRow,
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 
-class Store(ApiKeyTables, SessionTables, ModelTables, CheckpointTables, FutureTables, SettingTables):
+class Store(ApiKeyTables, SessionTables, ModelTables, CheckpointTables, FutureTables, SettingTables, RunMetricTables):
     """Thread-safe access to the metadata database. `Store(data_dir)` is the SQLite file in `data_dir`;
     `Store.open(url, data_dir)` follows a configured database URL."""
 

@@ -141,6 +141,25 @@ class FutureTables(StoreTables):
             )
         return iter([r[0] for r in rows])
 
+    def pending_requests(self, tenant: str, limit: int) -> list[tuple[str, str | None, str | None, float]]:
+        """`tenant`'s unfinished requests, oldest first: (request_id, op, model_id, created_at)."""
+        rows = self.meta.all(
+            "SELECT request_id, op, model_id, created_at FROM futures WHERE tenant = ? AND state = 'pending' "
+            'ORDER BY created_at, request_id LIMIT ?',
+            (tenant, limit),
+        )
+        return [(r[0], r[1], r[2], float(r[3])) for r in rows]
+
+    def recent_failures(self, limit: int) -> list[tuple[str, str, str | None, str | None, float, bytes | None]]:
+        """The newest `limit` failed requests of every tenant: (request_id, tenant, op, model_id, finished_at,
+        error body), newest first (the console's operator view)."""
+        rows = self.meta.all(
+            "SELECT request_id, tenant, op, model_id, finished_at, body FROM futures WHERE state = 'failed' "
+            'ORDER BY finished_at DESC, request_id LIMIT ?',
+            (limit,),
+        )
+        return [(r[0], r[1], r[2], r[3], float(r[4] or 0.0), None if r[5] is None else bytes(r[5])) for r in rows]
+
     def prune_futures(self, older_than_s: float) -> int:
         """Drop finished futures older than `older_than_s` seconds (clients retrieve results within minutes)."""
         cutoff = time.time() - older_than_s

@@ -75,3 +75,31 @@ def max_model_length(config: Any, override: int | None) -> tuple[int | None, str
         return int(override), 'max_length set on the model'
     limit = getattr(language_config(config), 'max_position_embeddings', None)
     return (int(limit), 'config.max_position_embeddings') if limit else (None, 'no limit')
+
+
+def load_or_adopt(
+    model_id: Any,
+    model: torch.nn.Module | None,
+    *,
+    device: torch.device,
+    dtype: Any,
+    attn_implementation: str | None,
+    **from_pretrained_kwargs: Any,
+) -> tuple[torch.nn.Module, str, str, Any]:
+    """``(model, model_id, model_dir, tokenizer)``: `model_id` loaded by `load_causal_lm` (with its tokenizer, if
+    any), or an already loaded `model` moved to `device` (its ``_name_or_path`` as id and directory, no
+    tokenizer). Exactly one of them is given (checked by the caller)."""
+    from twinkle_core.train.model_loading import load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+
+    if model is None:
+        model_dir = resolve_model_dir(model_id)
+        loaded = load_causal_lm(
+            model_dir,
+            device=device,
+            dtype=resolve_dtype(dtype, device),
+            attn_implementation=attn_implementation,
+            **from_pretrained_kwargs,
+        )
+        return loaded, str(model_id), model_dir, load_tokenizer_if_any(model_dir)
+    name = str(getattr(model.config, '_name_or_path', '') or type(model).__name__)
+    return model.to(device), name, name, None

@@ -25,18 +25,17 @@ from __future__ import annotations
 import logging
 import os
 from functools import partial
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from twinkle_core.dispatch import remote_method
-from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.mesh_support import check_mesh_support
 from twinkle_core.runtime.context import global_device_mesh
-from twinkle_core.runtime.distributed import barrier
 from twinkle_core.train.loss_step import micro_batch_shares, rows_logprobs, run_loss, step_summary
 from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_core.train.row_keywords import check_row_lengths, micro_batches, with_row_keywords
@@ -44,8 +43,7 @@ from twinkle_core.train.single_unit import SingleUnit
 from twinkle_core.train.state import FULL, TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
-from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel, speed, vision
+from twinkle_transformers import parallel, persistence, speed, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.loading import load_causal_lm, max_model_length
@@ -71,7 +69,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         freeze_vision_tower: vision-language models only: full fine-tuning leaves the vision encoder as loaded
             (LoRA never adapts it unless ``target_modules`` asks for ``'vision'`` or ``'all'``).
         compile_layers: ``torch.compile`` each decoder layer (True: inductor, or a backend name;
-            `twinkle_transformers.speed`).
+            `twinkle_transformers.speed`). gradient_checkpointing: True or a policy (every k-th layer,
+            ``'selective'``, chosen layers: `twinkle_core.train.activation_checkpointing`).
         mixed_precision: ``'bf16'``: float32 parameters (master weights) and bf16 autocast forwards; dtype
             defaults to float32 then.
         **from_pretrained_kwargs: anything else ``AutoModelForCausalLM.from_pretrained`` takes (vision-language
@@ -80,7 +79,13 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
 
     #: one trainable unit (the base or one adapter); placed by ``device=``, parallel over ``device_mesh=``
     capabilities = ModelCapabilities(
-        mixed_adapters=False, max_adapters=1, takes_device=True, takes_device_mesh=True, pass_strategies=()
+        mixed_adapters=False,
+        max_adapters=1,
+        takes_device=True,
+        takes_device_mesh=True,
+        mesh_dims=('dp', 'fsdp', 'tp'),
+        mesh_advice=parallel.MESH_ADVICE,
+        gradient_checkpointing=True,
     )
 
     def __init__(
@@ -95,11 +100,13 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         kernels: Sequence[Any] = (),
         freeze_vision_tower: bool = False,
         compile_layers: bool | str = False,
+        gradient_checkpointing: Any = False,
         mixed_precision: str | None = None,
         **from_pretrained_kwargs: Any,
     ) -> None:
         self.model_id = str(model_id)
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
+        check_mesh_support(type(self), self.device_mesh)  # before any weight loads
         self._mesh_applied = False
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device) if device is not None else default_device()
@@ -117,6 +124,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         if freeze_vision_tower:
             vision.freeze_vision_tower(self.model)
         self.compile_backend = speed.compile_decoder_layers(self.model, compile_layers)
+        self.checkpointed_layers = speed.checkpoint_decoder_layers(self.model, gradient_checkpointing)
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
         self.max_length, self._max_length_source = max_model_length(self.model.config, max_length)
         self.unit = SingleUnit(TrainState(FULL, self.model.parameters))  # all parameters, until add_adapter_to_model
@@ -354,37 +362,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         LoRA in PEFT format, full weights in HF format. ``save_optimizer=True`` adds the optimizer, scheduler,
         RNG states, step counters, ``dataloader.state_dict()`` and `extra_state` for an exact resume.
         """
-        state = self._state(adapter_name)
-        target = Path(output_dir or 'output') / name
-        optimizer_state = None
-        if save_optimizer and state.optimizer is not None:  # by parameter name, gathered (collective under a mesh)
-            optimizer_state = parallel.full_optimizer_state_dict(self.model, state.optimizer)
-        write_here, gathered = parallel.gather_for_save(self.model)  # under a mesh: collective, rank 0 writes
-        if not write_here:
-            barrier()
-            return str(target)
-        with ckpt.atomic_directory(target) as tmp:
-            if self.adapter_name is not None:
-                ckpt.save_lora(self.model, self.adapter_name, tmp, base_model_id=self.model_id, state_dict=gathered)
-            else:
-                ckpt.save_full(self.model, self.tokenizer, tmp, state_dict=gathered, source_dir=self.model_dir)
-            ckpt.write_metadata(
-                tmp,
-                kind='lora' if self.adapter_name else 'full',
-                adapter_name=self.adapter_name,
-                model_id=self.model_id,
-                step=state.optimizer_steps,
-                has_training_state=save_optimizer,
-            )
-            if save_optimizer:
-                ckpt.save_training_state(
-                    tmp,
-                    {**state.state_dict(), 'optimizer': optimizer_state},
-                    dataloader=dataloader,
-                    extra_state=extra_state,
-                )
-        barrier()
-        return str(target)
+        return persistence.save(self, name, output_dir, save_optimizer, adapter_name, dataloader, extra_state)
 
     @reports_failure('load')
     def load(
@@ -403,39 +381,4 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         from its saved name when it is not set yet) and ``dataloader.load_state_dict``; returns the saved
         ``extra_state`` (None otherwise).
         """
-        meta = ckpt.read_metadata(path)
-        if meta['kind'] == 'lora':
-            if self.adapter_name is None:
-                from peft import LoraConfig
-
-                config = LoraConfig.from_pretrained(path)
-                config.inference_mode = False  # PEFT saves adapters for inference; this model trains it
-                self.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default', config)
-            assert self.adapter_name is not None  # set by add_adapter_to_model
-            if parallel.is_sharded(self.model):
-                from peft.utils import load_peft_weights
-
-                parallel.load_adapter_weights_sharded(self.model, self.adapter_name, load_peft_weights(path))
-            else:
-                ckpt.load_lora_weights(self.model, self.adapter_name, path)
-        else:
-            if self.adapter_name is not None:
-                raise InvalidInputError(
-                    f'{path!r} holds full model weights but this model trains adapter '
-                    f'{self.adapter_name!r}; load it into a model without adapter.'
-                )
-            if parallel.is_sharded(self.model):
-                parallel.load_full_state_dict(self.model, ckpt.read_full_weights(path))
-            else:
-                ckpt.load_full_weights(self.model, path)
-        if not load_optimizer:
-            return None
-        self._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
-        saved = ckpt.load_training_state(path)
-        self._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
-            saved['train_state'], load_optimizer_state=partial(parallel.load_optimizer_state, self.model)
-        )
-        ckpt.set_rng_state(saved['rng'])
-        if dataloader is not None and saved.get('dataloader') is not None:
-            dataloader.load_state_dict(saved['dataloader'])
-        return saved.get('extra_state')
+        return persistence.load(self, path, load_optimizer, adapter_name, dataloader)

@@ -32,6 +32,22 @@ from twinkle_core.train.loss_step import loss_weight
 
 _APPLIED_ATTR = '_twinkle_device_mesh'
 
+#: what to use instead of the mesh dimensions this backend does not implement (`ModelCapabilities.mesh_advice`;
+#: it implements dp, fsdp and tp, as the table above says)
+MESH_ADVICE: tuple[tuple[str, str], ...] = (
+    ('pp', 'use dp/fsdp/tp, or MegatronModel for pipeline parallelism'),
+    (
+        'cp',
+        'context/sequence parallelism is not available on this backend yet; use activation checkpointing '
+        '(gradient_checkpointing=True) for long sequences, or MegatronModel with tp_size > 1 and sequence_parallel',
+    ),
+    (
+        'ep',
+        'expert parallelism is not available on this backend yet; shard the model with fsdp_size instead, or '
+        'use MegatronModel (ep_size) for MoE models',
+    ),
+)
+
 # Per-decoder-layer tensor-parallel plan (Qwen3 / Llama / Qwen2 naming). Attention computes its head count from
 # the projected width (``view(..., -1, head_dim)``), so colwise-sharded q/k/v give each rank whole heads.
 TP_LAYER_PLAN: dict[str, str] = {
@@ -64,12 +80,6 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
             "mode='local', global_device_mesh=mesh) under torchrun, or use the ray runtime."
         )
     distributed.init_process_group(mesh)  # checks the world size against the mesh
-    for dim in ('pp', 'cp'):
-        if mesh.size(dim) > 1:
-            raise MeshError(
-                f'{dim}_size={mesh.size(dim)} is not supported by the Transformers backend; '
-                'use dp/fsdp/tp (or the Megatron backend for pipeline/context parallelism).'
-            )
     dp, fsdp, tp = mesh.size('dp'), mesh.size('fsdp'), mesh.size('tp')
     if tp > 1 and dp > 1:
         raise MeshError(

@@ -1,9 +1,13 @@
-"""Training-speed options of `TransformersModel`: regional compilation of the decoder layers, and mixed precision
-(bf16 autocast over float32 parameters: fp32 master weights, gradients and optimizer state).
+"""Training-speed and memory options of `TransformersModel`: regional compilation of the decoder layers, activation
+checkpointing, and mixed precision (bf16 autocast over float32 parameters: fp32 master weights, gradients and
+optimizer state).
 
 - ``compile_layers=True`` compiles each decoder layer in place (regional compilation,
   `twinkle_core.train.compile`). The first steps pay the compile time; padding-free batches of new lengths
   compile once more with dynamic shapes, then reuse the graph.
+- ``gradient_checkpointing=True`` (or a policy: every k-th layer, selective, chosen layers) recomputes the chosen
+  decoder layers' activations in backward (`twinkle_core.train.activation_checkpointing`); shared with
+  `MultiLoraTransformersModel`.
 - ``mixed_precision='bf16'`` keeps the parameters in float32 and runs forward passes under
   ``torch.autocast(dtype=bfloat16)``: matmuls and attention in bf16, reductions in fp32, updates on fp32 weights.
 """
@@ -16,6 +20,7 @@ import torch
 from torch import nn
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.train.activation_checkpointing import apply_activation_checkpointing, checkpoint_policy
 from twinkle_core.train.compile import compile_backend, compile_blocks
 from twinkle_transformers.forward import unwrap_causal_lm
 
@@ -23,15 +28,15 @@ from twinkle_transformers.forward import unwrap_causal_lm
 MIXED_PRECISION: dict[str, torch.dtype] = {'bf16': torch.bfloat16, 'bfloat16': torch.bfloat16}
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder's layer list (``model.model.layers`` for Llama/Qwen-style causal LMs)."""
+def decoder_layers(model: nn.Module, option: str = 'compile_layers') -> nn.ModuleList:
+    """The decoder's layer list (``model.model.layers`` for Llama/Qwen-style causal LMs); `option` names the
+    setting that needs it in the error for a model without one."""
     base = unwrap_causal_lm(model)
     get_decoder = getattr(base, 'get_decoder', None)
     layers = getattr(get_decoder() if callable(get_decoder) else None, 'layers', None)
     if not isinstance(layers, nn.ModuleList):
         raise InvalidInputError(
-            f'compile_layers: {type(base).__name__} has no decoder layer list (get_decoder().layers) to compile; '
-            f'pass compile_layers=False.'
+            f'{option}: {type(base).__name__} has no decoder layer list (get_decoder().layers); pass {option}=False.'
         )
     return layers
 
@@ -41,6 +46,13 @@ def compile_decoder_layers(model: nn.Module, compile_layers: bool | str) -> str 
     if compile_backend(compile_layers) is None:
         return None
     return compile_blocks(decoder_layers(model), compile_layers)
+
+
+def checkpoint_decoder_layers(model: nn.Module, gradient_checkpointing: object) -> list[int]:
+    """Checkpoint the decoder layers `gradient_checkpointing` chooses, in place; returns their indices."""
+    if checkpoint_policy(gradient_checkpointing) is None:
+        return []
+    return apply_activation_checkpointing(list(decoder_layers(model, 'gradient_checkpointing')), gradient_checkpointing)
 
 
 def autocast_dtype(mixed_precision: str | None, param_dtype: torch.dtype) -> torch.dtype | None:

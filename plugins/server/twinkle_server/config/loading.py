@@ -384,6 +384,14 @@ class _Checker:
                 ).device_mesh()
             except MeshError as exc:
                 self.error(path + ('mesh',), str(exc).rstrip('.'), 'sizes DeviceMesh.from_sizes accepts')
+            else:  # a backend taking no mesh, or embedded mode: reported below as such
+                from twinkle_core.model.mesh_support import mesh_problem as unsupported_dims
+
+                declared = self.capabilities(spec.backend)
+                meshed = deployment.mode != 'embedded' and declared is not None and declared.takes_device_mesh
+                unsupported = meshed and declared and unsupported_dims(spec.backend, declared, spec.mesh)
+                if unsupported:
+                    self.error(path + ('mesh',), unsupported.rstrip('.'), 'the mesh dimensions the backend implements')
         if deployment.mode == 'embedded':
             for key in spec.ray_only_settings():
                 self.error(

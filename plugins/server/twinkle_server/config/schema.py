@@ -132,6 +132,12 @@ MODEL: dict[str, Rule] = {
     'sampler_replicas': int_rule(1),
     'sampler_group': MAPPING,
     'hub_push': MAPPING,
+    'loggers': Rule(
+        (list,),
+        'a list of metrics logger names (wandb, swanlab, tensorboard, jsonl, console) or {name: NAME, ...} mappings',
+        lambda v: all(isinstance(x, str) or (isinstance(x, dict) and isinstance(x.get('name'), str)) for x in v),
+        problem='not a list of logger names or {name: ...} mappings',
+    ),
 }
 TRAIN_GROUP: dict[str, Rule] = {'ranks': int_rule(1), 'device_type': DEVICE_TYPE, **RESOURCES}
 SAMPLER_GROUP: dict[str, Rule] = {'ranks_per_replica': int_rule(1), 'device_type': DEVICE_TYPE, **RESOURCES}

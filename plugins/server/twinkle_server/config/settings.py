@@ -158,6 +158,9 @@ class ModelSpec:
     sampler_replicas: int = 1
     sampler_group: GroupSpec = field(default_factory=GroupSpec)
     hub_push: HubPushConfig | None = None
+    #: metrics loggers fed with this model's training runs, by name or ``{'name': ..., **arguments}``
+    #: (`twinkle_server.model_loggers`)
+    loggers: list[Any] = field(default_factory=list)
 
     def mesh_world_size(self) -> int:
         """Ranks the mesh covers: the product of its sizes (`ep_size` folds over data ranks), an unset `dp_size`

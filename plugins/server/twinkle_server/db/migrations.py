@@ -98,6 +98,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             'CREATE INDEX futures_session ON futures (session_id, created_at)',
         ),
     ),
+    Migration(
+        6,
+        'console: operator (admin) keys, per-step metrics of training runs',
+        (
+            'ALTER TABLE api_keys ADD COLUMN admin {INT} NOT NULL DEFAULT 0',
+            """CREATE TABLE run_metrics (
+            run_id TEXT NOT NULL, op TEXT NOT NULL, step {INT} NOT NULL, tenant TEXT NOT NULL,
+            created_at {REAL} NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (run_id, op, step))""",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 LEGACY_TABLE = 'api_keys'  # present in every database written before schema_migrations existed

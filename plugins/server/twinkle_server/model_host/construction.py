@@ -59,8 +59,13 @@ def takes_device_mesh(backend: str) -> bool:
 
 
 def backend_args_problem(backend: str, caps: ModelCapabilities, backend_args: Mapping[str, Any]) -> Problem | None:
-    """What is wrong with `backend_args` for `backend` (declaring `caps`), or None. Only ``pass_strategy`` is the
-    server's business: it must be one of the backend's declared `pass_strategies`."""
+    """What is wrong with `backend_args` for `backend` (declaring `caps`), or None. The server checks the model
+    options it documents: ``pass_strategy`` must be one of the backend's declared `pass_strategies`, and
+    ``gradient_checkpointing`` needs a backend that declares it and a valid policy."""
+    if backend_args.get('gradient_checkpointing') not in (None, False):
+        problem = _checkpointing_problem(backend, caps, backend_args['gradient_checkpointing'])
+        if problem is not None:
+            return problem
     if 'pass_strategy' not in backend_args:
         return None
     value = backend_args['pass_strategy']
@@ -71,6 +76,19 @@ def backend_args_problem(backend: str, caps: ModelCapabilities, backend_args: Ma
         )
     if value not in caps.pass_strategies:
         return f'unknown pass strategy {value!r} for {backend}', f'one of {", ".join(caps.pass_strategies)}'
+    return None
+
+
+def _checkpointing_problem(backend: str, caps: ModelCapabilities, value: Any) -> Problem | None:
+    from twinkle_core.errors import InvalidInputError
+    from twinkle_core.train.activation_checkpointing import checkpoint_policy
+
+    if not caps.gradient_checkpointing:
+        return f'{backend} takes no gradient_checkpointing', 'a backend that declares it (e.g. TransformersModel)'
+    try:
+        checkpoint_policy(value)
+    except InvalidInputError as exc:
+        return str(exc).rstrip('.'), "true, 'full', 'selective', an integer k, or {every, layers, selective}"
     return None
 
 

@@ -17,6 +17,7 @@ from twinkle_server.deps import json_body, parse, service, tenant
 from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
 from twinkle_server.model_host.base import TrainBatch, TrainResult
 from twinkle_server.service import Service
+from twinkle_server.service_training import train_metrics
 from twinkle_server.tinker import datums, images, losses, optimizers, stability, wire
 from twinkle_server.tinker.custom_loss import CustomLossSpec, GraphError
 
@@ -120,7 +121,7 @@ async def forward_backward(
     widths = [d.inputs['target_tokens'].shape[1] if d.inputs['target_tokens'].ndim == 2 else 0 for d in call.data]
 
     def output(result: TrainResult) -> bytes:
-        metrics = {'loss:sum': result.loss, **{k: v for k, v in result.metrics.items() if ':' in k}}
+        metrics = train_metrics(result)
         per_datum = [_shaped(lp, k) for lp, k in zip(datums.datum_logprobs(result.logprobs), widths)]
         return wire.encode_forward_backward_output(per_datum, metrics)
 

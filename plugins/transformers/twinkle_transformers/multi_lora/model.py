@@ -34,13 +34,14 @@ from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.model.step_errors import MixedStepError, TenantStepError
-from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
+from twinkle_core.train.model_loading import default_device
 from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_transformers import checkpoint as ckpt
+from twinkle_transformers import speed
 from twinkle_transformers.export import WeightExportMethods
-from twinkle_transformers.loading import load_causal_lm, max_model_length
+from twinkle_transformers.loading import load_or_adopt, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import (
@@ -68,6 +69,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     pass, groups of tenants or one by one, whichever measured fastest; see `PassPlanner`), 'mixed' or
     'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap). `kernels`: layer
     kernels installed for training at load (as `TransformersModel`'s; `self.kernels` counts the replacements).
+    `gradient_checkpointing`: True or a policy, as `TransformersModel`'s (recomputation in the mixed pass's
+    backward sees the same per-token routing).
     """
 
     #: many tenants mixed in one call; one process (no ``device_mesh=``); ``pass_strategy=`` one of `STRATEGIES`
@@ -77,6 +80,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         takes_device=True,
         takes_device_mesh=False,
         pass_strategies=STRATEGIES,
+        gradient_checkpointing=True,
     )
 
     def __init__(
@@ -91,6 +95,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         pass_strategy: str = 'auto',
         max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
         kernels: Sequence[Any] = (),
+        gradient_checkpointing: Any = False,
         **from_pretrained_kwargs: Any,
     ) -> None:
         self.planner = PassPlanner(pass_strategy, max_pass_tokens=max_pass_tokens)  # checks its arguments first
@@ -99,24 +104,16 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                 'pass exactly one of model_id= (a path, hub reference or HF id) or model= (a loaded causal LM).'
             )
         self.device = torch.device(device) if device is not None else default_device()
-        if model is None:
-            assert model_id is not None  # exactly one of model_id / model, checked above
-            self.model_id = str(model_id)
-            self.model_dir = resolve_model_dir(model_id)
-            model = load_causal_lm(
-                self.model_dir,
-                device=self.device,
-                dtype=resolve_dtype(dtype, self.device),
-                attn_implementation=attn_implementation,
-                **from_pretrained_kwargs,
-            )
-            self.tokenizer = load_tokenizer_if_any(self.model_dir)
-        else:
-            self.model_dir = self.model_id = str(getattr(model.config, '_name_or_path', '') or type(model).__name__)
-            self.tokenizer = None
-            model = model.to(self.device)
-        self.model = model
+        self.model, self.model_id, self.model_dir, self.tokenizer = load_or_adopt(
+            model_id,
+            model,
+            device=self.device,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            **from_pretrained_kwargs,
+        )
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
+        self.checkpointed_layers = speed.checkpoint_decoder_layers(self.model, gradient_checkpointing)
         self.manager = MultiLoraManager.attach(self.model)
         self.max_length, _ = max_model_length(self.model.config, max_length)
         self.limits = RowLimits(vocab_size=language_config(self.model.config).vocab_size, max_length=self.max_length)
