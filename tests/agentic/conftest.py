@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -31,3 +31,19 @@ def third_party_dist(tmp_path: Path) -> Iterator[Callable[[str, str, str], None]
     for path in added:
         sys.path.remove(path)
     plugins.refresh()
+
+
+@pytest.fixture(scope='session')
+def torch_sampler(tiny_model_dir: Path) -> Any:
+    """One TorchSampler on the tiny fixture (random weights) for the agentic tests."""
+    from twinkle_transformers.sampler.torch_sampler import TorchSampler
+
+    return TorchSampler(str(tiny_model_dir), device='cpu')
+
+
+@pytest.fixture(scope='session')
+def template(tiny_model_dir: Path) -> Any:
+    """The tiny fixture's chat template (renders tools, tool calls and tool turns)."""
+    from twinkle_core.template.chat_template import ChatTemplate
+
+    return ChatTemplate(str(tiny_model_dir))

@@ -22,13 +22,6 @@ from tinker_cookbook.rl.types import Env, EnvGroupBuilder, StepResult  # noqa: E
 
 
 @pytest.fixture(scope='module')
-def torch_sampler(tiny_model_dir):
-    from twinkle_transformers.sampler.torch_sampler import TorchSampler
-
-    return TorchSampler(str(tiny_model_dir), device='cpu')
-
-
-@pytest.fixture(scope='module')
 def renderer(torch_sampler):
     return get_renderer('qwen3', torch_sampler.tokenizer)
 

@@ -15,20 +15,6 @@ from twinkle_core.types import IGNORE_INDEX
 pytestmark = pytest.mark.usefixtures('tiny_model_dir')
 
 
-@pytest.fixture(scope='module')
-def torch_sampler(tiny_model_dir):
-    from twinkle_transformers.sampler.torch_sampler import TorchSampler
-
-    return TorchSampler(str(tiny_model_dir), device='cpu')
-
-
-@pytest.fixture(scope='module')
-def template(tiny_model_dir):
-    from twinkle_core.template.chat_template import ChatTemplate
-
-    return ChatTemplate(str(tiny_model_dir))
-
-
 GUESS_AND_HINT = re.compile(r'"number": (\d+)\}\}\n</tool_call>.*?<tool_response>\n(.*?)\n</tool_response>', re.S)
 
 

@@ -25,20 +25,6 @@ class CountingSampler:
         return self.sampler.sample(prompts, params, **kwargs)
 
 
-@pytest.fixture(scope='module')
-def template(tiny_model_dir):
-    from twinkle_core.template.chat_template import ChatTemplate
-
-    return ChatTemplate(str(tiny_model_dir))
-
-
-@pytest.fixture(scope='module')
-def torch_sampler(tiny_model_dir):
-    from twinkle_transformers.sampler.torch_sampler import TorchSampler
-
-    return TorchSampler(str(tiny_model_dir), device='cpu')
-
-
 class PlainGuessNumber(GuessNumberEnv):
     """Guess the number by plain-text replies only: no tool schema in the prompt (the session's vLLM engine holds
     256 tokens)."""
