@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import IGNORE_INDEX, SamplingParams
@@ -188,7 +188,7 @@ class CookbookRollout:
                 row.input_ids += tokens
                 row.labels += tokens
                 row.logprobs += [float(lp) for lp in logprobs]
-                reason = 'length' if seq.stop_reason == 'length' else 'stop'
+                reason: Literal['length', 'stop'] = 'length' if seq.stop_reason == 'length' else 'stop'
                 acting.append((e, TokensWithLogprobs(tokens, logprobs, reason)))
         return acting
 
