@@ -124,6 +124,44 @@ def fault(service_client, data, engine_a, baseline_state: str) -> dict:
     return out
 
 
+def console(base_url: str, api_key: str, admin_key: str) -> dict:
+    """What the web console shows on the Ray deployment: sign in as the tenant and as an operator (the browser's
+    form posts, cookies and CSRF tokens, over HTTP), list runs and curves, sample in the playground from a sampler
+    checkpoint (served by the deployment's replicas), read the operator page's data."""
+    import re
+
+    import httpx
+
+    def sign_in(key: str) -> tuple[httpx.Client, str]:
+        http = httpx.Client(base_url=base_url, timeout=120)
+        form = http.get('/console').text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
+        home = http.post('/console/login', data={'api_key': key, 'csrf_token': token}, follow_redirects=True).text
+        return http, re.search(r'<meta name="csrf-token" content="([^"]+)"', home).group(1)
+
+    http, csrf = sign_in(api_key)
+    runs = http.get('/console/api/runs').json()['runs']
+    curves = {r['id']: http.get(f'/console/api/runs/{r["id"]}/metrics').json() for r in runs}
+    choices = http.get('/console/api/checkpoints').json()['checkpoints']
+    saved = next(c['path'] for c in choices if '://' in c['path'])  # a saved checkpoint (not a base model)
+    sampled = http.post(
+        '/console/api/sample',
+        json={'model_path': saved, 'prompt': 'User: Who are you?', 'temperature': 0.0, 'max_tokens': 4},
+        headers={'X-CSRF-Token': csrf},
+    )
+    admin, _ = sign_in(admin_key)
+    operator = admin.get('/console/api/operator')
+    return {
+        'runs': [{k: r[k] for k in ('base_model', 'status', 'last_step')} for r in runs],
+        'loss_points': {run_id: len(c['series'].get('loss:sum', [[], []])[0]) for run_id, c in curves.items()},
+        'sampled_from': saved,
+        'sample_status': sampled.status_code,
+        'sample_tokens': len(sampled.json().get('tokens', [])) if sampled.status_code == 200 else sampled.text,
+        'operator_status': operator.status_code,
+        'operator_models': sorted(m['name'] for m in operator.json()['models']) if operator.status_code == 200 else [],
+    }
+
+
 def placement(engine) -> dict:
     """Node id of each actor of a RayModelHost's groups."""
     import ray
@@ -199,8 +237,11 @@ def main(model_dir: str, work_dir: str) -> None:
         'head': ray.get_runtime_context().get_node_id(),
         'all': sorted(n['NodeID'] for n in ray.nodes() if n['Alive']),
     }
-    client = tinker.ServiceClient(base_url=running.base_url, api_key=create_api_key(running.service.store, 'u'))
+    key = create_api_key(running.service.store, 'u')
+    client = tinker.ServiceClient(base_url=running.base_url, api_key=key)
     results['ray'] = run_both(client, data, prompt)
+    admin_key = create_api_key(running.service.store, 'ops', admin=True)
+    results['console'] = console(running.base_url, key, admin_key)
     results['fault'] = fault(client, data, engines['tiny-a'], results['ray']['tiny-a']['state'])
     running.stop()
     ray.shutdown()

@@ -42,6 +42,17 @@ def test_ray_deployment_equals_the_one_process_server(results) -> None:
         assert ray['samples'] == local['samples'], model  # greedy, from the saved adapter, via the replicas
 
 
+def test_the_console_shows_the_ray_deployment(results) -> None:
+    """The web console over the Ray deployment: the tenant's two runs with their curves (one loss point per
+    step), the playground samples from a saved checkpoint through the replicas, the operator sees both models."""
+    console = results['console']
+    assert sorted(r['base_model'] for r in console['runs']) == ['tiny-a', 'tiny-b']
+    assert [r['last_step'] for r in console['runs']] == [3, 3]
+    assert sorted(console['loss_points'].values()) == [3, 3]
+    assert console['sample_status'] == 200 and console['sample_tokens'] == 4
+    assert console['operator_status'] == 200 and {'tiny-a', 'tiny-b'} <= set(console['operator_models'])
+
+
 def test_models_are_placed_as_configured(results) -> None:
     head = results['nodes']['head']
     assert len(results['nodes']['all']) == 2
