@@ -5,6 +5,7 @@
     torchrun --nproc_per_node 2 train_worker.py --out DIR --fsdp 2     # FSDP2
     ... --steps 2 --save-optimizer                                     # first half, checkpoint with optimizer
     ... --steps 2 --skip-steps 2 --resume DIR/final                    # second half, resumed from it
+    ... --save-format default                                          # save's default (sharded under FSDP2/TP)
 
 Every run trains on the same global batches (rows of different lengths, so ranks hold different token counts),
 writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument('--save-optimizer', action='store_true', help='save the checkpoint with optimizer state')
     parser.add_argument('--resume', default=None, help='load this checkpoint with load_optimizer=True first')
     parser.add_argument('--weights-only', action='store_true', help='--resume with load_optimizer=False')
+    parser.add_argument(
+        '--save-format', choices=('gathered', 'sharded', 'default'), default='gathered', help='save(sharded=...)'
+    )
     args = parser.parse_args()
 
     import torch
@@ -65,7 +69,8 @@ def main() -> None:
         model.clip_grad_and_step(max_norm=1.0)
     eval_rows = random_token_rows(4, seed=1)
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
-    path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer)
+    sharded = {'gathered': False, 'sharded': True, 'default': None}[args.save_format]
+    path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer, sharded=sharded)
     if distributed.is_main_process():
         result = {
             'losses': losses,

@@ -65,6 +65,11 @@ def save_lora(
         str(directory / 'adapter_model.safetensors'),
         metadata={'format': 'pt'},
     )
+    save_lora_config(config, directory, base_model_id=base_model_id)
+
+
+def save_lora_config(config: Any, directory: Path, *, base_model_id: str) -> None:
+    """Write ``adapter_config.json`` of `config` (a ``LoraConfig``) naming `base_model_id` as its base model."""
     previous = config.base_model_name_or_path
     config.base_model_name_or_path = base_model_id
     try:
@@ -107,6 +112,11 @@ def save_full(
     model.save_pretrained(str(directory), safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
+    copy_processor_files(source_dir, directory)
+
+
+def copy_processor_files(source_dir: str | os.PathLike[str] | None, directory: Path) -> None:
+    """Copy `source_dir`'s `PROCESSOR_FILES` (those it has) into `directory`, keeping files already there."""
     if source_dir is not None and Path(source_dir).is_dir():
         for name in PROCESSOR_FILES:
             if (Path(source_dir) / name).is_file() and not (directory / name).exists():

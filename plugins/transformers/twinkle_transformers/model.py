@@ -355,14 +355,20 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         adapter_name: str | None = None,
         dataloader: Any = None,
         extra_state: Any = None,
+        sharded: bool | None = None,
         **kwargs: Any,
     ) -> str:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory.
 
         LoRA in PEFT format, full weights in HF format. ``save_optimizer=True`` adds the optimizer, scheduler,
         RNG states, step counters, ``dataloader.state_dict()`` and `extra_state` for an exact resume.
+        ``sharded=True`` (default when the parameters are FSDP2/TP shards): every rank writes its shards with
+        ``torch.distributed.checkpoint``, nothing is gathered (`twinkle_transformers.sharded_checkpoint`;
+        ``export_checkpoint`` makes a PEFT / HF directory of it).
         """
-        return persistence.save(self, name, output_dir, save_optimizer, adapter_name, dataloader, extra_state)
+        return persistence.save(
+            self, name, output_dir, save_optimizer, adapter_name, dataloader, extra_state, sharded=sharded
+        )
 
     @reports_failure('load')
     def load(

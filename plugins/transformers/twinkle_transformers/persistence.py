@@ -1,6 +1,6 @@
 """Saving and loading `TransformersModel` checkpoints: the bodies of its `save` and `load` (which document the
 formats), kept out of the model class. PEFT / HF files and the resumable training state are `checkpoint`'s;
-gathering and resharding under a device mesh are `parallel`'s.
+gathering and resharding under a device mesh are `parallel`'s; sharded (DCP) checkpoints are `sharded_checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime.distributed import barrier
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel
+from twinkle_transformers import parallel, sharded_checkpoint
 
 if TYPE_CHECKING:
     from twinkle_transformers.model import TransformersModel
@@ -26,10 +26,21 @@ def save(
     adapter_name: str | None,
     dataloader: Any,
     extra_state: Any,
+    sharded: bool | None = None,
 ) -> str:
     """`TransformersModel.save`: write checkpoint `name` under `output_dir`; returns its directory."""
     state = model._state(adapter_name)
     target = Path(output_dir or 'output') / name
+    if sharded if sharded is not None else sharded_checkpoint.default_sharded(model.model):
+        sharded_checkpoint.save(
+            model,
+            target,
+            save_optimizer=save_optimizer,
+            adapter_name=adapter_name,
+            dataloader=dataloader,
+            extra_state=extra_state,
+        )
+        return str(target)
     optimizer_state = None
     if save_optimizer and state.optimizer is not None:  # by parameter name, gathered (collective under a mesh)
         optimizer_state = parallel.full_optimizer_state_dict(model.model, state.optimizer)
@@ -64,6 +75,7 @@ def save(
 def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name: str | None, dataloader: Any) -> Any:
     """`TransformersModel.load`: load a checkpoint written by `save` (or a PEFT / HF directory)."""
     meta = ckpt.read_metadata(path)
+    sharded = sharded_checkpoint.is_sharded_checkpoint(meta)
     if meta['kind'] == 'lora':
         if model.adapter_name is None:
             from peft import LoraConfig
@@ -72,7 +84,9 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
             config.inference_mode = False  # PEFT saves adapters for inference; this model trains it
             model.add_adapter_to_model(adapter_name or meta.get('adapter_name') or 'default', config)
         assert model.adapter_name is not None  # set by add_adapter_to_model
-        if parallel.is_sharded(model.model):
+        if sharded:
+            _load_sharded_weights(model, path, meta, load_optimizer)
+        elif parallel.is_sharded(model.model):
             from peft.utils import load_peft_weights
 
             parallel.load_adapter_weights_sharded(model.model, model.adapter_name, load_peft_weights(path))
@@ -84,7 +98,9 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
                 f'{path!r} holds full model weights but this model trains adapter '
                 f'{model.adapter_name!r}; load it into a model without adapter.'
             )
-        if parallel.is_sharded(model.model):
+        if sharded:
+            _load_sharded_weights(model, path, meta, load_optimizer)
+        elif parallel.is_sharded(model.model):
             parallel.load_full_state_dict(model.model, ckpt.read_full_weights(path))
         else:
             ckpt.load_full_weights(model.model, path)
@@ -92,10 +108,20 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
         return None
     model._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
     saved = ckpt.load_training_state(path)
+    if sharded:
+        load_optimizer_state = partial(sharded_checkpoint.load_optimizer_state, model.model, path)
+    else:
+        load_optimizer_state = partial(parallel.load_optimizer_state, model.model)
     model._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
-        saved['train_state'], load_optimizer_state=partial(parallel.load_optimizer_state, model.model)
+        saved['train_state'], load_optimizer_state=load_optimizer_state
     )
     ckpt.set_rng_state(saved['rng'])
     if dataloader is not None and saved.get('dataloader') is not None:
         dataloader.load_state_dict(saved['dataloader'])
     return saved.get('extra_state')
+
+
+def _load_sharded_weights(model: TransformersModel, path: str, meta: dict[str, Any], load_optimizer: bool) -> None:
+    if load_optimizer:  # read straight into this run's shards (the optimizer is rebuilt over them next)
+        model._apply_device_mesh()
+    sharded_checkpoint.load_weights(model, path, meta)
