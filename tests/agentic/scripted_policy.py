@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twinkle_core.types import SampledSequence, SampleResponse, SamplingParams
+from twinkle_core.types import IGNORE_INDEX, SampledSequence, SampleResponse, SamplingParams
 
 
 class ScriptedSampler:
@@ -31,3 +31,18 @@ class ScriptedSampler:
             logprobs = [float(x) for x in scored[0].prompt_logprobs[len(ids) :]]
             out.append(SampleResponse(sequences=[SampledSequence(tokens=tokens, logprobs=logprobs, stop_reason=stop)]))
         return out
+
+
+def trainable_runs(row: dict[str, Any]) -> list[list[int]]:
+    """The runs of trainable tokens (label == token, checked) of a row, in order: its sampled turns."""
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for token, label in zip(row['input_ids'], row['labels']):
+        if label == IGNORE_INDEX:
+            if current:
+                runs.append(current)
+            current = []
+        else:
+            assert label == token
+            current.append(token)
+    return runs + ([current] if current else [])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import pytest
-from scripted_policy import ScriptedSampler
+from scripted_policy import ScriptedSampler, trainable_runs
 
 from twinkle_agentic.rollout import CookbookRollout
 from twinkle_core.types import IGNORE_INDEX
@@ -35,19 +35,6 @@ def bisect_guess(text: str) -> str:
         else:
             high = int(guess) - 1
     return f'Guess: {(low + high) // 2}'
-
-
-def trainable_runs(row: dict) -> list[list[int]]:
-    runs, current = [], []
-    for token, label in zip(row['input_ids'], row['labels']):
-        if label == IGNORE_INDEX:
-            if current:
-                runs.append(current)
-            current = []
-        else:
-            assert label == token
-            current.append(token)
-    return runs + ([current] if current else [])
 
 
 def test_cookbook_guess_number_recipe_runs_locally(torch_sampler, renderer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from scripted_policy import ScriptedSampler
+from scripted_policy import ScriptedSampler, trainable_runs
 
 from twinkle_agentic.rollout import MultiTurnRollout
 from twinkle_core.env import Env, StepResult
@@ -37,20 +37,6 @@ def games(secrets: list[int]) -> list[dict]:
     ]
 
 
-def sampled_segments(episode: dict) -> list[list[int]]:
-    """The runs of trainable tokens (label == token) in order."""
-    runs, current = [], []
-    for token, label in zip(episode['input_ids'], episode['labels']):
-        if label == IGNORE_INDEX:
-            if current:
-                runs.append(current)
-            current = []
-        else:
-            assert label == token
-            current.append(token)
-    return runs + ([current] if current else [])
-
-
 def turn_starts(episode: dict) -> list[int]:
     labels = episode['labels']
     return [i for i in range(len(labels)) if labels[i] != IGNORE_INDEX and (i == 0 or labels[i - 1] == IGNORE_INDEX)]
@@ -68,7 +54,7 @@ def test_guess_number_episodes_are_token_exact_and_batched(torch_sampler, templa
     assert [e['turns'] for e in episodes] == [1, 6, 6]  # bisection: 50 | 50 75 62 68 71 73 | 50 25 12 6 3 1
     assert policy.calls == [3, 2, 2, 2, 2, 2]  # one batched call per turn; finished episodes leave the batch
     for e in episodes:
-        turns = sampled_segments(e)
+        turns = trainable_runs(e)
         assert len(turns) == e['turns'] and len(e['labels']) == len(e['input_ids'])
         for start, turn in zip(turn_starts(e), turns):  # each sampled turn verbatim: what the policy sent
             reply = binary_search(tokenizer.decode(e['input_ids'][:start]))

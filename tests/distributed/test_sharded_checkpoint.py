@@ -10,23 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from spmd_runner import run_worker
+from test_optimizer_checkpoint import FSDP, LORA, K, _train
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.fixtures import random_token_rows
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.sharded_checkpoint import DCP_DIR, export_checkpoint
-
-K = 2  # steps before the checkpoint, and after it
-LORA = {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
-FSDP = ('--fsdp', '2')
-
-
-def _train(model: TransformersModel, batches: list) -> list[float]:
-    losses = []
-    for batch in batches:
-        losses.append(model.forward_backward(inputs=batch)['loss'])
-        model.clip_grad_and_step(max_norm=1.0)
-    return losses
 
 
 def _model(model_dir: Path, lora: dict | None = LORA) -> TransformersModel:
