@@ -71,9 +71,11 @@ CHROMIUM = Path('/usr/bin/chromium')
 ARTIFACTS = Path(__file__).resolve().parents[1] / 'test-artifacts'
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def browser():
-    """One headless Chromium (Debian's, driven by Playwright) for the session; skips without either."""
+    """A headless Chromium (Debian's, driven by Playwright) for one test module; skips without either. Not for the
+    whole session: Playwright's sync API keeps an event loop running in the main thread while it is open, and
+    later tests' `asyncio.run` would fail."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
