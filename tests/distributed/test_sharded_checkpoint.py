@@ -63,9 +63,9 @@ def test_sharded_checkpoint_of_another_model_is_a_clear_error(tiny_model_dir, tm
 # ---- torchrun: saved by FSDP2 on 2 gloo ranks, resumed on 2, 1 and 4 -------------------------------------------
 @pytest.fixture(scope='module')
 def dcp_lora(tiny_model_dir, tmp_path_factory) -> dict:
-    """FSDP2 LoRA on 2 ranks: 2K steps straight, and K steps saved with save's default (sharded)."""
+    """FSDP2 LoRA on 2 ranks: 2K steps straight, and K steps saved sharded."""
     root = tmp_path_factory.mktemp('dcp_lora')
-    half = ('--steps', str(K), '--save-optimizer', '--save-format', 'default')
+    half = ('--steps', str(K), '--save-optimizer', '--save-format', 'sharded')
     return {
         'straight': run_worker(tiny_model_dir, root / 'straight', nproc=2, extra=(*FSDP, '--steps', str(2 * K))),
         'half': run_worker(tiny_model_dir, root / 'half', nproc=2, extra=(*FSDP, *half)),
@@ -79,7 +79,7 @@ def _resume(model_dir: Path, out: Path, checkpoint: str, *, nproc: int, extra: t
 
 
 @pytest.mark.slow
-def test_fsdp2_default_save_is_sharded_per_rank(dcp_lora) -> None:
+def test_fsdp2_sharded_save_writes_per_rank_shards(dcp_lora) -> None:
     path = Path(dcp_lora['half']['checkpoint'])
     assert _meta(str(path))['format'] == 'dcp' and _meta(str(path))['world_size'] == 2
     assert sorted(p.name for p in (path / DCP_DIR).glob('*.distcp')) == ['__0_0.distcp', '__1_0.distcp']

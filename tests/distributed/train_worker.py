@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 2 train_worker.py --out DIR --fsdp 2     # FSDP2
     ... --steps 2 --save-optimizer                                     # first half, checkpoint with optimizer
     ... --steps 2 --skip-steps 2 --resume DIR/final                    # second half, resumed from it
-    ... --save-format default                                          # save's default (sharded under FSDP2/TP)
+    ... --save-format default                                          # save's default (consolidated)
 
 Every run trains on the same global batches (rows of different lengths, so ranks hold different token counts),
 writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
@@ -69,7 +69,7 @@ def main() -> None:
         model.clip_grad_and_step(max_norm=1.0)
     eval_rows = random_token_rows(4, seed=1)
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
-    sharded = {'gathered': False, 'sharded': True, 'default': None}[args.save_format]
+    sharded = {'gathered': False, 'sharded': True, 'default': False}[args.save_format]
     path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer, sharded=sharded)
     if distributed.is_main_process():
         result = {

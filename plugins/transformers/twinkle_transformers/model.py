@@ -355,14 +355,14 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         adapter_name: str | None = None,
         dataloader: Any = None,
         extra_state: Any = None,
-        sharded: bool | None = None,
+        sharded: bool = False,
         **kwargs: Any,
     ) -> str:
         """Write checkpoint `name` under `output_dir` (default ``./output``); returns its directory.
 
         LoRA in PEFT format, full weights in HF format. ``save_optimizer=True`` adds the optimizer, scheduler,
         RNG states, step counters, ``dataloader.state_dict()`` and `extra_state` for an exact resume.
-        ``sharded=True`` (default when the parameters are FSDP2/TP shards): every rank writes its shards with
+        ``sharded=True`` (for models that do not fit one process; FSDP2/TP shards): every rank writes its shards with
         ``torch.distributed.checkpoint``, nothing is gathered (`twinkle_transformers.sharded_checkpoint`;
         ``export_checkpoint`` makes a PEFT / HF directory of it).
         """

@@ -26,12 +26,12 @@ def save(
     adapter_name: str | None,
     dataloader: Any,
     extra_state: Any,
-    sharded: bool | None = None,
+    sharded: bool = False,
 ) -> str:
     """`TransformersModel.save`: write checkpoint `name` under `output_dir`; returns its directory."""
     state = model._state(adapter_name)
     target = Path(output_dir or 'output') / name
-    if sharded if sharded is not None else sharded_checkpoint.default_sharded(model.model):
+    if sharded:
         sharded_checkpoint.save(
             model,
             target,

@@ -46,12 +46,6 @@ def is_sharded_checkpoint(meta: dict[str, Any]) -> bool:
     return meta.get('format') == FORMAT
 
 
-def default_sharded(model: torch.nn.Module) -> bool:
-    """`save`'s default: sharded when the parameters are (FSDP2 / TP over several ranks), so no rank ever holds
-    the gathered model; replicas (one process, DDP) keep the consolidated format."""
-    return parallel.is_sharded(model)
-
-
 # ---- save --------------------------------------------------------------------------------------------------
 def save(
     model: TransformersModel,
