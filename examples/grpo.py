@@ -29,23 +29,13 @@ from tqdm import tqdm
 
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.checkpoint_engine import CheckpointEngineManager
+from twinkle_core.fixtures.repeat_task import completion_row, format_warmup, repeat_prompts
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.metric import CompletionRewardMetric
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.reward import MathAccuracyReward
 from twinkle_core.types import SamplingParams
-
-
-def repeat_prompts(rng: random.Random, n: int) -> list[dict[str, Any]]:
-    """`n` prompts ``{'messages': [user 'repeat d'], 'ground_truth': 'd'}`` with a random digit d."""
-    digits = [rng.randint(0, 9) for _ in range(n)]
-    return [{'messages': [{'role': 'user', 'content': f'repeat {d}'}], 'ground_truth': str(d)} for d in digits]
-
-
-def warmup_answer(prompt: dict[str, Any], rng: random.Random, hint: float) -> str:
-    """The warm-start's answer: the right one with probability `hint`, else a random digit (`hint=0`: format only)."""
-    return prompt['ground_truth'] if rng.random() < hint else str(rng.randint(0, 9))
 
 
 def main(
@@ -65,16 +55,7 @@ def main(
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
 
     # ---- 1. warm-start on random answers: the format (one digit, end of turn), not the task -----------------
-    model.set_optimizer('AdamW', lr=3e-3)
-    for _ in tqdm(range(warmup_steps), desc='format-only SFT warm-start'):
-        rows = [
-            template.encode(
-                {'messages': [*p['messages'], {'role': 'assistant', 'content': warmup_answer(p, rng, warmup_hint)}]}
-            )
-            for p in repeat_prompts(rng, 16)
-        ]
-        model.forward_backward(inputs=rows)  # default loss: cross-entropy on the answer tokens
-        model.clip_grad_and_step()
+    format_warmup(model, template, rng, warmup_steps, hint=warmup_hint)
 
     # ---- 2. GRPO ------------------------------------------------------------------------------------------
     model.set_optimizer('AdamW', lr=lr)
@@ -105,13 +86,7 @@ def main(
                 trajectories.append(
                     {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': seq.text or ''}]}
                 )
-                rows.append(
-                    {
-                        'input_ids': ids + seq.tokens,
-                        'labels': [-100] * len(ids) + seq.tokens,
-                        'old_logps': [0.0] * len(ids) + seq.logprobs,
-                    }
-                )
+                rows.append(completion_row(ids, seq.tokens, seq.logprobs))
                 lengths.append(len(seq.tokens))
         rewards = reward_fn(trajectories)
         for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):

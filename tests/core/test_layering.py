@@ -69,7 +69,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'tool.decorator',
         ),
     ),
-    ('training machinery', ('train',)),
+    ('training machinery', ('train', 'rl')),
     (
         'compatibility aliases',
         (

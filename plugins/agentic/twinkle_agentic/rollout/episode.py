@@ -35,6 +35,7 @@ class Episode:
     env: Env | None = None
     labels: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] | None = None  # the policy version of each sampled token, when the rollout tracks it
     turns: int = 0
     tool_calls: int = 0
     stop_reason: EpisodeStop | None = None
@@ -49,10 +50,12 @@ class Episode:
     def live(self) -> bool:
         return self.stop_reason is None
 
-    def add_sampled(self, tokens: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_sampled(self, tokens: Sequence[int], logprobs: Sequence[float], version: int | None = None) -> None:
         self.input_ids += tokens
         self.labels += tokens
         self.logprobs += [float(lp) for lp in logprobs]
+        if version is not None:
+            self.token_versions = (self.token_versions or []) + [version] * len(tokens)
 
     def add_inserted(self, tokens: Sequence[int]) -> None:
         self.input_ids += tokens
@@ -80,6 +83,9 @@ class Episode:
         }
         if reward is not None:
             out['reward'] = reward
+        if self.token_versions is not None:
+            out['token_versions'] = list(self.token_versions)
+            out['policy_version'] = min(self.token_versions, default=None)
         return out
 
     def write_trace(self, trace_dir: str | Path, result: dict[str, Any], decode: Any) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from twinkle_agentic.parsing import ParsedTurn, ToolCall, parse_turn, to_openai_tool_calls
 from twinkle_agentic.rollout.actions import (
@@ -97,8 +97,18 @@ class MultiTurnRollout:
         self.end_of_turn_ids: set[int] = {eos} if isinstance(eos, int) else set(eos or ())
 
     # ---- the loop ------------------------------------------------------------------------------------------------
-    def __call__(self, trajectories: Sequence[Mapping[str, Any] | Trajectory]) -> list[dict[str, Any]]:
-        """Run one episode per trajectory; returns them in order (`Episode.result`)."""
+    def __call__(
+        self,
+        trajectories: Sequence[Mapping[str, Any] | Trajectory],
+        *,
+        before_turn: Callable[[], int] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run one episode per trajectory; returns them in order (`Episode.result`).
+
+        `before_turn`: called before each turn's sample calls (the point where an asynchronous run may load newer
+        weights, `twinkle_core.rl.RolloutContext.refresh`); it returns the policy version sampling that turn, and
+        every episode then gains ``token_versions`` (one per trainable label) and ``policy_version`` (its oldest).
+        """
         episodes = [self._start(i, t) for i, t in enumerate(trajectories)]
         deadline = None if self.rollout_timeout_s is None else time.monotonic() + self.rollout_timeout_s
         for _ in range(self.max_turns):
@@ -109,7 +119,7 @@ class MultiTurnRollout:
                 for e in live:
                     e.stop('rollout_timeout')
                 break
-            self._sample_turn(live)
+            self._sample_turn(live, None if before_turn is None else before_turn())
             acting = [e for e in live if e.live]
             self._act(acting)
         for e in episodes:
@@ -130,7 +140,7 @@ class MultiTurnRollout:
         ids = self.bridge.prompt_tokens(messages, tools or None)
         return Episode(index, data, [dict(m) for m in messages], messages, tools or None, ids, env=env)
 
-    def _sample_turn(self, live: list[Episode]) -> None:
+    def _sample_turn(self, live: list[Episode], version: int | None) -> None:
         """One batched sample per distinct turn budget (usually one call); appends each episode's sampled turn."""
         budgets: dict[int, list[Episode]] = {}
         for e in live:
@@ -146,11 +156,11 @@ class MultiTurnRollout:
             responses = self.sampler.sample(prompts, params, adapter_name=self.adapter_name)
             elapsed = time.monotonic() - started
             for e, response in zip(group, responses):
-                self._add_sampled(e, response.sequences[0], max_tokens, elapsed)
+                self._add_sampled(e, response.sequences[0], max_tokens, elapsed, version)
 
-    def _add_sampled(self, e: Episode, seq: Any, max_tokens: int, elapsed: float) -> None:
+    def _add_sampled(self, e: Episode, seq: Any, max_tokens: int, elapsed: float, version: int | None) -> None:
         tokens = list(seq.tokens)
-        e.add_sampled(tokens, [lp if isinstance(lp, float) else lp[0][1] for lp in seq.logprobs or []])
+        e.add_sampled(tokens, [lp if isinstance(lp, float) else lp[0][1] for lp in seq.logprobs or []], version)
         e.turns += 1
         ended = bool(tokens) and tokens[-1] in self.end_of_turn_ids
         text = self.bridge.decode(tokens[:-1] if ended else tokens)

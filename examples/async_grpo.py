@@ -1,0 +1,165 @@
+"""Asynchronous GRPO on CPU with the tiny fixture model: the "repeat d" task of examples/grpo.py, with sampling
+and training overlapped by `AsyncRLDriver` (twinkle_core.rl).
+
+A rollout thread samples the next groups with its own sampler (`TorchSampler(model_id=...)`, or vLLM) while the
+trainer trains on the previous ones; after every optimizer step the trainer publishes its weights as the next
+policy version, and the sampler loads the newest version between its sample calls. ``--max-staleness k`` bounds
+how many steps a trained group may lag behind the trainer (0: exactly the synchronous loop); the GRPO loss's
+clipped importance ratio against the sampler's log-probs (``old_logps``) corrects for the lag.
+
+    python examples/async_grpo.py                     # max_staleness=1, a few minutes on 2 CPU cores
+    python examples/async_grpo.py --max-staleness 0   # synchronous: sample, train, sync, sample...
+    python examples/async_grpo.py --sampler vLLMSampler
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from statistics import fmean
+from typing import Any
+
+from tqdm import tqdm
+
+from twinkle_core.advantage import GRPOAdvantage
+from twinkle_core.fixtures.repeat_task import completion_row, format_warmup, repeat_prompts
+from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+from twinkle_core.model import TransformersModel
+from twinkle_core.registry import resolve, resolve_class
+from twinkle_core.reward import MathAccuracyReward
+from twinkle_core.rl import AsyncRLDriver, RolloutContext, RolloutGroup
+from twinkle_core.types import SamplingParams
+
+
+class RepeatWorker:
+    """Samples `prompts_per_call` prompts x `group_size` completions per call and scores them (one group each)."""
+
+    def __init__(
+        self, sampler: Any, template: Any, *, prompts_per_call: int, group_size: int, seed: int, temperature: float
+    ) -> None:
+        self.sampler, self.template = sampler, template
+        self.prompts_per_call, self.group_size, self.seed, self.temperature = (
+            prompts_per_call,
+            group_size,
+            seed,
+            temperature,
+        )
+        self.reward_fn = MathAccuracyReward()
+
+    def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
+        call_seed = self.seed * 100_003 + context.call_index  # the same call makes the same prompts and samples
+        prompts = repeat_prompts(random.Random(call_seed), self.prompts_per_call)
+        prompt_rows = [self.template.encode(p, add_generation_prompt=True) for p in prompts]
+        params = SamplingParams(max_tokens=2, temperature=self.temperature, num_samples=self.group_size, seed=call_seed)
+        groups = []
+        for prompt, prompt_row, response in zip(prompts, prompt_rows, self.sampler.sample(prompt_rows, params)):
+            answers = [
+                {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': s.text or ''}]}
+                for s in response.sequences
+            ]
+            rows = [completion_row(prompt_row['input_ids'], s.tokens, s.logprobs) for s in response.sequences]
+            groups.append(RolloutGroup(rows, self.reward_fn(answers), info={'prompt': prompt['ground_truth']}))
+        return groups
+
+
+def main(
+    steps: int = 60,
+    prompts_per_step: int = 16,
+    group_size: int = 8,
+    prompts_per_call: int | None = None,
+    max_staleness: int = 1,
+    warmup_steps: int = 60,
+    lr: float = 5e-4,
+    temperature: float = 1.0,
+    seed: int = 0,
+    sampler_name: str = 'TorchSampler',
+    model_id: str | None = None,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    model = TransformersModel(model_id=model_id or ensure_tiny_model('tiny'))
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    format_warmup(model, template, rng, warmup_steps)
+    model.set_optimizer('AdamW', lr=lr)
+    model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
+    advantage_fn = GRPOAdvantage(scale='group')
+
+    def new_worker() -> RepeatWorker:
+        sampler_cls = resolve_class('sampler', sampler_name)
+        extra = {'engine_args': {'max_model_len': 256}} if sampler_name != 'TorchSampler' else {}
+        sampler = sampler_cls(model_id=model.model_dir, **extra)  # its own weights: the driver keeps them fresh
+        return RepeatWorker(
+            sampler,
+            template,
+            prompts_per_call=prompts_per_call or prompts_per_step,
+            group_size=group_size,
+            seed=seed,
+            temperature=temperature,
+        )
+
+    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
+        rows, advantages, rewards = [], [], []
+        for group in groups:
+            rows += group.rows
+            rewards += group.rewards
+            advantages += advantage_fn(group.rewards, group_size=len(group.rewards))
+        for row, advantage in zip(rows, advantages):
+            row['advantage'] = advantage
+        result = model.forward_backward(inputs=rows)
+        model.clip_grad_and_step(max_norm=1.0)
+        return {'reward': fmean(rewards), **result['metrics']}
+
+    driver = AsyncRLDriver(
+        model,
+        new_worker,
+        train_step,
+        groups_per_step=prompts_per_step,
+        groups_per_call=prompts_per_call,
+        max_staleness=max_staleness,
+    )
+    progress = tqdm(total=steps, desc=f'GRPO (max_staleness={max_staleness})')
+
+    def show(record: Any) -> None:
+        progress.update()
+        stale = fmean(record.staleness) if record.staleness else 0.0
+        progress.set_postfix(reward=f'{record.metrics["reward"]:.2f}', staleness=f'{stale:.1f}')
+
+    try:
+        report = driver.run(steps, on_step=show)
+    finally:
+        progress.close()
+        driver.close()
+    mean_rewards = [r.metrics['reward'] for r in report.steps]
+    half = max(1, steps // 2)
+    summary = report.summary()
+    print(
+        f'mean reward: first half {fmean(mean_rewards[:half]):.3f}, second half {fmean(mean_rewards[half:] or [0]):.3f}'
+    )
+    print(
+        f'wall {summary["wall_s"]:.1f}s; staleness mean {summary["staleness_mean"]:.2f} max '
+        f'{summary["staleness_max"]:.0f}; dropped {summary["dropped"]:.0f}; sampler busy '
+        f'{summary["rollout_busy"]:.0%}, trainer busy {summary["trainer_busy"]:.0%}'
+    )
+    return {'mean_rewards': mean_rewards, 'report': report, 'model': model}
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--steps', type=int, default=60)
+    parser.add_argument('--group-size', type=int, default=8)
+    parser.add_argument('--prompts-per-step', type=int, default=16)
+    parser.add_argument('--prompts-per-call', type=int, default=None, help='default: one call per step')
+    parser.add_argument('--max-staleness', type=int, default=1)
+    parser.add_argument('--lr', type=float, default=5e-4)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
+    args = parser.parse_args()
+    main(
+        steps=args.steps,
+        group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step,
+        prompts_per_call=args.prompts_per_call,
+        max_staleness=args.max_staleness,
+        lr=args.lr,
+        seed=args.seed,
+        sampler_name=args.sampler,
+    )

@@ -1,0 +1,195 @@
+"""`AsyncRLDriver` on the tiny fixture model with real samplers: max_staleness=0 is the synchronous loop bit for bit,
+the staleness bound holds while the worker runs ahead, a failing worker is rebuilt, weights reach the sampler."""
+
+from __future__ import annotations
+
+import threading
+from statistics import fmean
+from typing import Any
+
+import pytest
+import torch
+
+from tests.rl.test_examples import load_example
+from twinkle_core.advantage import GRPOAdvantage
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.model import TransformersModel
+from twinkle_core.registry import resolve, resolve_class
+from twinkle_core.rl import AsyncRLDriver, PolicyWeights, RolloutContext, RolloutGroup
+from twinkle_core.weight_sync import CheckpointEngineManager
+
+PROMPTS, GROUP = 3, 4
+
+
+@pytest.fixture(scope='module')
+def repeat_worker_cls() -> Any:
+    return load_example('async_grpo').RepeatWorker
+
+
+def new_model(model_dir: Any) -> TransformersModel:
+    model = TransformersModel(model_id=model_dir)
+    model.set_optimizer('AdamW', lr=1e-3)
+    model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
+    return model
+
+
+def new_sampler(model: TransformersModel) -> Any:
+    return resolve_class('sampler', 'TorchSampler')(model_id=model.model_dir)
+
+
+def trainer(model: TransformersModel, before: Any = None) -> Any:
+    advantage_fn = GRPOAdvantage(scale='group')
+
+    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
+        if before is not None:
+            before(step)
+        rows = []
+        for g in groups:
+            for row, advantage in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards))):
+                rows.append({**row, 'advantage': advantage})
+        model.forward_backward(inputs=rows)
+        model.clip_grad_and_step(max_norm=1.0)
+        return {'reward': fmean(r for g in groups for r in g.rewards)}
+
+    return train_step
+
+
+class FailsOnCalls:
+    """A worker that raises on the given call indices (and otherwise is `inner`)."""
+
+    def __init__(self, inner: Any, fail_on: set[int]) -> None:
+        self.inner, self.sampler, self.fail_on = inner, inner.sampler, fail_on
+
+    def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
+        if context.call_index in self.fail_on:
+            raise RuntimeError(f'worker crashed on call {context.call_index}')
+        return self.inner(context)
+
+
+def worker_factory(model: TransformersModel, worker_cls: Any, fail_on: set[int] | None = None) -> Any:
+    """Builds RepeatWorkers on fresh samplers; with `fail_on`, the first one built fails on those calls."""
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    built: list[Any] = []
+
+    def make() -> Any:
+        worker = worker_cls(
+            new_sampler(model), template, prompts_per_call=PROMPTS, group_size=GROUP, seed=7, temperature=1.0
+        )
+        built.append(FailsOnCalls(worker, fail_on) if fail_on and not built else worker)
+        return built[-1]
+
+    return make
+
+
+def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tiny_model_dir, repeat_worker_cls):
+    steps = 3
+    # the synchronous loop: sync weights, sample, train -- one thread
+    model = new_model(tiny_model_dir)
+    worker = worker_factory(model, repeat_worker_cls)()
+    sync = CheckpointEngineManager(model=model, sampler=worker.sampler)
+    train_step = trainer(model)
+    sync_rewards = []
+    for step in range(steps):
+        sync.sync_weights()
+        groups = worker(RolloutContext(step, step, lambda v=step: v))
+        sync_rewards.append(train_step(groups, step)['reward'])
+    sync_state = {n: p.detach().clone() for n, p in model.model.named_parameters()}
+
+    model = new_model(tiny_model_dir)
+    driver = AsyncRLDriver(
+        model, worker_factory(model, repeat_worker_cls), trainer(model), groups_per_step=PROMPTS, max_staleness=0
+    )
+    report = driver.run(steps)
+    assert [r.metrics['reward'] for r in report.steps] == sync_rewards
+    assert [r.staleness for r in report.steps] == [[0] * PROMPTS] * steps
+    for name, param in model.model.named_parameters():
+        assert torch.equal(param.detach(), sync_state[name]), name
+
+
+def test_the_worker_runs_ahead_by_max_staleness_and_no_further(tiny_model_dir, repeat_worker_cls):
+    model = new_model(tiny_model_dir)
+    holder: dict[str, AsyncRLDriver] = {}
+
+    def hold_first_step(step: int) -> None:
+        if step == 0:  # let the worker produce everything the bound allows before the first update
+            buffer = holder['driver'].buffer
+            with buffer.cv:
+                assert buffer.cv.wait_for(lambda: buffer.position() >= 3 * PROMPTS, timeout=60)
+
+    driver = AsyncRLDriver(
+        model,
+        worker_factory(model, repeat_worker_cls),
+        trainer(model, hold_first_step),
+        groups_per_step=PROMPTS,
+        groups_per_call=1,
+        max_staleness=2,
+    )
+    holder['driver'] = driver
+    report = driver.run(4)
+    staleness = [max(r.staleness) for r in report.steps]
+    assert staleness[:3] == [0, 1, 2]  # steps 1 and 2 trained groups of version 0 (sampled during step 0)
+    assert max(staleness) <= 2 and report.dropped == 0
+    assert report.summary()['staleness_max'] == 2
+
+
+def test_a_failing_worker_is_rebuilt_and_the_run_goes_on(tiny_model_dir, repeat_worker_cls):
+    model = new_model(tiny_model_dir)
+    driver = AsyncRLDriver(
+        model,
+        worker_factory(model, repeat_worker_cls, fail_on={1}),
+        trainer(model),
+        groups_per_step=PROMPTS,
+        max_staleness=1,
+    )
+    report = driver.run(3)
+    assert report.worker_restarts == 1 and len(report.steps) == 3
+    assert all(max(r.staleness) <= 1 for r in report.steps)
+    assert driver.weights.sampler_version >= 1  # the rebuilt sampler got the trained weights, not the initial ones
+
+
+def test_a_worker_that_keeps_failing_ends_the_run_with_its_error(tiny_model_dir, repeat_worker_cls):
+    model = new_model(tiny_model_dir)
+    failures = iter(range(100))
+
+    class Broken:
+        def __init__(self) -> None:
+            self.sampler = new_sampler(model)
+
+        def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
+            raise RuntimeError(f'boom {next(failures)}')
+
+    driver = AsyncRLDriver(model, Broken, trainer(model), groups_per_step=1, max_worker_restarts=1)
+    with pytest.raises(TwinkleError, match=r'failed 2 times \(max_worker_restarts=1\).*boom 1'):
+        driver.run(2)
+
+
+def test_published_weights_reach_the_sampler_between_calls(tiny_model_dir):
+    model = new_model(tiny_model_dir)
+    sampler = new_sampler(model)
+    weights = PolicyWeights(model, sampler)
+    model.set_loss('CrossEntropyLoss')
+    model.forward_backward(inputs=[{'input_ids': [5, 6, 7, 8], 'labels': [-100, 6, 7, 8]}])
+    model.clip_grad_and_step()
+    weights.publish(1)
+    trained = {n: p.detach().clone() for n, p in model.model.named_parameters()}
+    model.forward_backward(inputs=[{'input_ids': [5, 6, 7, 8], 'labels': [-100, 6, 7, 8]}])
+    model.clip_grad_and_step()  # version 2 is not published: the sampler must get version 1's weights
+    assert weights.apply_latest() == 1 and weights.sampler_version == 1
+    sampler_params = dict(sampler._model.named_parameters())
+    assert all(torch.equal(sampler_params[n], t) for n, t in trained.items())
+    assert weights.apply_latest() == 1  # nothing newer: nothing moves
+
+
+def test_a_sampler_sharing_the_training_weights_is_refused(tiny_model_dir):
+    model = new_model(tiny_model_dir)
+    shared = resolve_class('sampler', 'TorchSampler')(model=model)
+    with pytest.raises(InvalidInputError, match='needs a sampler with its own weights'):
+        PolicyWeights(model, shared)
+
+
+def test_publishing_never_waits_for_the_sampler(tiny_model_dir):
+    model = new_model(tiny_model_dir)
+    weights = PolicyWeights(model, new_sampler(model))
+    done = threading.Event()
+    threading.Thread(target=lambda: (weights.publish(0), weights.publish(1), done.set())).start()
+    assert done.wait(timeout=30) and weights.latest_version == 1 and weights.sampler_version == -1

@@ -1,0 +1,133 @@
+"""Versioned, non-blocking weight publication from a trainer to a sampler that runs concurrently.
+
+`LatestWeightsEngine` is a `CheckpointEngine` that keeps only the newest weights of each label (``base``,
+``adapter``) with the policy version they belong to: `send` never waits for a receiver and a receiver never gets
+a stale update after a newer one. `PolicyWeights` pairs it with two `CheckpointEngineManager`\\ s -- one exporting
+from the training model (on the trainer's thread, right after an optimizer step), one applying into the sampler
+(on the sampler's thread, between its sample calls) -- so the sampler is never written to while it samples.
+
+Tensors are cloned on `send`: the trainer goes on updating its parameters in place while the sampler has not yet
+applied them (the cost: one extra copy of the exported weights in host memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
+
+
+class LatestWeightsEngine(CheckpointEngine):
+    """Latest-wins mailbox. `stamp` is the version the next `send` publishes; `receive(since=v)` returns the
+    labels published after version `v` (all of them when `v` is None), newest first-sent order (base, adapter)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[int, list[list[tuple[str, Any]]]]] = {}  # label -> (version, buckets)
+        self._metadata: dict[str, Any] = {}
+        self.stamp = 0
+        self.version = -1  # newest version published (-1: nothing yet)
+
+    def send(self, buckets: Iterable[LabelledBucket], *, metadata: dict[str, Any] | None = None) -> None:
+        fresh: dict[str, list[list[tuple[str, Any]]]] = {}
+        for label, bucket in buckets:
+            fresh.setdefault(label, []).append([(name, _clone(t)) for name, t in bucket])
+        with self._lock:
+            for label, label_buckets in fresh.items():
+                self._latest[label] = (self.stamp, label_buckets)
+            self._metadata = dict(metadata or {})
+            self.version = self.stamp
+
+    def receive(self, since: int | None = None) -> WeightUpdate:
+        with self._lock:
+            if not self._latest:
+                raise TwinkleError('LatestWeightsEngine.receive(): nothing was published yet.')
+            picked = [
+                (label, bucket)
+                for label in (BASE, ADAPTER)
+                if label in self._latest and (since is None or self._latest[label][0] > since)
+                for bucket in self._latest[label][1]
+            ]
+            return WeightUpdate(picked, {**self._metadata, 'policy_version': self.version})
+
+
+class PolicyWeights:
+    """The trainer publishes numbered policy versions; the sampler side applies the newest between its calls.
+
+    ``publish(version)`` (trainer thread) exports `model`'s weights as that version; ``apply_latest()`` (sampler
+    thread) loads the newest published version into `sampler` if it has not got it yet and returns the version
+    the sampler now runs. ``rebind(sampler)`` points the receiving side at a new sampler (after a restart): its
+    next `apply_latest` loads every label again. The sampler must hold its own copy of the weights (built from
+    ``model_id=``): one that shares the training module would see parameters change mid-sample.
+    """
+
+    def __init__(
+        self, model: Any, sampler: Any, *, adapter_name: str | None = None, sampler_adapter_name: str | None = None
+    ) -> None:
+        from twinkle_core.weight_sync.manager import CheckpointEngineManager
+
+        self.engine = LatestWeightsEngine()
+        self._sender = CheckpointEngineManager(
+            model=model, engine=self.engine, adapter_name=adapter_name, sampler_adapter_name=sampler_adapter_name
+        )
+        self._manager_cls = CheckpointEngineManager
+        self._model = model
+        self._publish_lock = threading.Lock()
+        self.sampler_version = -1
+        self.rebind(sampler)
+
+    @property
+    def latest_version(self) -> int:
+        """The newest published version (-1 before the first `publish`)."""
+        return self.engine.version
+
+    def rebind(self, sampler: Any) -> None:
+        """Apply future updates to `sampler` (a fresh one: it gets every label of the next update)."""
+        sharing = getattr(sampler, 'shares_weights_with', lambda _m: 'none')(self._model)
+        if sharing != 'none':
+            raise InvalidInputError(
+                f'An asynchronous run needs a sampler with its own weights, but this one shares {sharing!r} of them '
+                'with the training model (it would read parameters while the trainer updates them); build it from '
+                'model_id= instead of model=.'
+            )
+        self._sampler = sampler
+        self.sampler_version = -1  # a fresh sampler: its next update carries every label
+
+    def publish(self, version: int) -> None:
+        """Export the model's current weights as `version` (call between optimizer steps, on the trainer thread)."""
+        with self._publish_lock:
+            self.engine.stamp = version
+            self._sender.sync_weights()
+
+    def apply_latest(self) -> int:
+        """Load the newest published version into the sampler unless it runs it already; returns its version."""
+        newest = self.engine.version
+        if newest < 0 or newest == self.sampler_version:
+            return self.sampler_version
+        view = _Since(self.engine, None if self.sampler_version < 0 else self.sampler_version)
+        self._manager_cls(sampler=self._sampler, engine=view).sync_weights()
+        self.sampler_version = view.received_version
+        return self.sampler_version
+
+
+class _Since(CheckpointEngine):
+    """A receive-only view of a `LatestWeightsEngine` that returns what was published after a version."""
+
+    def __init__(self, engine: LatestWeightsEngine, since: int | None) -> None:
+        self._engine, self._since = engine, since
+        self.received_version = -1
+
+    def send(self, buckets: Iterable[LabelledBucket], *, metadata: dict[str, Any] | None = None) -> None:
+        raise TwinkleError('A receiving view of LatestWeightsEngine cannot send.')
+
+    def receive(self) -> WeightUpdate:
+        update = self._engine.receive(since=self._since)
+        self.received_version = int(update.metadata['policy_version'])
+        return update
+
+
+def _clone(tensor: Any) -> Any:
+    clone = getattr(tensor, 'clone', None)
+    return clone() if callable(clone) else tensor
