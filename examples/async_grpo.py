@@ -10,6 +10,11 @@ clipped importance ratio against the sampler's log-probs (``old_logps``) correct
     python examples/async_grpo.py                     # max_staleness=1, a few minutes on 2 CPU cores
     python examples/async_grpo.py --max-staleness 0   # synchronous: sample, train, sync, sample...
     python examples/async_grpo.py --sampler vLLMSampler
+    python examples/async_grpo.py --ray               # the sampler in a Ray actor group, the trainer here
+
+With ``--ray`` the sampler is a one-actor Ray group (`twinkle_core.initialize(mode='ray')`, ``remote_group=``):
+sampling runs in that actor's process, training in this one, and the published weights travel to the actor
+between its sample calls. Without it both run in this process, on two threads.
 """
 
 from __future__ import annotations
@@ -21,45 +26,15 @@ from typing import Any
 
 from tqdm import tqdm
 
+import twinkle_core
 from twinkle_core.advantage import GRPOAdvantage
-from twinkle_core.fixtures.repeat_task import completion_row, format_warmup, repeat_prompts
+from twinkle_core.fixtures.repeat_task import RepeatTaskWorker, format_warmup
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.reward import MathAccuracyReward
-from twinkle_core.rl import AsyncRLDriver, RolloutContext, RolloutGroup
-from twinkle_core.types import SamplingParams
-
-
-class RepeatWorker:
-    """Samples `prompts_per_call` prompts x `group_size` completions per call and scores them (one group each)."""
-
-    def __init__(
-        self, sampler: Any, template: Any, *, prompts_per_call: int, group_size: int, seed: int, temperature: float
-    ) -> None:
-        self.sampler, self.template = sampler, template
-        self.prompts_per_call, self.group_size, self.seed, self.temperature = (
-            prompts_per_call,
-            group_size,
-            seed,
-            temperature,
-        )
-        self.reward_fn = MathAccuracyReward()
-
-    def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
-        call_seed = self.seed * 100_003 + context.call_index  # the same call makes the same prompts and samples
-        prompts = repeat_prompts(random.Random(call_seed), self.prompts_per_call)
-        prompt_rows = [self.template.encode(p, add_generation_prompt=True) for p in prompts]
-        params = SamplingParams(max_tokens=2, temperature=self.temperature, num_samples=self.group_size, seed=call_seed)
-        groups = []
-        for prompt, prompt_row, response in zip(prompts, prompt_rows, self.sampler.sample(prompt_rows, params)):
-            answers = [
-                {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': s.text or ''}]}
-                for s in response.sequences
-            ]
-            rows = [completion_row(prompt_row['input_ids'], s.tokens, s.logprobs) for s in response.sequences]
-            groups.append(RolloutGroup(rows, self.reward_fn(answers), info={'prompt': prompt['ground_truth']}))
-        return groups
+from twinkle_core.rl import AsyncRLDriver, RolloutGroup
+from twinkle_core.runtime.context import current_runtime
 
 
 def main(
@@ -74,8 +49,11 @@ def main(
     seed: int = 0,
     sampler_name: str = 'TorchSampler',
     model_id: str | None = None,
+    ray: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    if ray:
+        twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='sampler', ranks=1, device_type='cpu')])
     model = TransformersModel(model_id=model_id or ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
     format_warmup(model, template, rng, warmup_steps)
@@ -83,11 +61,19 @@ def main(
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
     advantage_fn = GRPOAdvantage(scale='group')
 
-    def new_worker() -> RepeatWorker:
+    workers_built = 0
+
+    def new_worker() -> RepeatTaskWorker:  # samples "repeat d" prompts, scores the answers (fixtures/repeat_task.py)
+        nonlocal workers_built
+        if ray and workers_built:  # rebuilt after a failure (e.g. its actor died): start the group's actor afresh
+            current_runtime().reset_group('sampler')
+        workers_built += 1
         sampler_cls = resolve_class('sampler', sampler_name)
         extra = {'engine_args': {'max_model_len': 256}} if sampler_name != 'TorchSampler' else {}
+        if ray:
+            extra['remote_group'] = 'sampler'
         sampler = sampler_cls(model_id=model.model_dir, **extra)  # its own weights: the driver keeps them fresh
-        return RepeatWorker(
+        return RepeatTaskWorker(
             sampler,
             template,
             prompts_per_call=prompts_per_call or prompts_per_step,
@@ -149,9 +135,11 @@ if __name__ == '__main__':
     parser.add_argument('--prompts-per-step', type=int, default=16)
     parser.add_argument('--prompts-per-call', type=int, default=None, help='default: one call per step')
     parser.add_argument('--max-staleness', type=int, default=1)
+    parser.add_argument('--warmup-steps', type=int, default=60)
     parser.add_argument('--lr', type=float, default=5e-4)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
+    parser.add_argument('--ray', action='store_true', help='run the sampler in a Ray actor group')
     args = parser.parse_args()
     main(
         steps=args.steps,
@@ -159,7 +147,9 @@ if __name__ == '__main__':
         prompts_per_step=args.prompts_per_step,
         prompts_per_call=args.prompts_per_call,
         max_staleness=args.max_staleness,
+        warmup_steps=args.warmup_steps,
         lr=args.lr,
         seed=args.seed,
         sampler_name=args.sampler,
+        ray=args.ray,
     )

@@ -10,20 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.rl.test_examples import load_example
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.rl import AsyncRLDriver, PolicyWeights, RolloutContext, RolloutGroup
 from twinkle_core.weight_sync import CheckpointEngineManager
 
 PROMPTS, GROUP = 3, 4
-
-
-@pytest.fixture(scope='module')
-def repeat_worker_cls() -> Any:
-    return load_example('async_grpo').RepeatWorker
 
 
 def new_model(model_dir: Any) -> TransformersModel:
@@ -66,13 +61,13 @@ class FailsOnCalls:
         return self.inner(context)
 
 
-def worker_factory(model: TransformersModel, worker_cls: Any, fail_on: set[int] | None = None) -> Any:
+def worker_factory(model: TransformersModel, fail_on: set[int] | None = None) -> Any:
     """Builds RepeatWorkers on fresh samplers; with `fail_on`, the first one built fails on those calls."""
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
     built: list[Any] = []
 
     def make() -> Any:
-        worker = worker_cls(
+        worker = RepeatTaskWorker(
             new_sampler(model), template, prompts_per_call=PROMPTS, group_size=GROUP, seed=7, temperature=1.0
         )
         built.append(FailsOnCalls(worker, fail_on) if fail_on and not built else worker)
@@ -81,11 +76,11 @@ def worker_factory(model: TransformersModel, worker_cls: Any, fail_on: set[int] 
     return make
 
 
-def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tiny_model_dir, repeat_worker_cls):
+def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tiny_model_dir):
     steps = 3
     # the synchronous loop: sync weights, sample, train -- one thread
     model = new_model(tiny_model_dir)
-    worker = worker_factory(model, repeat_worker_cls)()
+    worker = worker_factory(model)()
     sync = CheckpointEngineManager(model=model, sampler=worker.sampler)
     train_step = trainer(model)
     sync_rewards = []
@@ -96,9 +91,7 @@ def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tiny_model_dir, rep
     sync_state = {n: p.detach().clone() for n, p in model.model.named_parameters()}
 
     model = new_model(tiny_model_dir)
-    driver = AsyncRLDriver(
-        model, worker_factory(model, repeat_worker_cls), trainer(model), groups_per_step=PROMPTS, max_staleness=0
-    )
+    driver = AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS, max_staleness=0)
     report = driver.run(steps)
     assert [r.metrics['reward'] for r in report.steps] == sync_rewards
     assert [r.staleness for r in report.steps] == [[0] * PROMPTS] * steps
@@ -106,7 +99,7 @@ def test_max_staleness_0_is_the_synchronous_loop_bit_for_bit(tiny_model_dir, rep
         assert torch.equal(param.detach(), sync_state[name]), name
 
 
-def test_the_worker_runs_ahead_by_max_staleness_and_no_further(tiny_model_dir, repeat_worker_cls):
+def test_the_worker_runs_ahead_by_max_staleness_and_no_further(tiny_model_dir):
     model = new_model(tiny_model_dir)
     holder: dict[str, AsyncRLDriver] = {}
 
@@ -118,7 +111,7 @@ def test_the_worker_runs_ahead_by_max_staleness_and_no_further(tiny_model_dir, r
 
     driver = AsyncRLDriver(
         model,
-        worker_factory(model, repeat_worker_cls),
+        worker_factory(model),
         trainer(model, hold_first_step),
         groups_per_step=PROMPTS,
         groups_per_call=1,
@@ -132,11 +125,11 @@ def test_the_worker_runs_ahead_by_max_staleness_and_no_further(tiny_model_dir, r
     assert report.summary()['staleness_max'] == 2
 
 
-def test_a_failing_worker_is_rebuilt_and_the_run_goes_on(tiny_model_dir, repeat_worker_cls):
+def test_a_failing_worker_is_rebuilt_and_the_run_goes_on(tiny_model_dir):
     model = new_model(tiny_model_dir)
     driver = AsyncRLDriver(
         model,
-        worker_factory(model, repeat_worker_cls, fail_on={1}),
+        worker_factory(model, fail_on={1}),
         trainer(model),
         groups_per_step=PROMPTS,
         max_staleness=1,
@@ -147,7 +140,7 @@ def test_a_failing_worker_is_rebuilt_and_the_run_goes_on(tiny_model_dir, repeat_
     assert driver.weights.sampler_version >= 1  # the rebuilt sampler got the trained weights, not the initial ones
 
 
-def test_a_worker_that_keeps_failing_ends_the_run_with_its_error(tiny_model_dir, repeat_worker_cls):
+def test_a_worker_that_keeps_failing_ends_the_run_with_its_error(tiny_model_dir):
     model = new_model(tiny_model_dir)
     failures = iter(range(100))
 

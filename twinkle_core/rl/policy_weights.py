@@ -85,7 +85,10 @@ class PolicyWeights:
 
     def rebind(self, sampler: Any) -> None:
         """Apply future updates to `sampler` (a fresh one: it gets every label of the next update)."""
-        sharing = getattr(sampler, 'shares_weights_with', lambda _m: 'none')(self._model)
+        from twinkle_core.sampler.base import Sampler
+
+        # a remote sampler (a Ray group's proxy) always has weights of its own
+        sharing = sampler.shares_weights_with(self._model) if isinstance(sampler, Sampler) else 'none'
         if sharing != 'none':
             raise InvalidInputError(
                 f'An asynchronous run needs a sampler with its own weights, but this one shares {sharing!r} of them '

@@ -31,5 +31,9 @@ class Runtime(ABC):
         `CheckpointEngineManager(model=, sampler=)` then syncs in this process."""
         return None
 
+    def reset_group(self, name: str) -> None:
+        """Stop the workers of device group `name`, dead or alive (e.g. after one crashed): the next component
+        built into it starts fresh ones. Runtimes without device groups have nothing to reset."""
+
     def shutdown(self) -> None:
         """Release workers and connections."""

@@ -137,6 +137,11 @@ class WorkerGroup:
                 pass
             self.placement_group = None
 
+    def reset(self) -> None:
+        """`shutdown`, and forget the mesh and any broken state: the group can start again from scratch."""
+        self.shutdown()
+        self.mesh, self.broken = None, None
+
     # ---- components --------------------------------------------------------------------------------------------
     def construct(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         """Build ``cls(*args, **kwargs)`` on every rank, starting from the driver's torch RNG state; returns the

@@ -117,7 +117,14 @@ class RayRuntime(Runtime):
 
     def group(self, name: str) -> Any:
         """The `WorkerGroup` named `name` (its actors, mesh and placement group)."""
+        if name not in self.groups:
+            raise MeshError(f'unknown device group {name!r}; groups are {sorted(self.groups)}.')
         return self.groups[name]
+
+    def reset_group(self, name: str) -> None:
+        """Kill group `name`'s actors and free its placement group; the next `build` into it starts new actors
+        (with a new mesh if asked). Its old components' proxies fail from then on."""
+        self.group(name).reset()
 
     def shutdown(self) -> None:
         for group in self.groups.values():

@@ -1,0 +1,148 @@
+"""Asynchronous vs synchronous GRPO: wall time for the same number of trained samples, and the reward reached.
+
+The task is the "repeat d" task (twinkle_core/fixtures/repeat_task.py) with answers of `--repeats` tokens, on the
+tiny fixture model after a format-only SFT warm-start (done once per seed and saved, so both runs of a seed start
+from the same weights). Each run is `AsyncRLDriver` with a `TorchSampler` of its own: the rollout thread samples,
+the trainer thread trains, each with one torch thread (one core each on a 2-core machine):
+
+- synchronous: ``max_staleness=0`` -- the sampler waits for every update and the trainer for every batch, so one
+  core is idle at any time (this is exactly the synchronous loop: tests/rl/test_async_driver.py);
+- asynchronous: ``max_staleness=1`` (``--max-staleness``): the sampler makes step s+1's groups while the trainer
+  trains step s; the GRPO loss's clipped importance ratio against the sampler's log-probs corrects for the lag.
+
+Prints, per seed and in the mean: wall time of each, the ratio synchronous / asynchronous, the mean reward over the
+last third of the steps, the staleness, and how busy each side was (the per-stage timeline). `--json PATH` writes
+the results.
+
+Run: .venv/bin/python bench/async_rl.py [--seeds 0 1 2] [--steps 30] [--repeats 8] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from statistics import fmean
+from typing import Any
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+
+
+def warm_start(seed: int, repeats: int, steps: int, out_dir: str) -> str:
+    """The format-only warm-start of `seed`, saved; returns the model directory."""
+    from twinkle_core.fixtures.repeat_task import format_warmup
+    from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+    from twinkle_core.model import TransformersModel
+    from twinkle_core.registry import resolve
+
+    model = TransformersModel(model_id=ensure_tiny_model('tiny'))
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    format_warmup(model, template, random.Random(seed), steps, repeats=repeats)
+    return model.save(f'warm_seed{seed}', output_dir=out_dir)
+
+
+def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int) -> dict[str, Any]:
+    """One GRPO run with the driver; returns its wall time, rewards and timeline summary."""
+    from twinkle_core.advantage import GRPOAdvantage
+    from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
+    from twinkle_core.model import TransformersModel
+    from twinkle_core.registry import resolve, resolve_class
+    from twinkle_core.rl import AsyncRLDriver, RolloutGroup
+
+    model = TransformersModel(model_id=model_dir)
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    model.set_optimizer('AdamW', lr=args.lr)
+    model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
+    advantage_fn = GRPOAdvantage(scale='group')
+
+    def new_worker() -> RepeatTaskWorker:
+        sampler = resolve_class('sampler', 'TorchSampler')(model_id=model_dir)
+        return RepeatTaskWorker(
+            sampler,
+            template,
+            prompts_per_call=args.prompts,
+            group_size=args.group_size,
+            seed=seed,
+            repeats=args.repeats,
+        )
+
+    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
+        rows = []
+        for g in groups:
+            for row, advantage in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards))):
+                rows.append({**row, 'advantage': advantage})
+        result = model.forward_backward(inputs=rows)
+        model.clip_grad_and_step(max_norm=1.0)
+        return {'reward': fmean(r for g in groups for r in g.rewards), **result['metrics']}
+
+    driver = AsyncRLDriver(model, new_worker, train_step, groups_per_step=args.prompts, max_staleness=max_staleness)
+    try:
+        report = driver.run(args.steps)
+    finally:
+        driver.close()
+    rewards = [r.metrics['reward'] for r in report.steps]
+    tail = max(1, len(rewards) // 3)
+    return {
+        **report.summary(),
+        'final_reward': fmean(rewards[-tail:]),
+        'rewards': rewards,
+        'clip_frac': fmean(r.metrics.get('clip_frac', 0.0) for r in report.steps),
+        'ratio_mean': fmean(r.metrics.get('ratio_mean', 1.0) for r in report.steps),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    parser.add_argument('--steps', type=int, default=30)
+    parser.add_argument('--prompts', type=int, default=8, help='prompts (groups) per step')
+    parser.add_argument('--group-size', type=int, default=8)
+    parser.add_argument('--repeats', type=int, default=8, help='answer length in tokens')
+    parser.add_argument('--warmup-steps', type=int, default=40)
+    parser.add_argument('--lr', type=float, default=5e-4)
+    parser.add_argument('--max-staleness', type=int, default=1)
+    parser.add_argument('--threads', type=int, default=1, help='torch threads (each side runs its ops in its thread)')
+    parser.add_argument('--json', default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {'args': vars(args), 'seeds': {}}
+    with tempfile.TemporaryDirectory() as out_dir:
+        for seed in args.seeds:
+            model_dir = warm_start(seed, args.repeats, args.warmup_steps, out_dir)
+            per_mode = {}
+            for name, staleness in (('sync', 0), ('async', args.max_staleness)):
+                started = time.perf_counter()
+                per_mode[name] = run(model_dir, args, seed, staleness)
+                per_mode[name]['wall_s'] = time.perf_counter() - started
+            per_mode['ratio'] = per_mode['sync']['wall_s'] / per_mode['async']['wall_s']
+            results['seeds'][seed] = per_mode
+            for name in ('sync', 'async'):
+                r = per_mode[name]
+                print(
+                    f'seed {seed} {name:5s}: {r["wall_s"]:6.1f} s  final reward {r["final_reward"]:.3f}  staleness '
+                    f'{r["staleness_mean"]:.2f}  sampler busy {r["rollout_busy"]:.0%}  trainer busy '
+                    f'{r["trainer_busy"]:.0%}  ratio_mean {r["ratio_mean"]:.3f}  clip_frac {r["clip_frac"]:.3f}'
+                )
+            print(f'seed {seed}: synchronous / asynchronous wall time = {per_mode["ratio"]:.2f}x')
+    ratios = [results['seeds'][s]['ratio'] for s in args.seeds]
+    finals = {m: [results['seeds'][s][m]['final_reward'] for s in args.seeds] for m in ('sync', 'async')}
+    results['ratio_mean'] = fmean(ratios)
+    print(
+        f'mean over {len(ratios)} seeds: {fmean(ratios):.2f}x faster asynchronously; final reward sync '
+        f'{fmean(finals["sync"]):.3f} ({", ".join(f"{v:.2f}" for v in finals["sync"])}) vs async '
+        f'{fmean(finals["async"]):.3f} ({", ".join(f"{v:.2f}" for v in finals["async"])})'
+    )
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
