@@ -2,8 +2,10 @@
 
 The task is the "repeat d" task (twinkle_core/fixtures/repeat_task.py) with answers of `--repeats` tokens, on the
 tiny fixture model after a format-only SFT warm-start (done once per seed and saved, so both runs of a seed start
-from the same weights). Each run is `AsyncRLDriver` with a `TorchSampler` of its own: the rollout thread samples,
-the trainer thread trains, each with one torch thread (one core each on a 2-core machine):
+from the same weights). Each run is `AsyncRLDriver` with a `TorchSampler` of its own, the trainer in this process
+with one torch thread; the sampler either in this process on the rollout thread (``--layout thread``: the two
+threads share the GIL for their Python work) or in a one-CPU Ray actor (``--layout ray``: two processes, one core
+each on a 2-core machine):
 
 - synchronous: ``max_staleness=0`` -- the sampler waits for every update and the trainer for every batch, so one
   core is idle at any time (this is exactly the synchronous loop: tests/rl/test_async_driver.py);
@@ -14,7 +16,8 @@ Prints, per seed and in the mean: wall time of each, the ratio synchronous / asy
 last third of the steps, the staleness, and how busy each side was (the per-stage timeline). `--json PATH` writes
 the results.
 
-Run: .venv/bin/python bench/async_rl.py [--seeds 0 1 2] [--steps 30] [--repeats 8] [--json PATH]
+Run: .venv/bin/python bench/async_rl.py [--layout thread|ray] [--seeds 0 1 2] [--steps 30] [--repeats 32]
+                                      [--json PATH]
 """
 
 from __future__ import annotations
@@ -60,7 +63,12 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
     advantage_fn = GRPOAdvantage(scale='group')
 
     def new_worker() -> RepeatTaskWorker:
-        sampler = resolve_class('sampler', 'TorchSampler')(model_id=model_dir)
+        remote = {'remote_group': 'sampler'} if args.layout == 'ray' else {}
+        if remote:
+            from twinkle_core.runtime.context import current_runtime
+
+            current_runtime().reset_group('sampler')  # a fresh actor per run
+        sampler = resolve_class('sampler', 'TorchSampler')(model_id=model_dir, **remote)
         return RepeatTaskWorker(
             sampler,
             template,
@@ -99,19 +107,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--steps', type=int, default=30)
-    parser.add_argument('--prompts', type=int, default=8, help='prompts (groups) per step')
-    parser.add_argument('--group-size', type=int, default=8)
-    parser.add_argument('--repeats', type=int, default=8, help='answer length in tokens')
+    parser.add_argument('--prompts', type=int, default=4, help='prompts (groups) per step')
+    parser.add_argument('--group-size', type=int, default=4)
+    parser.add_argument('--repeats', type=int, default=32, help='answer length in tokens')
     parser.add_argument('--warmup-steps', type=int, default=40)
     parser.add_argument('--lr', type=float, default=5e-4)
     parser.add_argument('--max-staleness', type=int, default=1)
     parser.add_argument('--threads', type=int, default=1, help='torch threads (each side runs its ops in its thread)')
+    parser.add_argument('--layout', choices=['thread', 'ray'], default='thread', help='where the sampler runs')
     parser.add_argument('--json', default=None)
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.layout == 'ray':
+        import ray
+
+        import twinkle_core
+        from twinkle_core.mesh import DeviceGroup
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        twinkle_core.initialize(
+            mode='ray', groups=[DeviceGroup(name='sampler', ranks=1, options={'num_cpus': 1, 'env': _one_thread()})]
+        )
     results: dict[str, Any] = {'args': vars(args), 'seeds': {}}
     with tempfile.TemporaryDirectory() as out_dir:
         for seed in args.seeds:
@@ -142,6 +161,10 @@ def main() -> None:
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)
+
+
+def _one_thread() -> dict[str, str]:
+    return {'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
 
 
 if __name__ == '__main__':

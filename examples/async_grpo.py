@@ -125,7 +125,12 @@ def main(
         f'{summary["staleness_max"]:.0f}; dropped {summary["dropped"]:.0f}; sampler busy '
         f'{summary["rollout_busy"]:.0%}, trainer busy {summary["trainer_busy"]:.0%}'
     )
-    return {'mean_rewards': mean_rewards, 'report': report, 'model': model}
+    return {
+        'mean_rewards': mean_rewards,
+        'report': report,
+        'model': model,
+        'sampler_version': driver.weights.sampler_version,
+    }
 
 
 if __name__ == '__main__':

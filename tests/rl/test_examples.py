@@ -60,3 +60,27 @@ def test_dpo_preference_margin_rises():
 def test_gkd_student_teacher_divergence_falls(on_policy_fraction):
     result = load_example('gkd').main(steps=30, teacher_steps=60, on_policy_fraction=on_policy_fraction)
     assert result['divergence_after'] < 0.7 * result['divergence_before'], result
+
+
+@pytest.mark.slow
+def test_async_grpo_mean_reward_rises():
+    """examples/async_grpo.py with max_staleness=1: every step trains groups sampled one version behind (the GRPO
+    clip corrects for it) and the reward rises like the synchronous example's."""
+    result = load_example('async_grpo').main(seed=0, max_staleness=1)
+    report = result['report']
+    assert report.summary()['staleness_max'] == 1 and report.dropped == 0
+    assert reward_rise(result['mean_rewards']) >= GRPO_REWARD_RISE, result['mean_rewards']
+
+
+@pytest.mark.slow
+def test_async_grpo_with_the_vllm_sampler():
+    """The same driver with a vLLM engine of its own: the published weights reach it between its calls (after the
+    last step it runs the last published version but one at most) and the run stays within the staleness bound."""
+    pytest.importorskip('vllm')
+    result = load_example('async_grpo').main(
+        seed=0, steps=4, prompts_per_step=4, group_size=4, warmup_steps=5, sampler_name='vLLMSampler'
+    )
+    report = result['report']
+    assert len(report.steps) == 4 and report.summary()['staleness_max'] <= 1
+    assert result['sampler_version'] >= 3  # the engine ran trained weights (version 0 = the warm-started ones)
+    assert all(0.5 < r.metrics['ratio_mean'] < 2.0 for r in report.steps), [r.metrics for r in report.steps]
