@@ -66,7 +66,7 @@ def check_accounting(episodes: list[dict]) -> None:
         assert e['turns'] == sum(m['role'] == 'assistant' for m in e['messages'])
 
 
-@pytest.mark.parametrize('which', ['torch', 'vllm'])
+@pytest.mark.parametrize('which', ['torch', pytest.param('vllm', marks=pytest.mark.slow)])
 def test_batched_rollout_equals_one_at_a_time_with_greedy_sampling(which, request, template):
     sampler = request.getfixturevalue('torch_sampler' if which == 'torch' else 'vllm_sampler')
     counting = CountingSampler(sampler)

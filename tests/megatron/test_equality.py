@@ -22,10 +22,10 @@ LAYOUTS = {
     'pp2_vpp2': (2, ('--pp', 2, '--vpp', 2)),
     'pp2_three_micro_batches': (2, ('--pp', 2, '--micro-batch-size', 3)),
     'tp2_sp_padding_free': (2, ('--tp', 2, '--sp', '--packed')),
-    # regional compilation traced by AOTAutograd (no code generation on CPU): same numbers as eager
-    'compiled_layers': (1, ('--compile-layers', 'aot_eager')),
 }
 SLOW_LAYOUTS = {
+    # regional compilation traced by AOTAutograd (no code generation on CPU): same numbers as eager
+    'compiled_layers': (1, ('--compile-layers', 'aot_eager')),
     'tp2_pp2': (4, ('--tp', 2, '--pp', 2)),
     'tp2_sp_dp2_distributed_optimizer': (4, ('--tp', 2, '--sp', '--distributed-optimizer')),
 }
@@ -72,7 +72,7 @@ def test_layout_trains_like_transformers_model(megatron_run, tiny_model_dir, lay
 
 @pytest.mark.slow
 @pytest.mark.parametrize('layout', sorted(SLOW_LAYOUTS))
-def test_four_rank_layout_trains_like_transformers_model(megatron_run, tiny_model_dir, layout) -> None:
+def test_slow_layout_trains_like_transformers_model(megatron_run, tiny_model_dir, layout) -> None:
     check_layout(megatron_run, tiny_model_dir, *SLOW_LAYOUTS[layout])
 
 

@@ -129,6 +129,7 @@ def test_readme_ray_sft(tmp_path, tiny_model_dir):
     assert mean_row_loss(tuned, rows) < base - 1e-2
 
 
+@pytest.mark.slow
 def test_torchrun_listing_runs_as_written(tmp_path):
     """Runtime-modes document, "torchrun Mode": the single-process body under an FSDP2 mesh on 2 CPU ranks."""
     output = run(

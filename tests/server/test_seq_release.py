@@ -161,6 +161,7 @@ def test_a_seq_id_that_never_arrives_fails_the_waiting_work_then_the_model_moves
         worker.seq_gap_timeout_s = old
 
 
+@pytest.mark.slow
 def test_another_tenant_cannot_free_my_seq_id(server, http, bob):
     _, model_id = new_model(http, MODEL)
     with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': bob}, timeout=60) as stranger:
