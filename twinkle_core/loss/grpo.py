@@ -16,6 +16,17 @@ Aggregation over the micro-batch (``loss_type``):
 
 Rows without loss tokens are left out of the ``'grpo'`` mean. ``old_logps`` is optional: without it the batch is
 taken as on-policy (``old = sg(lp)``, so ``r == 1`` and the gradient is ``-A * grad lp``).
+
+Off-policy data (asynchronous RL, docs/async_rl.md): with ``tis_cap`` set, ``old_logps`` are the BEHAVIOUR
+log-probs (the sampler's, possibly of an older policy) and the objective is decoupled PPO with a truncated
+importance weight::
+
+    prox = prox_logps if given, else sg(lp)      # the proximal policy: this step's weights
+    w    = min(exp(prox - old), tis_cap)          # truncated IS weight of the behaviour policy (no gradient)
+    pg   = -w * min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A),   r = exp(lp - prox)
+
+With one update per batch (``prox = sg(lp)``) this is REINFORCE with the truncated IS weight; metrics add
+``is_weight_mean`` and ``is_truncated_frac``.
 """
 
 from __future__ import annotations
@@ -48,7 +59,10 @@ class GRPOLoss(Loss):
         beta: float = 0.0,
         loss_type: GRPOLossType = 'grpo',
         max_completion_length: int | None = None,
+        tis_cap: float | None = None,
     ) -> None:
+        if tis_cap is not None and not tis_cap > 0:
+            raise InvalidInputError(f'{type(self).__name__}: tis_cap must be > 0 (or None), got {tis_cap}.')
         if loss_type not in _REDUCTIONS:
             raise InvalidInputError(
                 f'{type(self).__name__}: unknown loss_type {loss_type!r}; choose one of {sorted(_REDUCTIONS)}.'
@@ -66,6 +80,7 @@ class GRPOLoss(Loss):
         self.loss_type = loss_type
         self.max_completion_length = max_completion_length
         self.reduction = _REDUCTIONS[loss_type]
+        self.tis_cap = None if tis_cap is None else float(tis_cap)
 
     def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """Per-token log importance ratio log(pi / pi_old) [B, T]."""
@@ -74,17 +89,26 @@ class GRPOLoss(Loss):
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
         batch = TokenBatch(inputs, outputs, type(self).__name__)
         lp, adv = batch.logps, batch.advantages()
-        old = batch.token_field('old_logps', required=False)
+        old = batch.token_field('old_logps', required=self.tis_cap is not None)
+        weight = None
+        if self.tis_cap is not None:  # old = behaviour; the ratio is taken to the proximal policy
+            prox = batch.token_field('prox_logps', required=False)
+            prox = lp.detach() if prox is None else prox
+            zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+            weight = torch.exp(torch.where(batch.mask, prox - old, zero)).clamp(max=self.tis_cap)
+            old = prox
         ratio = torch.exp(self.log_ratio(batch, lp, lp.detach() if old is None else old))
         clipped = ratio.clamp(1.0 - self.epsilon_low, 1.0 + self.epsilon_high)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
+        if weight is not None:
+            per_token = weight * per_token
         kl = None
         if self.beta > 0:
             ref_minus_lp = batch.token_field('ref_logps') - lp
             kl = torch.exp(ref_minus_lp) - ref_minus_lp - 1.0
             per_token = per_token + self.beta * kl
         loss = self._aggregate(batch, per_token)
-        return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=self._metrics(batch, ratio, adv, kl))
+        return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=self._metrics(batch, ratio, adv, kl, weight))
 
     def _aggregate(self, batch: TokenBatch, per_token: torch.Tensor) -> torch.Tensor:
         if self.loss_type == 'grpo':
@@ -96,13 +120,21 @@ class GRPOLoss(Loss):
 
     @torch.no_grad()
     def _metrics(
-        self, batch: TokenBatch, ratio: torch.Tensor, adv: torch.Tensor, kl: torch.Tensor | None
+        self,
+        batch: TokenBatch,
+        ratio: torch.Tensor,
+        adv: torch.Tensor,
+        kl: torch.Tensor | None,
+        weight: torch.Tensor | None = None,
     ) -> dict[str, float]:
         low = (ratio < 1.0 - self.epsilon_low) & (adv < 0)
         high = (ratio > 1.0 + self.epsilon_high) & (adv > 0)
         per_token = {'clip_frac': low | high, 'clip_frac_low': low, 'clip_frac_high': high, 'ratio_mean': ratio}
         if kl is not None:
             per_token['kl'] = kl
+        if weight is not None:
+            per_token['is_weight_mean'] = weight
+            per_token['is_truncated_frac'] = weight >= (self.tis_cap or 0.0)
         values = torch.stack([batch.token_mean(v.to(ratio.dtype)) for v in per_token.values()]).tolist()
         return dict(zip(per_token, values))  # one host sync for all of them
 
@@ -123,8 +155,9 @@ class GSPOLoss(GRPOLoss):
         beta: float = 0.0,
         loss_type: GRPOLossType = 'grpo',
         max_completion_length: int | None = None,
+        tis_cap: float | None = None,
     ) -> None:
-        super().__init__(epsilon, epsilon_high, beta, loss_type, max_completion_length)
+        super().__init__(epsilon, epsilon_high, beta, loss_type, max_completion_length, tis_cap)
 
     def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         sequence = batch.broadcast_rows(batch.row_mean(lp - old))
