@@ -54,7 +54,7 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
     from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
     from twinkle_core.model import TransformersModel
     from twinkle_core.registry import resolve, resolve_class
-    from twinkle_core.rl import AsyncRLDriver, RolloutGroup
+    from twinkle_core.rl import AsyncRLDriver, RolloutGroup, rows_with_advantages
 
     model = TransformersModel(model_id=model_dir)
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -79,10 +79,7 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
         )
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows = []
-        for g in groups:
-            for row, advantage in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards))):
-                rows.append({**row, 'advantage': advantage})
+        rows = rows_with_advantages(groups, advantage_fn)
         result = model.forward_backward(inputs=rows)
         model.clip_grad_and_step(max_norm=1.0)
         return {'reward': fmean(r for g in groups for r in g.rewards), **result['metrics']}

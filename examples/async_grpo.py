@@ -33,7 +33,7 @@ from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutGroup
+from twinkle_core.rl import AsyncRLDriver, RolloutGroup, rows_with_advantages
 from twinkle_core.runtime.context import current_runtime
 
 
@@ -83,16 +83,10 @@ def main(
         )
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows, advantages, rewards = [], [], []
-        for group in groups:
-            rows += group.rows
-            rewards += group.rewards
-            advantages += advantage_fn(group.rewards, group_size=len(group.rewards))
-        for row, advantage in zip(rows, advantages):
-            row['advantage'] = advantage
-        result = model.forward_backward(inputs=rows)
+        rows = rows_with_advantages(groups, advantage_fn)  # group-relative advantages, one per completion
+        result = model.forward_backward(inputs=rows)  # each row's old_logps: the sampler's (behaviour) log-probs
         model.clip_grad_and_step(max_norm=1.0)
-        return {'reward': fmean(rewards), **result['metrics']}
+        return {'reward': fmean(r for g in groups for r in g.rewards), **result['metrics']}
 
     driver = AsyncRLDriver(
         model,

@@ -14,7 +14,7 @@ from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutContext, RolloutGroup
+from twinkle_core.rl import AsyncRLDriver, RolloutContext, RolloutGroup, rows_with_advantages
 from twinkle_core.runtime.context import current_runtime
 
 PROMPTS = 3
@@ -53,11 +53,7 @@ def test_the_sampler_actor_dies_mid_run_and_is_restarted(ray_cluster, tiny_model
             return built[-1]
 
         def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-            rows = [
-                {**row, 'advantage': a}
-                for g in groups
-                for row, a in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards)))
-            ]
+            rows = rows_with_advantages(groups, advantage_fn)
             model.forward_backward(inputs=rows)
             model.clip_grad_and_step()
             return {'reward': fmean(r for g in groups for r in g.rewards)}

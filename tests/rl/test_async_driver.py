@@ -15,7 +15,7 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, PolicyWeights, RolloutContext, RolloutGroup
+from twinkle_core.rl import AsyncRLDriver, PolicyWeights, RolloutContext, RolloutGroup, rows_with_advantages
 from twinkle_core.weight_sync import CheckpointEngineManager
 
 PROMPTS, GROUP = 3, 4
@@ -38,10 +38,7 @@ def trainer(model: TransformersModel, before: Any = None) -> Any:
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
         if before is not None:
             before(step)
-        rows = []
-        for g in groups:
-            for row, advantage in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards))):
-                rows.append({**row, 'advantage': advantage})
+        rows = rows_with_advantages(groups, advantage_fn)
         model.forward_backward(inputs=rows)
         model.clip_grad_and_step(max_norm=1.0)
         return {'reward': fmean(r for g in groups for r in g.rewards)}

@@ -12,7 +12,7 @@ import torch
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutGroup, RunReport
+from twinkle_core.rl import AsyncRLDriver, RolloutGroup, RunReport, rows_with_advantages
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
 TENANTS = {'ann': 0, 'bob': 1}  # name -> seed of its prompts
@@ -41,11 +41,7 @@ def tenant_driver(model: Any, name: str, train_lock: threading.Lock, max_stalene
         )
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows = [
-            {**row, 'advantage': a}
-            for g in groups
-            for row, a in zip(g.rows, advantage_fn(g.rewards, group_size=len(g.rewards)))
-        ]
+        rows = rows_with_advantages(groups, advantage_fn)
         with train_lock:  # the tenants share the base model's forward/backward; one step at a time
             model.forward_backward(inputs=rows, adapter_name=name)
             model.clip_grad_and_step(adapter_name=name)

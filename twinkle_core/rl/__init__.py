@@ -4,7 +4,7 @@
 from twinkle_core.rl.async_driver import AsyncRLDriver, RolloutWorker, RunReport, StepRecord
 from twinkle_core.rl.policy_weights import LatestWeightsEngine, PolicyWeights
 from twinkle_core.rl.rollout_buffer import RolloutBuffer
-from twinkle_core.rl.rollout_group import RolloutContext, RolloutGroup
+from twinkle_core.rl.rollout_group import RolloutContext, RolloutGroup, rows_with_advantages
 
 __all__ = [
     'AsyncRLDriver',
@@ -16,4 +16,5 @@ __all__ = [
     'RolloutWorker',
     'RunReport',
     'StepRecord',
+    'rows_with_advantages',
 ]

@@ -41,3 +41,13 @@ class RolloutContext:
     call_index: int
     version: int
     refresh: Callable[[], int]
+
+
+def rows_with_advantages(groups: list[RolloutGroup], advantage_fn: Callable[..., list[float]]) -> list[dict[str, Any]]:
+    """Every group's rows, in order, each with its ``advantage`` from ``advantage_fn(group.rewards,
+    group_size=len(group.rewards))`` (e.g. `GRPOAdvantage`: relative to its own group). The rows are copies."""
+    return [
+        {**row, 'advantage': advantage}
+        for group in groups
+        for row, advantage in zip(group.rows, advantage_fn(group.rewards, group_size=len(group.rewards)))
+    ]
