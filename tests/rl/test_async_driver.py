@@ -183,3 +183,11 @@ def test_publishing_never_waits_for_the_sampler(tiny_model_dir):
     done = threading.Event()
     threading.Thread(target=lambda: (weights.publish(0), weights.publish(1), done.set())).start()
     assert done.wait(timeout=30) and weights.latest_version == 1 and weights.sampler_version == -1
+
+
+def test_a_driver_runs_once(tiny_model_dir):
+    model = new_model(tiny_model_dir)
+    driver = AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS, max_staleness=0)
+    assert len(driver.run(1).steps) == 1
+    with pytest.raises(TwinkleError, match='already called'):
+        driver.run(1)

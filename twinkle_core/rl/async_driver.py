@@ -136,7 +136,10 @@ class AsyncRLDriver:
 
     # ---- trainer side (the caller's thread) ------------------------------------------------------------------
     def run(self, steps: int, on_step: Callable[[StepRecord], None] | None = None) -> RunReport:
-        """Train `steps` steps (policy versions 1..steps); `on_step` sees each step's record as it ends."""
+        """Train `steps` steps (policy versions 1..steps); `on_step` sees each step's record as it ends. A driver
+        runs once (its buffer and versions start at 0): build a new one for another run."""
+        if self._t0:
+            raise TwinkleError('AsyncRLDriver.run() was already called; build a new driver for another run.')
         self._t0 = time.monotonic()
         self.weights.publish(0)
         thread = threading.Thread(target=self._rollout_loop, name='twinkle-rollout', daemon=True)
@@ -178,10 +181,10 @@ class AsyncRLDriver:
         try:
             while True:
                 self._wait_for_fresh_enough_weights()
-                version = self.weights.apply_latest()
-                refresh = self.weights.apply_latest if self.partial_rollouts == 'continue' else _constant(version)
                 started = time.monotonic()
-                try:
+                try:  # loading the weights is part of the call: a sampler that died fails here too
+                    version = self.weights.apply_latest()
+                    refresh = self.weights.apply_latest if self.partial_rollouts == 'continue' else _constant(version)
                     groups = list(self.worker(RolloutContext(call_index, version, refresh)))
                 except Exception as exc:  # noqa: BLE001 - a worker failure restarts the worker
                     self._restart_worker(exc)
