@@ -91,7 +91,7 @@ class GRPOLoss(Loss):
         lp, adv = batch.logps, batch.advantages()
         old = batch.token_field('old_logps', required=self.tis_cap is not None)
         weight = None
-        if self.tis_cap is not None:  # old = behaviour; the ratio is taken to the proximal policy
+        if self.tis_cap is not None and old is not None:  # old = behaviour; the ratio is to the proximal policy
             prox = batch.token_field('prox_logps', required=False)
             prox = lp.detach() if prox is None else prox
             zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
