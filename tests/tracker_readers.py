@@ -1,8 +1,9 @@
 """Reading W&B and SwanLab run files back with the trackers' own code (tests of the tracker loggers).
 
 The W&B run file is decoded with W&B's own record protobuf (``wandb.proto.wandb_internal_pb2.Record``; W&B
-0.2x ships no Python reader, the framing is LevelDB's log format), the SwanLab one with SwanLab's own
-``DataStoreReader`` and record protobuf.
+(0.31 included) ships no Python reader, wandb-core writes the file in LevelDB's log format), the SwanLab one with
+SwanLab's own ``DataStoreReader`` and record protobuf. The W&B file is read right after
+``WandbMetricsLogger.close()``, which returns only once it is complete (``trackers.wandb_log_complete``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from tracker_readers import offline_trackers_env, swanlab_scalars, wandb_history
 from twinkle_core import hooks
 from twinkle_core.hooks.select import build_logger, install_loggers, logger_names
 from twinkle_core.hooks.trackers import SwanLabMetricsLogger, WandbMetricsLogger
+from twinkle_core.hooks.wandb_log import wandb_log_complete
 
 STEPS = [(1, {'loss': 2.5, 'lr': 1e-4, 'note': 'text'}), (2, {'loss': 1.25, 'lr': 2e-4}), (3, {'loss': 0.625})]
 
@@ -75,6 +76,26 @@ def test_wandb_offline_run_reads_back_the_same_values(tmp_path: Path) -> None:
         if record['context']['adapter_name'] == 'tenant-a':
             from_jsonl[record['step']] = {k: v for k, v in record['metrics'].items() if isinstance(v, float)}
     assert from_jsonl == read[0]  # the same names and values as the JSONL logger
+
+
+@pytest.mark.timeout(240)
+def test_wandb_close_returns_with_the_whole_log_on_disk(tmp_path: Path) -> None:
+    """`run.finish()` returns before wandb-core writes out the log's last block (all of a small run), so `close`
+    waits until the exit record is on disk (`wandb_log_complete`). Here a log of several 32 KiB blocks: every step
+    reads back, records spanning blocks included, and a log cut short as before the stream closes is incomplete."""
+    steps = {step: {'loss': 1.0 / step, 'lr': step * 1e-6, 'grad_norm': 0.5 + step} for step in range(1, 401)}
+    logger = WandbMetricsLogger('twinkle-test', dir=tmp_path / 'wb')
+    for step, metrics in steps.items():
+        logger.twinkle_metrics(step=step, metrics=metrics, context={'adapter_name': 'tenant-a'})
+    logger.close()
+    (run,) = sorted((tmp_path / 'wb' / 'wandb').glob('offline-run-*/run-*.wandb'))
+    data = run.read_bytes()
+    assert len(data) > 2 * 32768 and wandb_log_complete(run)
+    assert wandb_history(run) == steps
+    partial = tmp_path / 'partial.wandb'
+    for size in (7, (len(data) - 1) // 32768 * 32768, len(data) - 1):  # as on disk before the stream closes
+        partial.write_bytes(data[:size])
+        assert not wandb_log_complete(partial)
 
 
 @pytest.mark.timeout(240)

@@ -8,7 +8,8 @@ loggers log, under the same names, at the same step; only the process of rank 0 
 
 - `WandbMetricsLogger`: one W&B run per adapter (``context['adapter_name']``; a W&B step must not go back, and
   each adapter counts its own steps), named ``{name}/{adapter}``, in group `name`; keys as in JSONL (``loss``).
-  The mode (online / offline) is W&B's own: ``WANDB_MODE``, or ``mode=`` here.
+  The mode (online / offline) is W&B's own: ``WANDB_MODE``, or ``mode=`` here. `close` returns once every run's
+  transaction log (the ``.wandb`` file that ``wandb sync`` uploads) is complete on disk (`wandb_log_complete`).
 - `SwanLabMetricsLogger`: one SwanLab run per logger (SwanLab holds one run per process); keys tagged
   ``adapter/metric`` as in TensorBoard (SwanLab keeps a step per key). Mode: ``SWANLAB_MODE`` or ``mode=``
   (``offline`` writes a run directory under `log_dir` that ``swanlab sync`` uploads later).
@@ -25,6 +26,7 @@ from typing import Any
 
 from twinkle_core.hooks.loggers import scalar, tag_prefix
 from twinkle_core.hooks.manager import hook
+from twinkle_core.hooks.wandb_log import wait_for_wandb_log
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +133,14 @@ class WandbMetricsLogger(_Tracker):
                 run.log(values, step=int(step))
 
     def close(self) -> None:
-        """Finish every run (W&B writes its summary and, online, uploads the rest)."""
+        """Finish every run (W&B writes its summary and, online, uploads the rest), and wait until each run's
+        transaction log is complete on disk: `run.finish()` returns before wandb-core has written it out."""
         with self._lock:
             runs, self.runs = list(self.runs.values()), {}
         for run in runs:
             run.finish()
+        for run in runs:
+            wait_for_wandb_log(run)
 
 
 class SwanLabMetricsLogger(_Tracker):
