@@ -19,7 +19,8 @@ NOT YET LEARNING THE HINT -- measured on the 2-core CPU machine (docs/agentic.md
 with the defaults (lr 2e-4, 60 steps, 4 min) the reward rises from 0.53 (first step) to about 0.67 (last 30 steps),
 but that is the unconditional "never repeat the opening" strategy (a fixed second guess wins 2 games in 3):
 `hint_use` plateaus at about 0.5 (presumably the second guess has become nearly deterministic, which leaves a
-group little variance to learn the hint from). At lr 5e-4 and 1e-3 the policy collapses to empty replies after about 6 steps (reward 0 from then on).
+group little variance to learn the hint from). At lr 5e-4 and 1e-3 the policy collapses to empty replies after
+about 6 steps (reward 0 from then on).
 
     python examples/agentic_grpo.py                 # about 4 minutes on an idle CPU core
     python examples/agentic_grpo.py --seed 1
