@@ -54,13 +54,12 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
     from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
     from twinkle_core.model import TransformersModel
     from twinkle_core.registry import resolve, resolve_class
-    from twinkle_core.rl import AsyncRLDriver, RolloutGroup, rows_with_advantages
+    from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep
 
     model = TransformersModel(model_id=model_dir)
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
     model.set_optimizer('AdamW', lr=args.lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
-    advantage_fn = GRPOAdvantage(scale='group')
 
     def new_worker() -> RepeatTaskWorker:
         remote = {'remote_group': 'sampler'} if args.layout == 'ray' else {}
@@ -78,12 +77,7 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
             repeats=args.repeats,
         )
 
-    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows = rows_with_advantages(groups, advantage_fn)
-        result = model.forward_backward(inputs=rows)
-        model.clip_grad_and_step(max_norm=1.0)
-        return {'reward': fmean(r for g in groups for r in g.rewards), **result['metrics']}
-
+    train_step = PolicyGradientStep(model, GRPOAdvantage(scale='group'), max_norm=1.0)
     driver = AsyncRLDriver(model, new_worker, train_step, groups_per_step=args.prompts, max_staleness=max_staleness)
     try:
         report = driver.run(args.steps)
@@ -95,8 +89,6 @@ def run(model_dir: str, args: argparse.Namespace, seed: int, max_staleness: int)
         **report.summary(),
         'final_reward': fmean(rewards[-tail:]),
         'rewards': rewards,
-        'clip_frac': fmean(r.metrics.get('clip_frac', 0.0) for r in report.steps),
-        'ratio_mean': fmean(r.metrics.get('ratio_mean', 1.0) for r in report.steps),
     }
 
 
@@ -116,6 +108,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
+    from twinkle_core.rl import off_policy_line
 
     torch.set_num_threads(args.threads)
     if args.layout == 'ray':
@@ -144,8 +138,9 @@ def main() -> None:
                 print(
                     f'seed {seed} {name:5s}: {r["wall_s"]:6.1f} s  final reward {r["final_reward"]:.3f}  staleness '
                     f'{r["staleness_mean"]:.2f}  sampler busy {r["rollout_busy"]:.0%}  trainer busy '
-                    f'{r["trainer_busy"]:.0%}  ratio_mean {r["ratio_mean"]:.3f}  clip_frac {r["clip_frac"]:.3f}'
+                    f'{r["trainer_busy"]:.0%}'
                 )
+                print(f'             {off_policy_line(r)}')
             print(f'seed {seed}: synchronous / asynchronous wall time = {per_mode["ratio"]:.2f}x')
     ratios = [results['seeds'][s]['ratio'] for s in args.seeds]
     finals = {m: [results['seeds'][s][m]['final_reward'] for s in args.seeds] for m in ('sync', 'async')}

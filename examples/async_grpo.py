@@ -33,7 +33,7 @@ from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutGroup, rows_with_advantages
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, off_policy_line
 from twinkle_core.runtime.context import current_runtime
 
 
@@ -59,7 +59,6 @@ def main(
     format_warmup(model, template, rng, warmup_steps)
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
-    advantage_fn = GRPOAdvantage(scale='group')
 
     workers_built = 0
 
@@ -82,12 +81,8 @@ def main(
             temperature=temperature,
         )
 
-    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows = rows_with_advantages(groups, advantage_fn)  # group-relative advantages, one per completion
-        result = model.forward_backward(inputs=rows)  # each row's old_logps: the sampler's (behaviour) log-probs
-        model.clip_grad_and_step(max_norm=1.0)
-        return {'reward': fmean(r for g in groups for r in g.rewards), **result['metrics']}
-
+    # group-relative advantages, one per completion; each row's old_logps: the sampler's (behaviour) log-probs
+    train_step = PolicyGradientStep(model, GRPOAdvantage(scale='group'), max_norm=1.0)
     driver = AsyncRLDriver(
         model,
         new_worker,
@@ -119,6 +114,7 @@ def main(
         f'{summary["staleness_max"]:.0f}; dropped {summary["dropped"]:.0f}; sampler busy '
         f'{summary["rollout_busy"]:.0%}, trainer busy {summary["trainer_busy"]:.0%}'
     )
+    print(off_policy_line(summary))
     return {
         'mean_rewards': mean_rewards,
         'report': report,

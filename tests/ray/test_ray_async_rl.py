@@ -3,7 +3,6 @@ the actor between its calls, and when the actor dies mid-run the group is restar
 
 from __future__ import annotations
 
-from statistics import fmean
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutContext, RolloutGroup, rows_with_advantages
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, RolloutContext, RolloutGroup
 from twinkle_core.runtime.context import current_runtime
 
 PROMPTS = 3
@@ -30,7 +29,6 @@ def test_the_sampler_actor_dies_mid_run_and_is_restarted(ray_cluster, tiny_model
         model.set_optimizer('AdamW', lr=1e-3)
         model.set_loss('GRPOLoss')
         template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
-        advantage_fn = GRPOAdvantage(scale='group')
         built: list[Any] = []
 
         class KilledOnCall1:
@@ -52,12 +50,7 @@ def test_the_sampler_actor_dies_mid_run_and_is_restarted(ray_cluster, tiny_model
             built.append(KilledOnCall1(worker) if not built else worker)
             return built[-1]
 
-        def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-            rows = rows_with_advantages(groups, advantage_fn)
-            model.forward_backward(inputs=rows)
-            model.clip_grad_and_step()
-            return {'reward': fmean(r for g in groups for r in g.rewards)}
-
+        train_step = PolicyGradientStep(model, GRPOAdvantage(scale='group'))
         driver = AsyncRLDriver(model, new_worker, train_step, groups_per_step=PROMPTS, max_staleness=1)
         report = driver.run(3)
         assert report.worker_restarts == 1 and len(built) == 2

@@ -4,7 +4,6 @@ the staleness bound holds while the worker runs ahead, a failing worker is rebui
 from __future__ import annotations
 
 import threading
-from statistics import fmean
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, PolicyWeights, RolloutContext, RolloutGroup, rows_with_advantages
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, PolicyWeights, RolloutContext, RolloutGroup
 from twinkle_core.weight_sync import CheckpointEngineManager
 
 PROMPTS, GROUP = 3, 4
@@ -33,15 +32,12 @@ def new_sampler(model: TransformersModel) -> Any:
 
 
 def trainer(model: TransformersModel, before: Any = None) -> Any:
-    advantage_fn = GRPOAdvantage(scale='group')
+    step_fn = PolicyGradientStep(model, GRPOAdvantage(scale='group'), max_norm=1.0)
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
         if before is not None:
             before(step)
-        rows = rows_with_advantages(groups, advantage_fn)
-        model.forward_backward(inputs=rows)
-        model.clip_grad_and_step(max_norm=1.0)
-        return {'reward': fmean(r for g in groups for r in g.rewards)}
+        return step_fn(groups, step)
 
     return train_step
 

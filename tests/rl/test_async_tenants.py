@@ -4,7 +4,6 @@ own buffer, policy versions and sampler): running them concurrently gives each t
 from __future__ import annotations
 
 import threading
-from statistics import fmean
 from typing import Any
 
 import torch
@@ -12,7 +11,7 @@ import torch
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, RolloutGroup, RunReport, rows_with_advantages
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, RolloutGroup, RunReport
 from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
 TENANTS = {'ann': 0, 'bob': 1}  # name -> seed of its prompts
@@ -32,7 +31,6 @@ def tenants_model(model_dir: Any) -> MultiLoraTransformersModel:
 
 def tenant_driver(model: Any, name: str, train_lock: threading.Lock, max_staleness: int) -> AsyncRLDriver:
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
-    advantage_fn = GRPOAdvantage(scale='group')
 
     def new_worker() -> RepeatTaskWorker:
         sampler = resolve_class('sampler', 'TorchSampler')(model_id=model.model_dir)
@@ -40,12 +38,11 @@ def tenant_driver(model: Any, name: str, train_lock: threading.Lock, max_stalene
             sampler, template, prompts_per_call=2, group_size=4, seed=TENANTS[name], adapter_name=name
         )
 
+    step_fn = PolicyGradientStep(model, GRPOAdvantage(scale='group'), adapter_name=name)
+
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
-        rows = rows_with_advantages(groups, advantage_fn)
         with train_lock:  # the tenants share the base model's forward/backward; one step at a time
-            model.forward_backward(inputs=rows, adapter_name=name)
-            model.clip_grad_and_step(adapter_name=name)
-        return {'reward': fmean(r for g in groups for r in g.rewards)}
+            return step_fn(groups, step)
 
     return AsyncRLDriver(
         model, new_worker, train_step, groups_per_step=2, max_staleness=max_staleness, adapter_name=name

@@ -31,6 +31,7 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.rl.policy_weights import PolicyWeights
 from twinkle_core.rl.rollout_buffer import BufferClosed, RolloutBuffer
 from twinkle_core.rl.rollout_group import RolloutContext, RolloutGroup
+from twinkle_core.rl.train_step import summarize_off_policy
 
 PartialRollouts = Literal['finish', 'continue']
 
@@ -89,6 +90,7 @@ class RunReport:
             'worker_restarts': float(self.worker_restarts),
             'rollout_busy': self.busy_fraction('rollout'),
             'trainer_busy': self.busy_fraction('trainer'),
+            **summarize_off_policy([record.metrics for record in self.steps]),
         }
 
 

@@ -20,8 +20,11 @@ from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, Label
 
 
 class LatestWeightsEngine(CheckpointEngine):
-    """Latest-wins mailbox. `stamp` is the version the next `send` publishes; `receive(since=v)` returns the
-    labels published after version `v` (all of them when `v` is None), newest first-sent order (base, adapter)."""
+    """Latest-wins mailbox: it holds, per label (base, adapter), only the newest buckets sent and their version.
+
+    `stamp` is the version the next `send` publishes. `receive(since=v)` returns, base before adapter, the labels
+    whose newest buckets are of a version after `v` (every label when `v` is None), stamped with the newest
+    version in its metadata's ``policy_version``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -85,10 +88,9 @@ class PolicyWeights:
 
     def rebind(self, sampler: Any) -> None:
         """Apply future updates to `sampler` (a fresh one: it gets every label of the next update)."""
-        from twinkle_core.sampler.base import Sampler
+        from twinkle_core.weight_sync.manager import weight_sharing
 
-        # a remote sampler (a Ray group's proxy) always has weights of its own
-        sharing = sampler.shares_weights_with(self._model) if isinstance(sampler, Sampler) else 'none'
+        sharing = weight_sharing(sampler, self._model)
         if sharing != 'none':
             raise InvalidInputError(
                 f'An asynchronous run needs a sampler with its own weights, but this one shares {sharing!r} of them '

@@ -191,12 +191,7 @@ class CheckpointEngineManager:
         return metadata, itertools.chain(_labelled(BASE, base()), _labelled(ADAPTER, lora))
 
     def _sharing(self) -> str:
-        """'all' (the sampler runs the model's very module), 'base' (it shares the base weights) or 'none'."""
-        from twinkle_core.sampler.base import Sampler
-
-        if isinstance(self.sampler, Sampler):
-            return self.sampler.shares_weights_with(self.model)
-        return 'none'  # no sampler here (cross-process), or a remote proxy: weights always move
+        return weight_sharing(self.sampler, self.model)
 
     # ---- sampler side --------------------------------------------------------------------------------------
     def _apply(self, update: WeightUpdate) -> SyncReport:
@@ -245,6 +240,16 @@ class _Counter:
             self.tensors += len(bucket)
             self.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             yield label, bucket
+
+
+def weight_sharing(sampler: Any, model: Any) -> str:
+    """What `sampler` shares of `model`'s weights: 'all' (it runs the model's very module), 'base' (the base
+    weights) or 'none' -- also for no sampler (cross-process) and a remote proxy, whose weights always move."""
+    from twinkle_core.sampler.base import Sampler
+
+    if isinstance(sampler, Sampler):
+        return sampler.shares_weights_with(model)
+    return 'none'
 
 
 def _labelled(label: str, buckets: Iterable[list[tuple[str, Any]]]) -> Iterator[LabelledBucket]:
