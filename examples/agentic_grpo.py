@@ -22,7 +22,14 @@ but that is the unconditional "never repeat the opening" strategy (a fixed secon
 group little variance to learn the hint from). At lr 5e-4 and 1e-3 the policy collapses to empty replies after
 about 6 steps (reward 0 from then on).
 
+The RL loop is `AsyncRLDriver` (twinkle_core.rl) with a sampler of its own: ``--max-staleness 0`` (the default)
+alternates sampling and training like a synchronous loop; ``--max-staleness 1`` plays step s+1's games while the
+trainer trains step s, and an episode in flight picks up newer weights between its turns (per-token versions
+recorded; the GRPO ratio against the sampler's log-probs corrects for the lag). Measured asynchronously (seed 0,
+30 steps, 1.5 min): the reward rises from 0.50 (first 3 steps) to 0.68 (last 3), staleness 0.97.
+
     python examples/agentic_grpo.py                 # about 4 minutes on an idle CPU core
+    python examples/agentic_grpo.py --max-staleness 1 --steps 30
     python examples/agentic_grpo.py --seed 1
     python examples/agentic_grpo.py --high 8 --guesses 3 --steps 100   # a harder game (this fixture does not learn it)
 """
@@ -32,7 +39,7 @@ from __future__ import annotations
 import argparse
 import random
 from statistics import fmean
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -43,6 +50,15 @@ from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
+from twinkle_core.rl import (
+    AsyncRLDriver,
+    PolicyGradientStep,
+    RolloutContext,
+    RolloutGroup,
+    StepRecord,
+    off_policy_line,
+)
+from twinkle_core.train.row_keywords import with_row_keywords
 
 LOW = 1
 
@@ -101,6 +117,29 @@ def hint_use(episode: dict[str, Any], high: int) -> float | None:
     return fmean(checks) if checks else None
 
 
+class GameWorker:
+    """An `AsyncRLDriver` rollout worker: per call, the games `new_games()` returns (groups of `group_size`
+    identical games) played together by `rollout`; one `RolloutGroup` per game, its rows the episodes with the
+    sampler's log-probs as ``old_logps`` and the version of every sampled token."""
+
+    def __init__(self, rollout: MultiTurnRollout, new_games: Callable[[], list[dict[str, Any]]], group_size: int):
+        self.rollout, self.sampler, self.new_games, self.group_size = rollout, rollout.sampler, new_games, group_size
+
+    def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
+        played = self.rollout(self.new_games(), before_turn=context.refresh)
+        # the behaviour log-probs (one per sampled token) at their label positions: a per-token old_logps field
+        episodes = with_row_keywords(played, old_logps=[e['logprobs'] for e in played])
+        size = self.group_size
+        return [
+            RolloutGroup(
+                episodes[i : i + size],
+                [e['reward'] for e in episodes[i : i + size]],
+                token_versions=[e['token_versions'] for e in episodes[i : i + size]],
+            )
+            for i in range(0, len(episodes), size)
+        ]
+
+
 def main(
     steps: int = 60,
     high: int = 3,
@@ -111,6 +150,7 @@ def main(
     lr: float = 2e-4,
     advantage_scale: str = 'group',
     max_tokens: int = 3,
+    max_staleness: int = 0,
     seed: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
@@ -126,36 +166,53 @@ def main(
         model.forward_backward(inputs=rows)  # cross-entropy on every assistant turn
         model.clip_grad_and_step()
 
-    # ---- 2. multi-turn GRPO ------------------------------------------------------------------------------------
+    # ---- 2. multi-turn GRPO, through AsyncRLDriver (max_staleness=0: the synchronous loop) -----------------------
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
-    sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
-    rollout = MultiTurnRollout(
-        sampler,
-        template,
-        env=GuessNumberEnv,
-        env_kwargs=game,
-        sampling_params={'max_tokens': max_tokens, 'temperature': 1.0},
-        max_turns=guesses,
-    )
-    advantage_fn = GRPOAdvantage(scale=advantage_scale)
-    mean_rewards: list[float] = []
-    hint_uses: list[float] = []
-    progress = tqdm(range(steps), desc='multi-turn GRPO')
-    for _ in progress:
-        episodes = rollout(games(rng, prompts_per_step, group_size, game))
-        rewards = [e['reward'] for e in episodes]
-        model.forward_backward(
-            inputs=episodes,
-            old_logps=[e['logprobs'] for e in episodes],
-            advantages=advantage_fn(rewards, group_size=group_size),
-        )
-        model.clip_grad_and_step(max_norm=1.0)
-        mean_rewards.append(fmean(rewards))
-        uses = [u for u in (hint_use(e, high) for e in episodes) if u is not None]
-        hint_uses.append(fmean(uses) if uses else 0.0)
-        progress.set_postfix(reward=f'{mean_rewards[-1]:.2f}', hint_use=f'{hint_uses[-1]:.2f}')
 
+    def new_worker() -> GameWorker:  # its sampler has weights of its own, which the driver keeps up to date
+        sampler = resolve_class('sampler', 'TorchSampler')(model_id=model.model_dir)
+        rollout = MultiTurnRollout(
+            sampler,
+            template,
+            env=GuessNumberEnv,
+            env_kwargs=game,
+            sampling_params={'max_tokens': max_tokens, 'temperature': 1.0},
+            max_turns=guesses,
+        )
+        return GameWorker(rollout, lambda: games(rng, prompts_per_step, group_size, game), group_size)
+
+    policy_step = PolicyGradientStep(model, GRPOAdvantage(scale=advantage_scale), max_norm=1.0)
+    last_episodes: list[dict[str, Any]] = []
+
+    def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:
+        episodes = [e for g in groups for e in g.rows]
+        last_episodes[:] = episodes
+        uses = [u for u in (hint_use(e, high) for e in episodes) if u is not None]
+        return {**policy_step(groups, step), 'hint_use': fmean(uses) if uses else 0.0}
+
+    driver = AsyncRLDriver(
+        model,
+        new_worker,
+        train_step,
+        groups_per_step=prompts_per_step,
+        max_staleness=max_staleness,
+        partial_rollouts='continue',  # an episode in flight picks up newer weights between its turns
+    )
+    progress = tqdm(total=steps, desc=f'multi-turn GRPO (max_staleness={max_staleness})')
+
+    def show(record: StepRecord) -> None:
+        progress.update()
+        progress.set_postfix(reward=f'{record.metrics["reward"]:.2f}', hint_use=f'{record.metrics["hint_use"]:.2f}')
+
+    try:
+        report = driver.run(steps, on_step=show)
+    finally:
+        progress.close()
+        driver.close()
+    mean_rewards = [r.metrics['reward'] for r in report.steps]
+    hint_uses = [r.metrics['hint_use'] for r in report.steps]
+    episodes = last_episodes
     print('a last game:', ' | '.join(f'{m["role"]}: {m["content"]}' for m in episodes[0]['messages'][1:]))
     window = max(1, steps // 10)
     first, last = fmean(mean_rewards[:window]), fmean(mean_rewards[-window:])
@@ -165,6 +222,8 @@ def main(
         f'({last / max(first, 1e-9):.2f}x)'
     )
     print(f'later guesses that agree with the hints: {use_first:.2f} at first, {use_last:.2f} at the end')
+    summary = report.summary()
+    print(f'staleness mean {summary["staleness_mean"]:.2f}; {off_policy_line(summary)}')
     return {
         'first_reward': first,
         'last_reward': last,
@@ -172,6 +231,7 @@ def main(
         'hint_uses': hint_uses,
         'hint_use_first': use_first,
         'hint_use_last': use_last,
+        'report': report,
     }
 
 
@@ -186,6 +246,7 @@ if __name__ == '__main__':
     parser.add_argument('--lr', type=float, default=2e-4)
     parser.add_argument('--advantage-scale', default='group', choices=['group', 'batch', 'none'])
     parser.add_argument('--max-tokens', type=int, default=3, help='tokens per guess turn')
+    parser.add_argument('--max-staleness', type=int, default=0, help='>= 1: sample and train concurrently')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     main(
@@ -198,5 +259,6 @@ if __name__ == '__main__':
         lr=args.lr,
         advantage_scale=args.advantage_scale,
         max_tokens=args.max_tokens,
+        max_staleness=args.max_staleness,
         seed=args.seed,
     )
