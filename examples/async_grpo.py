@@ -11,10 +11,13 @@ clipped importance ratio against the sampler's log-probs (``old_logps``) correct
     python examples/async_grpo.py --max-staleness 0   # synchronous: sample, train, sync, sample...
     python examples/async_grpo.py --sampler vLLMSampler
     python examples/async_grpo.py --ray               # the sampler in a Ray actor group, the trainer here
+    python examples/async_grpo.py --ray --ray-trainer # the trainer in a Ray actor group as well (the seeds' layout)
 
 With ``--ray`` the sampler is a one-actor Ray group (`twinkle_core.initialize(mode='ray')`, ``remote_group=``):
 sampling runs in that actor's process, training in this one, and the published weights travel to the actor
-between its sample calls. Without it both run in this process, on two threads.
+between its sample calls. With ``--ray-trainer`` as well, training runs in a one-actor training group and every
+published version goes straight from the training actor to the sampler actor (the runtime's weight sync; the
+sampler actor applies it between two of its calls). Without ``--ray`` both run in this process, on two threads.
 """
 
 from __future__ import annotations
@@ -50,12 +53,16 @@ def main(
     sampler_name: str = 'TorchSampler',
     model_id: str | None = None,
     ray: bool = False,
+    ray_trainer: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    model_dir = model_id or str(ensure_tiny_model('tiny'))
     if ray:
-        twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='sampler', ranks=1, device_type='cpu')])
-    model = TransformersModel(model_id=model_id or ensure_tiny_model('tiny'))
-    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+        groups = [DeviceGroup(name='sampler', ranks=1, device_type='cpu')]
+        groups += [DeviceGroup(name='model', ranks=1, device_type='cpu')] if ray_trainer else []
+        twinkle_core.initialize(mode='ray', groups=groups)
+    model = TransformersModel(model_id=model_dir, **({'remote_group': 'model'} if ray and ray_trainer else {}))
+    template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     format_warmup(model, template, rng, warmup_steps)
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
@@ -71,7 +78,7 @@ def main(
         extra = {'engine_args': {'max_model_len': 256}} if sampler_name != 'TorchSampler' else {}
         if ray:
             extra['remote_group'] = 'sampler'
-        sampler = sampler_cls(model_id=model.model_dir, **extra)  # its own weights: the driver keeps them fresh
+        sampler = sampler_cls(model_id=model_dir, **extra)  # its own weights: the driver keeps them fresh
         return RepeatTaskWorker(
             sampler,
             template,
@@ -135,6 +142,7 @@ if __name__ == '__main__':
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
     parser.add_argument('--ray', action='store_true', help='run the sampler in a Ray actor group')
+    parser.add_argument('--ray-trainer', action='store_true', help='with --ray: the trainer in a Ray group too')
     args = parser.parse_args()
     main(
         steps=args.steps,
@@ -147,4 +155,5 @@ if __name__ == '__main__':
         seed=args.seed,
         sampler_name=args.sampler,
         ray=args.ray,
+        ray_trainer=args.ray_trainer,
     )

@@ -226,7 +226,9 @@ class AsyncRLDriver:
         self.weights.rebind(self.worker.sampler)
 
     def close(self) -> None:
-        """Shut the worker's sampler down (a vLLM engine, a Ray group), if it has a ``shutdown``."""
+        """Release the weight publication and shut the worker's sampler down (a vLLM engine, a Ray group), if it
+        has a ``shutdown``."""
+        self.weights.close()
         _shutdown(self.worker)
 
 

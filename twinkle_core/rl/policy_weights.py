@@ -7,7 +7,8 @@ from the training model (on the trainer's thread, right after an optimizer step)
 (on the sampler's thread, between its sample calls) -- so the sampler is never written to while it samples.
 
 Tensors are cloned on `send`: the trainer goes on updating its parameters in place while the sampler has not yet
-applied them (the cost: one extra copy of the exported weights in host memory).
+applied them (the cost: one extra copy of the exported weights in host memory). A model and a sampler hosted in two
+device groups of the runtime (Ray) skip the mailbox: their weights move group to group at `publish`.
 """
 
 from __future__ import annotations
@@ -64,19 +65,25 @@ class PolicyWeights:
     the sampler now runs. ``rebind(sampler)`` points the receiving side at a new sampler (after a restart): its
     next `apply_latest` loads every label again. The sampler must hold its own copy of the weights (built from
     ``model_id=``): one that shares the training module would see parameters change mid-sample.
+
+    When the model and the sampler are hosted in two device groups of the runtime (a Ray training group and a Ray
+    sampler group), the weights move actor to actor instead (the runtime's weight sync): `publish` sends them to
+    the sampler group at once. The sampler actor runs its calls one at a time, so they land between two sample
+    calls, never during one; a call that starts while they travel is labelled with the older version (its
+    staleness is over-, never under-counted). A rebound sampler gets the model's current weights right away. A
+    publish that fails to reach the sampler group (its actor died) does not fail the trainer: the sampler side's
+    next `apply_latest` raises it, which makes the driver rebuild the worker (and rebind).
     """
 
     def __init__(
         self, model: Any, sampler: Any, *, adapter_name: str | None = None, sampler_adapter_name: str | None = None
     ) -> None:
-        from twinkle_core.weight_sync.manager import CheckpointEngineManager
-
         self.engine = LatestWeightsEngine()
-        self._sender = CheckpointEngineManager(
-            model=model, engine=self.engine, adapter_name=adapter_name, sampler_adapter_name=sampler_adapter_name
-        )
-        self._manager_cls = CheckpointEngineManager
         self._model = model
+        self._names: dict[str, Any] = {'adapter_name': adapter_name, 'sampler_adapter_name': sampler_adapter_name}
+        self._sender: Any = None  # exports into `engine` (when the weights travel through this process)
+        self._hosted: Any = None  # the runtime's group-to-group sync (when model and sampler are hosted)
+        self._undelivered: Exception | None = None  # why the last hosted publish failed (until a rebind)
         self._publish_lock = threading.Lock()
         self.sampler_version = -1
         self.rebind(sampler)
@@ -88,7 +95,8 @@ class PolicyWeights:
 
     def rebind(self, sampler: Any) -> None:
         """Apply future updates to `sampler` (a fresh one: it gets every label of the next update)."""
-        from twinkle_core.weight_sync.manager import weight_sharing
+        from twinkle_core.runtime.context import current_runtime
+        from twinkle_core.weight_sync.manager import CheckpointEngineManager, weight_sharing
 
         sharing = weight_sharing(sampler, self._model)
         if sharing != 'none':
@@ -97,24 +105,58 @@ class PolicyWeights:
                 'with the training model (it would read parameters while the trainer updates them); build it from '
                 'model_id= instead of model=.'
             )
-        self._sampler = sampler
-        self.sampler_version = -1  # a fresh sampler: its next update carries every label
+        with self._publish_lock:
+            runtime = current_runtime()
+            _close_quietly(self._hosted)  # the old sampler group may be gone (a crashed actor)
+            self._hosted = None if runtime is None else runtime.weight_sync(self._model, sampler, **self._names)
+            self._sampler = sampler
+            self._undelivered = None
+            self.sampler_version = -1  # a fresh sampler: its next update carries every label
+            if self._hosted is not None and self.engine.version >= 0:
+                self._hosted.sync_weights()  # the current weights, at least as new as the latest version
+                self.sampler_version = self.engine.version
+        if self._hosted is None and self._sender is None:
+            self._sender = CheckpointEngineManager(model=self._model, engine=self.engine, **self._names)
 
     def publish(self, version: int) -> None:
         """Export the model's current weights as `version` (call between optimizer steps, on the trainer thread)."""
         with self._publish_lock:
             self.engine.stamp = version
-            self._sender.sync_weights()
+            if self._hosted is None:
+                self._sender.sync_weights()
+                return
+            self.engine.version = version
+            try:
+                self._hosted.sync_weights()
+            except Exception as exc:  # noqa: BLE001 - e.g. the sampler actor died: the rollout side restarts it
+                self._undelivered = exc
+                return
+            self.sampler_version = version
 
     def apply_latest(self) -> int:
         """Load the newest published version into the sampler unless it runs it already; returns its version."""
+        if self._hosted is not None:  # published straight into the sampler group
+            if self._undelivered is not None:
+                raise TwinkleError(
+                    f'Policy version {self.engine.version} did not reach the sampler group: '
+                    f'{type(self._undelivered).__name__}: {self._undelivered}'
+                ) from self._undelivered
+            return self.sampler_version
         newest = self.engine.version
         if newest < 0 or newest == self.sampler_version:
             return self.sampler_version
         view = _Since(self.engine, None if self.sampler_version < 0 else self.sampler_version)
-        self._manager_cls(sampler=self._sampler, engine=view).sync_weights()
+        from twinkle_core.weight_sync.manager import CheckpointEngineManager
+
+        CheckpointEngineManager(sampler=self._sampler, engine=view).sync_weights()
         self.sampler_version = view.received_version
         return self.sampler_version
+
+    def close(self) -> None:
+        """Release the group-to-group sync's side process group, if there is one."""
+        with self._publish_lock:
+            _close_quietly(self._hosted)
+            self._hosted = None
 
 
 class _Since(CheckpointEngine):
@@ -131,6 +173,15 @@ class _Since(CheckpointEngine):
         update = self._engine.receive(since=self._since)
         self.received_version = int(update.metadata['policy_version'])
         return update
+
+
+def _close_quietly(sync: Any) -> None:
+    if sync is None:
+        return
+    try:
+        sync.close()
+    except Exception:  # noqa: BLE001 - a side of it may have died; nothing is left to release there
+        pass
 
 
 def _clone(tensor: Any) -> Any:
