@@ -55,8 +55,8 @@ from twinkle_core.rl import (
     PolicyGradientStep,
     RolloutContext,
     RolloutGroup,
-    StepRecord,
     off_policy_line,
+    run_with_progress,
 )
 from twinkle_core.train.row_keywords import with_row_keywords
 
@@ -199,17 +199,8 @@ def main(
         max_staleness=max_staleness,
         partial_rollouts='continue',  # an episode in flight picks up newer weights between its turns
     )
-    progress = tqdm(total=steps, desc=f'multi-turn GRPO (max_staleness={max_staleness})')
-
-    def show(record: StepRecord) -> None:
-        progress.update()
-        progress.set_postfix(reward=f'{record.metrics["reward"]:.2f}', hint_use=f'{record.metrics["hint_use"]:.2f}')
-
-    try:
-        report = driver.run(steps, on_step=show)
-    finally:
-        progress.close()
-        driver.close()
+    desc = f'multi-turn GRPO (max_staleness={max_staleness})'
+    report = run_with_progress(driver, steps, desc=desc, metrics=('reward', 'hint_use'))
     mean_rewards = [r.metrics['reward'] for r in report.steps]
     hint_uses = [r.metrics['hint_use'] for r in report.steps]
     episodes = last_episodes

@@ -27,8 +27,6 @@ import random
 from statistics import fmean
 from typing import Any
 
-from tqdm import tqdm
-
 import twinkle_core
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker, format_warmup
@@ -36,7 +34,7 @@ from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, off_policy_line
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, off_policy_line, run_with_progress
 from twinkle_core.runtime.context import current_runtime
 
 
@@ -98,18 +96,7 @@ def main(
         groups_per_call=prompts_per_call,
         max_staleness=max_staleness,
     )
-    progress = tqdm(total=steps, desc=f'GRPO (max_staleness={max_staleness})')
-
-    def show(record: Any) -> None:
-        progress.update()
-        stale = fmean(record.staleness) if record.staleness else 0.0
-        progress.set_postfix(reward=f'{record.metrics["reward"]:.2f}', staleness=f'{stale:.1f}')
-
-    try:
-        report = driver.run(steps, on_step=show)
-    finally:
-        progress.close()
-        driver.close()
+    report = run_with_progress(driver, steps, desc=f'GRPO (max_staleness={max_staleness})')
     mean_rewards = [r.metrics['reward'] for r in report.steps]
     half = max(1, steps // 2)
     summary = report.summary()

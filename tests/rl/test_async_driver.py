@@ -14,7 +14,14 @@ from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.fixtures.repeat_task import RepeatTaskWorker
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, PolicyWeights, RolloutContext, RolloutGroup
+from twinkle_core.rl import (
+    AsyncRLDriver,
+    PolicyGradientStep,
+    PolicyWeights,
+    RolloutContext,
+    RolloutGroup,
+    run_with_progress,
+)
 from twinkle_core.weight_sync import CheckpointEngineManager
 
 PROMPTS, GROUP = 3, 4
@@ -187,3 +194,15 @@ def test_a_driver_runs_once(tiny_model_dir):
     assert len(driver.run(1).steps) == 1
     with pytest.raises(TwinkleError, match='already called'):
         driver.run(1)
+
+
+def test_run_with_progress_shows_the_metrics_and_closes_the_driver(tiny_model_dir, capsys):
+    model = new_model(tiny_model_dir)
+    driver = AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS, max_staleness=1)
+    closed: list[bool] = []
+    driver.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    report = run_with_progress(driver, 2, desc='test run', metrics=('reward', 'not-a-metric'))
+    assert len(report.steps) == 2 and closed == [True]
+    bar = capsys.readouterr().err
+    assert 'test run' in bar and '2/2' in bar and 'reward=0.00' in bar and 'staleness=' in bar
+    assert 'not-a-metric' not in bar

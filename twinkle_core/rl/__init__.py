@@ -4,6 +4,7 @@
 
 from twinkle_core.rl.async_driver import AsyncRLDriver, RolloutWorker, RunReport, StepRecord
 from twinkle_core.rl.policy_weights import LatestWeightsEngine, PolicyWeights
+from twinkle_core.rl.progress import run_with_progress
 from twinkle_core.rl.rollout_buffer import RolloutBuffer
 from twinkle_core.rl.rollout_group import RolloutContext, RolloutGroup, rows_with_advantages
 from twinkle_core.rl.train_step import (
@@ -27,5 +28,6 @@ __all__ = [
     'importance_ratio_stats',
     'off_policy_line',
     'rows_with_advantages',
+    'run_with_progress',
     'summarize_off_policy',
 ]

@@ -125,13 +125,13 @@ class PolicyWeights:
             if self._hosted is None:
                 self._sender.sync_weights()
                 return
-            self.engine.version = version
             try:
                 self._hosted.sync_weights()
             except Exception as exc:  # noqa: BLE001 - e.g. the sampler actor died: the rollout side restarts it
                 self._undelivered = exc
-                return
-            self.sampler_version = version
+            else:
+                self.sampler_version = version
+            self.engine.version = version  # only now: a call that waits for this version starts after the sync
 
     def apply_latest(self) -> int:
         """Load the newest published version into the sampler unless it runs it already; returns its version."""

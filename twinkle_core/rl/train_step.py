@@ -20,6 +20,11 @@ from twinkle_core.rl.rollout_group import RolloutGroup, rows_with_advantages
 IS_RATIO_QUANTILES = (0.05, 0.5, 0.95)
 
 
+def quantile_key(q: float) -> str:
+    """The metric name of the ratio's `q` quantile: ``is_ratio_p05`` for 0.05."""
+    return f'is_ratio_p{round(q * 100):02d}'
+
+
 def importance_ratio_stats(rows: Sequence[dict[str, Any]], logprobs: Sequence[Sequence[float]]) -> dict[str, float]:
     """The distribution of ``exp(logprob - old_logp)`` over the trained tokens (``labels != -100``) of `rows`.
 
@@ -47,7 +52,7 @@ def importance_ratio_stats(rows: Sequence[dict[str, Any]], logprobs: Sequence[Se
     ratios = sorted(math.exp(x) for x in log_ratios)
     stats = {'is_ratio_mean': fmean(ratios), 'is_ratio_min': ratios[0], 'is_ratio_max': ratios[-1]}
     for q in IS_RATIO_QUANTILES:
-        stats[f'is_ratio_p{round(q * 100):02d}'] = _quantile(ratios, q)
+        stats[quantile_key(q)] = _quantile(ratios, q)
     stats['is_abs_log_ratio_mean'] = fmean(abs(x) for x in log_ratios)
     return stats
 
@@ -60,7 +65,7 @@ def summarize_off_policy(step_metrics: Sequence[dict[str, Any]]) -> dict[str, fl
     def reported(key: str) -> list[float]:
         return [float(m[key]) for m in step_metrics if key in m]
 
-    mean_keys = ['is_ratio_mean', *(f'is_ratio_p{round(q * 100):02d}' for q in IS_RATIO_QUANTILES)]
+    mean_keys = ['is_ratio_mean', *(quantile_key(q) for q in IS_RATIO_QUANTILES)]
     mean_keys += ['is_abs_log_ratio_mean', 'clip_frac', 'is_truncated_frac']
     summary = {key: fmean(values) for key in mean_keys if (values := reported(key))}
     if lows := reported('is_ratio_min'):
@@ -77,7 +82,7 @@ def off_policy_line(summary: dict[str, float]) -> str:
     def show(key: str, spec: str = '.3f') -> str:
         return format(summary[key], spec) if key in summary else 'n/a'
 
-    quantiles = '/'.join(show(f'is_ratio_p{round(q * 100):02d}') for q in IS_RATIO_QUANTILES)
+    quantiles = '/'.join(show(quantile_key(q)) for q in IS_RATIO_QUANTILES)
     return (
         f'IS ratio p05/p50/p95 {quantiles}, min/max {show("is_ratio_min")}/{show("is_ratio_max")}, '
         f'mean |log ratio| {show("is_abs_log_ratio_mean", ".4f")}, clipped {show("clip_frac", ".2%")}'
@@ -90,7 +95,7 @@ class PolicyGradientStep:
     The rows get their advantage from ``advantage_fn(rewards, group_size=...)`` (e.g. ``GRPOAdvantage``) per group;
     the model trains them with its loss (set it first: ``model.set_loss('GRPOLoss', ...)``) on `adapter_name`, then
     clips the gradient norm to `max_norm` and steps. The metrics: ``reward`` (the mean over the groups' rollouts),
-    the loss's metrics and `importance_ratio_stats` of the rows.
+    the loss's metrics and `importance_ratio_stats` of the rows (when they carry the behaviour ``old_logps``).
     """
 
     def __init__(
@@ -109,11 +114,10 @@ class PolicyGradientStep:
         adapter = {} if self.adapter_name is None else {'adapter_name': self.adapter_name}
         result = self.model.forward_backward(inputs=rows, **adapter)
         self.model.clip_grad_and_step(max_norm=self.max_norm, **adapter)
-        return {
-            'reward': fmean(r for group in groups for r in group.rewards),
-            **result.get('metrics', {}),
-            **importance_ratio_stats(rows, result['logprobs']),
-        }
+        metrics = {'reward': fmean(r for group in groups for r in group.rewards), **result.get('metrics', {})}
+        if all(row.get('old_logps') is not None for row in rows):  # else: on-policy rows, no ratio to report
+            metrics.update(importance_ratio_stats(rows, result['logprobs']))
+        return metrics
 
 
 def _quantile(ordered: list[float], q: float) -> float:
