@@ -16,7 +16,7 @@ high" -> 1 (a lookup on the hint, which wins every game). The run prints the rew
 later guesses agree with the hints so far) per step.
 
 NOT YET LEARNING THE HINT -- measured on the 2-core CPU machine (docs/agentic.md), seed 0, 12 games of 8 per step:
-with the defaults (lr 2e-4, 60 steps, 4 min) the reward rises from 0.53 (first step) to about 0.67 (last 30 steps),
+with the defaults (lr 2e-4, 60 steps, 3.5 min) the reward rises from 0.53 (first 6 steps) to 0.665 (last 6),
 but that is the unconditional "never repeat the opening" strategy (a fixed second guess wins 2 games in 3):
 `hint_use` plateaus at about 0.5 (presumably the second guess has become nearly deterministic, which leaves a
 group little variance to learn the hint from). At lr 5e-4 and 1e-3 the policy collapses to empty replies after
@@ -28,7 +28,7 @@ trainer trains step s, and an episode in flight picks up newer weights between i
 recorded; the GRPO ratio against the sampler's log-probs corrects for the lag). Measured asynchronously (seed 0,
 30 steps, 1.5 min): the reward rises from 0.50 (first 3 steps) to 0.68 (last 3), staleness 0.97.
 
-    python examples/agentic_grpo.py                 # about 4 minutes on an idle CPU core
+    python examples/agentic_grpo.py                 # about 3.5 minutes on an idle 2-core machine
     python examples/agentic_grpo.py --max-staleness 1 --steps 30
     python examples/agentic_grpo.py --seed 1
     python examples/agentic_grpo.py --high 8 --guesses 3 --steps 100   # a harder game (this fixture does not learn it)
