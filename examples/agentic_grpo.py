@@ -39,26 +39,18 @@ from __future__ import annotations
 import argparse
 import random
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from twinkle_agentic.envs import GuessNumberEnv
-from twinkle_agentic.rollout import MultiTurnRollout
+from twinkle_agentic.rollout import EpisodeWorker, MultiTurnRollout
 from twinkle_core.advantage import GRPOAdvantage
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
-from twinkle_core.rl import (
-    AsyncRLDriver,
-    PolicyGradientStep,
-    RolloutContext,
-    RolloutGroup,
-    off_policy_line,
-    run_with_progress,
-)
-from twinkle_core.train.row_keywords import with_row_keywords
+from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, RolloutGroup, off_policy_line, run_with_progress
 
 LOW = 1
 
@@ -117,29 +109,6 @@ def hint_use(episode: dict[str, Any], high: int) -> float | None:
     return fmean(checks) if checks else None
 
 
-class GameWorker:
-    """An `AsyncRLDriver` rollout worker: per call, the games `new_games()` returns (groups of `group_size`
-    identical games) played together by `rollout`; one `RolloutGroup` per game, its rows the episodes with the
-    sampler's log-probs as ``old_logps`` and the version of every sampled token."""
-
-    def __init__(self, rollout: MultiTurnRollout, new_games: Callable[[], list[dict[str, Any]]], group_size: int):
-        self.rollout, self.sampler, self.new_games, self.group_size = rollout, rollout.sampler, new_games, group_size
-
-    def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
-        played = self.rollout(self.new_games(), before_turn=context.refresh)
-        # the behaviour log-probs (one per sampled token) at their label positions: a per-token old_logps field
-        episodes = with_row_keywords(played, old_logps=[e['logprobs'] for e in played])
-        size = self.group_size
-        return [
-            RolloutGroup(
-                episodes[i : i + size],
-                [e['reward'] for e in episodes[i : i + size]],
-                token_versions=[e['token_versions'] for e in episodes[i : i + size]],
-            )
-            for i in range(0, len(episodes), size)
-        ]
-
-
 def main(
     steps: int = 60,
     high: int = 3,
@@ -170,7 +139,7 @@ def main(
     model.set_optimizer('AdamW', lr=lr)
     model.set_loss('GRPOLoss', epsilon=0.2, epsilon_high=0.28)
 
-    def new_worker() -> GameWorker:  # its sampler has weights of its own, which the driver keeps up to date
+    def new_worker() -> EpisodeWorker:  # its sampler has weights of its own, which the driver keeps up to date
         sampler = resolve_class('sampler', 'TorchSampler')(model_id=model.model_dir)
         rollout = MultiTurnRollout(
             sampler,
@@ -180,7 +149,7 @@ def main(
             sampling_params={'max_tokens': max_tokens, 'temperature': 1.0},
             max_turns=guesses,
         )
-        return GameWorker(rollout, lambda: games(rng, prompts_per_step, group_size, game), group_size)
+        return EpisodeWorker(rollout, lambda: games(rng, prompts_per_step, group_size, game), group_size)
 
     policy_step = PolicyGradientStep(model, GRPOAdvantage(scale=advantage_scale), max_norm=1.0)
     last_episodes: list[dict[str, Any]] = []

@@ -1,8 +1,10 @@
-"""examples/agentic_grpo.py: the multi-turn GRPO loop runs end to end on the tiny fixture (rollout, masked rows,
-GRPO step), its hint-use metric scores guesses against the hints, and an asynchronous run's reward rises (slow)."""
+"""examples/agentic_grpo.py and examples/tool_grpo.py: the multi-turn GRPO loops run end to end on the tiny fixture
+(rollout, masked rows, GRPO step), the game's hint-use metric scores guesses against the hints, the tool example's
+warm-start conversations have the two formats, and an asynchronous game run's reward rises over seeds (slow)."""
 
 from __future__ import annotations
 
+import random
 from statistics import fmean
 
 import pytest
@@ -34,11 +36,33 @@ def test_the_loop_runs_and_trains(capsys):
 
 
 @pytest.mark.slow
-def test_an_asynchronous_run_raises_the_reward(capsys):
+def test_an_asynchronous_run_raises_the_reward_over_seeds(capsys):
     # max_staleness=1: the sampler plays step s+1's games while the trainer trains step s; measured on the idle
-    # 2-core machine (seed 0, 30 steps): the reward rises from about 0.53 to about 0.65
-    result = load_example('agentic_grpo').main(steps=30, max_staleness=1, seed=0)
-    report = result['report']
-    assert all(max(r.staleness) <= 1 for r in report.steps) and max(report.steps[-1].staleness) == 1
-    first, last = fmean(result['mean_rewards'][:5]), fmean(result['mean_rewards'][-10:])
-    assert last > first + 0.05, result['mean_rewards']
+    # 2-core machine (30 steps): the reward rises from about 0.53 to 0.65 (seed 0) and 0.60 to 0.66 (seed 1).
+    # The threads make a run nondeterministic, so the rise is judged on the mean over the seeds.
+    rises = []
+    for seed in (0, 1):
+        result = load_example('agentic_grpo').main(steps=30, max_staleness=1, seed=seed)
+        report = result['report']
+        assert all(max(r.staleness) <= 1 for r in report.steps) and max(report.steps[-1].staleness) == 1
+        rises.append(fmean(result['mean_rewards'][-10:]) - fmean(result['mean_rewards'][:5]))
+    assert fmean(rises) > 0.05, rises
+
+
+def test_tool_warmup_conversations_call_the_calculator_or_answer_at_once():
+    example = load_example('tool_grpo')
+    rng = random.Random(0)
+    task = example.tasks(rng, ['12 * 34'], 1, 1)[0]
+    with_tool = example.warmup_conversation(task, rng, use_tool=True)
+    assert [m['role'] for m in with_tool['messages']] == ['user', 'assistant', 'tool', 'assistant']
+    assert with_tool['messages'][2]['content'] == with_tool['messages'][3]['content'] == '408'
+    assert example.called_tool(with_tool) and with_tool['tools'][0]['function']['name'] == 'calculator'
+    at_once = example.warmup_conversation(task, rng, use_tool=False)
+    assert [m['role'] for m in at_once['messages']] == ['user', 'assistant'] and not example.called_tool(at_once)
+
+
+@pytest.mark.slow
+def test_the_tool_loop_runs_and_trains(capsys):
+    result = load_example('tool_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=2, seed=0)
+    assert len(result['mean_rewards']) == 2 and all(0.0 <= u <= 1.0 for u in result['tool_uses'])
+    assert 'an episode: assistant:' in capsys.readouterr().out
