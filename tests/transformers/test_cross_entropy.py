@@ -11,6 +11,8 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.cross_entropy import ChunkedCrossEntropyLoss, CrossEntropyLoss
 from twinkle_core.processor.causal_lm import CausalLMProcessor
+from twinkle_core.registry import resolve
+from twinkle_transformers import forward
 from twinkle_transformers.forward import compute_logps, compute_logps_from_hidden
 from twinkle_transformers.model import TransformersModel
 
@@ -134,3 +136,53 @@ def test_chunked_loss_falls_back_to_logits_when_lm_head_is_adapted(tiny_model_di
     assert 'computing full logits instead' in caplog.text
     model.set_loss('CrossEntropyLoss')
     assert model.forward_only(inputs=rows)['loss'] == pytest.approx(out['loss'], abs=1e-6)
+
+
+def test_the_memory_bounded_path_is_chosen_by_the_batch_size_unless_the_loss_says():
+    class Unset:  # a loss that does not say (GRPO, DPO, plain cross-entropy ...)
+        pass
+
+    vocab = 2048
+    limit = forward.CHUNK_BYTES // (4 * vocab)  # tokens whose fp32 logits fill one chunk
+    assert not forward.wants_hidden_state_logps(Unset(), limit, vocab)
+    assert forward.wants_hidden_state_logps(Unset(), limit + 1, vocab)
+    assert forward.wants_hidden_state_logps(ChunkedCrossEntropyLoss(), 1, vocab)  # says True
+    full = CrossEntropyLoss()
+    full.logps_from_hidden_states = False  # says False
+    assert not forward.wants_hidden_state_logps(full, limit + 1, vocab)
+    gkd = resolve('loss', 'GKDLoss')
+    assert not forward.wants_hidden_state_logps(gkd, limit + 1, vocab)  # needs the full logits
+
+
+@pytest.mark.parametrize('loss_name', ['GRPOLoss', 'DPOLoss'])
+def test_a_large_batch_takes_the_memory_bounded_path_with_the_same_gradients(tiny_model_dir, monkeypatch, loss_name):
+    rows = make_rows(4, lengths=(13, 7, 10, 9))
+    keywords = {'advantages': [1.0, -0.5, 0.25, -1.0]} if loss_name == 'GRPOLoss' else {}
+    calls = []
+    chunked = forward.compute_logps_from_hidden
+    monkeypatch.setattr(forward, 'compute_logps_from_hidden', lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    results = []
+    for chunk_bytes in (forward.CHUNK_BYTES, 4 * 2048 * 8):  # a chunk of 8 tokens: the batch is "large"
+        monkeypatch.setattr(forward, 'CHUNK_BYTES', chunk_bytes)
+        torch.manual_seed(0)
+        model = TransformersModel(tiny_model_dir)
+        model.add_adapter_to_model('default', {'r': 4, 'init_lora_weights': False})
+        model.set_loss(loss_name, **({'reference_free': True} if loss_name == 'DPOLoss' else {}))
+        out = model.forward_backward(inputs=rows, **keywords)
+        grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
+        results.append((out['loss'], grads, len(calls)))
+    (plain, plain_grads, plain_calls), (bounded, bounded_grads, bounded_calls) = results
+    assert plain_calls == 0 and bounded_calls > 0  # full logits for a small batch, chunks for a large one
+    assert bounded == pytest.approx(plain, abs=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(bounded_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_mixed_pass_needs_merge_the_tenants_choices():
+    from twinkle_transformers.multi_lora.mixed_pass import _LossNeeds
+
+    unset, chunked, full = CrossEntropyLoss(), ChunkedCrossEntropyLoss(), CrossEntropyLoss()
+    full.logps_from_hidden_states = False
+    assert _LossNeeds.of([unset, chunked]).logps_from_hidden_states is None  # the batch size decides
+    assert _LossNeeds.of([chunked, chunked]).logps_from_hidden_states is True
+    assert _LossNeeds.of([chunked, full]).logps_from_hidden_states is False

@@ -7,8 +7,10 @@ Contract (all losses):
 - `outputs`: the forward's results: ``logps`` [B, T] = log-prob of ``labels[:, t]`` (0 where masked), ``mask``
   [B, T] bool, and ``logits`` [B, T, V] when the loss declares ``needs_logits = True``. Transformers-backed models
   also give ``target_logps`` (log-prob of ``target_ids``, every next token) and ``correct`` (argmax == label).
-- optional class attributes a model honours: ``logps_from_hidden_states = True`` (compute ``logps`` from the final
-  hidden states and the output embedding in chunks, never materialising [T, V] logits) and ``chunk_tokens``.
+- optional class attributes a model honours: ``logps_from_hidden_states`` (True: compute ``logps`` from the final
+  hidden states and the output embedding in chunks, never materialising [T, V] logits; False: from full logits;
+  unset / None: the chunked path when the batch's full logits would be large -- the Transformers backend's rule
+  is `twinkle_transformers.forward.wants_hidden_state_logps`) and ``chunk_tokens``.
 - ``reduction`` (``'token_mean'`` | ``'sum'`` | ``'sequence_mean'``): models divide the loss by the number of
   gradient-accumulation steps unless it is ``'sum'`` (docs/conventions.md).
 - returns a `LossOutput` dict: ``loss`` (scalar tensor to backpropagate) and optional float metrics.
@@ -28,6 +30,8 @@ class LossOutput(TypedDict, total=False):
 
 class Loss(ABC):
     needs_logits: bool = False  # True: the model must keep full logits in `outputs['logits']`
+    # Log-probs from the hidden states in chunks (True), from full logits (False), or by the batch's size (None).
+    logps_from_hidden_states: bool | None = None
     # How the loss reduces over tokens (docs/conventions.md): 'token_mean' | 'sequence_mean' | 'sum'. Gradient
     # accumulation divides each micro-batch's loss by the number of micro-batches unless it is 'sum'.
     reduction: str = 'token_mean'

@@ -11,8 +11,10 @@ The pieces, in the order a training step uses them (see docs/conventions.md for 
 
 Log-probs are computed by `compute_logps` (from logits, in token chunks, without an fp32 copy of the whole
 logits tensor) or by `compute_logps_from_hidden` (from the last hidden states and the output embedding, in
-chunks, never materialising the [T, V] logits) when the loss sets ``logps_from_hidden_states = True``.
-Both return float32 and give the same values and gradients.
+chunks, never materialising the [T, V] logits). Both return float32 and give the same values and gradients. A
+loss chooses with ``logps_from_hidden_states``: True / False, or unset (None): the hidden-state path whenever the
+batch's full fp32 logits would exceed one chunk (`CHUNK_BYTES`) and the output layer allows it
+(`wants_hidden_state_logps`) -- the memory-bounded default of every loss that does not need the logits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ logger = logging.getLogger(__name__)
 def default_chunk_tokens(vocab_size: int) -> int:
     """Tokens per chunk so that a chunk of fp32 logits is ~256 MiB."""
     return max(1, CHUNK_BYTES // (4 * max(1, vocab_size)))
+
+
+def wants_hidden_state_logps(loss: object, num_tokens: int, vocab_size: int) -> bool:
+    """Whether `loss`'s log-probs should come from the hidden states: never when it needs the full logits; its
+    ``logps_from_hidden_states`` when set (True / False); else (None, unset) when `num_tokens` x `vocab_size`
+    fp32 logits would exceed one chunk (`CHUNK_BYTES`), i.e. when full logits would cost more memory than the
+    chunked path ever holds."""
+    if getattr(loss, 'needs_logits', False):
+        return False
+    choice = getattr(loss, 'logps_from_hidden_states', None)
+    if choice is not None:
+        return bool(choice)
+    return num_tokens * vocab_size * 4 > CHUNK_BYTES
 
 
 # ---- log-probs from logits ---------------------------------------------------------------------------------
@@ -239,17 +254,23 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
     Returns ``target_logps`` [B, T] (log p of ``target_ids``: the next input token, or the label where one is
     set; 0 at row ends and padding), ``logps`` (the same, 0 where ``labels == -100``), ``mask`` (labels != -100),
     ``correct`` (argmax == label, bool, no grad) and ``logits`` when ``loss.needs_logits``. Runs under the
-    caller's grad mode. A loss may set ``chunk_tokens`` (tokens per log-prob chunk), and one that sets
-    ``logps_from_hidden_states`` may compute them itself: ``logps_from_hidden(hidden, weight, targets) -> (logps,
-    argmax)`` (same contract as `compute_logps_from_hidden`).
+    caller's grad mode. Log-probs come from the hidden states when `wants_hidden_state_logps` says so and the
+    output layer allows it (`hidden_state_head`), else from full logits. A loss may set ``chunk_tokens`` (tokens
+    per log-prob chunk), and one that sets ``logps_from_hidden_states`` may compute them itself:
+    ``logps_from_hidden(hidden, weight, targets) -> (logps, argmax)`` (same contract as
+    `compute_logps_from_hidden`).
     """
     chunk_tokens = getattr(loss, 'chunk_tokens', None)
     needs_logits = bool(getattr(loss, 'needs_logits', False))
-    from_hidden = bool(getattr(loss, 'logps_from_hidden_states', False)) and not needs_logits
     targets = batch['target_ids']
     labels = batch['labels']
+    config = getattr(unwrap_causal_lm(model), 'config', None)
+    get_text_config = getattr(config, 'get_text_config', None)
+    text_config = get_text_config() if callable(get_text_config) else config
+    vocab_size = int(getattr(text_config, 'vocab_size', 0) or 0)
+    from_hidden = wants_hidden_state_logps(loss, targets.numel(), vocab_size)
     head = hidden_state_head(model) if from_hidden else None
-    if from_hidden and head is None:
+    if head is None and getattr(loss, 'logps_from_hidden_states', None) and not needs_logits:
         logger.warning(
             "%s asked for log-probs from hidden states, but this model's output layer does not allow it "
             '(adapted, biased or post-processed logits); computing full logits instead.',

@@ -57,16 +57,17 @@ class _LossNeeds:
     """What the forward must produce so that every tenant's loss can run (see `forward_logps`)."""
 
     needs_logits: bool
-    logps_from_hidden_states: bool
+    logps_from_hidden_states: bool | None  # None: by the batch's size (`wants_hidden_state_logps`)
     chunk_tokens: int | None
 
     @classmethod
     def of(cls, losses: list[Any]) -> _LossNeeds:
         chunks = [c for c in (getattr(loss, 'chunk_tokens', None) for loss in losses) if c]
+        choices = {getattr(loss, 'logps_from_hidden_states', None) for loss in losses}
+        # one loss asking for full logits decides; all asking for hidden states too; else the size decides
+        hidden = False if False in choices else True if choices == {True} else None
         return cls(
-            any(getattr(loss, 'needs_logits', False) for loss in losses),
-            all(getattr(loss, 'logps_from_hidden_states', False) for loss in losses),
-            min(chunks) if chunks else None,
+            any(getattr(loss, 'needs_logits', False) for loss in losses), hidden, min(chunks) if chunks else None
         )
 
 
