@@ -17,7 +17,9 @@ import threading
 from typing import Any, Iterable
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.runtime.context import current_runtime
 from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.weight_sync.manager import CheckpointEngineManager, weight_sharing
 
 
 class LatestWeightsEngine(CheckpointEngine):
@@ -85,19 +87,17 @@ class PolicyWeights:
         self._hosted: Any = None  # the runtime's group-to-group sync (when model and sampler are hosted)
         self._undelivered: Exception | None = None  # why the last hosted publish failed (until a rebind)
         self._publish_lock = threading.Lock()
+        self._published = -1  # the newest version published (by either path)
         self.sampler_version = -1
         self.rebind(sampler)
 
     @property
     def latest_version(self) -> int:
         """The newest published version (-1 before the first `publish`)."""
-        return self.engine.version
+        return self._published
 
     def rebind(self, sampler: Any) -> None:
         """Apply future updates to `sampler` (a fresh one: it gets every label of the next update)."""
-        from twinkle_core.runtime.context import current_runtime
-        from twinkle_core.weight_sync.manager import CheckpointEngineManager, weight_sharing
-
         sharing = weight_sharing(sampler, self._model)
         if sharing != 'none':
             raise InvalidInputError(
@@ -112,33 +112,33 @@ class PolicyWeights:
             self._sampler = sampler
             self._undelivered = None
             self.sampler_version = -1  # a fresh sampler: its next update carries every label
-            if self._hosted is not None and self.engine.version >= 0:
+            if self._hosted is not None and self._published >= 0:
                 self._hosted.sync_weights()  # the current weights, at least as new as the latest version
-                self.sampler_version = self.engine.version
+                self.sampler_version = self._published
         if self._hosted is None and self._sender is None:
             self._sender = CheckpointEngineManager(model=self._model, engine=self.engine, **self._names)
 
     def publish(self, version: int) -> None:
         """Export the model's current weights as `version` (call between optimizer steps, on the trainer thread)."""
         with self._publish_lock:
-            self.engine.stamp = version
             if self._hosted is None:
+                self.engine.stamp = version
                 self._sender.sync_weights()
-                return
-            try:
-                self._hosted.sync_weights()
-            except Exception as exc:  # noqa: BLE001 - e.g. the sampler actor died: the rollout side restarts it
-                self._undelivered = exc
             else:
-                self.sampler_version = version
-            self.engine.version = version  # only now: a call that waits for this version starts after the sync
+                try:
+                    self._hosted.sync_weights()
+                except Exception as exc:  # noqa: BLE001 - e.g. the sampler actor died: the rollout side restarts it
+                    self._undelivered = exc
+                else:
+                    self.sampler_version = version
+            self._published = version  # only now: a call that waits for this version starts after the sync
 
     def apply_latest(self) -> int:
         """Load the newest published version into the sampler unless it runs it already; returns its version."""
         if self._hosted is not None:  # published straight into the sampler group
             if self._undelivered is not None:
                 raise TwinkleError(
-                    f'Policy version {self.engine.version} did not reach the sampler group: '
+                    f'Policy version {self._published} did not reach the sampler group: '
                     f'{type(self._undelivered).__name__}: {self._undelivered}'
                 ) from self._undelivered
             return self.sampler_version
@@ -146,8 +146,6 @@ class PolicyWeights:
         if newest < 0 or newest == self.sampler_version:
             return self.sampler_version
         view = _Since(self.engine, None if self.sampler_version < 0 else self.sampler_version)
-        from twinkle_core.weight_sync.manager import CheckpointEngineManager
-
         CheckpointEngineManager(sampler=self._sampler, engine=view).sync_weights()
         self.sampler_version = view.received_version
         return self.sampler_version
