@@ -1,6 +1,7 @@
 """examples/agentic_grpo.py and examples/tool_grpo.py: the multi-turn GRPO loops run end to end on the tiny fixture
 (rollout, masked rows, GRPO step), the game's hint-use metric scores guesses against the hints, the tool example's
-warm-start conversations have the two formats, and an asynchronous game run's reward rises over seeds (slow)."""
+warm-start conversations have the two formats; over seeds, a game run learns to use the hints and an asynchronous
+one raises the reward (slow)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,15 @@ def test_hint_use_scores_later_guesses_against_the_hints():
     assert hint_use(episode(5, '5'), 8) is None  # right at once: nothing to score
 
 
+def test_positive_part_keeps_only_the_episodes_that_beat_their_group():
+    from twinkle_core.advantage import GRPOAdvantage
+
+    advantage = load_example('agentic_grpo').positive_part(GRPOAdvantage())
+    values = advantage([1.0, 0.0, 0.0, 1.0, 0.5, 0.5], group_size=3)
+    assert values[0] > 0 and values[1:3] == [0.0, 0.0]  # below the group's mean: 0, not negative
+    assert values[3] > 0 and values[4:] == [0.0, 0.0]
+
+
 @pytest.mark.slow
 def test_the_loop_runs_and_trains(capsys):
     result = load_example('agentic_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=2, seed=0)
@@ -36,9 +46,20 @@ def test_the_loop_runs_and_trains(capsys):
 
 
 @pytest.mark.slow
+def test_a_synchronous_run_learns_the_hint_over_seeds(capsys):
+    # the defaults (positive-only advantages, 100 steps): measured on the idle 2-core machine, hint_use rises from
+    # 0.40 to 0.82 (seed 0) and from 0.45 to 0.98 (seed 1, 60 steps); plain GRPO plateaus at 0.5 (no hint). Runs
+    # differ a little (sampling threads), so the hint is judged on the mean over the seeds.
+    results = [load_example('agentic_grpo').main(seed=seed) for seed in (0, 1)]
+    hint_last = [r['hint_use_last'] for r in results]
+    assert fmean(hint_last) > 0.65, hint_last
+    assert all(r['last_reward'] > r['first_reward'] for r in results), [r['mean_rewards'] for r in results]
+
+
+@pytest.mark.slow
 def test_an_asynchronous_run_raises_the_reward_over_seeds(capsys):
     # max_staleness=1: the sampler plays step s+1's games while the trainer trains step s; measured on the idle
-    # 2-core machine (30 steps): the reward rises from about 0.53 to 0.65 (seed 0) and 0.60 to 0.66 (seed 1).
+    # 2-core machine (30 steps): the reward rises from about 0.54 to 0.66 (seed 0) and 0.62 to 0.67 (seed 1).
     # The threads make a run nondeterministic, so the rise is judged on the mean over the seeds.
     rises = []
     for seed in (0, 1):
