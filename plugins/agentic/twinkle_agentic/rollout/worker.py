@@ -25,12 +25,10 @@ class EpisodeWorker:
     """Plays `new_prompts()` with `rollout` on each call; `group_size` must divide their number."""
 
     def __init__(self, rollout: MultiTurnRollout, new_prompts: Callable[[], list[dict[str, Any]]], group_size: int):
-        self.rollout, self.sampler, self.new_prompts, self.group_size = (
-            rollout,
-            rollout.sampler,
-            new_prompts,
-            group_size,
-        )
+        self.rollout = rollout
+        self.sampler = rollout.sampler  # the driver keeps its weights up to date
+        self.new_prompts = new_prompts
+        self.group_size = group_size
 
     def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
         prompts = self.new_prompts()
