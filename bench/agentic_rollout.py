@@ -10,7 +10,8 @@ printed, and the ratio is of tokens/s (the work done), with the episodes/s ratio
 one ``MultiTurnRollout(sampler, ...)(games)`` call, the other one ``rollout([game])`` call per episode; runs
 alternate, medians of `--repeats`.
 
-    .venv/bin/python bench/agentic_rollout.py                         # TorchSampler
+    .venv/bin/python bench/agentic_rollout.py                         # TorchSampler (prefix cache on)
+    .venv/bin/python bench/agentic_rollout.py --no-prefix-cache       # TorchSampler, every turn prefilled again
     .venv/bin/python bench/agentic_rollout.py --sampler vLLMSampler   # vLLM (pip install twinkle-vllm)
     .venv/bin/python bench/agentic_rollout.py --json                  # one JSON line
 """
@@ -36,11 +37,12 @@ def games(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def make_sampler(name: str, model_dir: str, threads: int) -> Any:
+def make_sampler(name: str, model_dir: str, threads: int, prefix_cache: bool) -> Any:
     from twinkle_core.registry import resolve_class
 
     if name == 'TorchSampler':
-        return resolve_class('sampler', 'TorchSampler')(model_id=model_dir)
+        cache = {} if prefix_cache else {'prefix_cache_bytes': 0}
+        return resolve_class('sampler', 'TorchSampler')(model_id=model_dir, **cache)
     os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', f'0-{threads - 1}' if threads > 1 else '0')
     return resolve_class('sampler', name)(model_id=model_dir, engine_args={'max_model_len': 2048})
 
@@ -55,6 +57,12 @@ def main() -> None:
     parser.add_argument('--stop-fraction', type=float, default=0.1)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument(
+        '--no-prefix-cache',
+        dest='prefix_cache',
+        action='store_false',
+        help='TorchSampler: turn its prefix cache off (each turn prefills the whole episode again)',
+    )
     parser.add_argument('--json', action='store_true', help='print one JSON line instead of the table')
     args = parser.parse_args()
 
@@ -66,7 +74,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model_dir = ensure_tiny_model(args.model)
-    sampler = make_sampler(args.sampler, model_dir, args.threads)
+    sampler = make_sampler(args.sampler, model_dir, args.threads, args.prefix_cache)
     template = resolve('template', 'Template', model_id_or_tokenizer=model_dir)
     vocab = len(template.tokenizer)
     stop_ids = list(range(10, vocab, max(1, round(1 / args.stop_fraction))))
@@ -111,6 +119,9 @@ def main() -> None:
         'ratio': round(ratio, 2),
         'episodes_ratio': round(rate['batched'] / rate['one_at_a_time'], 2),
     }
+    reuse = getattr(sampler, 'prefix_cache_stats', None)
+    if reuse is not None:
+        result['prefix_cache_reused'] = round(reuse['reused_tokens'] / max(reuse['prompt_tokens'], 1), 3)
     if args.json:
         print(json.dumps(result))
         return
@@ -121,6 +132,8 @@ def main() -> None:
             f'({turns[name]} turns, {tokens[name]} tokens)'
         )
     print(f'  ratio batched / one-at-a-time: {ratio:.2f}x tokens/s, {result["episodes_ratio"]:.2f}x episodes/s')
+    if 'prefix_cache_reused' in result:
+        print(f'  prompt tokens served from the prefix cache: {result["prefix_cache_reused"]:.1%} (both runs)')
 
 
 if __name__ == '__main__':

@@ -2,8 +2,11 @@
 
 Prompts are left-padded into one batch (2-D attention mask, position ids counted from each prompt's first real
 token) and prefilled once with the model's Hugging Face forward; the cache is then fanned out to every sample of
-the prompt (prefix sharing: n samples cost one prefill). Each step feeds only the newest token per row. Rows that
-stop leave the batch at once (their cache rows are dropped), so a finished sequence costs nothing afterwards.
+the prompt (prefix sharing: n samples, or n equal prompts, cost one prefill). With a `PrefixCache`, a prompt that
+starts with a sequence an earlier call computed prefills only its remaining tokens (`prefix_cache.py`).
+
+Each step feeds only the newest token per row. Rows that stop leave the batch at once (their cache rows are
+dropped), so a finished sequence costs nothing afterwards.
 
 Decode steps run through `FastDecoder` (a lean Llama-family step over a preallocated cache) when the model
 supports it, otherwise through the HF forward with `past_key_values` -- any causal LM whose forward takes
@@ -24,6 +27,13 @@ from typing import Any, Callable, Protocol
 import torch
 
 from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
+from twinkle_transformers.sampler.prefix_cache import (
+    CachedSequence,
+    PrefixCache,
+    dynamic_cache,
+    prefill_layout,
+    write_prefixes,
+)
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
 from twinkle_transformers.sampler.stopping import StopCondition, StopReason
 from twinkle_transformers.sampler.vision_inputs import (
@@ -100,8 +110,10 @@ class PromptResult:
 
 
 class BatchDecoder:
-    """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls.
-    `vision_language`: the model is a VL model (images and M-RoPE positions; never the fast path)."""
+    """Runs `decode` for a list of prompt jobs that fit in one batch. Stateless between calls but for
+    `prefix_cache` (`prefix_cache.py`): prompts that extend a stored sequence prefill only their new tokens, and
+    every finished sequence is stored. `vision_language`: the model is a VL model (images and M-RoPE positions;
+    never the fast path; no prefix cache)."""
 
     def __init__(
         self,
@@ -111,8 +123,10 @@ class BatchDecoder:
         route: Route,
         fast: FastDecoder | None = None,
         vision_language: bool = False,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
         self.pad_token_id = pad_token_id
         self.route = route
         self.fast = None if vision_language else fast
@@ -134,52 +148,73 @@ class BatchDecoder:
         scoring: PromptScoring = PromptScoring(),
         top_logprobs: int = 0,
     ) -> list[PromptResult]:
-        device = next(self.model.parameters()).device
-        input_ids, mask, positions = _left_pad([j.token_ids for j in jobs], self.pad_token_id, device)
-        prompt_len = input_ids.shape[1]
-        inputs: dict[str, Any] = {'position_ids': positions}
-        deltas = None
-        if self.vision_language:
-            inputs, deltas = prefill_inputs(
-                self.model, [j.token_ids for j in jobs], [j.images for j in jobs], positions
-            )
-        elif any(j.images is not None for j in jobs):
+        if not self.vision_language and any(j.images is not None for j in jobs):
             raise ValueError('image prompts need vision_language=True')  # TorchSampler refuses them earlier
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=getattr(self.model, 'config', None))
-        out = self._forward(
-            [j.adapter_name for j in jobs],
-            input_ids=input_ids,
-            attention_mask=mask,
-            past_key_values=cache,
-            logits_to_keep=scoring.logits_to_keep(),
-            **inputs,
-        )
+        device = next(self.model.parameters()).device
+        distinct, prefill_row = _distinct_prompts(jobs)
+        unique = [jobs[p] for p in distinct]
+        cache_lookup = None if scoring.active else self.prefix_cache  # scoring needs every prompt position's logits
+        prefixes = [
+            cache_lookup.longest_prefix(j.adapter_name, j.token_ids) if cache_lookup is not None else None
+            for j in unique
+        ]
+        layout = prefill_layout([j.token_ids for j in unique], prefixes, self.pad_token_id, device)
+        capacity = layout.mask.shape[1] + stop.max_tokens  # cached, new and generated positions
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
-        if scoring.active:
-            for row, (job, result) in enumerate(zip(jobs, results)):
-                if job.scored:
-                    _score_prompt(out.logits[row], job, scoring, result)
+        deltas = None
+        if self.fast is not None and not scoring.active:  # the lean step prefills too: no HF cache to convert
+            self.fast.prepare(positions=capacity + 1)
+            static = self.fast.new_cache(len(unique), capacity)
+            write_prefixes(prefixes, layout.width, static.keys, static.values)
+            static.length = layout.width
+            with self.route([j.adapter_name for j in unique])[0]:
+                last_logits = self.fast.step(layout.input_ids, layout.positions, static, layout.mask.bool())
+            cache: Any = static
+        else:
+            inputs: dict[str, Any] = {'position_ids': layout.positions}
+            if self.vision_language:
+                inputs, deltas = prefill_inputs(
+                    self.model, [j.token_ids for j in unique], [j.images for j in unique], layout.positions
+                )
+            cache = dynamic_cache(prefixes, layout.width, getattr(self.model, 'config', None))
+            out = self._forward(
+                [j.adapter_name for j in unique],
+                input_ids=layout.input_ids,
+                attention_mask=layout.mask,
+                past_key_values=cache,
+                logits_to_keep=scoring.logits_to_keep(),
+                **inputs,
+            )
+            if scoring.active:
+                for p, (job, result) in enumerate(zip(jobs, results)):
+                    if job.scored:
+                        _score_prompt(out.logits[prefill_row[p]], job, scoring, result)
+            last_logits = out.logits[:, -1]
+            del out
         # Fan the prefilled prompts out to one row per sample.
         owner = [(p, s) for p, job in enumerate(jobs) for s in range(job.num_samples)]
-        fan_out = torch.tensor([p for p, _ in owner], device=device)
-        logits = out.logits[:, -1][fan_out]
-        del out
-        key_mask = torch.ones(len(owner), prompt_len + stop.max_tokens, dtype=mask.dtype, device=device)
-        key_mask[:, :prompt_len] = mask[fan_out]
+        fan_out = torch.tensor([prefill_row[p] for p, _ in owner], device=device)
+        logits = last_logits[fan_out]
+        key_mask = torch.ones(len(owner), capacity, dtype=layout.mask.dtype, device=device)
+        key_mask[:, : layout.mask.shape[1]] = layout.mask[fan_out]
         rows = _Rows(
             adapters=[jobs[p].adapter_name for p, _ in owner],
             generators=[jobs[p].generators[s] for p, s in owner] if not chooser.greedy else [],
-            next_pos=positions[fan_out, -1:] + 1,
+            next_pos=layout.positions[fan_out, -1:] + 1,
             live=list(range(len(owner))),
             deltas=deltas[fan_out] if deltas is not None else None,
         )
-        stepper = (
-            _FastStepper(self.fast, cache, fan_out, key_mask, self.route)
-            if self.fast is not None
-            else _HFStepper(self, cache, fan_out, key_mask)
-        )
+        stepper: _Stepper
+        if self.fast is None:
+            stepper = _HFStepper(self, cache, fan_out, key_mask)
+        else:
+            if isinstance(cache, StaticKVCache):
+                if len(owner) != len(unique) or prefill_row != list(range(len(unique))):
+                    cache.select(fan_out)
+            else:
+                self.fast.prepare(positions=capacity + 1)
+                cache = StaticKVCache.from_dynamic(cache, fan_out, capacity)
+            stepper = _FastStepper(self.fast, cache, key_mask, self.route)
         banned = torch.tensor(self.never_sampled, device=device) if self.never_sampled else None
         while True:
             tokens = chooser.choose(
@@ -201,6 +236,7 @@ class BatchDecoder:
                     keep.append(row)
                 else:
                     gen.stop_reason = reason
+                    self._remember(stepper, row, jobs[p], gen, prefixes[prefill_row[p]])
             if not keep:
                 return results
             if len(keep) < len(rows.live):  # drop finished rows from every per-row tensor and the cache
@@ -210,6 +246,36 @@ class BatchDecoder:
                 stepper.select(index)
             logits = stepper(tokens, rows.positions(), rows.adapters)
             rows.next_pos = rows.next_pos + 1
+
+    def _remember(
+        self, stepper: _Stepper, row: int, job: PromptJob, gen: Generation, prefix: CachedSequence | None
+    ) -> None:
+        """Store a finished row's keys/values in the prefix cache: the prompt and every sampled token but the
+        last (never fed back)."""
+        if self.prefix_cache is None:
+            return
+        tokens = (*job.token_ids, *gen.tokens[:-1])
+        keys, values = stepper.row_cache(row)
+        if keys[0].shape[1] == len(tokens):  # always, unless a model's cache holds something else
+            self.prefix_cache.store(job.adapter_name, CachedSequence(tokens, keys, values), extends=prefix)
+
+
+def _distinct_prompts(jobs: list[PromptJob]) -> tuple[list[int], list[int]]:
+    """The jobs to prefill (the first of each set of equal text prompts under one adapter: their samples share
+    one prefill) and, per job, its row among them. Image prompts are prefilled each."""
+    distinct: list[int] = []
+    prefill_row: list[int] = []
+    seen: dict[tuple[str | None, tuple[int, ...]], int] = {}
+    for index, job in enumerate(jobs):
+        key = (job.adapter_name, tuple(job.token_ids))
+        row = seen.get(key) if job.images is None else None
+        if row is None:
+            row = len(distinct)
+            distinct.append(index)
+            if job.images is None:
+                seen[key] = row
+        prefill_row.append(row)
+    return distinct, prefill_row
 
 
 def _top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
@@ -247,6 +313,9 @@ class _Stepper(Protocol):
     def select(self, index: torch.Tensor) -> None:
         """Keep only these batch rows."""
 
+    def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One row's cached keys and values per layer [kv_heads, n, head_dim], its n unmasked positions only."""
+
 
 class _HFStepper:
     """Decode steps through the model's own forward and a growing `DynamicCache`. Rows are picked with the cache's
@@ -273,40 +342,52 @@ class _HFStepper:
         self.cache.reorder_cache(index)
         self.key_mask = self.key_mask[index]
 
+    def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        valid = self.key_mask[row, : self.length].bool()
+        layers = self.cache.layers
+        return [layer.keys[row][:, valid] for layer in layers], [layer.values[row][:, valid] for layer in layers]
+
 
 class _FastStepper:
-    """Decode steps through `FastDecoder` over a preallocated cache."""
+    """Decode steps through `FastDecoder` over a preallocated cache. Finished rows stay in the cache (computed
+    and ignored) until at most half of its rows are live, then the cache is compacted: dropping rows costs a few
+    whole-cache copies per decode instead of one per finishing step."""
 
-    def __init__(
-        self, fast: FastDecoder, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor, route: Route
-    ) -> None:
-        fast.prepare(positions=key_mask.shape[1] + 1)
-        self.fast, self.route = fast, route
-        self.cache = StaticKVCache.from_dynamic(cache, fan_out, key_mask.shape[1])
+    def __init__(self, fast: FastDecoder, cache: StaticKVCache, key_mask: torch.Tensor, route: Route) -> None:
+        self.fast, self.route, self.cache = fast, route, cache
         self.key_mask = key_mask.bool()
+        self.live: torch.Tensor | None = None  # cache row of each batch row; None: the same rows
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        if self.live is not None:  # finished rows get token 0 at position 0 and the base weights
+            live, rows = self.live, self.key_mask.shape[0]
+            tokens = tokens.new_zeros(rows).index_copy(0, live, tokens)
+            positions = positions.new_zeros((rows, 1)).index_copy(0, live, positions)
+            routed: list[str | None] = [None] * rows
+            for row, adapter in zip(live.tolist(), adapters):
+                routed[row] = adapter
+            adapters = routed
         context, _ = self.route(adapters)
         with context:
-            return self.fast.step(tokens, positions, self.cache, self.key_mask)
+            logits = self.fast.step(tokens, positions, self.cache, self.key_mask)
+        return logits if self.live is None else logits[self.live]
 
     def select(self, index: torch.Tensor) -> None:
-        self.cache.select(index)
-        self.key_mask = self.key_mask[index]
+        live = index if self.live is None else self.live[index]
+        if 2 * len(live) <= self.key_mask.shape[0]:
+            self.cache.select(live)
+            self.key_mask, self.live = self.key_mask[live], None
+        else:
+            self.live = live
 
-
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids, attention_mask [B, L] (left padding) and position_ids counted from each row's first token."""
-    length = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), length), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, length - len(p) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return input_ids.to(device), mask.to(device), positions.to(device)
+    def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        length = self.cache.length
+        row = row if self.live is None else int(self.live[row])
+        valid = self.key_mask[row, :length]
+        return (
+            [k[row, :, :length][:, valid] for k in self.cache.keys],
+            [v[row, :, :length][:, valid] for v in self.cache.values],
+        )
 
 
 #: float32 logits scored at once (bounds the memory of scoring a long prompt over a large vocabulary: 128 MiB)

@@ -25,6 +25,13 @@ from torch import nn
 SUPPORTED_MODEL_TYPES = frozenset({'llama', 'mistral', 'qwen2', 'qwen3'})
 
 
+def full_attention_only(config: Any) -> bool:
+    """Whether every layer is plain full attention: no sliding-window or linear-attention layers."""
+    if any(t != 'full_attention' for t in (getattr(config, 'layer_types', None) or [])):
+        return False
+    return not (getattr(config, 'sliding_window', None) and getattr(config, 'use_sliding_window', True))
+
+
 @dataclass
 class StaticKVCache:
     """Per layer keys/values [B, kv_heads, capacity, head_dim]; `length` positions are filled."""
@@ -99,9 +106,7 @@ class FastDecoder:
             or not isinstance(getattr(model, 'lm_head', None), nn.Linear)
         ):
             return None
-        if any(t != 'full_attention' for t in (getattr(config, 'layer_types', None) or [])):
-            return None
-        if getattr(config, 'sliding_window', None) and getattr(config, 'use_sliding_window', True):
+        if not full_attention_only(config):
             return None
         if fuse:
             body: Any = model.model  # checked above: a Llama-family decoder
@@ -111,40 +116,61 @@ class FastDecoder:
                 fuse_linears([mlp.gate_proj, mlp.up_proj])
         return cls(model)
 
+    def new_cache(self, batch: int, capacity: int) -> StaticKVCache:
+        """An empty cache (zeros: masked positions must hold finite values) for `batch` rows."""
+        config, embed = self.config, self.body.embed_tokens.weight
+        head_dim = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+        shape = (batch, config.num_key_value_heads, capacity, head_dim)
+        layers = range(len(self.body.layers))
+        return StaticKVCache(
+            [embed.new_zeros(shape) for _ in layers], [embed.new_zeros(shape) for _ in layers], length=0
+        )
+
     @torch.inference_mode()
     def step(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache, key_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Logits [B, V] for `tokens` [B] at `positions` [B, 1]; appends their keys/values to `cache`.
-        `key_mask` [B, >= cache.length + 1] (bool): which cached positions each row may attend to."""
-        batch = tokens.shape[0]
-        x = self.body.embed_tokens(tokens)[:, None]
+        """Logits [B, V] after the last of `tokens` [B, T] (or [B]) at `positions` [B, T]; appends their
+        keys/values to `cache`. `key_mask` [B, >= cache.length + T] (bool): the positions each row may attend to;
+        among the T new ones attention is causal, and each attends to itself (so a masked pad row stays finite)."""
+        tokens = tokens if tokens.dim() == 2 else tokens[:, None]
+        batch, count = tokens.shape
+        x = self.body.embed_tokens(tokens)
         assert self._rope_table is not None, 'call prepare() first'
-        cos, sin = (table[positions[:, 0]][:, None, None] for table in self._rope_table)
+        cos, sin = (table[positions][:, None] for table in self._rope_table)
         slot = cache.length
-        mask = key_mask[:, None, None, : slot + 1]
+        mask = key_mask[:, None, None, : slot + count]
+        if count > 1:
+            eye = torch.eye(count, dtype=torch.bool, device=mask.device)
+            causal = torch.cat([eye.new_ones(count, slot), eye.new_ones(count, count).tril()], dim=1)
+            mask = (mask & causal) | torch.cat([eye.new_zeros(count, slot), eye], dim=1)
         for index, (layer, (qkv, gate_up)) in enumerate(zip(self.body.layers, self._projections)):
             attn = layer.self_attn
             h = self._norm(x, layer.input_layernorm)
             q, k, v = qkv(h)
             head_dim = attn.head_dim
-            q = q.view(batch, 1, -1, head_dim)
-            k = k.view(batch, 1, -1, head_dim)
+            q = q.view(batch, count, -1, head_dim)
+            k = k.view(batch, count, -1, head_dim)
             if getattr(attn, 'q_norm', None) is not None:  # Qwen3: per-head RMSNorm of queries and keys
                 q, k = self._norm(q, attn.q_norm), self._norm(k, attn.k_norm)
             q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
             keys, values = cache.keys[index], cache.values[index]
-            keys[:, :, slot] = k[:, :, 0]
-            values[:, :, slot] = v.view(batch, -1, head_dim)
+            keys[:, :, slot : slot + count] = k
+            values[:, :, slot : slot + count] = v.view(batch, count, -1, head_dim).transpose(1, 2)
             out = F.scaled_dot_product_attention(
-                q, keys[:, :, : slot + 1], values[:, :, : slot + 1], attn_mask=mask, scale=attn.scaling, enable_gqa=True
+                q,
+                keys[:, :, : slot + count],
+                values[:, :, : slot + count],
+                attn_mask=mask,
+                scale=attn.scaling,
+                enable_gqa=True,
             )
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, count, -1))
             h = self._norm(x, layer.post_attention_layernorm)
             gate, up = gate_up(h)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
-        cache.length = slot + 1
-        return self.model.lm_head(self._norm(x, self.body.norm))[:, -1]
+        cache.length = slot + count
+        return self.model.lm_head(self._norm(x[:, -1:], self.body.norm))[:, -1]
 
     def _norm(self, x: torch.Tensor, norm: _RMSNormLike) -> torch.Tensor:
         """HF's RMSNorm: normalise in fp32, cast back, scale (one fused kernel when that order cannot matter)."""

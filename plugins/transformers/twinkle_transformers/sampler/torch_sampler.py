@@ -23,11 +23,9 @@ Contract (see docs/sampling.md):
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -49,9 +47,16 @@ from twinkle_core.sampler.prompts import (
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
+from twinkle_transformers.sampler.batching import decode_batches, eval_mode
 from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult, PromptScoring
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
+from twinkle_transformers.sampler.prefix_cache import (
+    DEFAULT_PREFIX_CACHE_BYTES,
+    PrefixCache,
+    reuses_prefixes,
+    weights_fingerprint,
+)
 from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
 from twinkle_transformers.sampler.stopping import StopCondition
 from twinkle_transformers.sampler.vision_inputs import PromptImages, prompt_images
@@ -64,7 +69,10 @@ class TorchSampler(Sampler):
     lean Llama-family decode step where supported (`fast_decode.py`; fuses q/k/v and gate/up weights in place
     for a model the sampler loaded itself); False always uses the model's HF forward. `kernels`: layer kernels
     installed for inference into a model the sampler loaded itself (`twinkle_core.kernel.apply_kernels`; they run
-    in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements)."""
+    in the HF forward -- prompts, and every step without `fast_decode`; `self.kernels` counts the replacements).
+    `prefix_cache_bytes`: the budget of keys/values kept from finished sequences, so that a prompt extending one
+    (the next turn of a multi-turn rollout) prefills only its new tokens (`prefix_cache.py`; 0 turns it off;
+    `prefix_cache_stats` counts the reuse)."""
 
     #: adapters mixed per row, any number resident; every prompt score (top-k of any width, target ids, draws);
     #: the model lives in this process, placed by ``device=``
@@ -94,9 +102,12 @@ class TorchSampler(Sampler):
         max_batch_size: int = 64,
         fast_decode: bool = True,
         kernels: Sequence[Any] = (),
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         if max_batch_size < 1:
             raise InvalidInputError(f'max_batch_size must be >= 1, got {max_batch_size}.')
+        if prefix_cache_bytes < 0:
+            raise InvalidInputError(f'prefix_cache_bytes must be >= 0 (0: no prefix cache), got {prefix_cache_bytes}.')
         source: ModelSource = open_model(model_id, model=model, tokenizer=tokenizer, device=device, dtype=dtype)
         if kernels and not source.owned:
             raise InvalidInputError(
@@ -114,6 +125,7 @@ class TorchSampler(Sampler):
         self._adapters = lora.adapter_backend(self._model, owned=source.owned)
         self._codec = TextCodec(source.tokenizer, self.model_id)
         self.max_batch_size = max_batch_size
+        self._prefix_cache = PrefixCache(prefix_cache_bytes)
         if template is not None:
             self.set_template(template)
 
@@ -164,9 +176,10 @@ class TorchSampler(Sampler):
             route=self._adapters.routed,
             fast=self._fast_decoder(model),
             vision_language=self._vision_language,
+            prefix_cache=self._live_prefix_cache(model),
         )
-        with _eval_mode(model):
-            for batch in _batches(jobs, self.max_batch_size, by_adapter=by_adapter):
+        with eval_mode(model):
+            for batch in decode_batches(jobs, self.max_batch_size, by_adapter=by_adapter):
                 outputs = decoder.decode(
                     [job for _, job in batch], chooser, stop, scoring=scoring, top_logprobs=params.alternatives
                 )
@@ -197,6 +210,7 @@ class TorchSampler(Sampler):
             )
         from twinkle_transformers.export import copy_base_weights
 
+        self._prefix_cache.clear()
         copy_base_weights(self.model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
     def add_adapter(
@@ -215,10 +229,12 @@ class TorchSampler(Sampler):
         else:
             raise InvalidInputError(f'add_adapter({name!r}): pass exactly one of tensors= or path=.')
         self.model  # noqa: B018 - follow a shared owner's current module first
+        self._prefix_cache.clear()
         self._adapters.load(name, source, config)
 
     def remove_adapter(self, name: str) -> None:
         lora.check_adapters(self._adapters, [name])
+        self._prefix_cache.clear()
         self._adapters.remove(name)
 
     def list_adapters(self) -> list[str]:
@@ -271,7 +287,22 @@ class TorchSampler(Sampler):
     def _vision_language(self) -> bool:
         return vision.is_vision_language(getattr(self.model, 'config', None))
 
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Prompts looked up in the prefix cache, hits, their prompt tokens and the tokens not prefilled again, plus
+        the cache's current entries and bytes."""
+        cache = self._prefix_cache
+        return {**cache.stats.as_dict(), 'entries': len(cache), 'bytes': cache.bytes}
+
     # ---- helpers -------------------------------------------------------------------------------------------
+    def _live_prefix_cache(self, model: torch.nn.Module) -> PrefixCache | None:
+        """The prefix cache, emptied when the weights changed since its entries were computed; None for a model
+        whose cache it cannot hold."""
+        if not self._prefix_cache.enabled or not reuses_prefixes(getattr(model, 'config', None)):
+            return None
+        self._prefix_cache.check_weights(weights_fingerprint(model, self.adapter_names))
+        return self._prefix_cache
+
     def _encode_chat(self, trajectory: Trajectory) -> dict[str, Any]:
         """A Trajectory's encoded prompt; a vision-language model without a set template gets its VisionTemplate."""
         if self._codec.template is None and self._vision_language:
@@ -403,50 +434,3 @@ class TorchSampler(Sampler):
             prompt_target_logprobs=scored.prompt_target_logprobs,
             prompt_alt_tokens=scored.prompt_alt_tokens,
         )
-
-
-def _batches(
-    jobs: list[tuple[int, PromptJob]], max_sequences: int, *, by_adapter: bool = False
-) -> Iterator[list[tuple[int, PromptJob]]]:
-    """Group jobs (shortest prompts together, to limit padding) into batches of at most `max_sequences`
-    sequences; a prompt with more samples than that is split into several jobs. `by_adapter`: each batch holds
-    the jobs of one adapter only."""
-    if by_adapter:
-        groups: dict[str | None, list[tuple[int, PromptJob]]] = {}
-        for item in jobs:
-            groups.setdefault(item[1].adapter_name, []).append(item)
-        for group in groups.values():
-            yield from _batches(group, max_sequences)
-        return
-    split: list[tuple[int, PromptJob]] = []
-    for index, job in jobs:
-        for start in range(0, job.num_samples, max_sequences):
-            count = min(max_sequences, job.num_samples - start)
-            part = dataclasses.replace(
-                job, generators=job.generators[start : start + count], num_samples=count, scored=start == 0
-            )
-            split.append((index, part))
-    split.sort(key=lambda item: len(item[1].token_ids))
-    batch: list[tuple[int, PromptJob]] = []
-    size = 0
-    for item in split:
-        if batch and size + item[1].num_samples > max_sequences:
-            yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += item[1].num_samples
-    if batch:
-        yield batch
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Run in eval mode (no dropout), then restore exactly the modules that were training (a shared model may
-    belong to a trainer)."""
-    training = [m for m in model.modules() if m.training]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m in training:
-            m.training = True
