@@ -1,4 +1,5 @@
-"""Grouping sample jobs into decode batches, and running a (possibly shared, training) model in eval mode."""
+"""Sample jobs (one per prompt, with its random streams), grouped into decode batches; eval mode for a (possibly
+shared, training) model."""
 
 from __future__ import annotations
 
@@ -8,7 +9,37 @@ from typing import Iterator
 
 import torch
 
+from twinkle_core.sampler.prompts import prompt_draw_seed, sequence_seed
+from twinkle_core.types import SamplingParams
 from twinkle_transformers.sampler.decoding import PromptJob
+from twinkle_transformers.sampler.sampling import make_generator
+from twinkle_transformers.sampler.vision_inputs import PromptImages
+
+
+def prompt_jobs(
+    prompts: list[list[int]],
+    adapters: list[str | None],
+    params: SamplingParams,
+    device: torch.device,
+    greedy: bool,
+    images: list[PromptImages | None],
+) -> list[tuple[int, PromptJob]]:
+    """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
+    jobs = []
+    for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
+        base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        generators = (
+            []
+            if greedy
+            else [make_generator(sequence_seed(base_seed, s, ids), device) for s in range(params.num_samples)]
+        )
+        draws = (
+            make_generator(prompt_draw_seed(base_seed, ids), device)
+            if params.prompt_alt_tokens and not greedy
+            else None
+        )
+        jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image, draws=draws)))
+    return jobs
 
 
 def decode_batches(

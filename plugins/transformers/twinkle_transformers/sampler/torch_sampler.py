@@ -39,16 +39,14 @@ from twinkle_core.sampler.prompts import (
     as_sampling_params,
     check_prompt_scoring,
     encode_prompt_row,
-    prompt_draw_seed,
     prompt_rows,
     sampled_sequence,
-    sequence_seed,
 )
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
-from twinkle_transformers.sampler.batching import decode_batches, eval_mode
-from twinkle_transformers.sampler.decoding import BatchDecoder, PromptJob, PromptResult, PromptScoring
+from twinkle_transformers.sampler.batching import decode_batches, eval_mode, prompt_jobs
+from twinkle_transformers.sampler.decoding import BatchDecoder, PromptResult, PromptScoring
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.prefix_cache import (
@@ -57,7 +55,7 @@ from twinkle_transformers.sampler.prefix_cache import (
     reuses_prefixes,
     weights_fingerprint,
 )
-from twinkle_transformers.sampler.sampling import TokenChooser, make_generator
+from twinkle_transformers.sampler.sampling import TokenChooser
 from twinkle_transformers.sampler.stopping import StopCondition
 from twinkle_transformers.sampler.vision_inputs import PromptImages, prompt_images
 
@@ -160,7 +158,7 @@ class TorchSampler(Sampler):
             decode=self._decode_raw if params.stop_strings() else None,
         )
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
-        jobs = self._jobs(prompts, adapters, params, self.device, chooser.greedy, images)
+        jobs = prompt_jobs(prompts, adapters, params, self.device, chooser.greedy, images)
         scoring = PromptScoring(
             logprobs=params.prompt_logprobs,
             top_k=params.prompt_top_logprobs,
@@ -380,32 +378,6 @@ class TorchSampler(Sampler):
                 'Stop strings need a tokenizer or template to decode tokens; call '
                 'set_template(...) or pass stop token ids instead.'
             )
-
-    @staticmethod
-    def _jobs(
-        prompts: list[list[int]],
-        adapters: list[str | None],
-        params: SamplingParams,
-        device: torch.device,
-        greedy: bool,
-        images: list[PromptImages | None],
-    ) -> list[tuple[int, PromptJob]]:
-        """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
-        jobs = []
-        for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
-            base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            generators = (
-                []
-                if greedy
-                else [make_generator(sequence_seed(base_seed, s, ids), device) for s in range(params.num_samples)]
-            )
-            draws = (
-                make_generator(prompt_draw_seed(base_seed, ids), device)
-                if params.prompt_alt_tokens and not greedy
-                else None
-            )
-            jobs.append((i, PromptJob(ids, generators, params.num_samples, adapter, image, draws=draws)))
-        return jobs
 
     def _response(
         self, row: Any, encoded: dict[str, Any], parts: list[PromptResult], params: SamplingParams
