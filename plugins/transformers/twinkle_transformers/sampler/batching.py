@@ -11,7 +11,7 @@ import torch
 
 from twinkle_core.sampler.prompts import prompt_draw_seed, sequence_seed
 from twinkle_core.types import SamplingParams
-from twinkle_transformers.sampler.decoding import PromptJob
+from twinkle_transformers.sampler.jobs import PromptJob
 from twinkle_transformers.sampler.sampling import make_generator
 from twinkle_transformers.sampler.vision_inputs import PromptImages
 

@@ -21,23 +21,25 @@ log-softmax, so log-probs stay the model's own).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
 from twinkle_transformers.sampler.fast_decode import FastDecoder, StaticKVCache
+from twinkle_transformers.sampler.jobs import Generation, PromptJob, PromptResult, PromptScoring
 from twinkle_transformers.sampler.prefix_cache import (
     CachedSequence,
+    PrefillLayout,
     PrefixCache,
     dynamic_cache,
     prefill_layout,
     write_prefixes,
 )
+from twinkle_transformers.sampler.prompt_scoring import score_prompt
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
-from twinkle_transformers.sampler.stopping import StopCondition, StopReason
+from twinkle_transformers.sampler.stopping import StopCondition
 from twinkle_transformers.sampler.vision_inputs import (
-    PromptImages,
     placeholder_token_ids,
     prefill_inputs,
     step_positions,
@@ -45,68 +47,6 @@ from twinkle_transformers.sampler.vision_inputs import (
 
 # adapter name per batch row (None = base weights) -> (context, extra forward kwargs) running rows that way
 Route = Callable[[list['str | None']], tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]]
-
-
-@dataclass
-class PromptJob:
-    """One prompt and the random streams of its samples (one generator per sample; empty when greedy);
-    `images`: an image prompt's images (vision-language models only); `scored`: this job returns the prompt's
-    scores (`PromptScoring`; False for the further parts of a prompt split over batches); `draws`: the random
-    stream of its `prompt_alt_tokens` draws."""
-
-    token_ids: list[int]
-    generators: list[torch.Generator]
-    num_samples: int
-    adapter_name: str | None = None
-    images: PromptImages | None = None
-    scored: bool = True
-    draws: torch.Generator | None = None
-
-
-@dataclass(frozen=True)
-class PromptScoring:
-    """What to compute at the prompt's positions from the prefill (`SamplingParams`' prompt_* fields): the prompt
-    tokens' log-probs, the `top_k` most likely, both from position `first_scored(len, last_n)` on; log-probs of the
-    `targets` ids (row i: position i + 1, -1 = none); `alt_k` draws at `alt_temperature` per position. Log-probs
-    are the raw model's (float32 log-softmax of the logits)."""
-
-    logprobs: bool = False
-    top_k: int = 0
-    last_n: int | None = None
-    targets: list[list[int]] | None = None
-    alt_k: int = 0
-    alt_temperature: float = 1.0
-
-    @property
-    def active(self) -> bool:
-        return self.logprobs or self.top_k > 0 or self.targets is not None or self.alt_k > 0
-
-    def logits_to_keep(self) -> int:
-        """Prefill logits to keep: the last one (nothing scored), the last ``last_n + 1`` (only a suffix scored: the
-        prompts are left-padded, so a row's last positions are its own), or all (0)."""
-        if not self.active:
-            return 1
-        if self.targets is None and not self.alt_k and self.last_n is not None:
-            return self.last_n + 1
-        return 0
-
-
-@dataclass
-class Generation:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    stop_reason: StopReason = 'length'
-
-
-@dataclass
-class PromptResult:
-    generations: list[Generation]
-    scored: bool = False  # the prompt_* fields below were computed by this part
-    prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
-    prompt_target_logprobs: list[list[float]] | None = None
-    prompt_alt_tokens: list[list[tuple[int, float]]] | None = None
 
 
 class BatchDecoder:
@@ -161,39 +101,16 @@ class BatchDecoder:
         layout = prefill_layout([j.token_ids for j in unique], prefixes, self.pad_token_id, device)
         capacity = layout.mask.shape[1] + stop.max_tokens  # cached, new and generated positions
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
-        deltas = None
-        if self.fast is not None and not scoring.active:  # the lean step prefills too: no HF cache to convert
-            self.fast.prepare(positions=capacity + 1)
-            static = self.fast.new_cache(len(unique), capacity)
-            write_prefixes(prefixes, layout.width, static.keys, static.values)
-            static.length = layout.width
-            with self.route([j.adapter_name for j in unique])[0]:
-                last_logits = self.fast.step(layout.input_ids, layout.positions, static, layout.mask.bool())
-            cache: Any = static
-        else:
-            inputs: dict[str, Any] = {'position_ids': layout.positions}
-            if self.vision_language:
-                inputs, deltas = prefill_inputs(
-                    self.model, [j.token_ids for j in unique], [j.images for j in unique], layout.positions
-                )
-            cache = dynamic_cache(prefixes, layout.width, getattr(self.model, 'config', None))
-            out = self._forward(
-                [j.adapter_name for j in unique],
-                input_ids=layout.input_ids,
-                attention_mask=layout.mask,
-                past_key_values=cache,
-                logits_to_keep=scoring.logits_to_keep(),
-                **inputs,
-            )
-            if scoring.active:
-                for p, (job, result) in enumerate(zip(jobs, results)):
-                    if job.scored:
-                        _score_prompt(out.logits[prefill_row[p]], job, scoring, result)
-            last_logits = out.logits[:, -1]
-            del out
+        last_logits, cache, deltas = self._prefill(unique, prefixes, layout, capacity, scoring)
+        if scoring.active:
+            for p, (job, result) in enumerate(zip(jobs, results)):
+                if job.scored:
+                    score_prompt(last_logits[prefill_row[p]], job, scoring, result)
+        last_logits = last_logits[:, -1]
         # Fan the prefilled prompts out to one row per sample.
         owner = [(p, s) for p, job in enumerate(jobs) for s in range(job.num_samples)]
-        fan_out = torch.tensor([prefill_row[p] for p, _ in owner], device=device)
+        fan_rows = [prefill_row[p] for p, _ in owner]
+        fan_out = torch.tensor(fan_rows, device=device)
         logits = last_logits[fan_out]
         key_mask = torch.ones(len(owner), capacity, dtype=layout.mask.dtype, device=device)
         key_mask[:, : layout.mask.shape[1]] = layout.mask[fan_out]
@@ -204,17 +121,7 @@ class BatchDecoder:
             live=list(range(len(owner))),
             deltas=deltas[fan_out] if deltas is not None else None,
         )
-        stepper: _Stepper
-        if self.fast is None:
-            stepper = _HFStepper(self, cache, fan_out, key_mask)
-        else:
-            if isinstance(cache, StaticKVCache):
-                if len(owner) != len(unique) or prefill_row != list(range(len(unique))):
-                    cache.select(fan_out)
-            else:
-                self.fast.prepare(positions=capacity + 1)
-                cache = StaticKVCache.from_dynamic(cache, fan_out, capacity)
-            stepper = _FastStepper(self.fast, cache, key_mask, self.route)
+        stepper = self._stepper(cache, fan_out, key_mask, fanned=fan_rows != list(range(len(unique))))
         banned = torch.tensor(self.never_sampled, device=device) if self.never_sampled else None
         while True:
             tokens = chooser.choose(
@@ -246,6 +153,53 @@ class BatchDecoder:
                 stepper.select(index)
             logits = stepper(tokens, rows.positions(), rows.adapters)
             rows.next_pos = rows.next_pos + 1
+
+    def _prefill(
+        self,
+        unique: list[PromptJob],
+        prefixes: list[CachedSequence | None],
+        layout: PrefillLayout,
+        capacity: int,
+        scoring: PromptScoring,
+    ) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+        """Prefill the distinct prompts on top of their prefixes: logits [U, W, V] (the last W positions: 1, or the
+        scored ones), the cache (a `StaticKVCache` of `capacity` positions from the lean step, else an HF
+        `DynamicCache`) and the M-RoPE deltas of a vision-language model."""
+        if self.fast is not None and not scoring.active:  # the lean step prefills too: no HF cache to convert
+            self.fast.prepare(positions=capacity + 1)
+            static = self.fast.new_cache(len(unique), capacity)
+            write_prefixes(prefixes, layout.width, static.keys, static.values)
+            static.length = layout.width
+            with self.route([j.adapter_name for j in unique])[0]:
+                logits = self.fast.step(layout.input_ids, layout.positions, static, layout.mask.bool())
+            return logits[:, None], static, None
+        inputs: dict[str, Any] = {'position_ids': layout.positions}
+        deltas = None
+        if self.vision_language:
+            inputs, deltas = prefill_inputs(
+                self.model, [j.token_ids for j in unique], [j.images for j in unique], layout.positions
+            )
+        cache = dynamic_cache(prefixes, layout.width, getattr(self.model, 'config', None))
+        out = self._forward(
+            [j.adapter_name for j in unique],
+            input_ids=layout.input_ids,
+            attention_mask=layout.mask,
+            past_key_values=cache,
+            logits_to_keep=scoring.logits_to_keep(),
+            **inputs,
+        )
+        return out.logits, cache, deltas
+
+    def _stepper(self, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor, *, fanned: bool) -> _Stepper:
+        """The decode steps over the prefilled cache, fanned out to one row per sample (`fanned`: not one to one)."""
+        if self.fast is None:
+            return _HFStepper(self, cache, fan_out, key_mask)
+        if not isinstance(cache, StaticKVCache):  # an HF prefill (scored prompts)
+            self.fast.prepare(positions=key_mask.shape[1] + 1)
+            cache = StaticKVCache.from_dynamic(cache, fan_out, key_mask.shape[1])
+        elif fanned:
+            cache.select(fan_out)
+        return _FastStepper(self.fast, cache, key_mask, self.route)
 
     def _remember(
         self, stepper: _Stepper, row: int, job: PromptJob, gen: Generation, prefix: CachedSequence | None
@@ -388,62 +342,3 @@ class _FastStepper:
             [k[row, :, :length][:, valid] for k in self.cache.keys],
             [v[row, :, :length][:, valid] for v in self.cache.values],
         )
-
-
-#: float32 logits scored at once (bounds the memory of scoring a long prompt over a large vocabulary: 128 MiB)
-SCORE_CHUNK_ELEMENTS = 1 << 25
-
-
-def _score_prompt(logits: torch.Tensor, job: PromptJob, scoring: PromptScoring, result: PromptResult) -> None:
-    """Fill `result`'s prompt_* fields from one left-padded row's prefill logits [W, V] (the last W positions of
-    the batch: position p of a prompt of length L is predicted by row ``W - L + p - 1``). Positions are scored in
-    chunks of at most `SCORE_CHUNK_ELEMENTS` logits."""
-    from twinkle_core.sampler.prompts import first_scored
-
-    ids = job.token_ids
-    length, width, vocab = len(ids), logits.shape[0], logits.shape[-1]
-    first = first_scored(length, scoring.last_n) if scoring.logprobs or scoring.top_k else length
-    # the positions every output needs: targets and draws cover 1..L-1, the others first..L-1
-    start = 1 if scoring.targets is not None or scoring.alt_k else first
-    offset = width - length - 1  # row of position p = offset + p
-    tokens = torch.tensor(ids, device=logits.device)
-    chosen: list[float] = []
-    top: list[list[tuple[int, float]]] = []
-    target_lps: list[list[float]] = []
-    draws: list[list[tuple[int, float]]] = []
-    step = max(1, SCORE_CHUNK_ELEMENTS // vocab)
-    for lo in range(start, length, step):
-        hi = min(lo + step, length)  # positions lo..hi-1
-        rows = logits[offset + lo : offset + hi].float()
-        norm = rows.logsumexp(-1, keepdim=True)
-        s = max(first, lo) - lo  # rows of this chunk from the first scored position on
-        if scoring.logprobs and s < hi - lo:
-            chosen += (rows[s:].gather(-1, tokens[max(first, lo) : hi, None]) - norm[s:])[:, 0].tolist()
-        if scoring.top_k and s < hi - lo:
-            values, indices = rows[s:].topk(min(scoring.top_k, vocab), dim=-1)
-            top += [list(zip(i, v)) for i, v in zip(indices.tolist(), (values - norm[s:]).tolist())]
-        if scoring.targets is not None:
-            asked = torch.tensor(scoring.targets[lo - 1 : hi - 1], dtype=torch.long, device=logits.device)
-            if asked.numel():
-                lps = (rows.gather(-1, asked.clamp(min=0)) - norm).masked_fill(asked < 0, 0.0)
-                target_lps += lps.tolist()
-            else:
-                target_lps += [[] for _ in range(hi - lo)]
-        if scoring.alt_k:
-            if scoring.alt_temperature == 0.0:
-                picked = rows.argmax(-1, keepdim=True).expand(-1, scoring.alt_k)
-            else:
-                probs = (rows / scoring.alt_temperature).softmax(-1)
-                picked = torch.multinomial(probs, scoring.alt_k, replacement=True, generator=job.draws)
-            lps = rows.gather(-1, picked) - norm
-            draws += [list(zip(t, v)) for t, v in zip(picked.tolist(), lps.tolist())]
-    blank: list[None] = [None] * first
-    if scoring.logprobs:
-        result.prompt_logprobs = [*blank, *chosen]
-    if scoring.top_k:
-        result.prompt_top_logprobs = [*blank, *top]
-    if scoring.targets is not None:
-        result.prompt_target_logprobs = target_lps
-    if scoring.alt_k:
-        result.prompt_alt_tokens = draws
-    result.scored = True

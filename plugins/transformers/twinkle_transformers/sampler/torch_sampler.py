@@ -46,8 +46,9 @@ from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.batching import decode_batches, eval_mode, prompt_jobs
-from twinkle_transformers.sampler.decoding import BatchDecoder, PromptResult, PromptScoring
+from twinkle_transformers.sampler.decoding import BatchDecoder
 from twinkle_transformers.sampler.fast_decode import FastDecoder
+from twinkle_transformers.sampler.jobs import PromptResult, PromptScoring
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.prefix_cache import (
     DEFAULT_PREFIX_CACHE_BYTES,
