@@ -10,7 +10,7 @@ import torch
 from tests.contract.test_sampler_contract import peft_adapter
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import SamplingParams
-from twinkle_transformers.sampler.prefix_cache import BLOCK_TOKENS, CachedSequence, PrefixCache
+from twinkle_transformers.sampler.prefix_cache import BLOCK_TOKENS, CachedSequence, PrefixCache, weights_fingerprint
 
 FIRST_TURNS = [[5 + i, 7, 9, 11 + i] * (5 + i) for i in range(5)]
 STOP = list(range(40, 1185, 9))  # ids that end a turn: rows stop after different numbers of tokens
@@ -127,6 +127,19 @@ def test_equal_prompts_in_one_call_match_separate_calls(tiny_model_dir):
     together = s.sample([FIRST_TURNS[0], FIRST_TURNS[1], FIRST_TURNS[0], FIRST_TURNS[0]], params)
     alone = [s.sample([p], params)[0] for p in (FIRST_TURNS[0], FIRST_TURNS[1], FIRST_TURNS[0], FIRST_TURNS[0])]
     assert_same(together, alone)
+
+
+def test_weights_made_under_inference_mode_are_never_trusted():
+    with torch.inference_mode():
+        frozen = torch.nn.Linear(2, 2)
+    assert weights_fingerprint(frozen, []) != weights_fingerprint(frozen, [])
+    plain = torch.nn.Linear(2, 2)
+    before = weights_fingerprint(plain, ['a'])
+    assert weights_fingerprint(plain, ['a']) == before
+    assert weights_fingerprint(plain, ['a', 'b']) != before
+    with torch.no_grad():
+        plain.weight.add_(1.0)
+    assert weights_fingerprint(plain, ['a']) != before
 
 
 def test_the_cache_keeps_only_whole_sequences_it_can_find():

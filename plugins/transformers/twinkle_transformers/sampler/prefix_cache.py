@@ -180,8 +180,12 @@ def _common_prefix(stored: Sequence[int], tokens: Sequence[int], limit: int) -> 
 def weights_fingerprint(model: torch.nn.Module, adapters: Sequence[str]) -> Hashable:
     """Changes whenever a parameter of `model` is modified in place (its version counter moves: optimizer steps,
     ``copy_`` loads) or the set of adapters changes. Loads through ``.data`` bypass the counters: the sampler
-    clears its cache on its own loads."""
-    return sum(p._version for p in model.parameters()), tuple(adapters)
+    clears its cache on its own loads. Parameters made under inference mode have no version counter: then the
+    fingerprint never repeats (nothing is reused)."""
+    params = list(model.parameters())
+    if any(p.is_inference() for p in params):
+        return object()
+    return sum(p._version for p in params), tuple(adapters)
 
 
 @dataclass
