@@ -16,9 +16,11 @@ copies exact. The run prints the reward and `tool_use` (the fraction of episodes
 NOT YET LEARNING -- measured on the 2-core CPU machine (docs/agentic.md), seed 0, the defaults (300 warm-up steps
 of 8 conversations, 3 tasks, temperature 0.7, 20 steps of 4 tasks x 8, lr 5e-4; 8.5 min): `tool_use` rises from
 0.88 to 1.0 within 3 steps, but the reward stays at 0.375 (first 2 steps) -> 0.375 (last 2), between 0.06 and 0.44
-step to step: a call or a copy that is wrong by one token fails, and RL does not make them exact here. With 160
-warm-up steps at temperature 1 (the prompt is ~550 tokens and a call ~60, so warm-up is the slow part) the
-reward starts near 0 and stays there.
+step to step. After the warm-up the answer is right whenever the call is, but calls copy the expression of
+another task of the pool ("75 * 43" for "15 * 43"), so a task can have almost no right episode for RL to
+reinforce; positive-only advantages (lr 1e-3, 40 steps) gave 0.27 -> 0.35, inside the noise. With 160 warm-up
+steps at temperature 1 (the prompt is ~550 tokens and a call ~60, so warm-up is the slow part) the reward starts
+near 0 and stays there.
 
     python examples/tool_grpo.py                  # about 8.5 minutes on an idle 2-core machine
     python examples/tool_grpo.py --seed 1 --steps 40
