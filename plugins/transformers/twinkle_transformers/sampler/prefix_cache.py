@@ -4,11 +4,13 @@ A multi-turn rollout samples a turn, appends the tool or environment reply and s
 previous prompt plus the sampled tokens plus a few new ones. Without reuse every turn prefills the whole episode
 again, so prefill grows with the square of the turn count and dominates a rollout. `PrefixCache` keeps, per
 finished sequence, the keys/values of every position the decode computed (the prompt and all sampled tokens but
-the last, which was never fed back), keyed by (adapter, those tokens). A later prompt that starts with a stored
-sequence prefills only its remaining tokens on top of it (`prefill_inputs`).
+the last, which was never fed back), keyed by (adapter, those tokens). A later prompt prefills only what follows
+the longest first part it shares with a stored sequence (`prefill_layout`, `write_prefixes`): the whole previous
+turn of its episode, or a system prompt it shares with other prompts (matches of at least one `BLOCK_TOKENS`
+block, found through a block-hash index).
 
 Contract:
-- entries are exact: a prompt reuses a stored sequence only when its first tokens equal it, under the same
+- reuse is exact: a prompt reuses stored positions only when its tokens up to there equal them, under the same
   adapter and the same weights (`check_weights` drops everything when the weights' fingerprint changed: a weight
   load, an adapter added or removed, an optimizer step on a shared model);
 - the results are the model's own up to floating-point differences between batch shapes, as for any batching;
@@ -19,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 from collections import OrderedDict
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
@@ -61,12 +64,7 @@ class PrefixCacheStats:
     reused_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            'prompts': self.prompts,
-            'hits': self.hits,
-            'prompt_tokens': self.prompt_tokens,
-            'reused_tokens': self.reused_tokens,
-        }
+        return dataclasses.asdict(self)
 
 
 #: tokens per block of the prefix index: a prompt finds a stored sequence by its first whole blocks
