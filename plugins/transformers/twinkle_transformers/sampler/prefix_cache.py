@@ -20,8 +20,8 @@ Contract:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
