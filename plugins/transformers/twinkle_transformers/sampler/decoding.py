@@ -66,7 +66,7 @@ class BatchDecoder:
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
-        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.enabled else None
+        self.prefix_cache = prefix_cache
         self.pad_token_id = pad_token_id
         self.route = route
         self.fast = None if vision_language else fast
