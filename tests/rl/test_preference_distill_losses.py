@@ -177,6 +177,39 @@ def test_gkd_matches_reference(beta, temperature):
     torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    'beta, temperature, chunk',
+    [(0.5, 1.0, 1), (0.1, 2.0, 4), (0.0, 1.0, 5), (1.0, 0.7, 100)],
+    ids=['jsd-chunk1', 'jsd-0.1-T2-chunk4', 'forward-kl-chunk5', 'reverse-kl-one-chunk'],
+)
+def test_gkd_from_hidden_states_in_chunks_equals_gkd_from_full_logits(beta, temperature, chunk):
+    # the memory-bounded layout: final hidden states [B, T, H] + output embedding [V, H] instead of logits
+    batch = distill_batch(seed=5)
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(3, T, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    inputs = {'labels': batch['labels'], 'teacher_logits': batch['teacher']}
+    logps = torch.zeros(batch['labels'].shape, dtype=torch.float64)
+    full = GKDLoss(beta=beta, temperature=temperature)(inputs, {'logps': logps, 'logits': hidden @ weight.T})
+    chunked = GKDLoss(beta=beta, temperature=temperature, chunk_tokens=chunk)(
+        inputs, {'logps': logps, 'hidden_states': hidden, 'output_weight': weight}
+    )
+    torch.testing.assert_close(chunked['loss'], full['loss'], rtol=1e-10, atol=1e-12)
+    assert chunked['num_tokens'] == full['num_tokens'] == int(batch['mask'].sum())
+    want = torch.autograd.grad(full['loss'], (hidden, weight))
+    got = torch.autograd.grad(chunked['loss'], (hidden, weight))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_gkd_refuses_outputs_without_logits_or_hidden_states_and_a_bad_chunk_size():
+    batch = distill_batch(seed=4)
+    with pytest.raises(InvalidInputError, match="outputs\\['logits'\\] \\(or 'hidden_states' \\+ 'output_weight'\\)"):
+        GKDLoss()({'labels': batch['labels'], 'teacher_logits': batch['teacher']}, {'logps': torch.zeros(3, T)})
+    with pytest.raises(InvalidInputError, match='chunk_tokens must be >= 1'):
+        GKDLoss(chunk_tokens=0)
+
+
 def test_gkd_is_zero_when_student_equals_teacher_and_checks_shapes():
     batch = distill_batch(seed=4)
     teacher = torch.nan_to_num(batch['teacher'])

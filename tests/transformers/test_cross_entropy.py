@@ -150,29 +150,51 @@ def test_the_memory_bounded_path_is_chosen_by_the_batch_size_unless_the_loss_say
     full = CrossEntropyLoss()
     full.logps_from_hidden_states = False  # says False
     assert not forward.wants_hidden_state_logps(full, limit + 1, vocab)
-    gkd = resolve('loss', 'GKDLoss')
-    assert not forward.wants_hidden_state_logps(gkd, limit + 1, vocab)  # needs the full logits
+    gkd = resolve('loss', 'GKDLoss')  # needs the logits, but takes hidden states and builds them in chunks
+    assert not forward.wants_hidden_state_logps(gkd, limit, vocab)
+    assert forward.wants_hidden_state_logps(gkd, limit + 1, vocab)
+
+    class NeedsLogits:  # e.g. a custom loss reading outputs['logits']
+        needs_logits = True
+        logps_from_hidden_states = True
+
+    assert not forward.wants_hidden_state_logps(NeedsLogits(), limit + 1, vocab)
 
 
-@pytest.mark.parametrize('loss_name', ['GRPOLoss', 'DPOLoss'])
+@pytest.mark.parametrize('loss_name', ['GRPOLoss', 'DPOLoss', 'GKDLoss'])
 def test_a_large_batch_takes_the_memory_bounded_path_with_the_same_gradients(tiny_model_dir, monkeypatch, loss_name):
+    from transformers import AutoModelForCausalLM
+
+    from twinkle_core.loss.gkd import GKDLoss
+
     rows = make_rows(4, lengths=(13, 7, 10, 9))
     keywords = {'advantages': [1.0, -0.5, 0.25, -1.0]} if loss_name == 'GRPOLoss' else {}
+    loss_kwargs = {
+        'DPOLoss': {'reference_free': True},
+        # GKD: the base model as teacher (the student's LoRA is not zero); its logits come in chunks too
+        'GKDLoss': {'teacher_model': AutoModelForCausalLM.from_pretrained(tiny_model_dir), 'chunk_tokens': 5},
+    }.get(loss_name, {})
     calls = []
     chunked = forward.compute_logps_from_hidden
     monkeypatch.setattr(forward, 'compute_logps_from_hidden', lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    teacher_logits = GKDLoss._run_teacher
+    monkeypatch.setattr(GKDLoss, '_run_teacher', lambda *a: calls.append('full teacher') or teacher_logits(*a))
     results = []
     for chunk_bytes in (forward.CHUNK_BYTES, 4 * 2048 * 8):  # a chunk of 8 tokens: the batch is "large"
         monkeypatch.setattr(forward, 'CHUNK_BYTES', chunk_bytes)
+        calls.clear()
         torch.manual_seed(0)
         model = TransformersModel(tiny_model_dir)
         model.add_adapter_to_model('default', {'r': 4, 'init_lora_weights': False})
-        model.set_loss(loss_name, **({'reference_free': True} if loss_name == 'DPOLoss' else {}))
+        model.set_loss(loss_name, **loss_kwargs)
         out = model.forward_backward(inputs=rows, **keywords)
         grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
-        results.append((out['loss'], grads, len(calls)))
+        results.append((out['loss'], grads, list(calls)))
     (plain, plain_grads, plain_calls), (bounded, bounded_grads, bounded_calls) = results
-    assert plain_calls == 0 and bounded_calls > 0  # full logits for a small batch, chunks for a large one
+    # full logits for a small batch, chunks for a large one (GKD: the teacher's logits too)
+    assert 1 not in plain_calls and 1 in bounded_calls and 'full teacher' not in bounded_calls
+    assert plain_calls == (['full teacher'] if loss_name == 'GKDLoss' else [])
+    assert abs(plain) > 1e-4  # a divergence / loss that is not zero
     assert bounded == pytest.approx(plain, abs=1e-6)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(bounded_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)

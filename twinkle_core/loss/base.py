@@ -10,7 +10,10 @@ Contract (all losses):
 - optional class attributes a model honours: ``logps_from_hidden_states`` (True: compute ``logps`` from the final
   hidden states and the output embedding in chunks, never materialising [T, V] logits; False: from full logits;
   unset / None: the chunked path when the batch's full logits would be large -- the Transformers backend's rule
-  is `twinkle_transformers.forward.wants_hidden_state_logps`) and ``chunk_tokens``.
+  is `twinkle_transformers.forward.wants_hidden_state_logps`), ``chunk_tokens`` and ``accepts_hidden_states``
+  (a ``needs_logits`` loss that can take ``hidden_states`` [B, T, H] + ``output_weight`` [V, H] in place of
+  ``logits`` and compute them in chunks itself: it is given those whenever the log-probs come from the hidden
+  states, and ``logits`` otherwise).
 - ``reduction`` (``'token_mean'`` | ``'sum'`` | ``'sequence_mean'``): models divide the loss by the number of
   gradient-accumulation steps unless it is ``'sum'`` (docs/conventions.md).
 - returns a `LossOutput` dict: ``loss`` (scalar tensor to backpropagate) and optional float metrics.
@@ -30,6 +33,8 @@ class LossOutput(TypedDict, total=False):
 
 class Loss(ABC):
     needs_logits: bool = False  # True: the model must keep full logits in `outputs['logits']`
+    # with needs_logits: the loss also takes `hidden_states` + `output_weight` in place of `logits` (see above)
+    accepts_hidden_states: bool = False
     # Log-probs from the hidden states in chunks (True), from full logits (False), or by the batch's size (None).
     logps_from_hidden_states: bool | None = None
     # How the loss reduces over tokens (docs/conventions.md): 'token_mean' | 'sequence_mean' | 'sum'. Gradient

@@ -16,12 +16,11 @@ import torch
 from torch import Tensor
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.loss.chunking import default_chunk_tokens
 
 #: metrics key of a loss's per-row candidate log-probs: one [n - 1][K] list per row (positions 0 .. n - 2 of the
 #: shifted layout, i.e. the row's predictions), popped by the model host before metrics reach a client
 ROW_CANDIDATE_LOGPS = 'rows/candidate_logps'
-#: rows of fp32 logits per chunk while scoring candidates (bounds the float32 copy of the logits)
-CHUNK_BYTES = 1 << 28
 
 
 def column(name: str, k: int) -> str:
@@ -124,6 +123,6 @@ def candidate_logps(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
             f'vocabulary [0, {vocab}).'
         )
     safe = torch.where(mask.unsqueeze(-1), ids, 0)
-    chunk = max(1, CHUNK_BYTES // (4 * max(1, vocab)))
+    chunk = default_chunk_tokens(vocab)  # bounds the float32 copy of the logits
     flat = _CandidateLogProbs.apply(logits.reshape(-1, vocab), safe.reshape(-1, ids.shape[-1]), chunk)
     return torch.where(mask.unsqueeze(-1), flat.view(ids.shape), 0.0)

@@ -26,25 +26,19 @@ import torch
 from torch import Tensor
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.loss.chunking import CHUNK_BYTES, default_chunk_tokens, plain_output_head, unwrap_causal_lm
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_transformers import vision
 
-# Tokens per chunk are chosen so that one chunk's fp32 logits take about this many bytes.
-CHUNK_BYTES = 1 << 28
 logger = logging.getLogger(__name__)
 
 
-def default_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk so that a chunk of fp32 logits is ~256 MiB."""
-    return max(1, CHUNK_BYTES // (4 * max(1, vocab_size)))
-
-
 def wants_hidden_state_logps(loss: object, num_tokens: int, vocab_size: int) -> bool:
-    """Whether `loss`'s log-probs should come from the hidden states: never when it needs the full logits; its
-    ``logps_from_hidden_states`` when set (True / False); else (None, unset) when `num_tokens` x `vocab_size`
-    fp32 logits would exceed one chunk (`CHUNK_BYTES`), i.e. when full logits would cost more memory than the
-    chunked path ever holds."""
-    if getattr(loss, 'needs_logits', False):
+    """Whether `loss`'s log-probs should come from the hidden states: never when it needs the full logits and
+    cannot take the hidden states instead (``accepts_hidden_states``); its ``logps_from_hidden_states`` when set
+    (True / False); else (None, unset) when `num_tokens` x `vocab_size` fp32 logits would exceed one chunk
+    (`CHUNK_BYTES`), i.e. when full logits would cost more memory than the chunked path ever holds."""
+    if getattr(loss, 'needs_logits', False) and not getattr(loss, 'accepts_hidden_states', False):
         return False
     choice = getattr(loss, 'logps_from_hidden_states', None)
     if choice is not None:
@@ -220,31 +214,13 @@ def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = Non
     return kwargs
 
 
-def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
-    """The `PreTrainedModel` under a PEFT wrapper (or `model` itself)."""
-    get_base = getattr(model, 'get_base_model', None)
-    return get_base() if callable(get_base) else model
-
-
 def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
-    """(decoder, output-embedding weight) when logps can be computed from hidden states, else None.
-
-    Not possible when the output layer is adapted (a LoRA on ``lm_head``), has a bias or sharded (DTensor)
-    weights, or the model post-processes its logits (soft-capping, scaling) -- callers then use full logits.
-    """
-    base = unwrap_causal_lm(model)
-    get_decoder = getattr(base, 'get_decoder', None)
-    get_output = getattr(base, 'get_output_embeddings', None)  # an HF PreTrainedModel's
-    head = get_output() if get_output is not None else None
-    config = getattr(base, 'config', None)
-    post_processed = any(getattr(config, a, None) for a in ('final_logit_softcapping', 'logit_scale'))
-    if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None or post_processed:
+    """(decoder, output-embedding weight) when logps can be computed from hidden states, else None: the
+    output layer must be a plain projection (`plain_output_head`) and the model not a vision-language one (its
+    decoder alone would not see the images). Callers then use full logits."""
+    if vision.is_vision_language(getattr(unwrap_causal_lm(model), 'config', None)):
         return None
-    if type(head.weight.data).__name__ == 'DTensor':  # FSDP/TP: only the root module's forward gathers it
-        return None
-    if vision.is_vision_language(config):  # the decoder alone would not see the images
-        return None
-    return get_decoder(), head.weight
+    return plain_output_head(model)
 
 
 def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object = None) -> dict[str, Tensor]:
@@ -253,7 +229,9 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
 
     Returns ``target_logps`` [B, T] (log p of ``target_ids``: the next input token, or the label where one is
     set; 0 at row ends and padding), ``logps`` (the same, 0 where ``labels == -100``), ``mask`` (labels != -100),
-    ``correct`` (argmax == label, bool, no grad) and ``logits`` when ``loss.needs_logits``. Runs under the
+    ``correct`` (argmax == label, bool, no grad) and, when ``loss.needs_logits``, ``logits`` -- or, for a loss
+    that ``accepts_hidden_states`` when the log-probs come from them, ``hidden_states`` [B, T, H] and
+    ``output_weight`` [V, H] (``logits == hidden_states @ output_weight.T``) instead. Runs under the
     caller's grad mode. Log-probs come from the hidden states when `wants_hidden_state_logps` says so and the
     output layer allows it (`hidden_state_head`), else from full logits. A loss may set ``chunk_tokens`` (tokens
     per log-prob chunk), and one that sets ``logps_from_hidden_states`` may compute them itself:
@@ -286,6 +264,8 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
             if custom is not None
             else compute_logps_from_hidden(hidden, weight, targets, chunk_tokens=chunk_tokens)
         )
+        if needs_logits:  # a loss that accepts_hidden_states computes its logits in chunks itself
+            outputs.update(hidden_states=hidden, output_weight=weight)
     else:
         logits = model(**model_call_kwargs(batch, model)).logits
         target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)
