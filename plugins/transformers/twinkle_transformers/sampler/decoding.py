@@ -3,7 +3,9 @@
 Prompts are left-padded into one batch (2-D attention mask, position ids counted from each prompt's first real
 token) and prefilled once with the model's Hugging Face forward; the cache is then fanned out to every sample of
 the prompt (prefix sharing: n samples, or n equal prompts, cost one prefill). With a `PrefixCache`, a prompt that
-starts with a sequence an earlier call computed prefills only its remaining tokens (`prefix_cache.py`).
+starts with a sequence an earlier call computed prefills only its remaining tokens (`prefix_cache.py`). First
+tokens that all prompts share (a system prompt, tool schemas) are kept once and read once per step on the lean
+path (`shared_prefix.py`).
 
 Each step feeds only the newest token per row. Rows that stop leave the batch at once (their cache rows are
 dropped), so a finished sequence costs nothing afterwards.
@@ -38,6 +40,7 @@ from twinkle_transformers.sampler.prefix_cache import (
 )
 from twinkle_transformers.sampler.prompt_scoring import score_prompt
 from twinkle_transformers.sampler.sampling import TokenChooser, chosen_logprobs
+from twinkle_transformers.sampler.shared_prefix import SharedPrefix, shared_length
 from twinkle_transformers.sampler.stopping import StopCondition
 from twinkle_transformers.sampler.vision_inputs import (
     placeholder_token_ids,
@@ -98,10 +101,17 @@ class BatchDecoder:
             cache_lookup.longest_prefix(j.adapter_name, j.token_ids) if cache_lookup is not None else None
             for j in unique
         ]
-        layout = prefill_layout([j.token_ids for j in unique], prefixes, self.pad_token_id, device)
-        capacity = layout.mask.shape[1] + stop.max_tokens  # cached, new and generated positions
+        share = self._shared_length(unique, sum(j.num_samples for j in jobs), scoring)
+        layout = prefill_layout(
+            [j.token_ids[share:] for j in unique],
+            [p.after(share) if p is not None else None for p in prefixes],
+            self.pad_token_id,
+            device,
+            start=share,
+        )
+        capacity = layout.mask.shape[1] + stop.max_tokens  # cached, new and generated positions (after `share`)
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
-        last_logits, cache, deltas = self._prefill(unique, prefixes, layout, capacity, scoring)
+        last_logits, cache, deltas = self._prefill(unique, prefixes, layout, capacity, scoring, share)
         if scoring.active:
             for p, (job, result) in enumerate(zip(jobs, results)):
                 if job.scored:
@@ -154,6 +164,12 @@ class BatchDecoder:
             logits = stepper(tokens, rows.positions(), rows.adapters)
             rows.next_pos = rows.next_pos + 1
 
+    def _shared_length(self, unique: list[PromptJob], rows: int, scoring: PromptScoring) -> int:
+        """First prompt tokens kept once for all rows (`shared_prefix.py`): lean steps only, never when scoring."""
+        if self.fast is None or scoring.active:
+            return 0
+        return shared_length([j.token_ids for j in unique], [j.adapter_name for j in unique], rows)
+
     def _prefill(
         self,
         unique: list[PromptJob],
@@ -161,14 +177,18 @@ class BatchDecoder:
         layout: PrefillLayout,
         capacity: int,
         scoring: PromptScoring,
+        share: int = 0,
     ) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
         """Prefill the distinct prompts on top of their prefixes: logits [U, W, V] (the last W positions: 1, or the
         scored ones), the cache (a `StaticKVCache` of `capacity` positions from the lean step, else an HF
-        `DynamicCache`) and the M-RoPE deltas of a vision-language model."""
+        `DynamicCache`) and the M-RoPE deltas of a vision-language model. `share` > 0 (lean step only): the
+        prompts' first `share` tokens are kept once in the cache's `shared` part, `layout` lays out the rest."""
         if self.fast is not None and not scoring.active:  # the lean step prefills too: no HF cache to convert
-            self.fast.prepare(positions=capacity + 1)
+            self.fast.prepare(positions=share + capacity + 1)
             static = self.fast.new_cache(len(unique), capacity)
-            write_prefixes(prefixes, layout.width, static.keys, static.values)
+            static.shared = self._shared_prefix(unique[0], prefixes, share) if share else None
+            row_prefixes = [p.after(share) if p is not None else None for p in prefixes]
+            write_prefixes(row_prefixes, layout.width, static.keys, static.values)
             static.length = layout.width
             with self.route([j.adapter_name for j in unique])[0]:
                 logits = self.fast.step(layout.input_ids, layout.positions, static, layout.mask.bool())
@@ -189,6 +209,25 @@ class BatchDecoder:
             **inputs,
         )
         return out.logits, cache, deltas
+
+    def _shared_prefix(self, job: PromptJob, prefixes: list[CachedSequence | None], share: int) -> SharedPrefix:
+        """The keys/values of `job`'s first `share` tokens (which every prompt of the batch starts with): from a
+        stored prefix that covers them, else one single-row prefill."""
+        assert self.fast is not None
+        stored = next((p for p in prefixes if p is not None and len(p.tokens) >= share), None)
+        if stored is not None:
+            part = stored.first(share)
+            return SharedPrefix([k.contiguous() for k in part.keys], [v.contiguous() for v in part.values])
+        device = next(self.model.parameters()).device
+        cache = self.fast.new_cache(1, share)
+        with self.route([job.adapter_name])[0]:
+            self.fast.step(
+                torch.tensor([job.token_ids[:share]], device=device),
+                torch.arange(share, device=device)[None],
+                cache,
+                torch.ones(1, share, dtype=torch.bool, device=device),
+            )
+        return SharedPrefix([k[0] for k in cache.keys], [v[0] for v in cache.values])
 
     def _stepper(self, cache: Any, fan_out: torch.Tensor, key_mask: torch.Tensor, *, fanned: bool) -> _Stepper:
         """The decode steps over the prefilled cache, fanned out to one row per sample (`fanned`: not one to one)."""
@@ -335,10 +374,14 @@ class _FastStepper:
             self.live = live
 
     def row_cache(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        length = self.cache.length
+        length, shared = self.cache.length, self.cache.shared
         row = row if self.live is None else int(self.live[row])
         valid = self.key_mask[row, :length]
+        keys = [k[row, :, :length][:, valid] for k in self.cache.keys]
+        values = [v[row, :, :length][:, valid] for v in self.cache.values]
+        if shared is None:
+            return keys, values
         return (
-            [k[row, :, :length][:, valid] for k in self.cache.keys],
-            [v[row, :, :length][:, valid] for v in self.cache.values],
+            [torch.cat([s, k], dim=1) for s, k in zip(shared.keys, keys)],
+            [torch.cat([s, v], dim=1) for s, v in zip(shared.values, values)],
         )

@@ -3,7 +3,8 @@
 Per generated token the HF forward re-derives attention masks, grows the KV cache by concatenation, expands KV
 heads for GQA and runs several Python wrappers per layer. This step does the same math (same weights, same
 RoPE module, fp32-identical results) with: a preallocated KV cache written in place, one boolean key mask,
-`scaled_dot_product_attention(enable_gqa=True)`, fused `F.rms_norm`, and -- for a model the sampler owns -- q/k/v
+`scaled_dot_product_attention(enable_gqa=True)` (or, when the rows share their first positions, attention that
+reads those once: `shared_prefix.py`), fused `F.rms_norm`, and -- for a model the sampler owns -- q/k/v
 and gate/up projections fused into single matmuls whose original parameters become views of the fused tensor
 (no extra memory; in-place weight loads keep both in sync).
 
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from twinkle_transformers.sampler.shared_prefix import SharedPrefix, shared_prefix_attention
+
 SUPPORTED_MODEL_TYPES = frozenset({'llama', 'mistral', 'qwen2', 'qwen3'})
 
 
@@ -34,11 +37,13 @@ def full_attention_only(config: Any) -> bool:
 
 @dataclass
 class StaticKVCache:
-    """Per layer keys/values [B, kv_heads, capacity, head_dim]; `length` positions are filled."""
+    """Per layer keys/values [B, kv_heads, capacity, head_dim]; `length` positions are filled. `shared`: first
+    positions every row attends to, kept once (`shared_prefix.py`); the rows' columns follow them."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
+    shared: SharedPrefix | None = None
 
     @classmethod
     def from_dynamic(cls, cache: Any, rows: torch.Tensor, capacity: int) -> StaticKVCache:
@@ -157,14 +162,20 @@ class FastDecoder:
             keys, values = cache.keys[index], cache.values[index]
             keys[:, :, slot : slot + count] = k
             values[:, :, slot : slot + count] = v.view(batch, count, -1, head_dim).transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q,
-                keys[:, :, : slot + count],
-                values[:, :, : slot + count],
-                attn_mask=mask,
-                scale=attn.scaling,
-                enable_gqa=True,
-            )
+            if cache.shared is None:
+                out = F.scaled_dot_product_attention(
+                    q,
+                    keys[:, :, : slot + count],
+                    values[:, :, : slot + count],
+                    attn_mask=mask,
+                    scale=attn.scaling,
+                    enable_gqa=True,
+                )
+            else:
+                shared = (cache.shared.keys[index], cache.shared.values[index])
+                out = shared_prefix_attention(
+                    q, keys[:, :, : slot + count], values[:, :, : slot + count], mask, attn.scaling, shared
+                )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, count, -1))
             h = self._norm(x, layer.post_attention_layernorm)
             gate, up = gate_up(h)

@@ -48,6 +48,14 @@ class CachedSequence:
             return self
         return CachedSequence(self.tokens[:n], [k[:, :n] for k in self.keys], [v[:, :n] for v in self.values])
 
+    def after(self, n: int) -> CachedSequence | None:
+        """The positions after the first `n` (views), None when there are none."""
+        if n == 0:
+            return self
+        if n >= len(self.tokens):
+            return None
+        return CachedSequence(self.tokens[n:], [k[:, n:] for k in self.keys], [v[:, n:] for v in self.values])
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
@@ -200,8 +208,15 @@ class PrefillLayout:
 
 
 def prefill_layout(
-    prompts: Sequence[Sequence[int]], prefixes: Sequence[CachedSequence | None], pad_id: int, device: torch.device
+    prompts: Sequence[Sequence[int]],
+    prefixes: Sequence[CachedSequence | None],
+    pad_id: int,
+    device: torch.device,
+    *,
+    start: int = 0,
 ) -> PrefillLayout:
+    """Lay `prompts` out on top of their `prefixes` (see `PrefillLayout`); `start`: the prompts' first token is
+    at position `start` (what precedes them is attended to from elsewhere: a shared prefix)."""
     cached = [len(p.tokens) if p is not None else 0 for p in prefixes]
     suffixes = [list(prompt[n:]) for prompt, n in zip(prompts, cached)]
     width, length = max(cached), max(len(s) for s in suffixes)
@@ -213,7 +228,7 @@ def prefill_layout(
         input_ids[row, length - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
         mask[row, width - n : width] = 1
         mask[row, width + length - len(suffix) :] = 1
-        positions[row, length - len(suffix) :] = torch.arange(n, n + len(suffix))
+        positions[row, length - len(suffix) :] = torch.arange(start + n, start + n + len(suffix))
     return PrefillLayout(input_ids.to(device), mask.to(device), positions.to(device), width)
 
 
