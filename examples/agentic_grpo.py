@@ -18,11 +18,11 @@ later guesses agree with the hints so far) per step.
 LEARNS THE HINT -- measured on the 2-core CPU machine (docs/agentic.md), 12 games of 8 per step, the defaults
 (positive-only advantages, lr 5e-4, 100 steps, 4.5 min): seed 0, the reward rises from 0.60 (first 10 steps) to
 0.84 (last 10) and `hint_use` from 0.40 to 0.82; seed 1 (60 steps) from 0.63 to 0.98, `hint_use` 0.45 to 0.98.
-Positive-only: a GRPO advantage below 0 is set to 0 (`positive_part`), so each step moves towards the episodes
-that beat their group and never away from the others. With plain GRPO advantages (``--no-positive-only``, lr
-2e-4) the reward rises only to about 0.665 and `hint_use` plateaus at 0.5 -- the unconditional strategy "never
-repeat the opening" (a fixed second guess wins 2 games in 3), not the hint; at lr 5e-4 plain GRPO collapses to
-empty replies after about 6 steps.
+Positive-only (`GRPOAdvantage(positive_only=True)`): a GRPO advantage below 0 is set to 0, so each step moves
+towards the episodes that beat their group and never away from the others. With plain GRPO advantages
+(``--no-positive-only``, lr 2e-4) the reward rises only to about 0.665 and `hint_use` plateaus at 0.5 -- the
+unconditional strategy "never repeat the opening" (a fixed second guess wins 2 games in 3), not the hint; at lr
+5e-4 plain GRPO collapses to empty replies after about 6 steps.
 
 The RL loop is `AsyncRLDriver` (twinkle_core.rl) with a sampler of its own: ``--max-staleness 0`` (the default)
 alternates sampling and training like a synchronous loop; ``--max-staleness 1`` plays step s+1's games while the
@@ -43,7 +43,7 @@ from __future__ import annotations
 import argparse
 import random
 from statistics import fmean
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -113,12 +113,6 @@ def hint_use(episode: dict[str, Any], high: int) -> float | None:
     return fmean(checks) if checks else None
 
 
-def positive_part(advantage: Callable[..., Sequence[float]]) -> Callable[..., list[float]]:
-    """`advantage` with its negative values set to 0: each step trains only towards the episodes that beat their
-    group's mean, never away from the others."""
-    return lambda rewards, **kwargs: [max(a, 0.0) for a in advantage(rewards, **kwargs)]
-
-
 def main(
     steps: int = 100,
     high: int = 3,
@@ -162,8 +156,8 @@ def main(
         )
         return EpisodeWorker(rollout, lambda: games(rng, prompts_per_step, group_size, game), group_size)
 
-    advantage = GRPOAdvantage(scale=advantage_scale)
-    policy_step = PolicyGradientStep(model, positive_part(advantage) if positive_only else advantage, max_norm=1.0)
+    advantage = GRPOAdvantage(scale=advantage_scale, positive_only=positive_only)
+    policy_step = PolicyGradientStep(model, advantage, max_norm=1.0)
     last_episodes: list[dict[str, Any]] = []
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:

@@ -29,15 +29,6 @@ def test_hint_use_scores_later_guesses_against_the_hints():
     assert hint_use(episode(5, '5'), 8) is None  # right at once: nothing to score
 
 
-def test_positive_part_keeps_only_the_episodes_that_beat_their_group():
-    from twinkle_core.advantage import GRPOAdvantage
-
-    advantage = load_example('agentic_grpo').positive_part(GRPOAdvantage())
-    values = advantage([1.0, 0.0, 0.0, 1.0, 0.5, 0.5], group_size=3)
-    assert values[0] > 0 and values[1:3] == [0.0, 0.0]  # below the group's mean: 0, not negative
-    assert values[3] > 0 and values[4:] == [0.0, 0.0]
-
-
 @pytest.mark.slow
 def test_the_loop_runs_and_trains(capsys):
     result = load_example('agentic_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=2, seed=0)

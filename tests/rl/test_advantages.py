@@ -37,6 +37,13 @@ def test_grpo_batch_and_no_scale():
     close(GRPOAdvantage(scale='none')(REWARDS, group_size=3), [2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
 
 
+def test_grpo_positive_only_keeps_the_completions_that_beat_their_group():
+    plain = GRPOAdvantage()([1.0, 0.0, 0.0, 1.0, 0.5, 0.5], group_size=3)
+    values = GRPOAdvantage(positive_only=True)([1.0, 0.0, 0.0, 1.0, 0.5, 0.5], group_size=3)
+    assert values[0] == plain[0] > 0 and values[1:3] == [0.0, 0.0] and plain[1] < 0  # below the mean: 0
+    assert values[3] == plain[3] > 0 and values[4:] == [0.0, 0.0]
+
+
 def test_grpo_flat_group_with_zero_epsilon_is_zero_not_an_error():
     close(GRPOAdvantage(epsilon=0.0)([5.0, 5.0], group_size=2), [0.0, 0.0])
 

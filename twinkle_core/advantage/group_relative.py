@@ -40,11 +40,14 @@ class GRPOAdvantage(Advantage):
 
     ``scale``: ``'group'`` divides by the group's standard deviation (GRPO), ``'batch'`` by the standard deviation
     of all rewards in the call, ``'none'`` does not divide (Dr. GRPO). Standard deviations are sample ones
-    (``n - 1`` denominator, as in TRL). A group whose rewards are all equal gets advantage 0.
+    (``n - 1`` denominator, as in TRL). A group whose rewards are all equal gets advantage 0. ``positive_only``:
+    advantages below 0 become 0, so a step trains only towards the completions that beat their group's mean and
+    never away from the others (steadier on small models, where pushing down sampled text can collapse a policy).
     """
 
-    def __init__(self, scale: GRPOScale = 'group', epsilon: float = 1e-6) -> None:
+    def __init__(self, scale: GRPOScale = 'group', epsilon: float = 1e-6, *, positive_only: bool = False) -> None:
         self.scale, self.epsilon = _check_scale(scale), float(epsilon)
+        self.positive_only = bool(positive_only)
         if epsilon < 0:
             raise InvalidInputError(f'GRPOAdvantage: epsilon must be >= 0, got {epsilon}.')
 
@@ -68,7 +71,8 @@ class GRPOAdvantage(Advantage):
             else:
                 # std == 0 means every reward in scope is equal, so the numerator is 0 too
                 denominator = (stdev(group) if scale == 'group' else batch_std) + self.epsilon or 1.0
-            out.extend((r - mean) / denominator for r in group)
+            values = [(r - mean) / denominator for r in group]
+            out.extend([max(a, 0.0) for a in values] if self.positive_only else values)
         return out
 
 
