@@ -1,7 +1,7 @@
 """examples/agentic_grpo.py and examples/tool_grpo.py: the multi-turn GRPO loops run end to end on the tiny fixture
 (rollout, masked rows, GRPO step), the game's hint-use metric scores guesses against the hints, the tool example's
-warm-start conversations have the two formats; over seeds, a game run learns to use the hints and an asynchronous
-one raises the reward (slow)."""
+warm-start conversations have the two formats; over seeds, a game run learns to use the hints, an asynchronous one
+raises the reward and a tool-use run raises it by calling the calculator (slow)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,17 @@ def test_tool_warmup_conversations_call_the_calculator_or_answer_at_once():
 
 
 @pytest.mark.slow
-def test_the_tool_loop_runs_and_trains(capsys):
-    result = load_example('tool_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=2, seed=0)
-    assert len(result['mean_rewards']) == 2 and all(0.0 <= u <= 1.0 for u in result['tool_uses'])
+def test_the_tool_loop_raises_the_reward_over_seeds(capsys):
+    # the defaults (a warm-start with the calculator in 1 conversation of 4, positive-only advantages), 16 steps:
+    # measured on the 2-core machine, the reward of the first 3 steps is about 0.06 (seed 0) and 0.30 (seed 1), of
+    # steps 13-16 about 0.5 and 0.73, as the policy learns to call the calculator (tool_use ~0.45 -> 1.0) and to copy
+    # the right expression. Threads make runs differ a little, so the rise is judged on the mean over the seeds.
+    rises = []
+    for seed in (0, 1):
+        result = load_example('tool_grpo').main(steps=16, seed=seed)
+        rewards, uses = result['mean_rewards'], result['tool_uses']
+        assert len(rewards) == 16 and all(0.0 <= u <= 1.0 for u in uses)
+        assert fmean(uses[-4:]) > fmean(uses[:3]), uses  # RL prefers the tool
+        rises.append(fmean(rewards[-4:]) - fmean(rewards[:3]))
+    assert fmean(rises) > 0.1, rises
     assert 'an episode: assistant:' in capsys.readouterr().out
