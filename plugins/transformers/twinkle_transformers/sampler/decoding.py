@@ -102,16 +102,14 @@ class BatchDecoder:
             for j in unique
         ]
         share = self._shared_length(unique, sum(j.num_samples for j in jobs), scoring)
+        shared = self._shared_prefix(unique[0], prefixes, share) if share else None
+        row_prefixes = [p.after(share) if p is not None else None for p in prefixes]
         layout = prefill_layout(
-            [j.token_ids[share:] for j in unique],
-            [p.after(share) if p is not None else None for p in prefixes],
-            self.pad_token_id,
-            device,
-            start=share,
+            [j.token_ids[share:] for j in unique], row_prefixes, self.pad_token_id, device, start=share
         )
         capacity = layout.mask.shape[1] + stop.max_tokens  # cached, new and generated positions (after `share`)
         results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
-        last_logits, cache, deltas = self._prefill(unique, prefixes, layout, capacity, scoring, share)
+        last_logits, cache, deltas = self._prefill(unique, row_prefixes, layout, capacity, scoring, shared)
         if scoring.active:
             for p, (job, result) in enumerate(zip(jobs, results)):
                 if job.scored:
@@ -177,18 +175,17 @@ class BatchDecoder:
         layout: PrefillLayout,
         capacity: int,
         scoring: PromptScoring,
-        share: int = 0,
+        shared: SharedPrefix | None = None,
     ) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
         """Prefill the distinct prompts on top of their prefixes: logits [U, W, V] (the last W positions: 1, or the
         scored ones), the cache (a `StaticKVCache` of `capacity` positions from the lean step, else an HF
-        `DynamicCache`) and the M-RoPE deltas of a vision-language model. `share` > 0 (lean step only): the
-        prompts' first `share` tokens are kept once in the cache's `shared` part, `layout` lays out the rest."""
+        `DynamicCache`) and the M-RoPE deltas of a vision-language model. `shared` (lean step only): the first
+        positions every prompt starts with, kept once (`layout` and `prefixes` hold what follows them)."""
         if self.fast is not None and not scoring.active:  # the lean step prefills too: no HF cache to convert
-            self.fast.prepare(positions=share + capacity + 1)
+            self.fast.prepare(positions=(shared.length if shared is not None else 0) + capacity + 1)
             static = self.fast.new_cache(len(unique), capacity)
-            static.shared = self._shared_prefix(unique[0], prefixes, share) if share else None
-            row_prefixes = [p.after(share) if p is not None else None for p in prefixes]
-            write_prefixes(row_prefixes, layout.width, static.keys, static.values)
+            static.shared = shared
+            write_prefixes(prefixes, layout.width, static.keys, static.values)
             static.length = layout.width
             with self.route([j.adapter_name for j in unique])[0]:
                 logits = self.fast.step(layout.input_ids, layout.positions, static, layout.mask.bool())
@@ -219,6 +216,7 @@ class BatchDecoder:
             part = stored.first(share)
             return SharedPrefix([k.contiguous() for k in part.keys], [v.contiguous() for v in part.values])
         device = next(self.model.parameters()).device
+        self.fast.prepare(positions=share)
         cache = self.fast.new_cache(1, share)
         with self.route([job.adapter_name])[0]:
             self.fast.step(
