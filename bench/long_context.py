@@ -1,8 +1,10 @@
 """Longest sequence one LoRA SFT step fits in a memory budget: plain vs activation checkpointing vs checkpointing +
-chunked loss, on `TransformersModel` (one padding-free row of random tokens, every token trained, fp32, AdamW).
+chunked loss vs + Ulysses sequence parallelism over 2 ranks, on `TransformersModel` (one padding-free row of random
+tokens, every token trained, fp32, AdamW).
 
 Memory: every (configuration, length) runs in a fresh subprocess; a length *fits* when the child's peak RSS
-(``ru_maxrss``: torch, the model, optimizer and the step) stays within ``--budget-mib``. A child whose RSS passes
+(``ru_maxrss``: torch, the model, optimizer and the step) stays within ``--budget-mib``; a sequence-parallel
+configuration runs its ranks under torchrun (gloo), and fits when every rank does. A child whose RSS passes
 the budget is killed early (psutil polling). Children run with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed
 tensors go back to the OS and RSS follows live memory (glibc's default keeps freed blocks after the first large
 free: RSS then overstates what the step needs, by ~1.5x here; ``--glibc-default-malloc`` measures that instead).
@@ -11,7 +13,8 @@ within ``--resolution`` (a fraction of the longest fitting length; lengths are m
 
 Throughput: all configurations in one process at a common length (``--time-len``, default: the plain run's
 longest), interleaved, order rotated each round, medians; each one's tokens/s at its own longest length comes from
-its probe (one step). Sequence parallelism is not measured (not implemented on the Transformers backend yet).
+its probe (one step). Sequence-parallel configurations cannot share that process: their time at the common
+length is one step in a probe of their own (after a warmup step), and their ranks use one core each.
 
     OMP_NUM_THREADS=1 python bench/long_context.py                   # small-long fixture, 768 MiB budget, CPU
     OMP_NUM_THREADS=1 python bench/long_context.py --quick --json out.json   # ~2 min: 560 MiB, plain vs checkpointing
@@ -31,23 +34,32 @@ from pathlib import Path
 from typing import Any, Callable
 
 LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}
-#: name -> (gradient_checkpointing, loss)
-CONFIGS: dict[str, tuple[Any, str]] = {
-    'plain': (False, 'CrossEntropyLoss'),
-    'checkpointing': (True, 'CrossEntropyLoss'),
-    'checkpointing + chunked loss': (True, 'ChunkedCrossEntropyLoss'),
-    'selective checkpointing': ('selective', 'CrossEntropyLoss'),  # only with --configs
+SEQUENCE_PARALLEL = '+ sequence parallel (2 ranks)'
+#: name -> (gradient_checkpointing, loss, sequence-parallel ranks)
+CONFIGS: dict[str, tuple[Any, str, int]] = {
+    'plain': (False, 'CrossEntropyLoss', 1),
+    'checkpointing': (True, 'CrossEntropyLoss', 1),
+    'checkpointing + chunked loss': (True, 'ChunkedCrossEntropyLoss', 1),
+    SEQUENCE_PARALLEL: (True, 'ChunkedCrossEntropyLoss', 2),
+    'selective checkpointing': ('selective', 'CrossEntropyLoss', 1),  # only with --configs
 }
-DEFAULT_CONFIGS = 'plain,checkpointing,checkpointing + chunked loss'
-NOT_MEASURED = {'+ sequence parallel (2 ranks)': 'sequence parallelism is not implemented on TransformersModel yet'}
+DEFAULT_CONFIGS = f'plain,checkpointing,checkpointing + chunked loss,{SEQUENCE_PARALLEL}'
 
 
 def step_fn(model_dir: str, config: str) -> Callable[[list[dict]], float]:
-    """One LoRA SFT step of `config` on a batch of rows; returns the loss."""
+    """One LoRA SFT step of `config` on a batch of rows; returns the loss. A sequence-parallel configuration
+    needs the process group its ranks were started with (torchrun)."""
     from twinkle_transformers.model import TransformersModel
 
-    checkpointing, loss = CONFIGS[config]
-    model = TransformersModel(model_dir, dtype='float32', gradient_checkpointing=checkpointing)
+    checkpointing, loss, ranks = CONFIGS[config]
+    mesh = None
+    if ranks > 1:
+        import twinkle_core
+        from twinkle_core.mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_sizes(sp_size=ranks, device_type='cpu')
+        twinkle_core.initialize(mode='local', global_device_mesh=mesh)
+    model = TransformersModel(model_dir, dtype='float32', gradient_checkpointing=checkpointing, device_mesh=mesh)
     model.add_adapter_to_model('default', LORA)
     model.set_processor('CausalLMProcessor', padding_free=True)
     model.set_loss(loss)
@@ -72,35 +84,61 @@ def vocab_size(model_dir: str) -> int:
     return json.loads(Path(model_dir, 'config.json').read_text())['vocab_size']
 
 
-def child(model_dir: str, config: str, seq_len: int) -> dict:
-    """Run in the probe subprocess: one step at `seq_len`; peak RSS of the whole process and the step's time."""
+def child(model_dir: str, config: str, seq_len: int, warmup: bool) -> dict | None:
+    """Run in the probe subprocess (each rank of it): one step at `seq_len` (after another when `warmup`); the
+    peak RSS of the process (the largest of the ranks) and the step's time. Ranks other than 0 return None."""
     import resource
 
     step = step_fn(model_dir, config)
     row = random_row(vocab_size(model_dir), seq_len, seed=0)
+    if warmup:
+        step([row])
     start = time.perf_counter()
     step([row])
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    if CONFIGS[config][2] > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (peak, elapsed))
+        peak, elapsed = (max(v) for v in zip(*gathered))
+        if dist.get_rank() != 0:
+            return None
     return {'peak_rss_mib': peak, 'step_s': elapsed}
 
 
-def probe(model_dir: str, config: str, seq_len: int, budget_mib: float, trim: bool = True) -> dict:
-    """`config` at `seq_len` in a fresh subprocess: {'fits', 'peak_rss_mib', 'step_s'}; killed past the budget.
-    `trim`: a fixed glibc mmap threshold (module docstring)."""
+def probe(
+    model_dir: str, config: str, seq_len: int, budget_mib: float, trim: bool = True, warmup: bool = False
+) -> dict:
+    """`config` at `seq_len` in a fresh subprocess (a torchrun of its ranks when sequence-parallel):
+    {'fits', 'peak_rss_mib', 'step_s'}; killed when a process passes the budget. `trim`: a fixed glibc mmap
+    threshold (module docstring). `warmup`: time a second step."""
     import psutil
 
-    env = {**os.environ, 'MALLOC_MMAP_THRESHOLD_': '65536'} if trim else None
-    cmd = [sys.executable, __file__, '--child', config, '--model', model_dir, '--seq-len', str(seq_len)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    from twinkle_core.utils.net import free_port
+
+    env = {**os.environ, 'MALLOC_MMAP_THRESHOLD_': '65536'} if trim else dict(os.environ)
+    args = [__file__, '--child', config, '--model', model_dir, '--seq-len', str(seq_len)]
+    ranks = CONFIGS[config][2]
+    if warmup:
+        args.append('--warmup')
+    if ranks > 1:
+        launcher = ['-m', 'torch.distributed.run', '--nproc_per_node', str(ranks)]
+        args = [*launcher, '--master_addr', '127.0.0.1', '--master_port', str(free_port()), *args]
+        env['OMP_NUM_THREADS'] = '1'
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     handle = psutil.Process(proc.pid)
     polled = 0.0
     while proc.poll() is None:
         try:
-            polled = max(polled, handle.memory_info().rss / 2**20)
+            workers = handle.children(recursive=True) if ranks > 1 else [handle]  # not torchrun's launcher
+            polled = max([polled, *(w.memory_info().rss / 2**20 for w in workers)])
         except psutil.NoSuchProcess:
-            break
+            continue
         if polled > budget_mib:
+            for worker in handle.children(recursive=True):
+                worker.kill()
             proc.kill()
             proc.communicate()
             return {'seq_len': seq_len, 'fits': False, 'peak_rss_mib': polled, 'step_s': None}
@@ -135,9 +173,15 @@ def longest(model_dir: str, config: str, budget_mib: float, start: int, resoluti
 
 
 def time_common(model_dir: str, configs: list[str], seq_len: int, rounds: int, steps: int) -> dict[str, list[float]]:
-    """Step seconds of `configs` at `seq_len` per round, interleaved (order rotated), after one warmup step."""
+    """Step seconds of `configs` at `seq_len` per round, interleaved (order rotated), after one warmup step;
+    a sequence-parallel configuration: one step after a warmup step, in a probe of its own."""
     row = random_row(vocab_size(model_dir), seq_len, seed=1)
-    steppers = {name: step_fn(model_dir, name) for name in configs}
+    own = {
+        name: [probe(model_dir, name, seq_len, float('inf'), warmup=True)['step_s']]
+        for name in configs
+        if CONFIGS[name][2] > 1
+    }
+    steppers = {name: step_fn(model_dir, name) for name in configs if name not in own}
     for step in steppers.values():
         step([row])
     times: dict[str, list[float]] = {name: [] for name in steppers}
@@ -148,7 +192,7 @@ def time_common(model_dir: str, configs: list[str], seq_len: int, rounds: int, s
             for _ in range(steps):
                 steppers[name]([row])
             times[name].append((time.perf_counter() - start) / steps)
-    return times
+    return {**times, **own}
 
 
 def parse_args() -> argparse.Namespace:
@@ -166,6 +210,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--child', help=argparse.SUPPRESS)  # a probe: this configuration ...
     parser.add_argument('--seq-len', type=int, help=argparse.SUPPRESS)  # ... at this length
+    parser.add_argument('--warmup', action='store_true', help=argparse.SUPPRESS)  # ... timing a second step
     args = parser.parse_args()
     if args.quick:
         args.budget_mib, args.start, args.resolution, args.rounds = 560.0, 512, 1.0, 1
@@ -176,7 +221,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.child:
-        print(json.dumps(child(args.model, args.child, args.seq_len)))
+        result = child(args.model, args.child, args.seq_len, args.warmup)
+        if result is not None:
+            print(json.dumps(result))
         return
     from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
 
@@ -218,8 +265,6 @@ def main() -> None:
             f'{name:<32} {r["longest_tokens"]:>8} {r["vs_plain"] or 0:>8.2f}x {tps:>12}   '
             f'{median:.2f} s ({r["step_time_vs_plain"]:.2f}x)'
         )
-    for name, why in NOT_MEASURED.items():
-        print(f'{name:<32} not measured: {why}')
     out = {
         'model': args.model,
         'budget_mib': args.budget_mib,
@@ -227,7 +272,6 @@ def main() -> None:
         'baseline_peak_rss_mib': base['peak_rss_mib'],
         'time_len': time_len,
         'results': results,
-        'not_measured': NOT_MEASURED,
     }
     if args.json:
         with open(args.json, 'w') as f:

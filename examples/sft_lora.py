@@ -6,7 +6,7 @@ greedy answer to "who are you?" checks that the identity was learned.
 
     python examples/sft_lora.py                      # tiny offline fixture model, local data, CPU: < 1 minute
     torchrun --nproc_per_node 2 examples/sft_lora.py --runtime torchrun [--strategy fsdp]   # DDP / FSDP2
-    python examples/sft_lora.py --runtime ray --ranks 2                                      # 2 Ray actors
+    python examples/sft_lora.py --runtime ray --ranks 2 [--strategy sp]   # 2 Ray actors (sp: split sequences)
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
@@ -56,7 +56,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument('--runtime', choices=['local', 'torchrun', 'ray'], default='local')
     parser.add_argument('--ranks', type=int, default=2, help='ray: actors in the model group')
-    parser.add_argument('--strategy', choices=['dp', 'fsdp'], default='dp', help='DDP or FSDP2 across ranks')
+    parser.add_argument(
+        '--strategy',
+        choices=['dp', 'fsdp', 'sp'],
+        default='dp',
+        help='across ranks: DDP, FSDP2, or Ulysses sequence parallelism (every rank takes a slice of each row)',
+    )
     return parser.parse_args()
 
 
@@ -70,6 +75,9 @@ def init_runtime(runtime: str, ranks: int, strategy: str) -> None:
         twinkle_core.initialize(mode='local', global_device_mesh=mesh)
     else:
         twinkle_core.initialize(mode='local')
+        return
+    if is_main_process():
+        print(f'training on {runtime} over {mesh!r}', flush=True)
 
 
 def main() -> None:

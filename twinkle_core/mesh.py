@@ -1,6 +1,8 @@
 """DeviceMesh (how ranks are arranged into parallel dimensions) and DeviceGroup (a named set of ranks).
 
 Dimensions, outermost first: ``pp, dp, fsdp, cp, tp`` (tp innermost, so tensor-parallel peers are neighbours).
+``cp`` (context / sequence parallel; ``sp_size`` is the same dimension) splits every sequence across its ranks,
+which see the same rows: Megatron's context parallelism, Ulysses on the Transformers backend.
 ``ep`` (expert parallel) is folded over the data-parallel ranks: it must divide ``dp * fsdp``.
 Pure Python: no torch import until `to_torch()`.
 
@@ -56,9 +58,15 @@ class DeviceMesh:
         ep_size: int = 1,
         world_size: int | None = None,
         device_type: str | None = None,
+        sp_size: int | None = None,
     ) -> DeviceMesh:
         """Sizes default to 1; `dp_size=None` with `world_size` given takes whatever ranks are left over.
-        `device_type`: default CUDA when available, else CPU; 'GPU' means 'cuda'."""
+        `sp_size`: another name for `cp_size` (sequence parallelism). `device_type`: default CUDA when
+        available, else CPU; 'GPU' means 'cuda'."""
+        if sp_size is not None:
+            if cp_size not in (1, sp_size):
+                raise MeshError(f'sp_size={sp_size} and cp_size={cp_size} name the same dimension; give one.')
+            cp_size = sp_size
         fixed = {'pp': pp_size, 'fsdp': fsdp_size, 'cp': cp_size, 'tp': tp_size}
         for name, size in {**fixed, 'ep': ep_size}.items():
             if not isinstance(size, int) or size < 1:

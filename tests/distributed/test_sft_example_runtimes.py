@@ -1,5 +1,6 @@
-"""The seeds' promise: examples/sft_lora.py runs unchanged in one process, under torchrun (DDP) and on Ray, and
-every runtime logs the same training metrics (only the `initialize` call differs)."""
+"""The seeds' promise: examples/sft_lora.py runs unchanged in one process, under torchrun (DDP) and on Ray (DDP and
+Ulysses sequence parallelism), and every runtime logs the same training metrics (only the `initialize` call
+differs)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def metric_mismatches(got: dict[int, dict[str, float]], want: dict[int, dict[str
     ]
 
 
-def run_example(runtime: str, out: Path) -> dict[int, dict[str, float]]:
-    args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out)]
+def run_example(runtime: str, out: Path, strategy: str = 'dp') -> dict[int, dict[str, float]]:
+    args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out), '--strategy', strategy]
     if runtime == 'torchrun':
         cmd = [
             sys.executable,
@@ -69,6 +70,9 @@ def run_example(runtime: str, out: Path) -> dict[int, dict[str, float]]:
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f'{runtime} run failed:\n{output[-5000:]}'
     assert 'A: I am Twinkle' in output
+    if runtime != 'local':
+        dim = {'dp': 'dp', 'fsdp': 'fsdp', 'sp': 'cp'}[strategy]
+        assert f'over DeviceMesh({dim}=2, world_size=2' in output, output[-3000:]
     return parse_metrics(output)
 
 
@@ -88,6 +92,8 @@ def test_sft_example_logs_the_same_metrics_in_all_runtimes(tmp_path) -> None:
     assert sorted(local) == LOG_STEPS
     losses = [local[step]['loss'] for step in LOG_STEPS]
     assert losses[-1] < 0.2 * losses[0], f'the example did not train: {losses}'  # what is compared is a real curve
-    for runtime in ('torchrun', 'ray'):
-        mismatches = metric_mismatches(run_example(runtime, tmp_path / runtime), local)
-        assert not mismatches, f'{runtime} logged other metrics than one process:\n' + '\n'.join(mismatches)
+    for runtime, strategy in (('torchrun', 'dp'), ('ray', 'dp'), ('ray', 'sp')):
+        mismatches = metric_mismatches(run_example(runtime, tmp_path / f'{runtime}-{strategy}', strategy), local)
+        assert not mismatches, f'{runtime} ({strategy}) logged other metrics than one process:\n' + '\n'.join(
+            mismatches
+        )

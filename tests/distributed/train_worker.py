@@ -3,6 +3,8 @@
     python train_worker.py --out DIR                                   # one process
     torchrun --nproc_per_node 2 train_worker.py --out DIR --dp 2       # DDP
     torchrun --nproc_per_node 2 train_worker.py --out DIR --fsdp 2     # FSDP2
+    torchrun --nproc_per_node 2 train_worker.py --out DIR --cp 2       # Ulysses sequence parallelism
+    ... --padding-free                                                 # packed rows (cu_seqlens)
     ... --steps 2 --save-optimizer                                     # first half, checkpoint with optimizer
     ... --steps 2 --skip-steps 2 --resume DIR/final                    # second half, resumed from it
     ... --save-format default                                          # save's default (consolidated)
@@ -32,6 +34,12 @@ def main() -> None:
     parser.add_argument('--dp', type=int, default=1)
     parser.add_argument('--fsdp', type=int, default=1)
     parser.add_argument('--tp', type=int, default=1)
+    parser.add_argument('--cp', type=int, default=1, help='sequence-parallel ranks (Ulysses)')
+    parser.add_argument('--padding-free', action='store_true', help='pack the rows of a batch (cu_seqlens)')
+    parser.add_argument('--gradient-checkpointing', action='store_true', help='checkpoint every decoder layer')
+    parser.add_argument(
+        '--logps-from-hidden', action='store_true', help='log-probs from the hidden states (the chunked path)'
+    )
     parser.add_argument('--full', action='store_true', help='full-parameter training instead of LoRA')
     parser.add_argument('--steps', type=int, default=4)
     parser.add_argument('--batch-size', type=int, default=8)
@@ -47,39 +55,53 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # this script's processes share a small CPU
-    mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp)
+    mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp, cp_size=args.cp)
     twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
 
     from twinkle_transformers.model import TransformersModel
 
     torch.manual_seed(0)
-    model = TransformersModel(args.model)
+    model = TransformersModel(args.model, gradient_checkpointing=args.gradient_checkpointing)
     if not args.full:
         model.add_adapter_to_model(
             'default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
         )
+    if args.padding_free:
+        model.set_processor('CausalLMProcessor', padding_free=True)
+    if args.logps_from_hidden:
+        model.set_loss('CrossEntropyLoss')
+        model.state.loss.logps_from_hidden_states = True
     model.set_optimizer('AdamW', lr=1e-3)
     if args.resume:
         model.load(args.resume, load_optimizer=not args.weights_only)
     rows = random_token_rows(args.batch_size * (args.skip_steps + args.steps))[args.batch_size * args.skip_steps :]
     loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
-    losses = []
+    losses, grad_norms = [], []
     for batch in loader:
         losses.append(model.forward_backward(inputs=batch)['loss'])
-        model.clip_grad_and_step(max_norm=1.0)
+        grad_norms.append(model.clip_grad_and_step(max_norm=1.0)['grad_norm'])
     eval_rows = random_token_rows(4, seed=1)
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
+    direct_call_error = None
+    if args.cp > 1:  # the model alone, not through forward_logps, would attend within each rank's slice
+        try:
+            model.model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+        except Exception as e:
+            direct_call_error = f'{type(e).__name__}: {e}'
     sharded = {'gathered': False, 'sharded': True, 'default': False}[args.save_format]
     path = model.save('final', output_dir=args.out, save_optimizer=args.save_optimizer, sharded=sharded)
     if distributed.is_main_process():
         result = {
             'losses': losses,
+            'grad_norms': grad_norms,
             'eval_loss': evaluation['loss'],
             'eval_logprobs': evaluation['logprobs'],
             'checkpoint': path,
             'world_size': distributed.get_world_size(),
             'eval_rows': eval_rows,
             'optimizer_steps': model.state.optimizer_steps,
+            'attn_implementation': model.model.config._attn_implementation,
+            'direct_call_error': direct_call_error,
         }
         Path(args.out, 'result.json').write_text(json.dumps(result))
     twinkle_core.shutdown()

@@ -15,6 +15,7 @@ from twinkle_core.registry import resolve
 from twinkle_transformers import forward
 from twinkle_transformers.forward import compute_logps, compute_logps_from_hidden
 from twinkle_transformers.model import TransformersModel
+from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -161,8 +162,14 @@ def test_the_memory_bounded_path_is_chosen_by_the_batch_size_unless_the_loss_say
     assert not forward.wants_hidden_state_logps(NeedsLogits(), limit + 1, vocab)
 
 
-@pytest.mark.parametrize('loss_name', ['GRPOLoss', 'DPOLoss', 'GKDLoss'])
-def test_a_large_batch_takes_the_memory_bounded_path_with_the_same_gradients(tiny_model_dir, monkeypatch, loss_name):
+@pytest.mark.parametrize(
+    'loss_name,multi_lora',
+    [('GRPOLoss', False), ('DPOLoss', False), ('GKDLoss', False), ('GKDLoss', True)],
+    ids=['GRPOLoss', 'DPOLoss', 'GKDLoss', 'GKDLoss-multi-lora'],
+)
+def test_a_large_batch_takes_the_memory_bounded_path_with_the_same_gradients(
+    tiny_model_dir, monkeypatch, loss_name, multi_lora
+):
     from transformers import AutoModelForCausalLM
 
     from twinkle_core.loss.gkd import GKDLoss
@@ -184,10 +191,15 @@ def test_a_large_batch_takes_the_memory_bounded_path_with_the_same_gradients(tin
         monkeypatch.setattr(forward, 'CHUNK_BYTES', chunk_bytes)
         calls.clear()
         torch.manual_seed(0)
-        model = TransformersModel(tiny_model_dir)
+        model = (
+            MultiLoraTransformersModel(tiny_model_dir, device='cpu')
+            if multi_lora
+            else TransformersModel(tiny_model_dir)
+        )
         model.add_adapter_to_model('default', {'r': 4, 'init_lora_weights': False})
-        model.set_loss(loss_name, **loss_kwargs)
-        out = model.forward_backward(inputs=rows, **keywords)
+        adapter = {'adapter_name': 'default'} if multi_lora else {}
+        model.set_loss(loss_name, **loss_kwargs, **adapter)
+        out = model.forward_backward(inputs=rows, **keywords, **adapter)
         grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
         results.append((out['loss'], grads, list(calls)))
     (plain, plain_grads, plain_calls), (bounded, bounded_grads, bounded_calls) = results

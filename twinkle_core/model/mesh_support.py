@@ -21,7 +21,7 @@ MESH_DIMS: dict[str, str] = {
     'fsdp': 'fully sharded data parallel',
     'tp': 'tensor parallel',
     'pp': 'pipeline parallel',
-    'cp': 'context parallel',
+    'cp': 'context / sequence parallel',
     'ep': 'expert parallel',
 }
 
@@ -34,7 +34,10 @@ def mesh_sizes(mesh: Any) -> dict[str, int]:
     if mesh is None:
         return {}
     if isinstance(mesh, Mapping):
-        return {str(k).removesuffix('_size'): int(v) for k, v in mesh.items() if v is not None}
+        sizes = {str(k).removesuffix('_size'): int(v) for k, v in mesh.items() if v is not None}
+        if 'sp' in sizes:  # `DeviceMesh.from_sizes`' other name for cp
+            sizes['cp'] = max(sizes.pop('sp'), sizes.get('cp', 1))
+        return sizes
     return {**mesh.sizes, 'ep': int(getattr(mesh, 'ep_size', 1))}
 
 

@@ -20,7 +20,8 @@ batch's full fp32 logits would exceed one chunk (`CHUNK_BYTES`) and the output l
 from __future__ import annotations
 
 import logging
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -28,7 +29,7 @@ from torch import Tensor
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.chunking import CHUNK_BYTES, default_chunk_tokens, plain_output_head, unwrap_causal_lm
 from twinkle_core.types import IGNORE_INDEX
-from twinkle_transformers import vision
+from twinkle_transformers import sequence_parallel, vision
 
 logger = logging.getLogger(__name__)
 
@@ -214,13 +215,28 @@ def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = Non
     return kwargs
 
 
-def hidden_state_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
-    """(decoder, output-embedding weight) when logps can be computed from hidden states, else None: the
-    output layer must be a plain projection (`plain_output_head`) and the model not a vision-language one (its
-    decoder alone would not see the images). Callers then use full logits."""
+def hidden_state_weight(model: torch.nn.Module) -> Tensor | None:
+    """The output-embedding weight [V, H] when logps can be computed from hidden states, else None (callers then
+    use full logits): the output layer must be a plain projection (`plain_output_head`) and the model not a
+    vision-language one."""
     if vision.is_vision_language(getattr(unwrap_causal_lm(model), 'config', None)):
         return None
-    return plain_output_head(model)
+    head = plain_output_head(model)
+    return None if head is None else head[1]
+
+
+@contextmanager
+def _output_layer_skipped(model: torch.nn.Module) -> Iterator[None]:
+    """While open, `model`'s forward returns its final hidden states as ``logits`` (its output layer is an
+    identity). The root module is what runs -- not its decoder alone -- so the forward hooks of a data-parallel
+    wrapper on it (DDP's gradient synchronisation) fire as for any forward."""
+    causal_lm: Any = unwrap_causal_lm(model)
+    head = causal_lm.get_output_embeddings()
+    causal_lm.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield
+    finally:
+        causal_lm.set_output_embeddings(head)
 
 
 def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object = None) -> dict[str, Tensor]:
@@ -233,31 +249,35 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
     that ``accepts_hidden_states`` when the log-probs come from them, ``hidden_states`` [B, T, H] and
     ``output_weight`` [V, H] (``logits == hidden_states @ output_weight.T``) instead. Runs under the
     caller's grad mode. Log-probs come from the hidden states when `wants_hidden_state_logps` says so and the
-    output layer allows it (`hidden_state_head`), else from full logits. A loss may set ``chunk_tokens`` (tokens
+    output layer allows it (`hidden_state_weight`), else from full logits. A loss may set ``chunk_tokens`` (tokens
     per log-prob chunk), and one that sets ``logps_from_hidden_states`` may compute them itself:
     ``logps_from_hidden(hidden, weight, targets) -> (logps, argmax)`` (same contract as
     `compute_logps_from_hidden`).
     """
     chunk_tokens = getattr(loss, 'chunk_tokens', None)
     needs_logits = bool(getattr(loss, 'needs_logits', False))
-    targets = batch['target_ids']
     labels = batch['labels']
     config = getattr(unwrap_causal_lm(model), 'config', None)
     get_text_config = getattr(config, 'get_text_config', None)
     text_config = get_text_config() if callable(get_text_config) else config
     vocab_size = int(getattr(text_config, 'vocab_size', 0) or 0)
-    from_hidden = wants_hidden_state_logps(loss, targets.numel(), vocab_size)
-    head = hidden_state_head(model) if from_hidden else None
-    if head is None and getattr(loss, 'logps_from_hidden_states', None) and not needs_logits:
+    from_hidden = wants_hidden_state_logps(loss, batch['target_ids'].numel(), vocab_size)
+    weight = hidden_state_weight(model) if from_hidden else None
+    if weight is None and getattr(loss, 'logps_from_hidden_states', None) and not needs_logits:
         logger.warning(
             "%s asked for log-probs from hidden states, but this model's output layer does not allow it "
             '(adapted, biased or post-processed logits); computing full logits instead.',
             type(loss).__name__,
         )
+    call_batch, shard = _split_sequence(model, batch)
+    call_kwargs = model_call_kwargs(call_batch, model)
+    if shard is not None:
+        call_kwargs[sequence_parallel.SHARD_KWARG] = shard
+    targets = call_batch['target_ids']
     outputs: dict[str, Tensor] = {}
-    if head is not None:
-        decoder, weight = head
-        hidden = decoder(**model_call_kwargs(batch, model)).last_hidden_state
+    if weight is not None:
+        with _output_layer_skipped(model):
+            hidden = model(**call_kwargs).logits
         custom = getattr(loss, 'logps_from_hidden', None)  # e.g. a fused (Liger) linear cross-entropy
         target_logps, argmax = (
             custom(hidden, weight, targets)
@@ -267,12 +287,17 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
         if needs_logits:  # a loss that accepts_hidden_states computes its logits in chunks itself
             outputs.update(hidden_states=hidden, output_weight=weight)
     else:
-        logits = model(**model_call_kwargs(batch, model)).logits
+        logits = model(**call_kwargs).logits
         target_logps = compute_logps(logits, targets, chunk_tokens=chunk_tokens)
         with torch.no_grad():
             argmax = logits.argmax(dim=-1)
         if needs_logits:
             outputs['logits'] = logits
+    if shard is not None:  # every loss runs on whole rows
+        target_logps, argmax = (sequence_parallel.gather_sequence(x, shard) for x in (target_logps, argmax))
+        for name in ('logits', 'hidden_states'):
+            if name in outputs:
+                outputs[name] = sequence_parallel.gather_sequence(outputs[name], shard)
     mask = labels != IGNORE_INDEX
     outputs.update(
         target_logps=target_logps,
@@ -281,3 +306,14 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
         correct=(argmax == labels) & mask,
     )
     return outputs
+
+
+def _split_sequence(
+    model: torch.nn.Module, batch: dict[str, Any]
+) -> tuple[dict[str, Any], sequence_parallel.SequenceShard | None]:
+    """The batch this rank runs the model on: its slice of the sequence when `model` splits sequences over
+    ranks (`sequence_parallel`), else `batch` itself."""
+    group = sequence_parallel.group_of(model)
+    if group is None:
+        return batch, None
+    return sequence_parallel.shard_batch(batch, group)

@@ -43,7 +43,7 @@ from twinkle_core.train.single_unit import SingleUnit
 from twinkle_core.train.state import FULL, TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
-from twinkle_transformers import parallel, persistence, speed, vision
+from twinkle_transformers import parallel, persistence, sequence_parallel, speed, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.loading import load_causal_lm, max_model_length
@@ -61,7 +61,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         attn_implementation: passed to ``from_pretrained``; default ``twinkle_sdpa`` (PyTorch SDPA that attends
             per sequence in padding-free batches, `twinkle_transformers.attention`) where the model supports SDPA.
         max_length: longest accepted row (default ``config.max_position_embeddings``).
-        device_mesh: how ranks train together (DDP / FSDP2 / TP, see `twinkle_transformers.parallel`); default
+        device_mesh: how ranks train together (DDP / FSDP2 / TP / Ulysses sequence parallelism over ``cp_size``
+            (alias ``sp_size``), see `twinkle_transformers.parallel`); default
             the one given to ``twinkle_core.initialize``. Applied once, at `set_optimizer` or the first forward.
         kernels: layer kernels installed at load for training, by name (``'RMSNorm'``), hub reference
             (``'hf://org/repo@rev:Layer'``) or `Kernel` (`twinkle_core.kernel.apply_kernels`); `self.kernels`
@@ -83,7 +84,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         max_adapters=1,
         takes_device=True,
         takes_device_mesh=True,
-        mesh_dims=('dp', 'fsdp', 'tp'),
+        mesh_dims=('dp', 'fsdp', 'tp', 'cp'),
         mesh_advice=parallel.MESH_ADVICE,
         gradient_checkpointing=True,
     )
@@ -107,6 +108,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.model_id = str(model_id)
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
         check_mesh_support(type(self), self.device_mesh)  # before any weight loads
+        if self.device_mesh is not None:
+            parallel.check_layout(self.device_mesh)
         self._mesh_applied = False
         self.model_dir = resolve_model_dir(model_id)
         self.device = torch.device(device) if device is not None else default_device()
@@ -120,6 +123,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             attn_implementation=attn_implementation,
             **from_pretrained_kwargs,
         )
+        if self.device_mesh is not None and self.device_mesh.size('cp') > 1:
+            sequence_parallel.check_supported(self.model, self.device_mesh.size('cp'))
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         if freeze_vision_tower:
             vision.freeze_vision_tower(self.model)

@@ -9,6 +9,9 @@ fsdp only              FSDP2 ``fully_shard`` on every decoder layer, then on the
 dp and fsdp            HSDP: FSDP2 on the 2-D (dp, fsdp) mesh (replicate over dp, shard over fsdp)
 tp (optionally fsdp)   DTensor ``parallelize_module`` with a Qwen3-style colwise/rowwise plan on every decoder
                        layer (full-parameter models only), then FSDP2 over the fsdp dimension if any
+cp (with dp or fsdp)   Ulysses sequence parallelism (`twinkle_transformers.sequence_parallel`) over the cp
+                       ranks, which see the same rows; gradients are averaged over every rank: DDP over the
+                       world, or FSDP2 sharding over fsdp x cp (HSDP replicating over dp)
 =====================  =========================================================================================
 
 Contract: call it once, after the weights are loaded and adapters injected (parameters that require grad must be
@@ -29,18 +32,14 @@ from twinkle_core.errors import InvalidInputError, MeshError
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.runtime import distributed
 from twinkle_core.train.loss_step import loss_weight
+from twinkle_transformers import sequence_parallel
 
 _APPLIED_ATTR = '_twinkle_device_mesh'
 
 #: what to use instead of the mesh dimensions this backend does not implement (`ModelCapabilities.mesh_advice`;
-#: it implements dp, fsdp and tp, as the table above says)
+#: it implements dp, fsdp, tp and cp, as the table above says)
 MESH_ADVICE: tuple[tuple[str, str], ...] = (
     ('pp', 'use dp/fsdp/tp, or MegatronModel for pipeline parallelism'),
-    (
-        'cp',
-        'context/sequence parallelism is not available on this backend yet; use activation checkpointing '
-        '(gradient_checkpointing=True) for long sequences, or MegatronModel with tp_size > 1 and sequence_parallel',
-    ),
     (
         'ep',
         'expert parallelism is not available on this backend yet; shard the model with fsdp_size instead, or '
@@ -69,6 +68,7 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
     """
     if mesh is None or mesh.world_size == 1:
         return model
+    check_layout(mesh)
     if getattr(model, _APPLIED_ATTR, None) is not None:
         raise MeshError(
             f'a device mesh was already applied to this model ({getattr(model, _APPLIED_ATTR)!r}); '
@@ -80,12 +80,7 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
             "mode='local', global_device_mesh=mesh) under torchrun, or use the ray runtime."
         )
     distributed.init_process_group(mesh)  # checks the world size against the mesh
-    dp, fsdp, tp = mesh.size('dp'), mesh.size('fsdp'), mesh.size('tp')
-    if tp > 1 and dp > 1:
-        raise MeshError(
-            f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
-            f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.'
-        )
+    dp, fsdp, tp, cp = mesh.size('dp'), mesh.size('fsdp'), mesh.size('tp'), mesh.size('cp')
     torch_mesh = mesh.to_torch()
     assert mesh.device_type is not None  # resolved by DeviceMesh.__post_init__
     _move_to_device(model, mesh.device_type)
@@ -93,12 +88,29 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
         _broadcast_from_rank0(model)
     if tp > 1:
         _apply_tensor_parallel(model, torch_mesh['tp'])
+    if cp > 1:
+        sequence_parallel.enable(model, torch_mesh['cp'].get_group())
     if fsdp > 1:
-        _apply_fsdp(model, torch_mesh['dp', 'fsdp'] if dp > 1 else torch_mesh['fsdp'])
-    elif dp > 1:
+        _apply_fsdp(model, _fsdp_mesh(torch_mesh, dp=dp, cp=cp))
+    elif dp > 1 or cp > 1:
         _apply_ddp(model)
     setattr(model, _APPLIED_ATTR, mesh)
     return model
+
+
+def check_layout(mesh: DeviceMesh) -> None:
+    """Raise `MeshError` for combinations of dimensions this backend does not compose (see the table above)."""
+    dp, tp, cp = mesh.size('dp'), mesh.size('tp'), mesh.size('cp')
+    if tp > 1 and dp > 1:
+        raise MeshError(
+            f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
+            f'(DeviceMesh.from_sizes(fsdp_size={dp}, tp_size={tp})), which composes FSDP2 with TP.'
+        )
+    if tp > 1 and cp > 1:
+        raise MeshError(
+            f'cp_size={cp} with tp_size={tp}: sequence parallelism composes with dp and fsdp on this backend; '
+            'use cp with dp/fsdp, or tp with fsdp.'
+        )
 
 
 def applied_mesh(model: nn.Module) -> DeviceMesh | None:
@@ -142,6 +154,16 @@ def _apply_fsdp(model: nn.Module, torch_mesh: Any) -> None:
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=torch_mesh)
     fully_shard(model, mesh=torch_mesh)
+
+
+def _fsdp_mesh(torch_mesh: Any, *, dp: int, cp: int) -> Any:
+    """The mesh FSDP2 shards over: fsdp (with cp folded in: sequence-parallel peers average their gradients
+    too), 2-D with dp for HSDP."""
+    shard_dim = 'fsdp'
+    if cp > 1:
+        shard_dim = 'fsdp_cp'
+        torch_mesh['fsdp', 'cp']._flatten(shard_dim)
+    return torch_mesh['dp', shard_dim] if dp > 1 else torch_mesh[shard_dim]
 
 
 def _apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:

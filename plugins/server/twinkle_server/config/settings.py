@@ -80,7 +80,7 @@ def is_ip_or_network(text: str) -> bool:
 
 DEVICE_TYPES = ('cpu', 'cuda')
 HUBS = ('ms', 'hf')
-MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'ep_size')
+MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'sp_size', 'ep_size')
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class _LossNeeds:
     needs_logits: bool
     logps_from_hidden_states: bool | None  # None: by the batch's size (`wants_hidden_state_logps`)
     chunk_tokens: int | None
+    accepts_hidden_states: bool = False  # every loss that needs the logits can take hidden states instead
 
     @classmethod
     def of(cls, losses: list[Any]) -> _LossNeeds:
@@ -66,8 +67,12 @@ class _LossNeeds:
         choices = {getattr(loss, 'logps_from_hidden_states', None) for loss in losses}
         # one loss asking for full logits decides; all asking for hidden states too; else the size decides
         hidden = False if False in choices else True if choices == {True} else None
+        needing = [loss for loss in losses if getattr(loss, 'needs_logits', False)]
         return cls(
-            any(getattr(loss, 'needs_logits', False) for loss in losses), hidden, min(chunks) if chunks else None
+            bool(needing),
+            hidden,
+            min(chunks) if chunks else None,
+            accepts_hidden_states=all(getattr(loss, 'accepts_hidden_states', False) for loss in needing),
         )
 
 

@@ -112,13 +112,17 @@ def slice_rows(batch: dict[str, Any], start: int, end: int, row_fields: set[str]
     return out
 
 
+#: forward outputs that are not per token, shared by every row as they are (`forward_logps`)
+WHOLE_BATCH_OUTPUTS = frozenset({'output_weight'})
+
+
 def slice_outputs(
     outputs: dict[str, torch.Tensor], batch: dict[str, Any], start: int, end: int
 ) -> dict[str, torch.Tensor]:
     """The forward outputs (``logps``, ``mask``, ``logits``, ...) of rows ``[start, end)``, laid out like
     `slice_rows` lays out the batch."""
     cut = _token_slicer(batch, start, end)
-    return {k: cut(v) for k, v in outputs.items()}
+    return {k: v if k in WHOLE_BATCH_OUTPUTS else cut(v) for k, v in outputs.items()}
 
 
 def _token_slicer(batch: dict[str, Any], start: int, end: int) -> Callable[[torch.Tensor], torch.Tensor]:
