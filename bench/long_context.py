@@ -17,7 +17,7 @@ its probe (one step). Sequence-parallel configurations cannot share that process
 length is one step in a probe of their own (after a warmup step), and their ranks use one core each.
 
     OMP_NUM_THREADS=1 python bench/long_context.py                   # small-long fixture, 768 MiB budget, CPU
-    OMP_NUM_THREADS=1 python bench/long_context.py --quick --json out.json   # ~2 min: 560 MiB, plain vs checkpointing
+    OMP_NUM_THREADS=1 python bench/long_context.py --quick --json out.json   # ~3 min: 560 MiB, lengths doubled only
 """
 
 from __future__ import annotations
@@ -103,7 +103,11 @@ def child(model_dir: str, config: str, seq_len: int, warmup: bool) -> dict | Non
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, (peak, elapsed))
         peak, elapsed = (max(v) for v in zip(*gathered))
-        if dist.get_rank() != 0:
+        rank = dist.get_rank()
+        import twinkle_core
+
+        twinkle_core.shutdown()  # a process group left to the interpreter's exit can abort there
+        if rank != 0:
             return None
     return {'peak_rss_mib': peak, 'step_s': elapsed}
 
@@ -214,7 +218,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.budget_mib, args.start, args.resolution, args.rounds = 560.0, 512, 1.0, 1
-        args.configs = 'plain,checkpointing'
+        args.configs = f'plain,checkpointing,{SEQUENCE_PARALLEL}'
     return args
 
 
