@@ -183,6 +183,27 @@ def test_a_closure_reaches_the_worker_by_value() -> None:
     assert (result.ok, result.output) == (True, '42'), result
 
 
+def test_close_leaves_the_pipes_to_the_thread_that_reads_them(monkeypatch) -> None:
+    """close() kills a call in flight; the calling thread must still read the worker's end of output and report
+    `killed`. close() used to close the pipes too: a reader slower than close() (a busy machine) failed on a
+    closed file and reported `exception`. Here the reader waits until close() has returned."""
+    import threading
+
+    sandbox = Sandbox(SandboxLimits())
+    closed, real_await = threading.Event(), Sandbox._await
+    monkeypatch.setattr(Sandbox, '_await', lambda self, proc, t: closed.wait(30) and real_await(self, proc, t))
+    result: list = []
+    caller = threading.Thread(target=lambda: result.append(sandbox.run(hang, {'seconds': 30}, 30.0)))
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not sandbox._live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sandbox.close()
+    closed.set()
+    caller.join(30)
+    assert result[0].error == 'killed', result[0].output
+
+
 def test_close_kills_calls_in_flight() -> None:
     tm = ToolManager([hang], timeout_s=30)
     future = tm._pool.submit(tm.call, 'hang', {'seconds': 30})

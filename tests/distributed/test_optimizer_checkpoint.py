@@ -10,7 +10,7 @@ from spmd_runner import run_worker
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.fixtures import random_token_rows
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel
+from twinkle_transformers import mesh_checkpoint
 from twinkle_transformers.model import TransformersModel
 
 K = 2  # steps before the checkpoint, and after it
@@ -81,7 +81,7 @@ def test_optimizer_state_of_another_shape_is_a_clear_error(tiny_model_dir) -> No
     saved = model.state.optimizer.state_dict()
     saved['param_groups'][0]['params'] = saved['param_groups'][0]['params'][:-1]
     with pytest.raises(InvalidInputError, match='another model or adapter'):
-        parallel.load_optimizer_state(model.model, model.state.optimizer, saved)
+        mesh_checkpoint.load_optimizer_state(model.model, model.state.optimizer, saved)
 
 
 # ---- torchrun: FSDP2 on 2 gloo ranks <-> one process ------------------------------------------------------

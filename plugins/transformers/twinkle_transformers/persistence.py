@@ -1,6 +1,7 @@
 """Saving and loading `TransformersModel` checkpoints: the bodies of its `save` and `load` (which document the
 formats), kept out of the model class. PEFT / HF files and the resumable training state are `checkpoint`'s;
-gathering and resharding under a device mesh are `parallel`'s; sharded (DCP) checkpoints are `sharded_checkpoint`'s.
+gathering and resharding under a device mesh are `mesh_checkpoint`'s; sharded (DCP) checkpoints are
+`sharded_checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime.distributed import barrier
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel, sharded_checkpoint
+from twinkle_transformers import mesh_checkpoint, parallel, sharded_checkpoint
 
 if TYPE_CHECKING:
     from twinkle_transformers.model import TransformersModel
@@ -43,8 +44,8 @@ def save(
         return str(target)
     optimizer_state = None
     if save_optimizer and state.optimizer is not None:  # by parameter name, gathered (collective under a mesh)
-        optimizer_state = parallel.full_optimizer_state_dict(model.model, state.optimizer)
-    write_here, gathered = parallel.gather_for_save(model.model)  # under a mesh: collective, rank 0 writes
+        optimizer_state = mesh_checkpoint.full_optimizer_state_dict(model.model, state.optimizer)
+    write_here, gathered = mesh_checkpoint.gather_for_save(model.model)  # under a mesh: collective, rank 0 writes
     if not write_here:
         barrier()
         return str(target)
@@ -89,7 +90,7 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
         elif parallel.is_sharded(model.model):
             from peft.utils import load_peft_weights
 
-            parallel.load_adapter_weights_sharded(model.model, model.adapter_name, load_peft_weights(path))
+            mesh_checkpoint.load_adapter_weights_sharded(model.model, model.adapter_name, load_peft_weights(path))
         else:
             ckpt.load_lora_weights(model.model, model.adapter_name, path)
     else:
@@ -101,7 +102,7 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
         if sharded:
             _load_sharded_weights(model, path, meta, load_optimizer)
         elif parallel.is_sharded(model.model):
-            parallel.load_full_state_dict(model.model, ckpt.read_full_weights(path))
+            mesh_checkpoint.load_full_state_dict(model.model, ckpt.read_full_weights(path))
         else:
             ckpt.load_full_weights(model.model, path)
     if not load_optimizer:
@@ -111,7 +112,7 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
     if sharded:
         load_optimizer_state = partial(sharded_checkpoint.load_optimizer_state, model.model, path)
     else:
-        load_optimizer_state = partial(parallel.load_optimizer_state, model.model)
+        load_optimizer_state = partial(mesh_checkpoint.load_optimizer_state, model.model)
     model._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
         saved['train_state'], load_optimizer_state=load_optimizer_state
     )

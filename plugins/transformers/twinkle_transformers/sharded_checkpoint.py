@@ -29,7 +29,7 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime import distributed
 from twinkle_transformers import checkpoint as ckpt
-from twinkle_transformers import parallel
+from twinkle_transformers import mesh_checkpoint
 
 if TYPE_CHECKING:
     import os
@@ -65,11 +65,11 @@ def save(
     optimizer_state: dict[str, Any] | None = None
     if save_optimizer and state.optimizer is not None:
         if state.optimizer.state:
-            parallel.reshard(module)
+            mesh_checkpoint.reshard(module)
             tensors['optimizer'] = get_optimizer_state_dict(module, state.optimizer)
             optimizer_state = OPTIMIZER_IN_DCP
         else:  # before the first step: hyper-parameters only (DCP would initialise the state by stepping)
-            optimizer_state = parallel.full_optimizer_state_dict(module, state.optimizer)
+            optimizer_state = mesh_checkpoint.full_optimizer_state_dict(module, state.optimizer)
 
     def write_shards(directory: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -175,9 +175,9 @@ def load_optimizer_state(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if saved != OPTIMIZER_IN_DCP:  # saved before the first step: name-keyed hyper-parameters
-        parallel.load_optimizer_state(module, optimizer, saved)
+        mesh_checkpoint.load_optimizer_state(module, optimizer, saved)
         return
-    parallel.reshard(module)
+    mesh_checkpoint.reshard(module)
     state = get_optimizer_state_dict(module, optimizer)  # the layout to fill (initialises an empty state)
     with _one_process_is_intended():
         dcp.load(

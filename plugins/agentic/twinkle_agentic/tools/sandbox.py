@@ -117,8 +117,8 @@ class Sandbox:
         """Kill the workers in flight (their calls report ``killed``); later calls are refused."""
         with self._lock:
             self._closed, live = True, list(self._live)
-        for proc in live:
-            _stop(proc)
+        for proc in live:  # the calling thread still reads its output (EOF: killed), then releases it
+            _kill_tree(proc)
 
     def _call(self, payload: bytes, root: str, timeout_s: float) -> tuple[str | None, str]:
         home = os.path.join(root, 'home')
@@ -265,6 +265,17 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """`_kill_tree`, then close the worker's pipes: only by the thread that reads them."""
+    _kill_tree(proc)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """Freeze the worker's process group, kill the descendants that left it, kill the group, reap the worker and
     wait (up to 5 s) until every process killed is gone."""
     group = proc.pid
@@ -281,9 +292,3 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     while any((_stat(p) or ('Z', 0))[0] != 'Z' for p in killed) and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.wait()
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
