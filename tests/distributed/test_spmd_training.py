@@ -42,12 +42,15 @@ def test_ddp_two_ranks_match_one_process_and_checkpoint_reloads(tiny_model_dir, 
     assert reloaded['loss'] == pytest.approx(ddp['eval_loss'], abs=TOL)
 
 
-def test_ddp_with_log_probs_from_hidden_states_averages_the_gradients(tiny_model_dir, tmp_path, single_lora) -> None:
-    """The memory-bounded log-prob path (the default for large batches) must run the model's root forward:
-    calling its decoder alone skipped DDP's forward hooks, and each rank stepped on its own gradients."""
-    ddp = run_worker(tiny_model_dir, tmp_path, nproc=2, extra=('--dp', '2', '--logps-from-hidden'))
-    assert ddp['grad_norms'] == pytest.approx(single_lora['grad_norms'], abs=TOL)
-    assert_same_run(ddp, single_lora)
+@pytest.mark.parametrize('strategy', ['--dp', '--fsdp'])
+def test_log_probs_from_hidden_states_under_ddp_and_fsdp2(tiny_model_dir, tmp_path, single_lora, strategy) -> None:
+    """The memory-bounded log-prob path (the default for large batches) runs the model's root forward: calling
+    its decoder alone skipped DDP's forward hooks (each rank stepped on its own gradients), and under FSDP2 it was
+    not taken at all (the output weight is a shard until the root forward gathers it)."""
+    run = run_worker(tiny_model_dir, tmp_path, nproc=2, extra=(strategy, '2', '--logps-from-hidden'))
+    assert run['hidden_state_logps'] > 0  # the path was taken
+    assert run['grad_norms'] == pytest.approx(single_lora['grad_norms'], abs=TOL)
+    assert_same_run(run, single_lora)
 
 
 @pytest.mark.slow

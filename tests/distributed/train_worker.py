@@ -68,9 +68,14 @@ def main() -> None:
         )
     if args.padding_free:
         model.set_processor('CausalLMProcessor', padding_free=True)
+    hidden_state_logps = []  # calls of the memory-bounded log-prob path
     if args.logps_from_hidden:
+        from twinkle_transformers import forward
+
         model.set_loss('CrossEntropyLoss')
         model.state.loss.logps_from_hidden_states = True
+        chunked = forward.compute_logps_from_hidden
+        forward.compute_logps_from_hidden = lambda *a, **k: hidden_state_logps.append(1) or chunked(*a, **k)
     model.set_optimizer('AdamW', lr=1e-3)
     if args.resume:
         model.load(args.resume, load_optimizer=not args.weights_only)
@@ -102,6 +107,7 @@ def main() -> None:
             'optimizer_steps': model.state.optimizer_steps,
             'attn_implementation': model.model.config._attn_implementation,
             'direct_call_error': direct_call_error,
+            'hidden_state_logps': len(hidden_state_logps),
         }
         Path(args.out, 'result.json').write_text(json.dumps(result))
     twinkle_core.shutdown()

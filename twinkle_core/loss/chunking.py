@@ -9,6 +9,8 @@ is a plain bias-free projection (`plain_output_head`). Pure torch: no model libr
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 #: bytes of one chunk of fp32 logits (rows of the vocabulary worked on at once)
@@ -29,24 +31,28 @@ def unwrap_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def plain_output_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
-    """``(decoder, output-embedding weight [V, H])`` when ``logits == decoder(...).last_hidden_state @ weight.T``
-    exactly, else None.
-
-    None when the model (a Hugging Face ``PreTrainedModel``, possibly PEFT-wrapped) has no ``get_decoder``, its
-    output layer is not exactly a bias-free ``nn.Linear`` (e.g. a LoRA on ``lm_head``), its weight is sharded
-    (a DTensor: only the root module's forward gathers it) or its config post-processes the logits
-    (`LOGIT_POST_PROCESSING`). Callers then use the model's full logits.
-    """
+def plain_output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The output layer of a causal LM (a Hugging Face ``PreTrainedModel``, possibly PEFT-wrapped) when its logits
+    are exactly ``last_hidden_state @ layer.weight.T``, else None: the model has no ``get_decoder``, its output
+    layer is not exactly a bias-free ``nn.Linear`` (e.g. a LoRA on ``lm_head``) or its config post-processes the
+    logits (`LOGIT_POST_PROCESSING`). Its weight may be sharded (a DTensor)."""
     base = unwrap_causal_lm(model)
-    get_decoder = getattr(base, 'get_decoder', None)
     get_output = getattr(base, 'get_output_embeddings', None)
     head = get_output() if callable(get_output) else None
     config = getattr(base, 'config', None)
-    if not callable(get_decoder) or type(head) is not torch.nn.Linear or head.bias is not None:
+    if not callable(getattr(base, 'get_decoder', None)) or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     if any(getattr(config, name, None) for name in LOGIT_POST_PROCESSING):
         return None
-    if type(head.weight.data).__name__ == 'DTensor':
+    return head
+
+
+def plain_output_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """``(decoder, output-embedding weight [V, H])`` when ``logits == decoder(...).last_hidden_state @ weight.T``
+    exactly (`plain_output_layer`) and the weight is whole (not a DTensor shard, which only the root module's
+    forward gathers), else None. Callers then use the model's full logits."""
+    head = plain_output_layer(model)
+    if head is None or type(head.weight.data).__name__ == 'DTensor':
         return None
-    return get_decoder(), head.weight
+    base: Any = unwrap_causal_lm(model)
+    return base.get_decoder(), head.weight

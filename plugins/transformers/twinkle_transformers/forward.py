@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.loss.chunking import CHUNK_BYTES, default_chunk_tokens, plain_output_head, unwrap_causal_lm
+from twinkle_core.loss.chunking import CHUNK_BYTES, default_chunk_tokens, plain_output_layer, unwrap_causal_lm
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_transformers import sequence_parallel, vision
 
@@ -215,14 +215,20 @@ def model_call_kwargs(batch: dict[str, Any], model: torch.nn.Module | None = Non
     return kwargs
 
 
-def hidden_state_weight(model: torch.nn.Module) -> Tensor | None:
-    """The output-embedding weight [V, H] when logps can be computed from hidden states, else None (callers then
-    use full logits): the output layer must be a plain projection (`plain_output_head`) and the model not a
-    vision-language one."""
+def hidden_state_output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The output layer when logps can be computed from hidden states, else None (callers then use full
+    logits): a plain projection (`plain_output_layer`) of a model that is not a vision-language one."""
     if vision.is_vision_language(getattr(unwrap_causal_lm(model), 'config', None)):
         return None
-    head = plain_output_head(model)
-    return None if head is None else head[1]
+    return plain_output_layer(model)
+
+
+def _whole_weight(layer: torch.nn.Linear) -> Tensor:
+    """`layer`'s weight after the forward: FSDP2 leaves the root module's parameters gathered after it (they
+    are needed again at once by the backward); a weight still sharded is gathered (collective, differentiable)."""
+    weight = layer.weight
+    full_tensor = getattr(weight, 'full_tensor', None)  # a DTensor
+    return full_tensor() if callable(full_tensor) else weight
 
 
 @contextmanager
@@ -249,7 +255,7 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
     that ``accepts_hidden_states`` when the log-probs come from them, ``hidden_states`` [B, T, H] and
     ``output_weight`` [V, H] (``logits == hidden_states @ output_weight.T``) instead. Runs under the
     caller's grad mode. Log-probs come from the hidden states when `wants_hidden_state_logps` says so and the
-    output layer allows it (`hidden_state_weight`), else from full logits. A loss may set ``chunk_tokens`` (tokens
+    output layer allows it (`hidden_state_output_layer`), else from full logits. A loss may set ``chunk_tokens`` (tokens
     per log-prob chunk), and one that sets ``logps_from_hidden_states`` may compute them itself:
     ``logps_from_hidden(hidden, weight, targets) -> (logps, argmax)`` (same contract as
     `compute_logps_from_hidden`).
@@ -262,8 +268,8 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
     text_config = get_text_config() if callable(get_text_config) else config
     vocab_size = int(getattr(text_config, 'vocab_size', 0) or 0)
     from_hidden = wants_hidden_state_logps(loss, batch['target_ids'].numel(), vocab_size)
-    weight = hidden_state_weight(model) if from_hidden else None
-    if weight is None and getattr(loss, 'logps_from_hidden_states', None) and not needs_logits:
+    output_layer = hidden_state_output_layer(model) if from_hidden else None
+    if output_layer is None and getattr(loss, 'logps_from_hidden_states', None) and not needs_logits:
         logger.warning(
             "%s asked for log-probs from hidden states, but this model's output layer does not allow it "
             '(adapted, biased or post-processed logits); computing full logits instead.',
@@ -275,9 +281,10 @@ def forward_logps(model: torch.nn.Module, batch: dict[str, Any], *, loss: object
         call_kwargs[sequence_parallel.SHARD_KWARG] = shard
     targets = call_batch['target_ids']
     outputs: dict[str, Tensor] = {}
-    if weight is not None:
+    if output_layer is not None:
         with _output_layer_skipped(model):
             hidden = model(**call_kwargs).logits
+        weight = _whole_weight(output_layer)
         custom = getattr(loss, 'logps_from_hidden', None)  # e.g. a fused (Liger) linear cross-entropy
         target_logps, argmax = (
             custom(hidden, weight, targets)

@@ -13,7 +13,7 @@ Gradients: the gather's backward sums the group's (identical) gradients, N times
 tokens; the data-parallel averaging over all ranks (DDP, or FSDP2 sharding over ``fsdp`` x ``cp``) divides by N
 again, which gives the single-process gradient without any extra scaling.
 
-Contract: ``num_attention_heads`` and ``num_key_value_heads`` must be divisible by N (`enable` says so); the
+Contract: ``num_attention_heads`` and ``num_key_value_heads`` must be divisible by N (`check_supported` says so); the
 attention runs through SDPA whatever ``attn_implementation`` the model was loaded with.
 """
 
@@ -46,7 +46,8 @@ class SequenceShard:
     rank: int
     length: int  # the batch's sequence length
     padded_length: int  # `length` rounded up to a multiple of `size`
-    key_mask: Tensor | None  # [B, padded_length] bool, True on tokens; None: every position of every row is one
+    key_mask: Tensor | None  # [B, padded_length] bool, True on tokens; None: no padding but the split's own, at
+    # the rows' ends, which causal attention shows to nothing but itself
     cu_seqlens: Tensor | None  # padding-free batches: the sequences' borders in the (padded) row, int32
 
     @property
