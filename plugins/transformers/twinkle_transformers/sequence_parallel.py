@@ -152,10 +152,8 @@ class _GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, shard: SequenceShard) -> Tensor:
-        parts = [torch.empty_like(x) for _ in range(shard.size)]
-        dist.all_gather(parts, x.contiguous(), group=shard.group)
         ctx.shard = shard
-        return torch.cat(parts, dim=1)
+        return _all_gather_cat(x, shard)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -168,13 +166,14 @@ class _GatherSequence(torch.autograd.Function):
 def gather_sequence(x: Tensor, shard: SequenceShard) -> Tensor:
     """Concatenate the ranks' slices of `x` ([B, T/N, ...]) along the sequence and drop the padding: [B, T, ...].
     Differentiable for float tensors."""
-    if x.is_floating_point() and x.requires_grad:
-        full = _GatherSequence.apply(x, shard)
-    else:
-        parts = [torch.empty_like(x) for _ in range(shard.size)]
-        dist.all_gather(parts, x.contiguous(), group=shard.group)
-        full = torch.cat(parts, dim=1)
+    full = _GatherSequence.apply(x, shard) if x.is_floating_point() and x.requires_grad else _all_gather_cat(x, shard)
     return full[:, : shard.length]
+
+
+def _all_gather_cat(x: Tensor, shard: SequenceShard) -> Tensor:
+    parts = [torch.empty_like(x) for _ in range(shard.size)]
+    dist.all_gather(parts, x.contiguous(), group=shard.group)
+    return torch.cat(parts, dim=1)
 
 
 # ---- attention ----------------------------------------------------------------------------------------------
