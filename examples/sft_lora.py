@@ -7,6 +7,7 @@ greedy answer to "who are you?" checks that the identity was learned.
     python examples/sft_lora.py                      # tiny offline fixture model, local data, CPU: < 1 minute
     torchrun --nproc_per_node 2 examples/sft_lora.py --runtime torchrun [--strategy fsdp]   # DDP / FSDP2
     python examples/sft_lora.py --runtime ray --ranks 2 [--strategy sp]   # 2 Ray actors (sp: split sequences)
+    python examples/sft_lora.py --runtime ray --ranks 2 --strategy ep   # a MoE model, each rank half its experts
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
@@ -24,6 +25,7 @@ import twinkle_core
 from twinkle_core.dataset import DataLoader, Dataset, DatasetMeta
 from twinkle_core.fixtures import data_path
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+from twinkle_core.fixtures.tiny_moe_model import ensure_tiny_moe_model
 from twinkle_core.mesh import DeviceGroup, DeviceMesh
 from twinkle_core.runtime.distributed import is_main_process
 from twinkle_transformers.model import TransformersModel
@@ -58,9 +60,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--ranks', type=int, default=2, help='ray: actors in the model group')
     parser.add_argument(
         '--strategy',
-        choices=['dp', 'fsdp', 'sp'],
+        choices=['dp', 'fsdp', 'sp', 'ep'],
         default='dp',
-        help='across ranks: DDP, FSDP2, or Ulysses sequence parallelism (every rank takes a slice of each row)',
+        help='across ranks: DDP, FSDP2, Ulysses sequence parallelism (every rank takes a slice of each row), or '
+        'expert parallelism (a mixture-of-experts model, default the tiny Qwen3-MoE fixture: every rank holds '
+        '1/N of the experts, with DDP for the rest; also picks that model in one process)',
     )
     return parser.parse_args()
 
@@ -68,7 +72,8 @@ def parse_args() -> argparse.Namespace:
 def init_runtime(runtime: str, ranks: int, strategy: str) -> None:
     """The one place where the runtimes differ (docs/runtimes.md)."""
     world = int(os.environ.get('WORLD_SIZE', 1)) if runtime == 'torchrun' else ranks
-    mesh = DeviceMesh.from_sizes(**{f'{strategy}_size': world})
+    sizes = {'dp_size': world, 'ep_size': world} if strategy == 'ep' else {f'{strategy}_size': world}
+    mesh = DeviceMesh.from_sizes(**sizes)
     if runtime == 'ray':
         twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='model', ranks=ranks)], global_device_mesh=mesh)
     elif runtime == 'torchrun':
@@ -87,7 +92,7 @@ def main() -> None:
         metrics_file.unlink(missing_ok=True)  # this run's curve only
         os.environ['TWINKLE_METRICS_JSONL'] = str(metrics_file)
     init_runtime(args.runtime, args.ranks, args.strategy)
-    model_id = args.model or str(ensure_tiny_model('tiny'))
+    model_id = args.model or str(ensure_tiny_moe_model() if args.strategy == 'ep' else ensure_tiny_model('tiny'))
     threads = args.threads or (1 if args.model is None else None)
     if threads:
         torch.set_num_threads(threads)

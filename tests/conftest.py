@@ -22,6 +22,14 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope='session')
+def tiny_moe_model_dir() -> Path:
+    """The tiny Qwen3-MoE fixture (8 experts, top-2; same tokenizer): expert-parallelism tests."""
+    from twinkle_core.fixtures.tiny_moe_model import ensure_tiny_moe_model
+
+    return ensure_tiny_moe_model()
+
+
+@pytest.fixture(scope='session')
 def small_model_dir() -> Path:
     """A larger fixture model of the same architecture and tokenizer (e.g. a GKD teacher)."""
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model

@@ -177,7 +177,7 @@ class DeviceMesh:
             raise MeshError(f'rank {rank} is outside 0..{self.world_size - 1} (world_size={self.world_size}).')
 
     def __repr__(self) -> str:
-        dims = ', '.join(f'{d}={s}' for d, s in self.sizes.items() if s > 1) or 'single'
+        dims = ', '.join(f'{d}={s}' for d, s in {**self.sizes, 'ep': self.ep_size}.items() if s > 1) or 'single'
         return f'DeviceMesh({dims}, world_size={self.world_size}, device_type={self.device_type!r})'
 
 

@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument('--fsdp', type=int, default=1)
     parser.add_argument('--tp', type=int, default=1)
     parser.add_argument('--cp', type=int, default=1, help='sequence-parallel ranks (Ulysses)')
+    parser.add_argument('--ep', type=int, default=1, help='expert-parallel ranks (MoE models)')
     parser.add_argument('--padding-free', action='store_true', help='pack the rows of a batch (cu_seqlens)')
     parser.add_argument('--gradient-checkpointing', action='store_true', help='checkpoint every decoder layer')
     parser.add_argument(
@@ -55,7 +56,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # this script's processes share a small CPU
-    mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp, cp_size=args.cp)
+    mesh = DeviceMesh.from_sizes(
+        dp_size=args.dp, fsdp_size=args.fsdp, tp_size=args.tp, cp_size=args.cp, ep_size=args.ep
+    )
     twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
 
     from twinkle_transformers.model import TransformersModel
@@ -106,6 +109,7 @@ def main() -> None:
             'eval_rows': eval_rows,
             'optimizer_steps': model.state.optimizer_steps,
             'attn_implementation': model.model.config._attn_implementation,
+            'experts_implementation': getattr(model.model.config, '_experts_implementation', None),
             'direct_call_error': direct_call_error,
             'hidden_state_logps': len(hidden_state_logps),
         }

@@ -43,7 +43,7 @@ from twinkle_core.train.single_unit import SingleUnit
 from twinkle_core.train.state import FULL, TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.types import as_input_features
-from twinkle_transformers import parallel, persistence, sequence_parallel, speed, vision
+from twinkle_transformers import parallel, persistence, speed, vision
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.loading import load_causal_lm, max_model_length
@@ -62,7 +62,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             per sequence in padding-free batches, `twinkle_transformers.attention`) where the model supports SDPA.
         max_length: longest accepted row (default ``config.max_position_embeddings``).
         device_mesh: how ranks train together (DDP / FSDP2 / TP / Ulysses sequence parallelism over ``cp_size``
-            (alias ``sp_size``), see `twinkle_transformers.parallel`); default
+            (alias ``sp_size``) / MoE expert parallelism over ``ep_size``, see `twinkle_transformers.parallel`); default
             the one given to ``twinkle_core.initialize``. Applied once, at `set_optimizer` or the first forward.
         kernels: layer kernels installed at load for training, by name (``'RMSNorm'``), hub reference
             (``'hf://org/repo@rev:Layer'``) or `Kernel` (`twinkle_core.kernel.apply_kernels`); `self.kernels`
@@ -84,7 +84,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         max_adapters=1,
         takes_device=True,
         takes_device_mesh=True,
-        mesh_dims=('dp', 'fsdp', 'tp', 'cp'),
+        mesh_dims=('dp', 'fsdp', 'tp', 'cp', 'ep'),
         mesh_advice=parallel.MESH_ADVICE,
         gradient_checkpointing=True,
     )
@@ -123,8 +123,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             attn_implementation=attn_implementation,
             **from_pretrained_kwargs,
         )
-        if self.device_mesh is not None and self.device_mesh.size('cp') > 1:
-            sequence_parallel.check_supported(self.model, self.device_mesh.size('cp'))
+        parallel.check_model(self.model, self.device_mesh)
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         if freeze_vision_tower:
             vision.freeze_vision_tower(self.model)

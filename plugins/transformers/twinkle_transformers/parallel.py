@@ -12,6 +12,9 @@ tp (optionally fsdp)   DTensor ``parallelize_module`` with a Qwen3-style colwise
 cp (with dp or fsdp)   Ulysses sequence parallelism (`twinkle_transformers.sequence_parallel`) over the cp
                        ranks, which see the same rows; gradients are averaged over every rank: DDP over the
                        world, or FSDP2 sharding over fsdp x cp (HSDP replicating over dp)
+ep (with dp)           expert parallelism (`twinkle_transformers.expert_parallel`): each group of ep consecutive
+                       data ranks shares the experts of every MoE layer out, tokens travel by all-to-all; DDP
+                       over the world for everything else
 =====================  =========================================================================================
 
 Contract: call it once, after the weights are loaded and adapters injected (parameters that require grad must be
@@ -30,20 +33,13 @@ from twinkle_core.errors import MeshError
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.runtime import distributed
 from twinkle_core.train.loss_step import loss_weight
-from twinkle_transformers import sequence_parallel
+from twinkle_transformers import expert_parallel, sequence_parallel
 
 _APPLIED_ATTR = '_twinkle_device_mesh'
 
 #: what to use instead of the mesh dimensions this backend does not implement (`ModelCapabilities.mesh_advice`;
-#: it implements dp, fsdp, tp and cp, as the table above says)
-MESH_ADVICE: tuple[tuple[str, str], ...] = (
-    ('pp', 'use dp/fsdp/tp, or MegatronModel for pipeline parallelism'),
-    (
-        'ep',
-        'expert parallelism is not available on this backend yet; shard the model with fsdp_size instead, or '
-        'use MegatronModel (ep_size) for MoE models',
-    ),
-)
+#: it implements dp, fsdp, tp, cp and ep, as the table above says)
+MESH_ADVICE: tuple[tuple[str, str], ...] = (('pp', 'use dp/fsdp/tp, or MegatronModel for pipeline parallelism'),)
 
 # Per-decoder-layer tensor-parallel plan (Qwen3 / Llama / Qwen2 naming). Attention computes its head count from
 # the projected width (``view(..., -1, head_dim)``), so colwise-sharded q/k/v give each rank whole heads.
@@ -88,10 +84,14 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
         _apply_tensor_parallel(model, torch_mesh['tp'])
     if cp > 1:
         sequence_parallel.enable(model, torch_mesh['cp'].get_group())
+    experts: list[nn.Module] = []
+    if mesh.ep_size > 1:
+        ep_mesh = expert_parallel.expert_mesh(mesh.device_type, data_world_size=dp, ep_size=mesh.ep_size)
+        experts = expert_parallel.enable(model, ep_mesh, data_world_size=dp)
     if fsdp > 1:
         _apply_fsdp(model, _fsdp_mesh(torch_mesh, dp=dp, cp=cp))
     elif dp > 1 or cp > 1:
-        _apply_ddp(model)
+        _apply_ddp(model, ignored=experts)
     setattr(model, _APPLIED_ATTR, mesh)
     return model
 
@@ -99,6 +99,12 @@ def apply_device_mesh(model: nn.Module, mesh: DeviceMesh | None) -> nn.Module:
 def check_layout(mesh: DeviceMesh) -> None:
     """Raise `MeshError` for combinations of dimensions this backend does not compose (see the table above)."""
     dp, tp, cp = mesh.size('dp'), mesh.size('tp'), mesh.size('cp')
+    ep = mesh.ep_size
+    if ep > 1 and dp * cp * tp * mesh.size('fsdp') * mesh.size('pp') != dp:
+        raise MeshError(
+            f'ep_size={ep} with {mesh!r}: expert parallelism composes with dp only on this backend; use '
+            f'DeviceMesh.from_sizes(dp_size=N, ep_size={ep}) with N a multiple of {ep}.'
+        )
     if tp > 1 and dp > 1:
         raise MeshError(
             f'dp_size={dp} with tp_size={tp}: shard the data dimension instead '
@@ -111,15 +117,27 @@ def check_layout(mesh: DeviceMesh) -> None:
         )
 
 
+def check_model(model: nn.Module, mesh: DeviceMesh | None) -> None:
+    """Raise `MeshError` when `model` cannot be split as `mesh` asks (attention heads for cp, experts for ep);
+    called at construction, before any process group is needed."""
+    if mesh is None:
+        return
+    if mesh.size('cp') > 1:
+        sequence_parallel.check_supported(model, mesh.size('cp'))
+    if mesh.ep_size > 1:
+        expert_parallel.check_supported(model, mesh.ep_size)
+
+
 def applied_mesh(model: nn.Module) -> DeviceMesh | None:
     """The mesh `apply_device_mesh` applied to `model`, or None."""
     return getattr(model, _APPLIED_ATTR, None)
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """True when parameters are DTensor shards (FSDP2 and/or TP), False for replicas (DDP) or no mesh."""
+    """True when parameters are DTensor shards (FSDP2, TP and/or EP's experts), False for replicas (DDP) or no
+    mesh."""
     mesh = applied_mesh(model)
-    return mesh is not None and (mesh.size('fsdp') > 1 or mesh.size('tp') > 1)
+    return mesh is not None and (mesh.size('fsdp') > 1 or mesh.size('tp') > 1 or mesh.ep_size > 1)
 
 
 # ---- strategies ----------------------------------------------------------------------------------------------
@@ -136,14 +154,15 @@ def _broadcast_from_rank0(model: nn.Module) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
-def _apply_ddp(model: nn.Module) -> None:
+def _apply_ddp(model: nn.Module, *, ignored: list[nn.Module]) -> None:
+    """DDP over every rank; the `ignored` modules (sharded experts) average their gradients themselves."""
     import warnings
 
     from torch.distributed._composable.replicate import replicate
 
     with warnings.catch_warnings():  # composable replicate is flagged experimental; its DDP semantics are stable
         warnings.simplefilter('ignore')
-        replicate(model)
+        replicate(model, ignored_modules=ignored or None)
 
 
 def _apply_fsdp(model: nn.Module, torch_mesh: Any) -> None:
