@@ -77,6 +77,45 @@ def test_lora_over_sharded_frozen_experts_trains_like_one_process(tiny_moe_model
         torch.testing.assert_close(got[name], tensor, atol=WEIGHT_TOL, rtol=0, msg=name)
 
 
+@pytest.fixture(scope='module')
+def one_sided_moe_model_dir(tiny_moe_model_dir, tmp_path_factory) -> Path:
+    """The MoE fixture with routers that never pick experts 4-7 (the second rank's under ep_size=2): rows
+    ``[v, -v, u, -u, 0, 0, 0, 0]`` give two of experts 0-3 a positive logit for any token, the others 0."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp('one_sided_moe')
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_model_dir)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith('mlp.gate.weight'):
+                v, u = torch.randn(2, weight.shape[1], generator=generator) * 0.5
+                weight.copy_(torch.stack([v, -v, u, -u, *torch.zeros(4, weight.shape[1])]))
+    model.save_pretrained(out)
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'):
+        if (tiny_moe_model_dir / name).exists():
+            shutil.copy(tiny_moe_model_dir / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize('extra', [FULL, ()], ids=['full', 'lora'])
+def test_a_rank_whose_experts_get_no_token_still_trains_like_one_process(
+    one_sided_moe_model_dir, tmp_path_factory, extra
+) -> None:
+    """Every token goes to the first rank's experts: the second rank runs none, sends everything and receives
+    nothing, and its experts (and their LoRA factors, which DDP expects a gradient for) still join the step."""
+    single = run_worker(one_sided_moe_model_dir, tmp_path_factory.mktemp('single_one_sided'), extra=extra)
+    split = run_worker(
+        one_sided_moe_model_dir,
+        tmp_path_factory.mktemp('ep_one_sided'),
+        nproc=2,
+        extra=(*extra, '--dp', '2', '--ep', '2'),
+    )
+    assert_same_training(split, single)
+
+
 @pytest.mark.slow
 def test_checkpointed_layers_packed_rows_and_hidden_state_log_probs_under_expert_parallelism(
     tiny_moe_model_dir, tmp_path_factory

@@ -159,7 +159,7 @@ def expert_parallel_experts(
     shard: ExpertShard | None = getattr(module, _SHARD_ATTR, None)
     if shard is None:
         raise MeshError(f'{type(module).__name__} was not sharded by twinkle_transformers.expert_parallel.enable')
-    num_tokens, top_k = top_k_index.shape
+    top_k = top_k_index.shape[1]
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)  # the (token, choice) pairs grouped by expert, so by owning rank
     token_of = order // top_k
@@ -191,9 +191,11 @@ def _run_local_experts(module: Any, shard: ExpertShard, rows: Tensor, received_p
         if chunk.shape[0]:
             hidden = module._apply_gate(nn.functional.linear(chunk, gate_up[expert]))
             parts.append(nn.functional.linear(hidden, down[expert]))
-    outputs = torch.cat(parts) if parts else rows.new_zeros(0, rows.shape[-1])
-    if gate_up.requires_grad:  # the gradient sync runs on every rank even where no token came: keep it in the graph
-        outputs = outputs + 0.0 * (gate_up.sum() + down.sum())
+    # no row for any local expert: [0, H] still made from `rows`, so that the exchange that delivered them is on
+    # this rank's backward graph (its backward is collective: every rank of the group must run it)
+    outputs = torch.cat(parts) if parts else rows * 0.0
+    if gate_up.requires_grad:  # where no token came, the weights (their gradient sync; DDP's LoRA factors) must
+        outputs = outputs + 0.0 * (gate_up.sum() + down.sum())  # still get a (zero) gradient on this rank
     return torch.empty_like(outputs).index_copy(0, by_expert, outputs)
 
 

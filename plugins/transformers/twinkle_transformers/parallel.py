@@ -100,7 +100,7 @@ def check_layout(mesh: DeviceMesh) -> None:
     """Raise `MeshError` for combinations of dimensions this backend does not compose (see the table above)."""
     dp, tp, cp = mesh.size('dp'), mesh.size('tp'), mesh.size('cp')
     ep = mesh.ep_size
-    if ep > 1 and dp * cp * tp * mesh.size('fsdp') * mesh.size('pp') != dp:
+    if ep > 1 and any(mesh.size(dim) > 1 for dim in ('fsdp', 'tp', 'cp', 'pp')):
         raise MeshError(
             f'ep_size={ep} with {mesh!r}: expert parallelism composes with dp only on this backend; use '
             f'DeviceMesh.from_sizes(dp_size=N, ep_size={ep}) with N a multiple of {ep}.'
