@@ -100,6 +100,7 @@ def one_sided_moe_model_dir(tiny_moe_model_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('extra', [FULL, ()], ids=['full', 'lora'])
 def test_a_rank_whose_experts_get_no_token_still_trains_like_one_process(
     one_sided_moe_model_dir, tmp_path_factory, extra
