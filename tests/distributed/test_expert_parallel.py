@@ -180,3 +180,17 @@ def test_expert_parallelism_with_other_splits_is_refused(tiny_moe_model_dir, siz
     mesh = DeviceMesh.from_sizes(ep_size=2, device_type='cpu', **sizes)
     with pytest.raises(MeshError, match='ep_size=2 with .* expert parallelism composes with dp only'):
         TransformersModel(tiny_moe_model_dir, device_mesh=mesh)
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_of_one_process_resumes_under_expert_parallelism(
+    tiny_moe_model_dir, tmp_path_factory
+) -> None:
+    """The adapter (expert factors included) and its optimizer state load into the sharded model and train on."""
+    root = tmp_path_factory.mktemp('ep_lora_resume')
+    straight = run_worker(tiny_moe_model_dir, root / 'straight', extra=('--steps', str(2 * K)))
+    half = run_worker(tiny_moe_model_dir, root / 'half', extra=('--steps', str(K), '--save-optimizer'))
+    resume = ('--steps', str(K), '--skip-steps', str(K), '--resume', half['checkpoint'])
+    resumed = run_worker(tiny_moe_model_dir, root / 'resumed', nproc=2, extra=('--dp', '2', '--ep', '2', *resume))
+    assert resumed['optimizer_steps'] == 2 * K
+    assert resumed['losses'] == pytest.approx(straight['losses'][K:], abs=TOL)
