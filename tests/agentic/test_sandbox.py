@@ -127,13 +127,12 @@ def test_processes_leaving_the_process_group_do_not_survive_the_call() -> None:
     assert processes_with(marker) == []
 
 
-def test_the_worker_sees_no_secret_and_runs_in_a_fresh_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_sees_no_secret_and_runs_in_a_private_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv('TINKER_API_KEY', 'secret')
     with ToolManager([environment, 'python']) as tm:
         seen = json.loads(tm.call('environment', {}).output)
-        assert set(seen['env']) <= {'PATH', 'HOME', 'LANG'}
-        assert seen['env']['HOME'] == seen['cwd'] != os.getcwd()
-        assert not os.path.exists(seen['cwd'])  # removed after the call
+        assert set(seen['env']) <= {'PATH', 'HOME', 'LANG', 'TMPDIR', 'PWD'}
+        assert seen['env']['HOME'] == seen['cwd'] == '/tmp'  # the sandbox's own tmpfs (tests/agentic/test_isolation.py)
         code = "import os; print(os.environ.get('TINKER_API_KEY'), sorted(os.listdir('.')))"
         assert tm.call('python', {'code': code}).output == 'None []\n'
 
@@ -191,7 +190,9 @@ def test_close_leaves_the_pipes_to_the_thread_that_reads_them(monkeypatch) -> No
 
     sandbox = Sandbox(SandboxLimits())
     closed, real_await = threading.Event(), Sandbox._await
-    monkeypatch.setattr(Sandbox, '_await', lambda self, proc, t: closed.wait(30) and real_await(self, proc, t))
+    monkeypatch.setattr(
+        Sandbox, '_await', lambda self, proc, t, isolated: closed.wait(30) and real_await(self, proc, t, isolated)
+    )
     result: list = []
     caller = threading.Thread(target=lambda: result.append(sandbox.run(hang, {'seconds': 30}, 30.0)))
     caller.start()

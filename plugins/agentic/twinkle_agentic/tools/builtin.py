@@ -16,6 +16,9 @@ from twinkle_core.tool.decorator import validate_arguments
 MAX_EXPRESSION_CHARS = 1000
 MAX_NODES = 300
 MAX_INT_BITS = 4096  # ~1233 decimal digits: larger integer results (and powers that would make one) are refused
+# round(x, -k) of an int under MAX_INT_BITS bits (< 10**1234) is 0 for every k >= this; CPython computes 10**k first,
+# so k is clamped here (same result): round(1, -10**7) would otherwise hold the GIL for seconds.
+MIN_ROUND_DIGITS = -(math.ceil(MAX_INT_BITS * math.log10(2)) + 1)
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -35,7 +38,13 @@ class Calculator(Tool):
     **, unary + and -, parentheses, sqrt/abs/round/min/max and the constants pi and e. Refused, as `ToolError`:
     anything else (names, attributes, strings, ...), expressions over `MAX_EXPRESSION_CHARS` characters or
     `MAX_NODES` nodes, integers over `MAX_INT_BITS` bits (checked *before* a power or product is computed, so
-    ``9**9**9`` costs nothing), division by zero, non-finite results. Integral results print without '.0'."""
+    ``9**9**9`` costs nothing), division by zero, non-finite results. Integral results print without '.0'.
+
+    Bounded work, so it runs in-process (``sandboxed = False``) and its timeout never has to stop it: every operand
+    and result is an int under `MAX_INT_BITS` bits (a power or product at most twice that before it is refused) or a
+    float, and ``round``'s digits are clamped at `MIN_ROUND_DIGITS`, so no operation costs more than a few
+    big-integer steps on 8192-bit numbers, and an expression has at most `MAX_NODES` of them (milliseconds in all:
+    tests/agentic/test_isolation.py)."""
 
     name = 'calculator'
     description = (
@@ -48,7 +57,7 @@ class Calculator(Tool):
         'required': ['expression'],
     }
     timeout_s = 5.0
-    sandboxed = False  # pure and bounded: runs in-process
+    sandboxed = False  # pure and bounded in work (see above): runs in-process
 
     def __call__(self, **arguments: Any) -> str:
         expression = validate_arguments(self.parameters, arguments, self.name)['expression']
@@ -88,6 +97,13 @@ class Calculator(Tool):
             if node.keywords:
                 raise ToolError(f'{node.func.id}() takes no keyword arguments')
             args = [self._eval(a) for a in node.args]
+            if (
+                node.func.id == 'round'
+                and len(args) == 2
+                and isinstance(args[1], int)
+                and not isinstance(args[1], bool)
+            ):
+                args[1] = max(args[1], MIN_ROUND_DIGITS)
             try:
                 return self._bounded(_FUNCTIONS[node.func.id](*args))
             except (TypeError, ValueError, OverflowError) as exc:

@@ -1,7 +1,8 @@
 """`ToolManager`: the tools of a rollout, described to the model (`schemas`) and called by name (`call`,
-`call_many`, ``manager(tool_call)``), sandboxed tools in worker processes (`twinkle_agentic.tools.sandbox`), the
-others in a thread of this process. No call raises: every failure is a `ToolResult` whose `output` is an error
-message the model can read ("Error: unknown tool 'foo'; available: calculator, python")."""
+`call_many`, ``manager(tool_call)``), sandboxed tools in a bubblewrap sandbox per call
+(`twinkle_agentic.tools.sandbox`), the others in a thread of this process. No call raises: every failure is a
+`ToolResult` whose `output` is an error message the model can read ("Error: unknown tool 'foo'; available:
+calculator, python")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from twinkle_agentic.tools.grant import grant_of
 from twinkle_agentic.tools.sandbox import Sandbox, SandboxLimits, ToolResult, failure, truncate
 from twinkle_core.errors import TwinkleError
 from twinkle_core.registry import resolve
@@ -24,9 +26,14 @@ class ToolManager:
     """The tools a policy may call. `tools`: registry names (kind ``tool``, with no arguments), `Tool` instances or
     typed functions (made tools as by ``@tool``). `timeout_s`: every call's limit (default: each tool's own);
     `max_output_chars`: answers are cut there, with a marker; `memory_mb` / `max_processes`: the limits of a
-    sandboxed call's worker; `max_workers`: how many calls run at once (`call_many`, and concurrent `call`s of
-    sandboxed tools). Unsandboxed tools (``sandboxed = False``) run in a thread here; one that outlives its timeout is
-    reported and left to finish in the background (a thread cannot be killed). Use as a context manager, or `close`."""
+    sandboxed call (`memory_mb` for all its processes together where cgroups allow, else per process: see
+    `twinkle_agentic.tools.sandbox`); `max_workers`: how many calls run at once (`call_many`, and concurrent `call`s
+    of sandboxed tools). A sandboxed tool reaches the network, host paths and environment variables only as it
+    declares (`twinkle_agentic.tools.grant`). Where bubblewrap is unusable, adding a sandboxed tool raises
+    `TwinkleError` naming the package to install, unless `allow_unsandboxed` (trusted tools only: they then run as
+    plain processes that can read this host's files, network and processes). Unsandboxed tools (``sandboxed =
+    False``) run in a thread here; one that outlives its timeout is reported and left to finish in the background (a
+    thread cannot be killed). Use as a context manager, or `close`."""
 
     def __init__(
         self,
@@ -37,20 +44,22 @@ class ToolManager:
         memory_mb: int | None = 1024,
         max_workers: int = 4,
         max_processes: int = 16,
+        allow_unsandboxed: bool = False,
     ) -> None:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
+        limits = SandboxLimits(memory_mb=memory_mb, max_processes=max_processes, max_output_chars=max_output_chars)
+        self._sandbox = Sandbox(limits, allow_unsandboxed=allow_unsandboxed)
         self._tools: dict[str, Tool] = {}
         for spec in tools:
             self.add(spec)
-        limits = SandboxLimits(memory_mb=memory_mb, max_processes=max_processes, max_output_chars=max_output_chars)
-        self._sandbox = Sandbox(limits)
         self._slots = threading.BoundedSemaphore(max_workers)
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix='twinkle-tool')
         self._closed = False
 
     def add(self, spec: ToolSpec) -> Tool:
-        """Add one tool (a name, a `Tool` or a typed function); a name already taken raises `TwinkleError`."""
+        """Add one tool (a name, a `Tool` or a typed function). `TwinkleError`: a name already taken, a malformed
+        grant (`grant_of`), or a sandboxed tool where calls cannot be sandboxed (without `allow_unsandboxed`)."""
         obj = resolve('tool', spec)
         if not isinstance(obj, Tool):
             raise TwinkleError(f'{spec!r} resolved to {obj!r}, which is not a twinkle_core.tool.Tool')
@@ -58,6 +67,11 @@ class ToolManager:
             raise TwinkleError(f'tool {obj!r} has no name')
         if obj.name in self._tools:
             raise TwinkleError(f'two tools are named {obj.name!r}')
+        if obj.sandboxed:
+            grant_of(obj)
+            why = self._sandbox.unavailable()
+            if why is not None and not self._sandbox.allow_unsandboxed:
+                raise TwinkleError(f'tool {obj.name!r}: {why}')
         self._tools[obj.name] = obj
         return obj
 

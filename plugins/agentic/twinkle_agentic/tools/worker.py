@@ -1,6 +1,6 @@
 """The worker side of `twinkle_agentic.tools.sandbox`: this file, run as ``python -I worker.py MEMORY_MB CPU_S
-MAX_PROCESSES FILE_MB MAX_CHARS`` by the parent, runs one tool call and waits to be killed. Standard library only
-until the tool is unpickled.
+MAX_PROCESSES FILE_MB MAX_CHARS`` by the parent (inside the call's bwrap sandbox, as PID 2 of its PID namespace),
+runs one tool call and waits to be killed. Standard library only until the tool is unpickled.
 
 It limits itself first: RLIMIT_AS (``MEMORY_MB``; a larger allocation is a MemoryError, reported as ``memory``),
 RLIMIT_CPU (SIGXCPU at ``CPU_S``), RLIMIT_FSIZE (a larger write fails), no core files, and -- for a non-root user
