@@ -150,8 +150,9 @@ def test_shared_peft_model_mixes_its_adapters_in_one_batch(tiny_model_dir, adapt
     shared.load_weights(str(beta_path), adapter_name='beta')
     assert shared.adapter_names == ['beta', 'default']
     params = SamplingParams(max_tokens=8, seed=9)
-    mixed = shared.sample(PROMPTS, params, adapter_name=['default', 'beta', None])
-    for prompt, name, response in zip(PROMPTS, ['default', 'beta', None], mixed):
+    names = ['default', 'beta', TorchSampler.BASE_WEIGHTS]  # two adapters: the base is asked for by name
+    mixed = shared.sample(PROMPTS, params, adapter_name=names)
+    for prompt, name, response in zip(PROMPTS, names, mixed):
         alone = shared.sample([prompt], params, adapter_name=name)[0].sequences[0]
         assert response.sequences[0].tokens == alone.tokens
     seq = mixed[0].sequences[0]
@@ -178,3 +179,36 @@ def test_bad_adapter_tensors_leave_the_existing_adapter_intact(tiny_model_dir, a
         )
     after = sampler.sample([PROMPTS[0]], max_tokens=6, seed=1, adapter_name='alpha')[0].sequences[0]
     assert after.tokens == before.tokens and after.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+
+
+def test_a_sampler_sharing_a_lora_model_samples_its_adapter_by_default(tiny_model_dir, adapters):
+    """A TorchSampler over a LoRA `TransformersModel` without `adapter_name` samples what the trainer trains: its
+    log-probs are the trainer's (it used to sample the base weights, off by up to ~1 nat). With two adapters there
+    is no default: the error names both; the base weights are still reachable by name."""
+    from twinkle_core.model import TransformersModel
+    from twinkle_transformers.sampler import TorchSampler
+
+    torch.manual_seed(0)
+    trainer = TransformersModel(str(tiny_model_dir), device='cpu')
+    trainer.add_adapter_to_model(
+        'policy', {'r': 4, 'lora_alpha': 32, 'target_modules': 'all-linear', 'init_lora_weights': False}
+    )
+    sampler = TorchSampler(model=trainer)
+    responses = sampler.sample(PROMPTS, SamplingParams(max_tokens=6, temperature=1.0, seed=2))
+    sequences = [r.sequences[0] for r in responses]
+    trained = trainer.forward_only(inputs=[s.new_input_feature for s in sequences], compute_loss=False)['logprobs']
+    for seq, row in zip(sequences, trained):
+        torch.testing.assert_close(torch.tensor(seq.logprobs), torch.tensor(row[-len(seq.tokens) :]), atol=1e-4, rtol=0)
+    base = sampler.sample(PROMPTS, SamplingParams(max_tokens=6, temperature=1.0, seed=2), adapter_name='__base__')
+    base_logprobs = sampler.sample(
+        [p + s.tokens for p, s in zip(PROMPTS, sequences)], max_tokens=1, prompt_logprobs=True, adapter_name='__base__'
+    )
+    assert [r.sequences[0].tokens for r in base] != [s.tokens for s in sequences] or any(
+        abs(a - b) > 1e-2
+        for r, s in zip(base_logprobs, sequences)
+        for a, b in zip(r.prompt_logprobs[-len(s.tokens) :], s.logprobs)
+    )  # the base weights really differ from the adapter's
+    sampler.add_adapter('beta', path=str(adapters['beta'][0]))
+    with pytest.raises(InvalidInputError, match=r"\['beta', 'policy'\].*adapter_name="):
+        sampler.sample(PROMPTS, max_tokens=2)
+    assert sampler.sample(PROMPTS[:1], max_tokens=2, adapter_name='policy')[0].sequences

@@ -189,18 +189,39 @@ def first_scored(prompt_length: int, last_n: int | None) -> int:
     return 1 if last_n is None else max(1, prompt_length - last_n)
 
 
-def prompt_draw_seed(base_seed: int, prompt: Sequence[int]) -> int:
+def prompt_occurrences(prompts: Sequence[Sequence[int]], adapters: Sequence[str | None]) -> list[int]:
+    """Per prompt, how many identical prompts (the same token ids for the same adapter, `adapters[i]` being prompt
+    i's) come before it in the same call: 0 for the first, 1 for its first duplicate, ... -- what `sequence_seed`
+    mixes in so that duplicates draw apart. One prompt under two adapters is two requests, not a duplicate: it
+    keeps one stream (the adapters' samples stay comparable)."""
+    seen: dict[tuple[str | None, tuple[int, ...]], int] = {}
+    out = []
+    for prompt, adapter in zip(prompts, adapters, strict=True):
+        key = (adapter, tuple(prompt))
+        out.append(seen.get(key, 0))
+        seen[key] = out[-1] + 1
+    return out
+
+
+def prompt_draw_seed(base_seed: int, prompt: Sequence[int], occurrence: int = 0) -> int:
     """Seed of the `prompt_alt_tokens` draws of `prompt` in a request seeded `base_seed` (a stream of its own,
     distinct from every sample's)."""
-    return sequence_seed(base_seed, -1, prompt)
+    return sequence_seed(base_seed, -1, prompt, occurrence)
 
 
-def sequence_seed(base_seed: int, sample_index: int, prompt: Sequence[int]) -> int:
+def sequence_seed(base_seed: int, sample_index: int, prompt: Sequence[int], occurrence: int = 0) -> int:
     """Seed of sample `sample_index` of `prompt` (its token ids) in a request seeded `base_seed` (well mixed, 63
-    bits). Each sample of each prompt has its own random stream: a seeded sample is reproducible whatever else is
-    batched with it (and wherever its prompt stands in the batch), and different prompts of one seeded call draw
-    independently (one stream shared by every prompt would make their s-th samples move in lockstep)."""
+    bits); `occurrence`: the prompt's index among identical prompts of the same call (`prompt_occurrences`).
+
+    Each sample of each prompt has its own random stream: a seeded sample is reproducible whatever other
+    (distinct) prompts are batched with it and wherever its prompt stands in the batch, and different prompts of
+    one seeded call draw independently (one stream shared by every prompt would make their s-th samples move in
+    lockstep). Identical prompts in one call are told apart by their occurrence (a GRPO group sent as G copies of
+    one prompt, one sample each, gets G different completions); the first occurrence keeps the stream it has
+    alone."""
     h = hashlib.blake2b(f'{base_seed}:{sample_index}:'.encode(), digest_size=8)
+    if occurrence:  # '#' never occurs in the token list below: no collision with another prompt's stream
+        h.update(f'#{occurrence}#'.encode())
     h.update(b','.join(str(t).encode() for t in prompt))
     return int.from_bytes(h.digest(), 'little') >> 1
 

@@ -9,8 +9,8 @@ Results have the same types and meaning as `TorchSampler`'s (docs/sampling.md): 
 `logprobs` are the raw model log-softmax of each sampled token (vLLM ``logprobs_mode='raw_logprobs'``), i.e. what
 the training forward computes; the stopping token (EOS, a stop id, the token completing a stop string) is part of
 `tokens`; a seeded request gives sample `s` its own seed (`sequence_seed`), so it reproduces whatever else runs
-with it. Prompts are validated here (vocabulary, `max_model_len`, adapters) before vLLM sees them: an error inside
-vLLM's engine process kills the engine.
+with it (identical prompts of one call are told apart by their occurrence). Prompts are validated here (vocabulary,
+`max_model_len`, adapters) before vLLM sees them: an error inside vLLM's engine process kills the engine.
 
 vLLM's engine core runs in its own process unless ``multiprocess=False``; weights reach it through
 `collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes. A dead engine
@@ -34,6 +34,7 @@ from twinkle_core.sampler.prompts import (
     check_prompt_scoring,
     encode_prompt_row,
     first_scored,
+    prompt_occurrences,
     prompt_rows,
     sampled_sequence,
     sequence_seed,
@@ -141,7 +142,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
                 'again (begin_weight_update / load_weights / end_weight_update) before sampling.'
             )
         requests = [
-            (i, seq_params) for i, prompt in enumerate(prompts) for seq_params in self._vllm_params(params, prompt)
+            (i, seq_params)
+            for i, (prompt, nth) in enumerate(zip(prompts, prompt_occurrences(prompts, adapters)))
+            for seq_params in self._vllm_params(params, prompt, nth)
         ]
         outputs = self._generate(
             [prompts[i] for i, _ in requests],
@@ -269,9 +272,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         self._adapters.check_known(adapters)
 
     @staticmethod
-    def _vllm_params(params: SamplingParams, prompt: list[int]) -> list[Any]:
-        """vLLM sampling parameters for `prompt`: one request with n samples, or (seeded and not greedy) one
-        request per sample with that sample's own seed."""
+    def _vllm_params(params: SamplingParams, prompt: list[int], occurrence: int = 0) -> list[Any]:
+        """vLLM sampling parameters for `prompt` (`occurrence`: its index among identical prompts of the call): one
+        request with n samples, or (seeded and not greedy) one request per sample with that sample's own seed."""
         from vllm import SamplingParams as VllmParams
 
         common: dict[str, Any] = dict(
@@ -293,7 +296,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         if params.seed is None or params.temperature == 0:
             return [VllmParams(n=params.num_samples, **common)]
         return [
-            VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt), **common) for s in range(params.num_samples)
+            VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt, occurrence), **common)
+            for s in range(params.num_samples)
         ]
 
     def _generate(

@@ -54,10 +54,16 @@ class TurnBridge:
                 'The chat template does not render a conversation as a prefix of its continuation (it rewrites '
                 'earlier turns, e.g. drops past reasoning); token-exact multi-turn rollouts need one that appends.'
             )
-        end = before.rfind(sampled_text)
-        if end < 0:
-            raise InvalidInputError('The chat template changed the sampled turn when rendering it; cannot bridge.')
-        return self.encode(before[end + len(sampled_text) :] + after[len(before) :])
+        # the sampled turn is located by position (what precedes it is the previous generation prompt), never by
+        # searching its text: a short turn (``n``, ``>``, a newline) also occurs inside the template's closing
+        head = self.render(messages[:-1], tools, add_generation_prompt=True)
+        if not before.startswith(head + sampled_text):
+            raise InvalidInputError(
+                f'The chat template does not render the sampled turn {sampled_text[:80]!r} verbatim right after the '
+                'generation prompt (it rewrites the turn, e.g. strips whitespace or reasoning); token-exact '
+                'multi-turn rollouts need a template that keeps sampled turns as they were generated.'
+            )
+        return self.encode(before[len(head) + len(sampled_text) :] + after[len(before) :])
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])

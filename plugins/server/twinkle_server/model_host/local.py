@@ -284,9 +284,11 @@ class AdapterSampler:
 
     def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
         """Jobs with the same sampling settings share one `sample` call (adapters mixed per row where the sampler
-        declares it can)."""
+        declares it can). Seeded copies of one prompt go to separate calls: a sampler tells identical prompts of
+        one call apart (`prompt_occurrences`), and each request must get the completions it gets alone."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple[str, int], list[int]] = {}
+        copies: dict[tuple[str, str | None, tuple[int, ...]], int] = {}
         for i, job in enumerate(jobs):
             params = job.params.model_copy(
                 update={'num_samples': job.num_samples, 'prompt_logprobs': job.prompt_logprobs, 'logprobs': True}
@@ -302,7 +304,10 @@ class AdapterSampler:
                 out[i] = unprocessable(str(exc))
                 continue
             jobs[i].params = params
-            groups.setdefault(params.model_dump_json(), []).append(i)
+            key = params.model_dump_json()
+            copy = (key, job.adapter_dir, tuple(job.prompt))
+            nth = copies[copy] = copies.get(copy, -1) + 1
+            groups.setdefault((key, nth if params.seed is not None else 0), []).append(i)
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
                 adapters = [self._slot(d) if (d := jobs[i].adapter_dir) is not None else None for i in idx]

@@ -29,6 +29,10 @@ from twinkle_core.errors import InvalidInputError
 
 Weights = Mapping[str, torch.Tensor]
 
+#: the `adapter_name` that samples a model's base weights where ``None`` means its adapter (a sampler sharing a
+#: LoRA model samples the adapter it trains by default; see `default_adapters`)
+BASE_WEIGHTS = '__base__'
+
 
 class AdapterBackend(Protocol):
     def names(self) -> list[str]: ...
@@ -71,6 +75,23 @@ def check_adapters(backend: AdapterBackend, requested: Iterable[str | None]) -> 
             f'Unknown adapter(s) {unknown}; this sampler has {sorted(known) or "no adapters"}. Load one first with '
             f'`sampler.add_adapter(name, lora_config, tensors)` or `add_adapter(name, path=peft_dir)`.'
         )
+
+
+def default_adapters(backend: AdapterBackend, requested: list[str | None], *, shared: bool) -> list[str | None]:
+    """`requested` with ``None`` resolved and `BASE_WEIGHTS` made ``None`` (the base weights). A sampler sharing a
+    model with LoRA adapters (`shared`) samples what the model trains: ``None`` is its adapter when it has exactly
+    one, and ambiguous (refused, naming them) when it has several; a sampler with its own weights keeps ``None``
+    for the base."""
+    names = sorted(backend.names())
+    default = None
+    if shared and names and any(name is None for name in requested):
+        if len(names) > 1:
+            raise InvalidInputError(
+                f'This sampler shares a model with {len(names)} LoRA adapters {names}; say which one to sample with '
+                f'adapter_name= (one of {names}, or {BASE_WEIGHTS!r} for the base weights without any adapter).'
+            )
+        default = names[0]
+    return [default if name is None else None if name == BASE_WEIGHTS else name for name in requested]
 
 
 class MultiLoraAdapters:

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from twinkle_core.sampler.prompts import prompt_draw_seed, sequence_seed
+from twinkle_core.sampler.prompts import prompt_draw_seed, prompt_occurrences, sequence_seed
 from twinkle_core.types import SamplingParams
 from twinkle_transformers.sampler.jobs import PromptJob
 from twinkle_transformers.sampler.sampling import make_generator
@@ -24,17 +24,19 @@ def prompt_jobs(
     greedy: bool,
     images: list[PromptImages | None],
 ) -> list[tuple[int, PromptJob]]:
-    """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`)."""
+    """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`: identical prompts of
+    the call are told apart by their occurrence)."""
     jobs = []
-    for i, (ids, adapter, image) in enumerate(zip(prompts, adapters, images)):
+    occurrences = prompt_occurrences(prompts, adapters)
+    for i, (ids, adapter, image, nth) in enumerate(zip(prompts, adapters, images, occurrences)):
         base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         generators = (
             []
             if greedy
-            else [make_generator(sequence_seed(base_seed, s, ids), device) for s in range(params.num_samples)]
+            else [make_generator(sequence_seed(base_seed, s, ids, nth), device) for s in range(params.num_samples)]
         )
         draws = (
-            make_generator(prompt_draw_seed(base_seed, ids), device)
+            make_generator(prompt_draw_seed(base_seed, ids, nth), device)
             if params.prompt_alt_tokens and not greedy
             else None
         )

@@ -13,7 +13,9 @@ Contract (see docs/sampling.md):
 - a fixed `seed` reproduces the same tokens for the same prompt and settings, whatever else is in the batch
   (each sequence has its own random stream; see `sampling.py`), up to floating-point ties between near-equal
   logits computed at different batch shapes;
-- `adapter_name=None` runs the base weights; a list gives one adapter per prompt (mixed in one batch);
+- `adapter_name=None` runs the base weights of the sampler's own model; a sampler sharing a LoRA model runs the
+  model's adapter (what it trains; several adapters: refused, name one) and ``adapter_name='__base__'``
+  (`BASE_WEIGHTS`) its base weights; a list gives one adapter per prompt (mixed in one batch);
 - vision-language models (Qwen3-VL, Qwen3.5) sample from image prompts: Trajectories with images (encoded by the
   set template; a `VisionTemplate` of the model when none is set) or encoded rows with ``pixel_values``,
   ``image_grid_thw`` and ``mm_token_type_ids``. Each sample's ``new_input_feature`` carries the prompt's image
@@ -72,6 +74,9 @@ class TorchSampler(Sampler):
     `prefix_cache_bytes`: the budget of keys/values kept from finished sequences, so that a prompt extending one
     (the next turn of a multi-turn rollout) prefills only its new tokens (`prefix_cache.py`; 0 turns it off;
     `prefix_cache_stats` counts the reuse)."""
+
+    #: `adapter_name` of the base weights where None means a shared model's adapter (`adapters.default_adapters`)
+    BASE_WEIGHTS = lora.BASE_WEIGHTS
 
     #: adapters mixed per row, any number resident; every prompt score (top-k of any width, target ids, draws);
     #: the model lives in this process, placed by ``device=``
@@ -149,7 +154,9 @@ class TorchSampler(Sampler):
         encoded = [encode_prompt_row(row, i, encode) for i, row in enumerate(rows)]
         prompts = [e['input_ids'] for e in encoded]
         images = [prompt_images(e, i, model.config) if 'pixel_values' in e else None for i, e in enumerate(encoded)]
-        adapters = adapters_per_prompt(adapter_name, rows)
+        adapters = lora.default_adapters(
+            self._adapters, adapters_per_prompt(adapter_name, rows), shared=not self._owned
+        )
         self._validate(prompts, adapters, params)
         by_adapter = self._split_by_adapter(model, images, adapters)
         stop = StopCondition(
@@ -221,6 +228,8 @@ class TorchSampler(Sampler):
         path: str | None = None,
     ) -> None:
         source: Path | dict[str, torch.Tensor]
+        if name == lora.BASE_WEIGHTS:
+            raise InvalidInputError(f'{name!r} names the base weights; give the adapter another name.')
         if tensors is not None and path is None:
             source = dict(tensors)
         elif path is not None and tensors is None:
