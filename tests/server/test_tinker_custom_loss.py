@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -368,3 +370,101 @@ def test_sdft_reverse_kl_runs_client_side_on_nk_logprobs(service_client, sft_dat
     want, _ = reverse_kl_custom_loss(data, [o['logprobs'].to_torch() for o in out.loss_fn_outputs])
     assert out.metrics['loss:sum'] == pytest.approx(float(want), rel=REL) and 'surrogate_loss:sum' in out.metrics
     tc.optim_step(ADAM).result()
+
+
+# ---- issue 46: malformed nodes, and losses bounded in work and time ----------------------------------------------
+_OUTPUT = {'op': 'output', 'name': 'output', 'target': 'output', 'args': [{'tuple': [{'ref': 'lp'}, {'dict': {}}]}]}
+
+
+def test_issue_46_getattr_with_a_non_string_attribute_is_a_422_and_the_connection_lives(server, alice, service_client):
+    """`builtins.getattr(logprobs, logprobs)` was a 500 ("unhashable type: 'dict'") that reset the keep-alive
+    connection; it is a 422 naming the node, and the next requests on the same connection are answered."""
+    lp = {'op': 'placeholder', 'name': 'lp', 'target': 'logprobs'}
+    bad = {'op': 'call_function', 'name': 'g', 'target': 'builtins.getattr', 'args': [{'ref': 'lp'}, {'ref': 'lp'}]}
+    body = {
+        'session_id': service_client.holder.get_session_id(),
+        'name': 'getattr',
+        'inputs': [{'name': 'logprobs', 'rank': 1}],
+        'type': 'create_custom_loss',
+    }
+    with httpx.Client(base_url=server.base_url + '/api/v1', headers={'X-API-Key': alice}, timeout=60) as http:
+        r = http.post(
+            '/create_custom_loss', json={**body, 'custom_loss_seq_id': 4600, 'graph': {'nodes': [lp, bad, _OUTPUT]}}
+        )
+        assert r.status_code == 422, r.text
+        assert re.search(r"node 1 \('g'\): getattr takes \(tensor, attribute name\)", r.json()['error']), r.json()
+        for i in range(3):  # the same connection keeps answering
+            ok = http.post(
+                '/create_custom_loss', json={**body, 'custom_loss_seq_id': 4601 + i, 'graph': {'nodes': [lp, _OUTPUT]}}
+            )
+            assert ok.status_code == 200, ok.text
+
+
+def nuclear_norm(logprobs):
+    """Issue 46's stall: an outer product of the log-probs and its nuclear norm (an SVD of N x N)."""
+    a = logprobs.unsqueeze(1)
+    b = logprobs.unsqueeze(0)
+    o = a * b
+    n0 = torch.norm(o, 'nuc')
+    return n0, {}
+
+
+def test_issue_46_nuclear_norm_graph_is_refused_at_the_post_in_milliseconds(service_client):
+    start = time.perf_counter()
+    e = _refused(lambda: service_client.create_custom_loss(nuclear_norm, input_ranks={'logprobs': 1}).result(), 422)
+    seconds = time.perf_counter() - start
+    assert re.search(r"node 'norm' is estimated at [\d.]+ G FLOPs .* over the custom-loss budget of [\d.]+ G", str(e))
+    assert seconds < 2.0, seconds  # priced on meta tensors: nothing of size N x N is computed
+
+
+def outer_chain(logprobs):
+    """Passes the static price (linear in N^2, well under the budget) but takes measurable time on a long datum."""
+    x = logprobs.unsqueeze(1) * logprobs.unsqueeze(0)
+    for _ in range(12):
+        x = x * 0.999
+    return x.sum(), {}
+
+
+def _long_datum(n: int) -> types.Datum:
+    tokens = [(7 * i) % 1000 + 3 for i in range(n + 1)]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={'target_tokens': tokens[1:], 'weights': [1.0] * n},
+    )
+
+
+def test_a_loss_past_its_time_budget_is_disabled_and_its_tenant_throttled(server, sft_data, monkeypatch):
+    """Wall-clock guard, with a tiny `custom_loss_time_s`: the first evaluation past it is stopped at its next node
+    and fails as the client's error; the loss is disabled (a later use: 422 naming it, before anything is queued)
+    and its tenant throttled (429 with Retry-After on a new custom loss); another tenant's step meanwhile is not
+    slowed by more than the time budget (plus one node, plus scheduling slack on a busy 2-core box)."""
+    monkeypatch.setattr(server.service.config, 'custom_loss_time_s', 0.01)
+    carol_key = server.key('carol-46-time')
+    carol = tinker.ServiceClient(base_url=server.base_url, api_key=carol_key)
+    dave = _lora(tinker.ServiceClient(base_url=server.base_url, api_key=server.key('dave-46-time')), seed=46)
+    handle = carol.create_custom_loss(outer_chain, input_ranks={'logprobs': 1}).result()  # under the static price
+    tc = _lora(carol, seed=47)
+    long = [_long_datum(1000)]
+
+    def beside(fn: str, config: dict | None) -> tuple[float, Any]:
+        """dave's small forward while carol's long step with loss `fn` runs: (seconds, carol's future)."""
+        theirs = tc.forward_backward(long, fn, config)
+        start = time.perf_counter()
+        dave.forward(sft_data[:1], 'cross_entropy').result()
+        return time.perf_counter() - start, theirs
+
+    built_in, done = beside('cross_entropy', None)  # the same step with a built-in loss: the baseline
+    done.result()
+    custom, slow = beside('custom', {'loss_id': handle.loss_id})
+    with pytest.raises(tinker.RequestFailedError, match=r'past its time budget of 0.01 s .*the loss is now disabled'):
+        slow.result()
+    # the stated bound: the time budget plus one node (here ~ms), with slack for a busy 2-core box
+    assert custom < 1.5 * built_in + 0.01 + 1.0, (built_in, custom)
+
+    e = _refused(lambda: tc.forward_backward(sft_data, 'custom', {'loss_id': handle.loss_id}).result(), 422)
+    assert f"custom loss 'outer_chain' ({handle.loss_id}) is disabled" in str(e)
+    nodes = [{'op': 'placeholder', 'name': 'lp', 'target': 'logprobs'}, _OUTPUT]
+    r = _raw_graph(server, carol_key, carol.holder.get_session_id(), nodes)
+    assert r.status_code == 429 and float(r.headers['retry-after']) > 30, r.text
+    assert 'throttled for custom losses' in r.json()['error']
+    assert dave.forward(sft_data[:1], 'cross_entropy').result().metrics['loss:sum'] > 0  # others are not throttled

@@ -84,6 +84,9 @@ SERVER: dict[str, Rule] = {
     'image_decode_budget_mb': number_rule(0, inclusive=False, nullable=True),
     'min_checkpoint_ttl_s': POSITIVE,
     'checkpoint_sweep_s': POSITIVE,
+    'custom_loss_cost_factor': POSITIVE,
+    'custom_loss_max_gflop': number_rule(0, inclusive=False, nullable=True),
+    'custom_loss_time_s': POSITIVE,
 }
 STORAGE: dict[str, Rule] = {
     'data_dir': text_rule('a directory for metadata and checkpoints'),

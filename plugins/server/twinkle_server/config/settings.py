@@ -219,6 +219,15 @@ class ServerConfig:
     #: decoded and processed, tinker/images.py): one that does not fit waits, then its request is answered 429; one
     #: larger than all of it is a 413. None = unbounded
     image_decode_budget_bytes: int | None = 1024 * 1024 * 1024
+    #: server-side custom losses (tinker/custom_loss_cost.py, docs/server.md): a graph's estimated work for one datum
+    #: of a model's full context may be at most this fraction of the model's forward pass over that context
+    #: (2 x parameters x context FLOPs) ...
+    custom_loss_cost_factor: float = 0.25
+    #: ... and at most this many GFLOPs (the loss runs on the CPU, however fast the model's device); None = no cap
+    custom_loss_max_gflop: float | None = 4.0
+    #: wall clock of one custom-loss evaluation (every datum of a request); past it the loss is stopped at its next
+    #: node and disabled, and its tenant's custom losses are throttled (429) for a minute, doubling per offence
+    custom_loss_time_s: float = 2.0
     long_poll_s: float = 30.0
     max_queued_samples: int = 256
     max_batch: int = 16

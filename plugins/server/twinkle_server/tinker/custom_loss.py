@@ -10,6 +10,11 @@ client-side (`run_loss_handle`): the datum's ``logprobs`` (``[N]``, or ``[N, K]`
 its declared inputs, on the CPU in float32; the request's loss is the sum of the datums' losses, metrics sum
 (``:sum``) or average over datums (``:mean``). Rows carry the inputs as fields named by `input_field`
 (`tinker.datums`). Losses are stored per session in memory (`CustomLossStore`).
+
+Any malformed input or node is a `GraphError` naming it (never another exception: the route answers 422). Work is
+bounded by `custom_loss_cost` (`CustomLossSpec.estimate` prices the graph at a model's full context for the route;
+`Program.run` prices every node on its real operands before it runs, and checks the wall clock after it), and an
+evaluation past its time budget disables the graph for its tenant (`custom_loss_guard`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import torch
 import twinkle_core.loss.candidates as cand
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_server.tinker import custom_loss_cost as cost
 from twinkle_server.tinker import custom_loss_ops as ops
+from twinkle_server.tinker.custom_loss_guard import GUARD
 from twinkle_server.tinker.custom_loss_ops import GraphError, Ref
 
 MAX_NODES = 512
@@ -64,30 +71,17 @@ class Program:
     loss: Ref
     metrics: dict[str, Ref]
 
-    def run(self, values: list[torch.Tensor], where: str, budget: ops.Budget) -> tuple[torch.Tensor, dict[str, Any]]:
-        """(loss, metrics) of one datum; `GraphError` naming the node that fails."""
+    def run(self, values: list[torch.Tensor], where: str, budget: cost.Budget) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(loss, metrics) of one datum; `GraphError` naming the node that fails, `cost.OverBudget` naming the node
+        that would pass `budget`'s work (before it runs) or has passed its time (after it ran)."""
         env: dict[str, Any] = dict(zip(self.inputs, values))
         for step in self.steps:
             at = f'{where}: node {step.name!r} ({step.target})'
             args = [ops.resolve(a, env) for a in step.args]
             kwargs = {k: ops.resolve(v, env) for k, v in step.kwargs.items()}
-            if step.target in ops.GETATTR and step.op == 'call_function':
-                env[step.name] = ops.read_attribute(args[0], args[1], at)
-                continue
-            ops.check_call(step.target, args, kwargs, at, budget)
-            try:
-                if step.op == 'call_method':
-                    if not isinstance(args[0], torch.Tensor):
-                        raise GraphError(f'{at}: a method call needs a tensor, got {type(args[0]).__name__}')
-                    value = getattr(args[0], step.target)(*args[1:], **kwargs)
-                else:
-                    value = ops.FUNCTIONS[step.target](*args, **kwargs)
-            except GraphError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure of the client's graph is the client's error
-                raise GraphError(f'{at} failed: {type(exc).__name__}: {exc}') from None
-            ops.check_result(value, at)
-            env[step.name] = value
+            budget.charge(cost.node_cost(step.target, args, kwargs), at)
+            env[step.name] = run_step(step, args, kwargs, at)
+            budget.check_time(at)
         loss = env[self.loss.name]
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() != 0:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -97,6 +91,29 @@ class Program:
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
                 raise GraphError(f'{where}: metric {key!r} must be a scalar tensor')
         return loss, metrics
+
+
+def run_step(step: Step, args: list[Any], kwargs: dict[str, Any], at: str, meta: bool = False) -> Any:
+    """The value of one step on resolved operands, after `custom_loss_ops.check_call`; `GraphError` naming `at`.
+    `meta`: operands are meta tensors (nothing is allocated: no element bound)."""
+    bound = None if meta else ops.MAX_ELEMENTS
+    if step.target in ops.GETATTR and step.op == 'call_function':
+        return ops.read_attribute(args[0], args[1], at)
+    ops.check_call(step.target, args, kwargs, at, bound)
+    try:
+        if step.op == 'call_method':
+            if not args or not isinstance(args[0], torch.Tensor):
+                got = type(args[0]).__name__ if args else 'nothing'
+                raise GraphError(f'{at}: a method call needs a tensor, got {got}')
+            value = getattr(args[0], step.target)(*args[1:], **kwargs)
+        else:
+            value = ops.FUNCTIONS[step.target](*args, **kwargs)
+    except GraphError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the client's graph is the client's error
+        raise GraphError(f'{at} failed: {type(exc).__name__}: {exc}') from None
+    ops.check_result(value, at, bound)
+    return value
 
 
 @dataclass(frozen=True)
@@ -122,19 +139,31 @@ class CustomLossSpec:
         if not isinstance(name, str) or not 0 < len(name) <= 128:
             raise GraphError('the loss name must be 1 to 128 characters')
         declared = _inputs(inputs)
+        if not isinstance(nodes, list):
+            raise GraphError(f'the graph nodes must be a list, got {type(nodes).__name__}')
         if len(nodes) > MAX_NODES:
             raise GraphError(f'the graph has {len(nodes)} nodes; at most {MAX_NODES} are allowed')
         return cls(name, declared, tuple(nodes), _digest(name, declared, nodes), _compile(declared, nodes))
 
-    def config(self, loss_id: str) -> dict[str, Any]:
-        """JSON-plain form for `TrainBatch.loss_config` (re-validated by `from_config` where the loss runs)."""
+    def config(self, loss_id: str, tenant: str, limits: cost.CostLimits) -> dict[str, Any]:
+        """JSON-plain form for `TrainBatch.loss_config` (re-validated by `from_config` where the loss runs), with
+        the tenant it runs for and the cost limits of the model it runs on."""
         return {
             'loss_id': loss_id,
             'name': self.name,
             'inputs': [{'name': i.name, 'rank': i.rank} for i in self.inputs],
             'nodes': list(self.nodes),
             'digest': self.digest,
+            'tenant': tenant,
+            'limits': limits.as_config(),
         }
+
+    def estimate(self, context: int, width: int) -> cost.Estimate:
+        """The FLOPs of one datum of `context` tokens (rank-2 inputs `width` wide), priced on meta tensors."""
+        inputs = [(node, i.rank) for node, i in zip(self.program.inputs, self.inputs)]  # by placeholder node name
+        return cost.estimate(
+            self.program.steps, inputs, context, width, lambda st, a, k: run_step(st, a, k, '', meta=True)
+        )
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> CustomLossSpec:
@@ -142,19 +171,26 @@ class CustomLossSpec:
 
 
 def _inputs(inputs: list[dict[str, Any]]) -> tuple[LossInput, ...]:
-    if not 0 < len(inputs) <= MAX_INPUTS:
-        raise GraphError(f'a custom loss takes 1 to {MAX_INPUTS} inputs (logprobs first), got {len(inputs)}')
+    if not isinstance(inputs, list) or not 0 < len(inputs) <= MAX_INPUTS:
+        got = len(inputs) if isinstance(inputs, list) else type(inputs).__name__
+        raise GraphError(f'a custom loss takes a list of 1 to {MAX_INPUTS} inputs (logprobs first), got {got}')
     out = []
     for i, item in enumerate(inputs):
-        name, rank = item.get('name'), item.get('rank')
-        if not isinstance(name, str) or not _INPUT_NAME.fullmatch(name) or rank not in (0, 1, 2):
-            raise GraphError(f'input {i} ({name!r}, rank {rank!r}): needs a lowercase name and rank 0, 1 or 2')
-        out.append(LossInput(name, int(rank)))
+        name, rank = (item.get('name'), item.get('rank')) if isinstance(item, dict) else (None, None)
+        if not isinstance(name, str) or not _INPUT_NAME.fullmatch(name) or _rank(rank) is None:
+            raise GraphError(
+                f'input {i} ({str(name)[:70]!r}, rank {str(rank)[:20]}): needs a lowercase name and rank 0, 1 or 2'
+            )
+        out.append(LossInput(name, int(rank)))  # type: ignore[arg-type]
     if out[0].name != 'logprobs' or out[0].rank not in (1, 2):
         raise GraphError('the first input must be logprobs, of rank 1 ([N]) or 2 ([N, K])')
     if len({i.name for i in out}) != len(out):
         raise GraphError(f'input names repeat: {[i.name for i in out]}')
     return tuple(out)
+
+
+def _rank(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1, 2) else None
 
 
 def _compile(inputs: tuple[LossInput, ...], nodes: list[dict[str, Any]]) -> Program:
@@ -163,36 +199,58 @@ def _compile(inputs: tuple[LossInput, ...], nodes: list[dict[str, Any]]) -> Prog
     steps: list[Step] = []
     output: tuple[Ref, dict[str, Ref]] | None = None
     for index, node in enumerate(nodes):
-        op, name, target = node.get('op'), node.get('name'), node.get('target')
-        where = f'node {index} ({name!r})'
-        if output is not None:
-            raise GraphError(f'{where}: comes after the output node')
-        if op not in _OPS:
-            raise GraphError(f'{where}: op {op!r} is not allowed (allowed: {", ".join(_OPS)})')
-        if not isinstance(name, str) or not _NODE_NAME.fullmatch(name) or name in defined:
-            raise GraphError(f'{where}: node names must be unique identifiers')
-        if not isinstance(target, str):
-            raise GraphError(f'{where}: target must be a string')
-        decode = ops.Decoder(defined, where, MAX_ARG_ITEMS, MAX_ARG_DEPTH)
-        args, kwargs = node.get('args') or [], node.get('kwargs') or {}
-        if not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise GraphError(f'{where}: args must be a list and kwargs an object')
-        if op == 'placeholder':
-            if steps or len(placeholders) >= len(inputs) or target != inputs[len(placeholders)].name:
-                expected = [i.name for i in inputs]
-                raise GraphError(f'{where}: placeholders must come first and be the inputs {expected} in order')
-            placeholders.append(name)
-        elif op == 'output':
-            output = _output(decode(args), where)
-        else:
-            _check_target(op, target, args, where)
-            steps.append(Step(name, op, target, tuple(decode(args)), {str(k): decode(v) for k, v in kwargs.items()}))
-        defined.add(name)
+        if not isinstance(node, dict):
+            raise GraphError(f'node {index}: must be an object with op, name and target, got {type(node).__name__}')
+        name = node.get('name')
+        where = f'node {index} ({str(name)[:130]!r})'
+        try:
+            output = _node(node, inputs, defined, placeholders, steps, output, where)
+        except GraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a malformed node is the client's error, never a 500
+            raise GraphError(f'{where}: malformed node ({type(exc).__name__}: {str(exc)[:200]})') from None
     if len(placeholders) != len(inputs):
         raise GraphError(f'the graph has {len(placeholders)} placeholders for {len(inputs)} declared inputs')
     if output is None:
         raise GraphError('the graph has no output node')
     return Program(tuple(placeholders), tuple(steps), *output)
+
+
+def _node(
+    node: dict[str, Any],
+    inputs: tuple[LossInput, ...],
+    defined: set[str],
+    placeholders: list[str],
+    steps: list[Step],
+    output: tuple[Ref, dict[str, Ref]] | None,
+    where: str,
+) -> tuple[Ref, dict[str, Ref]] | None:
+    """Check one node and add it to `defined` and `placeholders` or `steps`; the output once it is seen."""
+    op, name, target = node.get('op'), node.get('name'), node.get('target')
+    if output is not None:
+        raise GraphError(f'{where}: comes after the output node')
+    if op not in _OPS:
+        raise GraphError(f'{where}: op {str(op)[:60]!r} is not allowed (allowed: {", ".join(_OPS)})')
+    if not isinstance(name, str) or not _NODE_NAME.fullmatch(name) or name in defined:
+        raise GraphError(f'{where}: node names must be unique identifiers')
+    if not isinstance(target, str):
+        raise GraphError(f'{where}: target must be a string, got {type(target).__name__}')
+    decode = ops.Decoder(defined, where, MAX_ARG_ITEMS, MAX_ARG_DEPTH)
+    args, kwargs = node.get('args') or [], node.get('kwargs') or {}
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise GraphError(f'{where}: args must be a list and kwargs an object')
+    if op == 'placeholder':
+        if steps or len(placeholders) >= len(inputs) or target != inputs[len(placeholders)].name:
+            expected = [i.name for i in inputs]
+            raise GraphError(f'{where}: placeholders must come first and be the inputs {expected} in order')
+        placeholders.append(name)
+    elif op == 'output':
+        output = _output(decode(args), where)
+    else:
+        _check_target(op, target, args, where)
+        steps.append(Step(name, op, target, tuple(decode(args)), {str(k): decode(v) for k, v in kwargs.items()}))
+    defined.add(name)
+    return output
 
 
 def _check_target(op: str, target: str, args: list[Any], where: str) -> None:
@@ -202,8 +260,11 @@ def _check_target(op: str, target: str, args: list[Any], where: str) -> None:
         if not args:
             raise GraphError(f'{where}: a method call needs the tensor it is called on')
     elif target in ops.GETATTR:
-        if len(args) != 2 or args[1] not in ops.ATTRIBUTES:
-            raise GraphError(f'{where}: getattr may read only {sorted(ops.ATTRIBUTES)}')
+        if len(args) != 2 or not isinstance(args[1], str) or args[1] not in ops.ATTRIBUTES:
+            got = str(args[1])[:60] if len(args) == 2 else f'{len(args)} arguments'
+            raise GraphError(
+                f'{where}: getattr takes (tensor, attribute name) and may read only {sorted(ops.ATTRIBUTES)}; got {got}'
+            )
     elif target not in ops.FUNCTIONS:
         raise GraphError(f'{where}: function {target!r} is not on the allowed list of torch, operator and math ops')
 
@@ -236,10 +297,12 @@ class GraphLoss(Loss):
     def __init__(self, config: dict[str, Any]) -> None:
         try:
             self.spec = CustomLossSpec.from_config(config)
+            self.limits = cost.CostLimits.from_config(config.get('limits'))
         except GraphError as exc:
             raise InvalidInputError(f'custom loss: {exc}') from None
+        self.tenant, self.loss_id = str(config.get('tenant', '')), str(config.get('loss_id', ''))
         self.needs_logits = self.spec.inputs[0].rank == 2
-        self.__name__ = f'custom loss {self.spec.name!r}'
+        self.__name__ = f'custom loss {self.spec.name!r} ({self.loss_id})'
 
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
         mask = outputs['mask']
@@ -249,16 +312,25 @@ class GraphLoss(Loss):
             if ids is None or outputs.get('logits') is None:
                 raise InvalidInputError(f'{self.__name__}: rank-2 logprobs need 2-D target_tokens and the logits')
             logps, lp_widths = cand.candidate_logps(outputs['logits'], ids, mask), cand.widths(inputs, 'target_tokens')
+        why = GUARD.disabled(self.tenant, self.spec.digest)
+        if why is not None:
+            raise InvalidInputError(f'{self.__name__} is disabled: {why}')
         values = logps.float().cpu()
         columns = [self._column(inputs, i) for i in self.spec.inputs[1:]]
-        budget, total = ops.Budget(), None
+        total = None
         sums: dict[str, float] = {}
         spans = cand.row_spans(inputs)
+        budget = self.limits.budget(sum(e - s for _, s, e in spans))
         for row, (b, s, e) in enumerate(spans):
             lp = values[b, s:e] if lp_widths is None else values[b, s:e, : lp_widths[row]]
             args = [lp, *(_datum_value(col, row, b, s, e) for col in columns)]
             try:
                 loss, metrics = self.spec.program.run(args, f'datum {row}', budget)
+            except cost.OverBudget as exc:
+                if exc.over_time:
+                    GUARD.disable(self.tenant, self.spec.digest, f'an evaluation ran past its time budget ({exc})')
+                    raise InvalidInputError(f'{self.__name__}: {exc}; the loss is now disabled') from None
+                raise InvalidInputError(f'{self.__name__}: {exc}') from None
             except GraphError as exc:
                 raise InvalidInputError(f'{self.__name__}: {exc}') from None
             total = loss if total is None else total + loss

@@ -1,5 +1,6 @@
 """What a server-side custom loss may do: the whitelist of functions, tensor methods and attributes, the decoding of
-encoded constant arguments, and the size and work bounds every call is checked against before it runs.
+encoded constant arguments, and the size bounds every call is checked against before it runs (its work is priced
+by `custom_loss_cost`).
 
 A function is named on the wire as the SDK names it (`torch.fx`'s qualified name, ``_operator.`` spelt
 ``operator.``); the table below is built from the allowed callables themselves, so the names always agree and
@@ -21,8 +22,6 @@ from torch.fx.node import _get_qualified_name
 
 #: elements of any one intermediate tensor (16 MiB of float32)
 MAX_ELEMENTS = 1 << 22
-#: elements all calls of one loss evaluation (every datum of a request) may touch together
-MAX_WORK = 1 << 30
 
 
 class GraphError(ValueError):
@@ -111,21 +110,12 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return out
 
 
-class Budget:
-    """The elements one evaluation has touched so far; raises once it passes `MAX_WORK`."""
-
-    def __init__(self, limit: int = MAX_WORK) -> None:
-        self.limit, self.used = limit, 0
-
-    def charge(self, elements: int, where: str) -> None:
-        self.used += elements
-        if self.used > self.limit:
-            raise GraphError(f'{where}: the loss touches more than {self.limit} tensor elements in all; simplify it')
-
-
-def check_call(target: str, args: list[Any], kwargs: dict[str, Any], where: str, budget: Budget) -> None:
-    """Refuse a call before it runs when its output could pass `MAX_ELEMENTS`, it would write in place, or a Python
-    operator gets operands other than numbers and tensors; charge its size to `budget`."""
+def check_call(
+    target: str, args: list[Any], kwargs: dict[str, Any], where: str, max_elements: int | None = MAX_ELEMENTS
+) -> None:
+    """Refuse a call before it runs when its output could pass `max_elements` (None: unchecked, for meta tensors),
+    it would write in place, or a Python operator gets operands other than numbers and tensors (its work is priced
+    by `custom_loss_cost.node_cost`)."""
     bad = sorted(k for k in FORBIDDEN_KWARGS if kwargs.get(k))
     if bad:
         raise GraphError(f'{where}: keyword {bad[0]!r} is not allowed (it writes into an existing tensor)')
@@ -152,17 +142,17 @@ def check_call(target: str, args: list[Any], kwargs: dict[str, Any], where: str,
             estimate = math.prod(torch.broadcast_shapes(*(t.shape for t in operands))) if operands else 0
         except RuntimeError:
             estimate = max(sizes, default=0)
-    if estimate > MAX_ELEMENTS:
-        raise GraphError(f'{where}: would make a tensor of about {estimate} elements (at most {MAX_ELEMENTS})')
-    budget.charge(max(estimate, sum(sizes)), where)
+    if max_elements is not None and estimate > max_elements:
+        raise GraphError(f'{where}: would make a tensor of about {estimate} elements (at most {max_elements})')
 
 
-def check_result(value: Any, where: str) -> None:
-    """Refuse a result too large to keep: a tensor past `MAX_ELEMENTS`, or an integer outside int64."""
+def check_result(value: Any, where: str, max_elements: int | None = MAX_ELEMENTS) -> None:
+    """Refuse a result too large to keep: a tensor past `max_elements` (None: unchecked), or an integer outside
+    int64."""
     items = value if isinstance(value, tuple) else (value,)
     for v in items:
-        if isinstance(v, torch.Tensor) and v.numel() > MAX_ELEMENTS:
-            raise GraphError(f'{where}: made a tensor of {v.numel()} elements (at most {MAX_ELEMENTS})')
+        if isinstance(v, torch.Tensor) and max_elements is not None and v.numel() > max_elements:
+            raise GraphError(f'{where}: made a tensor of {v.numel()} elements (at most {max_elements})')
         if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
             raise GraphError(f'{where}: made an integer outside int64')
         if isinstance(v, torch.Tensor) and v.is_complex():

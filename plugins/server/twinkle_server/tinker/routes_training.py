@@ -18,7 +18,7 @@ from twinkle_server.errors import ApiError, bad_request, not_found, unprocessabl
 from twinkle_server.model_host.base import TrainBatch, TrainResult
 from twinkle_server.service import Service
 from twinkle_server.service_training import train_metrics
-from twinkle_server.tinker import datums, images, losses, optimizers, stability, wire
+from twinkle_server.tinker import custom_loss_admit, datums, images, losses, optimizers, stability, wire
 from twinkle_server.tinker.custom_loss import CustomLossSpec, GraphError
 
 router = APIRouter(prefix='/api/v1')
@@ -63,9 +63,12 @@ async def create_custom_loss(
     request: Request, who: Tenant = Depends(tenant), svc: Service = Depends(service)
 ) -> dict[str, Any]:
     """`CreateCustomLossRequest` -> future of `{loss_id}`: the traced graph, validated node by node
-    (`tinker.custom_loss`; a 422 naming the bad input or node), kept for the session (in memory)."""
+    (`tinker.custom_loss`; a 422 naming the bad input or node) and priced at the full context of the hosted models
+    (a 422 naming the costliest node when it fits no model's budget; `tinker.custom_loss_admit`), kept for the
+    session (in memory). A tenant throttled for a loss that ran past its time budget gets a 429."""
     req = parse(types.CreateCustomLossRequest, await json_body(request))
     svc.require_session(who.name, req.session_id)  # 404 unknown or another tenant's, 410 finished
+    custom_loss_admit.check_tenant(who.name)
     try:
         spec = await run_in_threadpool(
             CustomLossSpec.validate,
@@ -73,6 +76,8 @@ async def create_custom_loss(
             [i.model_dump() for i in req.inputs],
             [n.model_dump() for n in req.graph.nodes],
         )
+        custom_loss_admit.check_tenant(who.name, spec)
+        await run_in_threadpool(custom_loss_admit.check_cost, svc.config, svc.hosts, spec)
         loss_id = svc.custom_losses.add(who.name, req.session_id, req.custom_loss_seq_id, spec)
     except GraphError as exc:
         raise unprocessable(f'create_custom_loss {req.name!r}: {exc}') from None
@@ -106,7 +111,11 @@ async def forward_backward(
         stored = svc.custom_losses.get(who.name, m.session_id, call.loss_config['loss_id'])
         if stored is None:
             raise not_found('custom loss', call.loss_config['loss_id'])
-        custom, config = stored.spec, stored.spec.config(stored.loss_id)
+        host = svc.host(m.base_model)  # 429 throttled tenant, 422 disabled or over the model's budget
+        config = await run_in_threadpool(
+            custom_loss_admit.use_config, svc.config, host, who.name, stored.loss_id, stored.spec
+        )
+        custom = stored.spec
     elif call.loss_fn == 'cross_entropy' and datums.has_candidates(call.data):
         config['candidates'] = True  # soft targets: (N, K) target_tokens and weights
     if call.loss_fn == 'stable_reinforce':
