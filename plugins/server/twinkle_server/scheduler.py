@@ -98,7 +98,14 @@ class ModelWorker:
         self._running: list[Work] = []  # the batch in the host call now
         self._refusal: str | None = None  # set by `abandon`: why submissions are refused from now on
         #: counters for monitoring (and tests): host passes, and how many of them mixed several adapters
-        self.stats = {'train_passes': 0, 'mixed_train_passes': 0, 'max_adapters_per_pass': 0, 'sample_passes': 0}
+        self.stats = {
+            'train_passes': 0,
+            'mixed_train_passes': 0,
+            'max_adapters_per_pass': 0,
+            'sample_passes': 0,
+            'cancelled_queued_samples': 0,
+            'cancelled_running_samples': 0,
+        }
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name=f'twinkle-worker[{host.base_model}]', daemon=True)
@@ -162,9 +169,11 @@ class ModelWorker:
         with self._cond:
             return sum(len(q) for q in self._ready.values())
 
-    def cancel(self, request_id: str, exc: BaseException) -> bool:
-        """Drop the queued sample work answering `request_id` before it runs, answering it with `exc` (neither a
-        failure nor a success in the metrics); False when no such work is queued (running, done, or not here)."""
+    def cancel(self, request_id: str, exc: BaseException) -> str | None:
+        """Cancel the sample work answering `request_id`. Queued: dropped before it runs and answered with `exc`
+        (neither a failure nor a success in the metrics), ``'queued'``. Running: the host call cannot stop one row,
+        so it runs on and the caller discards the result, ``'running'``. None when no such work is here. Each is
+        counted in `stats` (``cancelled_queued_samples``, ``cancelled_running_samples``)."""
         with self._cond:
             found = None
             for q in self._ready.values():
@@ -176,16 +185,20 @@ class ModelWorker:
                     q.remove(found)
                     break
             if found is None:
-                return False
+                running = any(w.sample is not None and w.request_id == request_id for w in self._running)
+                self.stats['cancelled_running_samples'] += running
+                return 'running' if running else None
             self._queued_samples -= 1
+            self.stats['cancelled_queued_samples'] += 1
             for t in [t for t, q in self._ready.items() if not q]:
                 del self._ready[t]
+        logger.info('sample request %s cancelled before it ran', request_id)
         with logs.bound(found.context):
             try:
                 found.on_error(exc)
             except BaseException:  # noqa: BLE001
                 logger.exception('answering a cancelled request failed')
-        return True
+        return 'queued'
 
     # ---- read-only views (metrics, drain) ------------------------------------------------------------------
     def queue_depths(self) -> dict[str, int]:

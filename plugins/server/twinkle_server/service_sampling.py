@@ -130,10 +130,8 @@ class SamplingOperations:
         return counter
 
     def cancel_future(self, tenant: str, request_id: str) -> None:
-        """Cancel one of `tenant`'s sampling requests: queued, it is dropped before it runs; running, its future
-        answers the cancellation at once (the sampler finishes its batch; that result is discarded). Either way
-        the future fails with a `category: user` error saying it was cancelled. A finished request is left as it
-        is; any other kind of request cannot be cancelled (400)."""
+        """Cancel one of `tenant`'s sampling requests (`cancel`); a finished request is left as it is; any other
+        kind of request cannot be cancelled (400)."""
         row = self.store.future(request_id, tenant)
         if row is None:
             raise not_found('request', request_id)
@@ -141,8 +139,18 @@ class SamplingOperations:
             return
         if row.target is None:
             raise bad_request(f'request {request_id!r} is not a sampling request; only sampling can be cancelled')
-        exc = ApiError(499, f'request {request_id} was cancelled by the client (cancel_future)', category='user')
+        self.cancel(request_id, 'by the client (cancel_future)')
+
+    def cancel(self, request_id: str, why: str) -> str | None:
+        """Cancel a pending sampling request: queued, it is dropped before it runs; running, its future answers the
+        cancellation at once (the sampler finishes its batch; that result is discarded). Either way the future
+        fails with a `category: user` error saying it was cancelled `why`. Returns ``'queued'`` or ``'running'``
+        (how it was found; `ModelWorker.stats` counts both), or None when its worker no longer holds it."""
+        exc = ApiError(499, f'request {request_id} was cancelled {why}', category='user')
+        found = None
         for worker in self.workers.values():
-            if worker.cancel(request_id, exc):
-                return
+            found = worker.cancel(request_id, exc)
+            if found is not None:
+                break
         self.futures.reject(request_id, exc)
+        return found

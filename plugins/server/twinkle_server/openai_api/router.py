@@ -25,12 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from twinkle_server.auth import Tenant
 from twinkle_server.deps import service, tenant
 from twinkle_server.errors import ApiError
+from twinkle_server.openai_api import bounds, streaming
 from twinkle_server.openai_api import models as model_names
-from twinkle_server.openai_api import streaming
 from twinkle_server.openai_api.chat import ChatRenderer
 from twinkle_server.openai_api.errors import OpenAIError, as_openai_error, invalid
 from twinkle_server.openai_api.responses import chat_choice, completion_choice, new_id
 from twinkle_server.openai_api.sampling import (
+    ClientWatch,
     check_unsupported,
     default_max_tokens,
     sample,
@@ -90,21 +91,38 @@ class TextTools:
     tokenizer: Any
     renderer: ChatRenderer
     detokenizer: Detokenizer
+    chars_per_token: int  # the most characters one token decodes to (`bounds.chars_per_token`)
 
 
 @functools.cache
 def _text_tools(model_dir: str) -> TextTools:
     tok = tokenizer_for(model_dir)
-    return TextTools(tok, ChatRenderer(tok), Detokenizer(tok))
+    return TextTools(tok, ChatRenderer(tok), Detokenizer(tok), bounds.chars_per_token(tok))
 
 
 async def _authenticated(request: Request) -> tuple[Service, Tenant]:
     return service(request), tenant(request)
 
 
-async def _body(request: Request, model: type[M]) -> M:
-    """The JSON body as `model`; a 400 naming every bad field (`param`: the first)."""
-    raw = await request.body()
+async def _body(request: Request, svc: Service, model: type[M]) -> M:
+    """The JSON body as `model`; a 400 naming every bad field (`param`: the first), or for a body over the `/v1`
+    cap (`bounds.body_limit`): that body is read and discarded, never held or parsed."""
+    contexts = [h.max_context_length for h in svc.hosts.values()]
+    limit = bounds.body_limit(contexts, svc.config.max_body_bytes)
+    declared = request.headers.get('content-length', '')
+    over = declared.isdigit() and int(declared) > limit
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # read to the end even when refusing: the client reads the 400 then
+        size += len(chunk)
+        over = over or size > limit
+        if over:
+            chunks.clear()
+        else:
+            chunks.append(chunk)
+    if over:
+        raise bounds.too_large(max(size, int(declared) if declared.isdigit() else 0), limit, max(contexts, default=0))
+    raw = b''.join(chunks)
     try:
         return model.model_validate_json(raw or b'{}')
     except ValidationError as exc:
@@ -132,7 +150,7 @@ async def get_model(model: str, request: Request) -> dict[str, Any]:
 @router.post('/v1/chat/completions', response_model=None)
 async def chat_completions(request: Request) -> Response:
     svc, who = await _authenticated(request)
-    req = await _body(request, ChatCompletionRequest)
+    req = await _body(request, svc, ChatCompletionRequest)
     check_unsupported(req)
     if req.response_format is not None and req.response_format.get('type', 'text') != 'text':
         raise invalid('response_format: only {"type": "text"} is supported by this server', param='response_format')
@@ -140,6 +158,7 @@ async def chat_completions(request: Request) -> Response:
     target = model_names.resolve(svc, who.name, req.model)
     host = svc.host(target.base_model)
     tools = await run_in_threadpool(_text_tools, host.model_dir)
+    bounds.check_chat(req, host.max_context_length, tools.chars_per_token)
     rendered = await run_in_threadpool(tools.renderer.render, req)
     prompt = await run_in_threadpool(_encode, tools.tokenizer, rendered.text, False)
     n = _n(svc, who, req, 1)
@@ -149,7 +168,8 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = asked if asked is not None else default_max_tokens(svc, who.name, left)
     _check_max_tokens(svc, who, asked)
     params = sampling_params(req, max_tokens=max_tokens, top_logprobs=top or 0, stop=stop, context_left=left)
-    sequences = await sample(svc, who.name, target, prompt, params, n)
+    async with ClientWatch(request) as gone:
+        sequences = await sample(svc, who.name, target, prompt, params, n, gone)
     det = tools.detokenizer
 
     def build() -> Any:
@@ -188,7 +208,7 @@ def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
 @router.post('/v1/completions', response_model=None)
 async def completions(request: Request) -> Response:
     svc, who = await _authenticated(request)
-    req = await _body(request, CompletionRequest)
+    req = await _body(request, svc, CompletionRequest)
     check_unsupported(req)
     if req.echo:
         raise invalid('echo is not supported by this server', param='echo')
@@ -201,18 +221,24 @@ async def completions(request: Request) -> Response:
         raise invalid(f'logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}', param='logprobs')
     target = model_names.resolve(svc, who.name, req.model)
     host = svc.host(target.base_model)
+    items = _prompt_items(req.prompt)
+    n = _n(svc, who, req, len(items))
     tools = await run_in_threadpool(_text_tools, host.model_dir)
-    prompts = await run_in_threadpool(_prompts, tools.tokenizer, req.prompt)
-    n = _n(svc, who, req, len(prompts))
+    bounds.check_prompt_items(items, host.max_context_length, tools.chars_per_token)
+    prompts = await run_in_threadpool(_prompts, tools.tokenizer, items)
     stop = stop_strings(req)
     _check_max_tokens(svc, who, req.max_tokens)
-    jobs = []
+    settings = []
     for ids in prompts:
         left = _context_left(host.max_context_length, len(ids), 'prompt')
         max_tokens = req.max_tokens if req.max_tokens is not None else min(COMPLETION_DEFAULT_MAX_TOKENS, left)
-        params = sampling_params(req, max_tokens=max_tokens, top_logprobs=top or 0, stop=stop, context_left=left)
-        jobs.append(sample(svc, who.name, target, ids, params, n))
-    results = await asyncio.gather(*jobs)
+        settings.append(
+            sampling_params(req, max_tokens=max_tokens, top_logprobs=top or 0, stop=stop, context_left=left)
+        )
+    async with ClientWatch(request) as gone:
+        results = await asyncio.gather(
+            *(sample(svc, who.name, target, ids, params, n, gone) for ids, params in zip(prompts, settings))
+        )
     det = tools.detokenizer
 
     def build() -> Any:
@@ -233,9 +259,8 @@ async def completions(request: Request) -> Response:
     return JSONResponse(out.model_dump(mode='json'))
 
 
-def _prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
-    """The prompt(s) as token ids: text is tokenized (with the tokenizer's special tokens, e.g. a BOS), ids are
-    checked against the vocabulary."""
+def _prompt_items(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Any]:
+    """The request's prompts, each a text or a list of token ids; a 400 when there are none."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -244,6 +269,12 @@ def _prompts(tokenizer: Any, prompt: str | list[str] | list[int] | list[list[int
         items = list(prompt)
     if not items:
         raise invalid('prompt is empty', param='prompt')
+    return items
+
+
+def _prompts(tokenizer: Any, items: list[Any]) -> list[list[int]]:
+    """The prompts (`_prompt_items`) as token ids: text is tokenized (with the tokenizer's special tokens, e.g. a
+    BOS), ids are checked against the vocabulary."""
     vocab = len(tokenizer)
     out = []
     for i, item in enumerate(items):

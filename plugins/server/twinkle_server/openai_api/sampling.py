@@ -4,11 +4,14 @@ Tinker `asample` route queues on (the model's worker, batched with every tenant'
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.requests import Request
 
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_server.model_host.base import SampleJob
@@ -17,6 +20,7 @@ from twinkle_server.openai_api.models import Target
 from twinkle_server.openai_api.schemas import MAX_STOP, SamplingFields
 from twinkle_server.service import Service
 
+logger = logging.getLogger(__name__)
 POLL_S = 30.0
 INT64 = 2**63
 
@@ -96,24 +100,83 @@ def default_max_tokens(svc: Service, tenant: str, context_left: int) -> int:
 
 
 async def sample(
-    svc: Service, tenant: str, target: Target, prompt: list[int], params: SamplingParams, n: int
+    svc: Service,
+    tenant: str,
+    target: Target,
+    prompt: list[int],
+    params: SamplingParams,
+    n: int,
+    gone: asyncio.Event | None = None,
 ) -> list[Sequence]:
     """`n` continuations of `prompt`, queued like the Tinker `asample` route's and awaited; an `OpenAIError` for
-    a refusal or a failure."""
+    a refusal or a failure. `gone` (set when the client disconnected, `ClientWatch`): the request is cancelled
+    (`SamplingOperations.cancel`: dropped if still queued, its result discarded if running) and a 499 raised."""
     job = SampleJob(prompt=prompt, params=params, num_samples=n)
     request_id = svc.sampling.sample(tenant, None, target.model_path, target.base_model, job, post=_compact)
-    while True:
-        row = await svc.futures.wait(request_id, tenant, POLL_S)
-        if row is None:
-            raise OpenAIError(500, f'the sampling request {request_id} was lost')
-        if row.state != 'pending':
-            break
+    try:
+        row = await _finished(svc, tenant, request_id, gone)
+    except asyncio.CancelledError:  # the handler was cancelled (shutdown, or the server noticed the client left)
+        svc.sampling.cancel(request_id, 'because its HTTP request ended')
+        raise
+    if row is None:
+        how = svc.sampling.cancel(request_id, 'because the client disconnected')
+        logger.info('/v1 sample request %s: the client disconnected, cancelled (%s)', request_id, how or 'finished')
+        raise OpenAIError(499, f'the client disconnected; request {request_id} was cancelled')
     body = json.loads(row.body or b'{}')
     if row.state != 'done':
         raise from_failure(body)
     return [
         Sequence(s['tokens'], s.get('logprobs'), s.get('top_logprobs'), s['stop_reason']) for s in body['sequences']
     ]
+
+
+async def _finished(svc: Service, tenant: str, request_id: str, gone: asyncio.Event | None) -> Any:
+    """The request's finished row, or None when `gone` was set first."""
+    waiting = asyncio.ensure_future(_row(svc, tenant, request_id))
+    if gone is None:
+        return await waiting
+    left = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait({waiting, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not waiting.done():
+            waiting.cancel()
+    return waiting.result() if waiting.done() and not waiting.cancelled() else None
+
+
+async def _row(svc: Service, tenant: str, request_id: str) -> Any:
+    while True:
+        row = await svc.futures.wait(request_id, tenant, POLL_S)
+        if row is None:
+            raise OpenAIError(500, f'the sampling request {request_id} was lost')
+        if row.state != 'pending':
+            return row
+
+
+class ClientWatch:
+    """Watches a request's connection while it is served: `gone` is set once the client disconnects (its ASGI
+    ``http.disconnect``). Use after the body was read, as ``async with ClientWatch(request) as gone:``."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.gone = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> asyncio.Event:
+        self._task = asyncio.ensure_future(self._watch())
+        return self.gone
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message.get('type') == 'http.disconnect':
+                self.gone.set()
+                return
 
 
 def _compact(result: Any) -> dict[str, Any]:
