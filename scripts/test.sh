@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed) and run the test-suite: the fast default run, then the `slow` tests when
-# TWINKLE_TEST_SLOW=1 (CI sets it), each with its 30 slowest tests listed. Extra arguments go to the fast run.
+# TWINKLE_TEST_SLOW=1 (CI sets it), each with its 30 slowest tests listed and every test's durations written to
+# test-artifacts/durations-{fast,slow}.json against the time budget (tests/time_budget.py; CI enforces it with
+# TWINKLE_TEST_BUDGET=enforce). Extra arguments go to the fast run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/setup_system.sh
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-.venv/bin/python -m pytest -q --durations=30 "$@"
+TWINKLE_TEST_SUITE=fast .venv/bin/python -m pytest -q --durations=30 "$@"
 if [ "${TWINKLE_TEST_SLOW:-0}" = "1" ]; then
   echo "[test] slow tests"
   set +e
-  .venv/bin/python -m pytest -q --durations=30 -m slow
+  TWINKLE_TEST_SUITE=slow .venv/bin/python -m pytest -q --durations=30 -m slow
   rc=$?
   set -e
   # exit code 5 = no tests collected, which is fine for an optional step

@@ -32,12 +32,14 @@ GRPO_REWARD_RISE = 1.15
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_grpo_mean_reward_rises():
     result = load_example('grpo').main(seed=0)
     assert reward_rise(result['mean_rewards']) >= GRPO_REWARD_RISE, result['mean_rewards']
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_grpo_with_the_vllm_sampler_learns_too():
     """The same loop sampling with vLLM (its own weights, synced before every step); vLLM draws other random
     numbers than TorchSampler, so the run differs, and it stays on policy: the trainer's log-probs of vLLM's samples
@@ -49,6 +51,7 @@ def test_grpo_with_the_vllm_sampler_learns_too():
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_dpo_preference_margin_rises():
     result = load_example('dpo').main(steps=30)
     assert result['first_margin'] < 0.1 < result['last_margin'], result['margins']
@@ -56,6 +59,7 @@ def test_dpo_preference_margin_rises():
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.parametrize('on_policy_fraction', [0.0, 1.0], ids=['off-policy', 'on-policy'])
 def test_gkd_student_teacher_divergence_falls(on_policy_fraction):
     result = load_example('gkd').main(steps=30, teacher_steps=60, on_policy_fraction=on_policy_fraction)
@@ -63,6 +67,7 @@ def test_gkd_student_teacher_divergence_falls(on_policy_fraction):
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_async_grpo_mean_reward_rises():
     """examples/async_grpo.py with max_staleness=1: every step trains groups sampled one version behind (the GRPO
     clip corrects for it) and the reward rises like the synchronous example's."""

@@ -38,6 +38,7 @@ def test_the_colour_reward_scores_exact_names():
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_grpo_on_images_raises_the_mean_reward():
     """Measured (seeded, reproducible on CPU; 40 steps after a 60-step format-only warm-start, ~65 s on 2 idle
     CPU cores): mean reward of the first 8 steps -> the last 8: 0.213 -> 0.756 (seed 0), 0.221 -> 0.709 (seed 1),

@@ -236,6 +236,7 @@ def test_vl_training_on_cuda(tiny_vl_model_dir, rows) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_sft_vl_example_learns_the_colours(tmp_path) -> None:
     """examples/sft_vl.py as a user runs it: held-out colour accuracy goes from chance to (nearly) all right."""
     import re
