@@ -15,8 +15,9 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, overload
+from typing import Any, Callable, Literal, Sequence, overload
 
+from twinkle_core.tool.access import PathDeclaration, check_access
 from twinkle_core.tool.base import Tool, ToolError
 
 __all__ = ['FunctionTool', 'json_schema_of', 'parse_docstring', 'tool', 'validate_arguments']
@@ -168,16 +169,28 @@ def validate_arguments(schema: dict[str, Any], arguments: Any, tool_name: str = 
 class FunctionTool(Tool):
     """A `Tool` made from a function by `tool`: checks the arguments against `parameters`, calls the function and
     returns its result as text (a str as is, None as '', anything else as `str()`). Each function gets its own
-    subclass, whose class attributes `name`, `description` and `parameters` describe it."""
+    subclass, whose class attributes `name`, `description` and `parameters` describe it. `network`, `paths` and
+    `env`: what its sandboxed calls may reach (`Tool`), checked here (`InvalidInputError` naming the tool)."""
 
     fn: Callable[..., Any]
 
-    def __init__(self, fn: Callable[..., Any], *, timeout_s: float | None = None, sandboxed: bool | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        timeout_s: float | None = None,
+        sandboxed: bool | None = None,
+        network: bool = False,
+        paths: Sequence[PathDeclaration] = (),
+        env: Sequence[str] = (),
+    ):
         self.fn = fn
         if timeout_s is not None:
             self.timeout_s = float(timeout_s)
         if sandboxed is not None:
             self.sandboxed = bool(sandboxed)
+        access = check_access(self.name or getattr(fn, '__name__', repr(fn)), network, paths, env)
+        self.network, self.paths, self.env = access.network, access.paths, access.env
         functools.update_wrapper(self, fn, updated=())
 
     @classmethod
@@ -194,9 +207,12 @@ class FunctionTool(Tool):
         description: str | None = None,
         timeout_s: float | None = None,
         sandboxed: bool | None = None,
+        network: bool = False,
+        paths: Sequence[PathDeclaration] = (),
+        env: Sequence[str] = (),
     ) -> FunctionTool:
         """The tool for `fn` (its schema built from the signature and docstring; TypeError for an untyped-able
-        parameter, ``*args`` or ``**kwargs``)."""
+        parameter, ``*args`` or ``**kwargs``; `InvalidInputError` for a malformed `network`, `paths` or `env`)."""
         summary, docs = parse_docstring(fn.__doc__)
         hints = typing.get_type_hints(fn, include_extras=True)
         properties: dict[str, Any] = {}
@@ -218,7 +234,7 @@ class FunctionTool(Tool):
         parameters: dict[str, Any] = {'type': 'object', 'properties': properties, 'required': required}
         attrs = {'name': name or fn.__name__, 'description': description or summary, 'parameters': parameters}
         subclass = type(f'{fn.__name__}_tool', (cls,), {**attrs, '__module__': fn.__module__})
-        return subclass(fn, timeout_s=timeout_s, sandboxed=sandboxed)
+        return subclass(fn, timeout_s=timeout_s, sandboxed=sandboxed, network=network, paths=paths, env=env)
 
     def __call__(self, **arguments: Any) -> str:
         result = self.fn(**validate_arguments(self.parameters, arguments, self.name))
@@ -235,7 +251,8 @@ class FunctionTool(Tool):
             except (ImportError, AttributeError):
                 pass
         options = {'name': self.name, 'description': self.description, 'timeout_s': self.timeout_s}
-        return _rebuild, (self.fn, {**options, 'sandboxed': self.sandboxed})
+        access = {'network': self.network, 'paths': self.paths, 'env': self.env}
+        return _rebuild, (self.fn, {**options, 'sandboxed': self.sandboxed, **access})
 
 
 def _import_attr(module: str, qualname: str) -> Any:
@@ -260,6 +277,9 @@ def tool(
     description: str | None = None,
     timeout_s: float | None = None,
     sandboxed: bool | None = None,
+    network: bool = False,
+    paths: Sequence[PathDeclaration] = (),
+    env: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -271,12 +291,19 @@ def tool(
     description: str | None = None,
     timeout_s: float | None = None,
     sandboxed: bool | None = None,
+    network: bool = False,
+    paths: Sequence[PathDeclaration] = (),
+    env: Sequence[str] = (),
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed, documented function into a `Tool`: ``@tool`` or ``@tool(name=..., timeout_s=...,
-    sandboxed=...)``. Defaults: the function's name, its docstring's summary, `Tool.timeout_s`, sandboxed."""
+    sandboxed=..., network=..., paths=..., env=...)``. Defaults: the function's name, its docstring's summary,
+    `Tool.timeout_s`, sandboxed, and no access beyond the sandbox. `network`, `paths` and `env` declare what its
+    sandboxed calls may reach (see `Tool`): e.g. ``@tool(network=True, paths=[('/data', 'ro')], env=['HF_TOKEN'])``;
+    a malformed declaration raises `InvalidInputError` here."""
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         options: dict[str, Any] = {'name': name, 'description': description}
-        return FunctionTool.from_function(f, **options, timeout_s=timeout_s, sandboxed=sandboxed)
+        access: dict[str, Any] = {'network': network, 'paths': paths, 'env': env}
+        return FunctionTool.from_function(f, **options, timeout_s=timeout_s, sandboxed=sandboxed, **access)
 
     return wrap(fn) if fn is not None else wrap

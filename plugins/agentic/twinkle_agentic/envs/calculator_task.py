@@ -35,11 +35,11 @@ class CalculatorTool(Tool):
     sandboxed = False
 
     def __init__(self, env: CalculatorTaskEnv) -> None:
-        self.env = env
+        self._env = env
 
     def __call__(self, **arguments: Any) -> str:
         """The observation of ``env.step('calculator', arguments)`` (a rollout calls `step` itself)."""
-        return self.env.step(self.name, arguments).observation
+        return self._env.step(self.name, arguments).observation
 
 
 def generate_expression(rng: random.Random) -> str:

@@ -33,11 +33,11 @@ class GuessTool(Tool):
     sandboxed = False
 
     def __init__(self, env: GuessNumberEnv) -> None:
-        self.env = env
+        self._env = env
 
     def __call__(self, **arguments: Any) -> str:
         """The observation of ``env.step('guess', arguments)`` (a rollout calls `step` itself, keeping rewards)."""
-        return self.env.step(self.name, arguments).observation
+        return self._env.step(self.name, arguments).observation
 
 
 def _as_int(value: Any) -> int | None:

@@ -44,7 +44,7 @@ class Calculator(Tool):
     and result is an int under `MAX_INT_BITS` bits (a power or product at most twice that before it is refused) or a
     float, and ``round``'s digits are clamped at `MIN_ROUND_DIGITS`, so no operation costs more than a few
     big-integer steps on 8192-bit numbers, and an expression has at most `MAX_NODES` of them (milliseconds in all:
-    tests/agentic/test_isolation.py)."""
+    tests/agentic/test_sandbox_isolation.py)."""
 
     name = 'calculator'
     description = (

@@ -57,7 +57,7 @@ def test_a_tool_cannot_read_the_callers_environment() -> None:
     secret = f'tw-secret-{uuid.uuid4().hex}'
     caller = """
 import json
-from test_isolation import peek_environ, peek_environ_code, python_tool
+from test_sandbox_isolation import peek_environ, peek_environ_code, python_tool
 from twinkle_agentic.tools import ToolManager
 
 peek = python_tool(env=['TWINKLE_PUBLIC_SETTING'])
@@ -119,6 +119,58 @@ def test_a_tool_reaches_no_network_unless_it_declares_it(listener: int) -> None:
         assert tm.call('python', {'code': code}).output == 'ConnectionRefusedError\n'  # its own loopback
     with ToolManager([python_tool(network=True)], timeout_s=8) as tm:
         assert tm.call('python', {'code': code}).output == "answered b'pong'\n"
+
+
+@needs_bwrap
+def test_a_function_tool_reaches_the_network_only_when_it_declares_it_with_the_decorator(listener: int) -> None:
+    """``@tool(network=True)`` is the declaration the manager grants: that tool reaches a listener on the host's
+    127.0.0.1, the same function undeclared meets only its own loopback."""
+
+    def connect(port: int) -> str:
+        """Connect to the host's 127.0.0.1:port and read its answer."""
+        import socket
+
+        try:
+            return 'answered ' + socket.create_connection(('127.0.0.1', port), timeout=3).recv(4).decode()
+        except OSError as exc:
+            return type(exc).__name__
+
+    declared = tool(name='declared', network=True)(connect)
+    undeclared = tool(name='undeclared')(connect)
+    assert (declared.network, undeclared.network) == (True, False)
+    with ToolManager([declared, undeclared], timeout_s=8) as tm:
+        results = tm.call_many([('declared', {'port': listener}), ('undeclared', {'port': listener})])
+    assert [r.output for r in results] == ['answered pong', 'ConnectionRefusedError']
+
+
+@needs_bwrap
+def test_a_function_tool_reads_only_the_paths_it_declares_with_the_decorator(tmp_path: Path) -> None:
+    """``@tool(paths=[(dir, 'ro')])``: a host file in `dir` is readable, not writable; undeclared, it is not there."""
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    (shared / 'input.txt').write_text('declared input')
+
+    def read_and_write(directory: str) -> str:
+        """Read directory/input.txt, then try to write directory/out.txt."""
+        import os
+
+        try:
+            text = open(os.path.join(directory, 'input.txt')).read()
+        except OSError as exc:
+            return f'read {type(exc).__name__}'
+        try:
+            open(os.path.join(directory, 'out.txt'), 'w').close()
+            return f'read {text!r}, wrote'
+        except OSError as exc:
+            return f'read {text!r}, write {type(exc).__name__}'
+
+    declared = tool(name='declared', paths=[(str(shared), 'ro')])(read_and_write)
+    undeclared = tool(name='undeclared')(read_and_write)
+    assert declared.paths == ((str(shared), 'ro'),)
+    with ToolManager([declared, undeclared], timeout_s=8) as tm:
+        results = tm.call_many([('declared', {'directory': str(shared)}), ('undeclared', {'directory': str(shared)})])
+    assert [r.output for r in results] == ["read 'declared input', write OSError", 'read FileNotFoundError']
+    assert os.listdir(shared) == ['input.txt']
 
 
 @needs_bwrap
@@ -261,3 +313,53 @@ def test_malformed_grants_are_refused_when_the_tool_is_added() -> None:
         ToolManager([python_tool(network='yes')], allow_unsandboxed=True)
     with pytest.raises(TwinkleError, match="each of paths must be 'PATH' or"):
         ToolManager([python_tool(paths=[('/tmp', 'rwx')])], allow_unsandboxed=True)
+
+
+def _noop() -> str:
+    """Do nothing."""
+    return ''
+
+
+@pytest.mark.parametrize(
+    ('declaration', 'message'),
+    [
+        ({'network': 'yes'}, "tool '_noop': network must be True or False, got 'yes'"),
+        ({'paths': '/tmp'}, "tool '_noop': paths must be a list, got '/tmp'"),
+        ({'paths': ['relative']}, "tool '_noop': path 'relative' must be absolute"),
+        ({'paths': [('/tmp', 'rwx')]}, "tool '_noop': each of paths must be 'PATH' or .*got \\('/tmp', 'rwx'\\)"),
+        ({'paths': [('/tmp',)]}, "tool '_noop': each of paths must be 'PATH' or"),
+        ({'env': ['A=B']}, "tool '_noop': env must list variable names"),
+        ({'env': 'HF_TOKEN'}, "tool '_noop': env must be a list"),
+    ],
+)
+def test_a_malformed_decorator_declaration_fails_at_decoration(declaration: dict[str, object], message: str) -> None:
+    with pytest.raises(TwinkleError, match=message) as raised:
+        tool(**declaration)(_noop)  # type: ignore[call-overload]
+    assert isinstance(raised.value, ValueError)
+
+
+def test_a_declared_path_missing_on_this_host_fails_when_the_tool_is_added(tmp_path: Path) -> None:
+    missing = tool(paths=[str(tmp_path / 'missing')])(_noop)  # well-formed: whether it exists is the host's fact
+    with pytest.raises(TwinkleError, match=f"tool '_noop': path '{tmp_path / 'missing'}' does not exist on this host"):
+        ToolManager([missing], allow_unsandboxed=True)
+
+
+def test_a_malformed_class_declaration_fails_where_the_class_is_defined() -> None:
+    with pytest.raises(TwinkleError, match="tool 'Broken': path 'data' must be absolute"):
+
+        class Broken(PythonTool):
+            paths = ('data',)
+
+
+def test_a_function_tools_declaration_survives_pickling() -> None:
+    """A worker rebuilds a local function tool from its function and options: its declaration comes along."""
+    cloudpickle = pytest.importorskip('cloudpickle')
+
+    @tool(network=True, paths=['/tmp/./'], env=['HF_TOKEN'])
+    def local() -> str:
+        """Do nothing."""
+        return ''
+
+    copy = cloudpickle.loads(cloudpickle.dumps(local))
+    assert copy is not local
+    assert (copy.network, copy.paths, copy.env) == (True, (('/tmp', 'ro'),), ('HF_TOKEN',))
