@@ -132,7 +132,7 @@ def test_the_worker_sees_no_secret_and_runs_in_a_private_directory(monkeypatch: 
     with ToolManager([environment, 'python']) as tm:
         seen = json.loads(tm.call('environment', {}).output)
         assert set(seen['env']) <= {'PATH', 'HOME', 'LANG', 'TMPDIR', 'PWD'}
-        assert seen['env']['HOME'] == seen['cwd'] == '/tmp'  # the sandbox's own tmpfs (tests/agentic/test_sandbox_isolation.py)
+        assert seen['env']['HOME'] == seen['cwd'] == '/tmp'  # the sandbox's own tmpfs
         code = "import os; print(os.environ.get('TINKER_API_KEY'), sorted(os.listdir('.')))"
         assert tm.call('python', {'code': code}).output == 'None []\n'
 

@@ -5,7 +5,8 @@ session's real server (uvicorn on 127.0.0.1, tiny Qwen3 fixture: context 2048 to
   (2048 x 256 B + 256 KiB = 768 KiB here) is never parsed; too many messages, tools or characters are a 400 naming
   the count and the cap — each in well under a second and without the server's memory growing.
 - A request whose client has gone is cancelled: queued, it is dropped before it runs (its tokens are never
-  sampled), so another tenant's short chat is not held behind it; running, its result is discarded.
+  sampled), so another tenant's short chat is not held behind it; running, its rows stop at the sampler's next
+  decode step (so the batch, and whoever waits for it, is not held by them) and its result is discarded.
 """
 
 from __future__ import annotations
@@ -194,17 +195,16 @@ def test_queued_requests_of_departed_clients_are_dropped(server, alice, bob_clie
 
 
 def test_a_running_request_of_a_departed_client_is_cancelled(server, alice, monkeypatch):
-    """A request in the sampler's batch when its client leaves (the host call held by a gate): the samplers cannot
-    stop one row, so it runs to the batch's end, but its future is answered at once and the result discarded;
-    counted as a running cancellation."""
+    """A request in the host call when its client leaves (the call held by a gate before it samples): its future
+    is answered at once and the result discarded; counted as a running cancellation."""
     worker = server.service.workers[MODEL]
     _wait_for(worker.idle, 60.0)
     before = _stat(worker, 'cancelled_running_samples')
     gate, real = threading.Event(), worker.host.sample
 
-    def held(jobs):
+    def held(jobs, **kw):
         gate.wait(30)
-        return real(jobs)
+        return real(jobs, **kw)
 
     monkeypatch.setattr(worker.host, 'sample', held)
     outcomes: list[BaseException | None] = []
@@ -218,6 +218,35 @@ def test_a_running_request_of_a_departed_client_is_cancelled(server, alice, monk
         gate.set()
     assert isinstance(outcomes[0], openai.APITimeoutError), outcomes
     _wait_for(worker.idle, 60.0)  # leave the worker idle for the next test
+
+
+LONG = 2000  # max_tokens of the departing chat: its 8 rows could decode 16,000 tokens (the prompt + this fit 2048)
+
+
+def test_a_running_request_of_a_departed_client_stops_decoding(server, alice, bob_client):
+    """alice's chat (n=8, max_tokens=2000) is being decoded when her client gives up after 0.5 s: the server
+    notices, and the sampler stops its rows at its next decode step. Fewer than a quarter of its 16,000 tokens are
+    sampled (measured: 450-700 with one CPU thread, 8 on a loaded machine), and bob's short chat, sent once she has
+    left, finishes within 5x its solo time (+1 s). The old server decoded her rows to their end (EOS or max_tokens:
+    9,406 tokens) while bob's chat waited (13.4 s against 0.02 s solo, one CPU thread)."""
+    worker = server.service.workers[MODEL]
+    _wait_for(worker.idle, 60.0)
+    _chat(bob_client, max_tokens=4)  # warm
+    solo = min(_timed(lambda: _chat(bob_client, max_tokens=4)) for _ in range(2))
+    before = _stat(worker, 'cancelled_running_samples')
+    sampled = _sampled_tokens(server)
+    outcomes: list[BaseException | None] = []
+    leaver = threading.Thread(target=_depart, args=(server, alice, 0.5, LONG, outcomes))
+    leaver.start()
+    _wait_for(lambda: worker.running() == 1)  # in the sampler's batch
+    leaver.join()
+    assert isinstance(outcomes[0], openai.APITimeoutError), outcomes
+    _wait_for(lambda: _stat(worker, 'cancelled_running_samples') == before + 1)  # noticed while it ran
+    waited = _timed(lambda: _chat(bob_client, max_tokens=4))
+    _wait_for(worker.idle, 15.0)
+    departed = _sampled_tokens(server) - sampled - 4  # bob's chat sampled (at most) 4 of them
+    assert departed < 8 * LONG / 4, f'{departed} tokens of a departed request were sampled'
+    assert waited < 5 * solo + 1.0, (waited, solo)
 
 
 def _hold(worker) -> threading.Event:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.runtime.context import HostedComponentMeta
@@ -45,7 +45,9 @@ class SamplerCapabilities:
     - `weights_in_process`: the model runs in the caller's process (False: e.g. vLLM's engine core; weights go
       through RPC).
     - `takes_device`: the constructor accepts ``device=`` (``'cpu'``, ``'cuda:1'``, ...); False: the sampler places
-      itself (e.g. vLLM) and is built with ``model_id`` and its own arguments only."""
+      itself (e.g. vLLM) and is built with ``model_id`` and its own arguments only.
+    - `stops_rows`: `sample` honours ``should_stop=`` (see `Sampler.sample`): a prompt whose predicate turns true
+      stops being decoded at the next decode step. False: its rows run to their end, and callers do not pass it."""
 
     per_row_adapters: bool = False
     max_adapters: int | None = 1
@@ -58,6 +60,7 @@ class SamplerCapabilities:
     adapter_from_tensors: bool = False
     weights_in_process: bool = False
     takes_device: bool = False
+    stops_rows: bool = False
 
 
 class Sampler(ABC, metaclass=HostedComponentMeta):
@@ -71,9 +74,18 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
         sampling_params: Any = None,
         *,
         adapter_name: str | list[str | None] | None = None,
+        should_stop: Callable[[int], bool] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """`inputs`: prompts (InputFeature dicts or Trajectories). Returns one `SampleResponse` per prompt."""
+        """`inputs`: prompts (InputFeature dicts or Trajectories). Returns one `SampleResponse` per prompt.
+
+        `should_stop` (in-process calls only; a sampler that declares ``capabilities.stops_rows``, and callers pass
+        it to no other): called with a prompt's index in `inputs`, from the sampling thread, at least once per
+        decode step while that prompt has rows being decoded; once it returns True the prompt's rows stop at that
+        step as if they had finished, and are never decoded again (nor is a prompt that has not started). Their
+        sequences hold the tokens sampled so far (none, if it never started), ``stop_reason='length'``: a cut-off
+        answer the caller is expected to discard. Other prompts' results are unaffected. It must be cheap (e.g.
+        ``threading.Event.is_set``) and must not raise."""
 
     @remote_method('all', 'first')
     @abstractmethod

@@ -53,6 +53,8 @@ class Work:
     op: str | None = None  # what a `call` does (optim_step, save, ...), for metrics and logs
     context: logs.RequestContext | None = None  # the submitting request's log context (taken by `submit`)
     request_id: str | None = None  # the future it answers (`cancel` finds queued work by it)
+    #: set by `cancel` while it runs: the sampler stops its rows at the next decode step (where it declares it can)
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
     def kind(self) -> str:
@@ -171,9 +173,10 @@ class ModelWorker:
 
     def cancel(self, request_id: str, exc: BaseException) -> str | None:
         """Cancel the sample work answering `request_id`. Queued: dropped before it runs and answered with `exc`
-        (neither a failure nor a success in the metrics), ``'queued'``. Running: the host call cannot stop one row,
-        so it runs on and the caller discards the result, ``'running'``. None when no such work is here. Each is
-        counted in `stats` (``cancelled_queued_samples``, ``cancelled_running_samples``)."""
+        (neither a failure nor a success in the metrics), ``'queued'``. Running: its `cancelled` event is set, so a
+        sampler that declares `stops_rows` stops its rows at the next decode step (another runs them to the end);
+        the caller discards the result, ``'running'``. None when no such work is here. Each is counted in `stats`
+        (``cancelled_queued_samples``, ``cancelled_running_samples``)."""
         with self._cond:
             found = None
             for q in self._ready.values():
@@ -185,8 +188,10 @@ class ModelWorker:
                     q.remove(found)
                     break
             if found is None:
-                running = any(w.sample is not None and w.request_id == request_id for w in self._running)
-                self.stats['cancelled_running_samples'] += running
+                running = [w for w in self._running if w.sample is not None and w.request_id == request_id]
+                for work in running:
+                    work.cancelled.set()
+                self.stats['cancelled_running_samples'] += bool(running)
                 return 'running' if running else None
             self._queued_samples -= 1
             self.stats['cancelled_queued_samples'] += 1
@@ -402,7 +407,12 @@ class ModelWorker:
                     results = list(self.host.forward_backward([w.train for w in batch]))  # type: ignore[misc]
                 elif batch[0].sample is not None:
                     self.stats['sample_passes'] += 1
-                    results = list(self.host.sample([w.sample for w in batch]))  # type: ignore[misc]
+                    results = list(
+                        self.host.sample(
+                            [w.sample for w in batch],  # type: ignore[misc]
+                            should_stop=lambda i: batch[i].cancelled.is_set(),
+                        )
+                    )
                 else:
                     results = [_call(batch[0].call, self.host)]  # type: ignore[arg-type]
             except BaseException as exc:  # noqa: BLE001 - the worker must survive anything

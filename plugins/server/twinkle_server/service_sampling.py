@@ -143,7 +143,8 @@ class SamplingOperations:
 
     def cancel(self, request_id: str, why: str) -> str | None:
         """Cancel a pending sampling request: queued, it is dropped before it runs; running, its future answers the
-        cancellation at once (the sampler finishes its batch; that result is discarded). Either way the future
+        cancellation at once, its rows stop at the sampler's next decode step where the sampler declares
+        `stops_rows` (else they finish with the batch) and what was sampled is discarded. Either way the future
         fails with a `category: user` error saying it was cancelled `why`. Returns ``'queued'`` or ``'running'``
         (how it was found; `ModelWorker.stats` counts both), or None when its worker no longer holds it."""
         exc = ApiError(499, f'request {request_id} was cancelled {why}', category='user')

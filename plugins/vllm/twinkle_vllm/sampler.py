@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
@@ -126,9 +126,13 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
         *,
         adapter_name: str | list[str | None] | None = None,
+        should_stop: Callable[[int], bool] | None = None,
         **kwargs: Any,
     ) -> list[SampleResponse]:
-        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
+        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``).
+        `should_stop` is ignored (``capabilities.stops_rows`` is False): one `LLM.generate` call runs every
+        request to its end."""
+        del should_stop
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
         prompts = [

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_server.errors import ApiError
@@ -241,9 +241,13 @@ class ModelHost(ABC):
         """Replace the adapter's weights (and optimizer state when asked) with a `save_state` directory."""
 
     @abstractmethod
-    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+    def sample(
+        self, jobs: list[SampleJob], should_stop: Callable[[int], bool] | None = None
+    ) -> list[SampleResponse | BaseException]:
         """Generate for every job (batched where possible); failures are returned in their slot. The host
-        loads adapters from `adapter_dir` as needed and bounds how many it keeps in memory."""
+        loads adapters from `adapter_dir` as needed and bounds how many it keeps in memory. `should_stop(job
+        index)` True: that job was cancelled; where its sampler declares `stops_rows` its rows stop at the next
+        decode step (its answer, cut short, is to be discarded), elsewhere it runs to its end."""
 
     @abstractmethod
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:

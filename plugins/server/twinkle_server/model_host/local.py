@@ -20,7 +20,7 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -222,10 +222,12 @@ class LocalModelHost(ModelHost):
             raise ApiError(503, f'{self.base_model}: this host trains only; its sampler runs elsewhere')
         return self.sampling.sampler
 
-    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+    def sample(
+        self, jobs: list[SampleJob], should_stop: Callable[[int], bool] | None = None
+    ) -> list[SampleResponse | BaseException]:
         if self.sampling is None:
             raise ApiError(503, f'{self.base_model}: this host trains only; its sampler runs elsewhere')
-        return self.sampling.sample(jobs)
+        return self.sampling.sample(jobs, should_stop)
 
     def native_call(self, adapter: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if method == 'set_loss' or method == 'set_optimizer':
@@ -239,7 +241,8 @@ class AdapterSampler:
     long RL run does not grow memory without limit. Planned by the sampler's declared `capabilities`:
     `max_adapters` further caps the slots, `per_row_adapters` / `max_adapters_per_call` bound the adapters one
     `sample` call mixes, and a sampler is never asked for prompt scores or top-k widths it does not declare
-    (`prompt_logprobs`, `prompt_top_logprobs`, `max_top_logprobs`, ...: those jobs fail with 422)."""
+    (`prompt_logprobs`, `prompt_top_logprobs`, `max_top_logprobs`, ...: those jobs fail with 422). A sampler that
+    declares `stops_rows` is told which jobs were cancelled while it runs (``should_stop=``)."""
 
     def __init__(
         self,
@@ -282,10 +285,14 @@ class AdapterSampler:
             raise
         return name
 
-    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+    def sample(
+        self, jobs: list[SampleJob], should_stop: Callable[[int], bool] | None = None
+    ) -> list[SampleResponse | BaseException]:
         """Jobs with the same sampling settings share one `sample` call (adapters mixed per row where the sampler
         declares it can). Seeded copies of one prompt go to separate calls: a sampler tells identical prompts of
-        one call apart (`prompt_occurrences`), and each request must get the completions it gets alone."""
+        one call apart (`prompt_occurrences`), and each request must get the completions it gets alone.
+        `should_stop(job index)` (a cancelled job) reaches a sampler that declares `stops_rows`, which stops the
+        job's rows at its next decode step; another sampler runs them to their end."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         groups: dict[tuple[str, int], list[int]] = {}
         copies: dict[tuple[str, str | None, tuple[int, ...]], int] = {}
@@ -311,10 +318,16 @@ class AdapterSampler:
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
                 adapters = [self._slot(d) if (d := jobs[i].adapter_dir) is not None else None for i in idx]
+                stops = (
+                    {}
+                    if should_stop is None or not self.capabilities.stops_rows
+                    else {'should_stop': _in_call(should_stop, idx)}
+                )
                 responses = self.sampler.sample(
                     [jobs[i].row() for i in idx],
                     jobs[idx[0]].params,
                     adapter_name=adapters if self.capabilities.per_row_adapters else adapters[0],
+                    **stops,
                 )
                 for i, r in zip(idx, responses):
                     out[i] = r
@@ -342,6 +355,12 @@ class AdapterSampler:
                 dirs.add(d)
             chunks[-1].append(i)
         return chunks
+
+
+def _in_call(should_stop: Callable[[int], bool], idx: list[int]) -> Callable[[int], bool]:
+    """`should_stop` over job indices as a predicate over the prompts of one sampler call (prompt p is job
+    `idx[p]`)."""
+    return lambda p: should_stop(idx[p])
 
 
 def _result(out: dict[str, Any]) -> TrainResult | BaseException:

@@ -110,7 +110,8 @@ async def sample(
 ) -> list[Sequence]:
     """`n` continuations of `prompt`, queued like the Tinker `asample` route's and awaited; an `OpenAIError` for
     a refusal or a failure. `gone` (set when the client disconnected, `ClientWatch`): the request is cancelled
-    (`SamplingOperations.cancel`: dropped if still queued, its result discarded if running) and a 499 raised."""
+    (`SamplingOperations.cancel`: dropped if still queued; if running, its rows stopped at the sampler's next
+    decode step and its result discarded) and a 499 raised."""
     job = SampleJob(prompt=prompt, params=params, num_samples=n)
     request_id = svc.sampling.sample(tenant, None, target.model_path, target.base_model, job, post=_compact)
     try:

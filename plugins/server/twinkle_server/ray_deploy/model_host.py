@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from twinkle_core.types import SampleResponse
 from twinkle_server.config import ModelSpec
@@ -169,9 +169,12 @@ class RayModelHost(ModelHost):
         return self._train('native_call', adapter, method, args, kwargs)[0]
 
     # ---- sampling ------------------------------------------------------------------------------------------
-    def sample(self, jobs: list[SampleJob]) -> list[SampleResponse | BaseException]:
+    def sample(
+        self, jobs: list[SampleJob], should_stop: Callable[[int], bool] | None = None
+    ) -> list[SampleResponse | BaseException]:
         """Jobs spread over the replicas (one checkpoint's jobs on one replica), run concurrently; a replica that
-        died is restarted and its jobs run again on the replicas alive."""
+        died is restarted and its jobs run again on the replicas alive. `should_stop` is not sent to the replicas
+        (other processes): a cancelled job runs to its end there and its answer is discarded."""
         out: list[SampleResponse | BaseException | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         for _ in range(2):  # the second round re-runs the jobs of replicas that died in the first

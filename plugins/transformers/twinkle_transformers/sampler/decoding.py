@@ -8,7 +8,9 @@ tokens that all prompts share (a system prompt, tool schemas) are kept once and 
 path (`shared_prefix.py`).
 
 Each step feeds only the newest token per row. Rows that stop leave the batch at once (their cache rows are
-dropped), so a finished sequence costs nothing afterwards.
+dropped), so a finished sequence costs nothing afterwards. A prompt whose `halt` predicate turns true (its
+request was cancelled) is stopped the same way at the next step; one halted before the batch starts is never
+prefilled.
 
 Decode steps run through `FastDecoder` (a lean Llama-family step over a preallocated cache) when the model
 supports it, otherwise through the HF forward with `past_key_values` -- any causal LM whose forward takes
@@ -90,7 +92,28 @@ class BatchDecoder:
         *,
         scoring: PromptScoring = PromptScoring(),
         top_logprobs: int = 0,
+        halt: Callable[[int], bool] | None = None,
     ) -> list[PromptResult]:
+        """One `PromptResult` per job. `halt(job index)`, asked before the prefill and once per decode step
+        while the job has rows decoding: True stops that job's rows now, as if finished (`stop_reason` 'length',
+        not kept in the prefix cache); a job halted before the prefill is not decoded (empty generations)."""
+        if halt is not None:
+            asked = halt
+            active = [p for p in range(len(jobs)) if not asked(p)]
+            if len(active) < len(jobs):  # decode the others only
+                results = [PromptResult([Generation() for _ in range(j.num_samples)]) for j in jobs]
+                if active:
+                    decoded = self.decode(
+                        [jobs[p] for p in active],
+                        chooser,
+                        stop,
+                        scoring=scoring,
+                        top_logprobs=top_logprobs,
+                        halt=lambda q: asked(active[q]),
+                    )
+                    for p, result in zip(active, decoded):
+                        results[p] = result
+                return results
         if not self.vision_language and any(j.images is not None for j in jobs):
             raise ValueError('image prompts need vision_language=True')  # TorchSampler refuses them earlier
         device = next(self.model.parameters()).device
@@ -138,6 +161,7 @@ class BatchDecoder:
             token_list = tokens.tolist()
             logprob_list = chosen_logprobs(logits, tokens).tolist()
             top = _top_logprobs(logits, top_logprobs) if top_logprobs else None
+            halted = _halted(halt, {owner[seq][0] for seq in rows.live})
             keep: list[int] = []
             for row, seq in enumerate(rows.live):
                 p, s = owner[seq]
@@ -147,8 +171,10 @@ class BatchDecoder:
                 if top is not None:
                     gen.top_logprobs.append(top[row])
                 reason = stop.check(gen.tokens)
-                if reason is None:
+                if reason is None and p not in halted:
                     keep.append(row)
+                elif reason is None:  # halted: cut here, like a sequence out of tokens (the caller discards it)
+                    gen.stop_reason = 'length'
                 else:
                     gen.stop_reason = reason
                     self._remember(stepper, row, jobs[p], gen, prefixes[prefill_row[p]])
@@ -267,6 +293,11 @@ def _distinct_prompts(jobs: list[PromptJob]) -> tuple[list[int], list[int]]:
                 seen[key] = row
         prefill_row.append(row)
     return distinct, prefill_row
+
+
+def _halted(halt: Callable[[int], bool] | None, jobs: set[int]) -> set[int]:
+    """The jobs among `jobs` (those with rows still decoding) whose `halt` says stop now."""
+    return set() if halt is None else {p for p in jobs if halt(p)}
 
 
 def _top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:

@@ -13,6 +13,8 @@ Contract (see docs/sampling.md):
 - a fixed `seed` reproduces the same tokens for the same prompt and settings, whatever else is in the batch
   (each sequence has its own random stream; see `sampling.py`), up to floating-point ties between near-equal
   logits computed at different batch shapes;
+- ``should_stop=`` (declared: `capabilities.stops_rows`) stops a prompt's rows at the next decode step once it
+  returns True for the prompt's index (a cancelled request); a batch's other rows are unaffected;
 - `adapter_name=None` runs the base weights of the sampler's own model; a sampler sharing a LoRA model runs the
   model's adapter (what it trains; several adapters: refused, name one) and ``adapter_name='__base__'``
   (`BASE_WEIGHTS`) its base weights; a list gives one adapter per prompt (mixed in one batch);
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -79,7 +81,7 @@ class TorchSampler(Sampler):
     BASE_WEIGHTS = lora.BASE_WEIGHTS
 
     #: adapters mixed per row, any number resident; every prompt score (top-k of any width, target ids, draws);
-    #: the model lives in this process, placed by ``device=``
+    #: the model lives in this process, placed by ``device=``; a prompt's rows stop mid-decode on ``should_stop``
     capabilities = SamplerCapabilities(
         per_row_adapters=True,
         max_adapters=None,
@@ -92,6 +94,7 @@ class TorchSampler(Sampler):
         adapter_from_tensors=True,
         weights_in_process=True,
         takes_device=True,
+        stops_rows=True,
     )
 
     def __init__(
@@ -144,9 +147,11 @@ class TorchSampler(Sampler):
         sampling_params: SamplingParams | Mapping[str, Any] | None = None,
         *,
         adapter_name: str | list[str | None] | None = None,
+        should_stop: Callable[[int], bool] | None = None,
         **kwargs: Any,
     ) -> list[SampleResponse]:
-        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``)."""
+        """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``).
+        `should_stop(prompt index)`: checked once per decode step; True stops that prompt's rows (`Sampler.sample`)."""
         params = as_sampling_params(sampling_params, kwargs)
         model = self.model
         rows = prompt_rows(inputs)
@@ -187,7 +192,12 @@ class TorchSampler(Sampler):
         with eval_mode(model):
             for batch in decode_batches(jobs, self.max_batch_size, by_adapter=by_adapter):
                 outputs = decoder.decode(
-                    [job for _, job in batch], chooser, stop, scoring=scoring, top_logprobs=params.alternatives
+                    [job for _, job in batch],
+                    chooser,
+                    stop,
+                    scoring=scoring,
+                    top_logprobs=params.alternatives,
+                    halt=_per_job(should_stop, [prompt_index for prompt_index, _ in batch]),
                 )
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
@@ -416,3 +426,11 @@ class TorchSampler(Sampler):
             prompt_target_logprobs=scored.prompt_target_logprobs,
             prompt_alt_tokens=scored.prompt_alt_tokens,
         )
+
+
+def _per_job(should_stop: Callable[[int], bool] | None, prompts: list[int]) -> Callable[[int], bool] | None:
+    """`should_stop` over prompt indices as a predicate over a batch's jobs (job j samples prompt `prompts[j]`)."""
+    if should_stop is None:
+        return None
+    asked = should_stop
+    return lambda job: asked(prompts[job])
