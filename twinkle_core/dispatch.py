@@ -23,22 +23,36 @@ _F = TypeVar('_F', bound=Callable[..., Any])
 _ATTR = '__twinkle_remote__'
 
 
+#: ``row_kwargs(rows, kwargs)`` of a ``slice_dp`` method: see `RemoteSpec`
+RowKwargs = Callable[[Any, dict[str, Any]], dict[str, list[Any]]]
+
+
 @dataclass(frozen=True)
 class RemoteSpec:
     """`dispatch`: 'all' = every worker gets the same call; 'slice_dp' = the `inputs` argument is split across
     data-parallel ranks; 'first' = only rank 0 runs it. `collect`: how per-worker results become one result.
-    `mutates`: the call changes state (a runtime must not retry it blindly)."""
+    `mutates`: the call changes state (a runtime must not retry it blindly).
+
+    `row_kwargs` (``slice_dp`` only): keyword arguments that hold one value per row of `inputs` and so must be split
+    with it. A runtime that splits `inputs` over more than one data rank calls ``row_kwargs(inputs, kwargs)`` on the
+    whole call (`kwargs`: its keyword arguments) and gives each rank the values of its rows for every keyword the
+    returned dict names (one list entry per row); e.g. what a rank cannot compute from its slice alone. A runtime
+    that does not split calls the method with the whole call and does not call it."""
 
     dispatch: Dispatch = 'all'
     collect: Collect = 'first'
     mutates: bool = True
+    row_kwargs: RowKwargs | None = None
 
 
 def remote_method(
-    dispatch: Dispatch = 'all', collect: Collect = 'first', *, mutates: bool = True
+    dispatch: Dispatch = 'all', collect: Collect = 'first', *, mutates: bool = True, row_kwargs: RowKwargs | None = None
 ) -> Callable[[_F], _F]:
-    """Mark an interface method as callable through remote runtimes, with its dispatch/collect semantics."""
-    spec = RemoteSpec(dispatch, collect, mutates)
+    """Mark an interface method as callable through remote runtimes, with its dispatch/collect semantics (see
+    `RemoteSpec`)."""
+    if row_kwargs is not None and dispatch != 'slice_dp':
+        raise ValueError(f"row_kwargs only applies to dispatch='slice_dp' (rows split across ranks), not {dispatch!r}.")
+    spec = RemoteSpec(dispatch, collect, mutates, row_kwargs)
 
     def decorator(fn: _F) -> _F:
         setattr(fn, _ATTR, spec)

@@ -1,6 +1,6 @@
 """TorchSampler's prefix cache: a prompt that extends an earlier call's sequence (the next turn of an episode)
 prefills only its new tokens, with the same tokens and log-probs as a sampler without the cache; entries follow
-the weights and the adapter; the budget holds; equal prompts in one call share a prefill."""
+the weights and the adapter; the budget holds; equal prompts in one call share a prefill and draw apart."""
 
 from __future__ import annotations
 
@@ -121,12 +121,18 @@ def test_the_budget_holds_and_evicts_the_oldest(tiny_model_dir):
         sampler(tiny_model_dir, prefix_cache_bytes=-1)
 
 
-def test_equal_prompts_in_one_call_match_separate_calls(tiny_model_dir):
+def test_equal_prompts_in_one_call_share_a_prefill_and_draw_apart(tiny_model_dir):
+    """Copies of a prompt in one seeded call share its prefill; the first copy and a distinct prompt get what they
+    get alone, every further copy draws a stream of its own (reproducibly)."""
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=3, stop=STOP)
     s = sampler(tiny_model_dir, prefix_cache_bytes=0)
-    together = s.sample([FIRST_TURNS[0], FIRST_TURNS[1], FIRST_TURNS[0], FIRST_TURNS[0]], params)
-    alone = [s.sample([p], params)[0] for p in (FIRST_TURNS[0], FIRST_TURNS[1], FIRST_TURNS[0], FIRST_TURNS[0])]
-    assert_same(together, alone)
+    prompts = [FIRST_TURNS[0], FIRST_TURNS[1], FIRST_TURNS[0], FIRST_TURNS[0]]
+    together = s.sample(prompts, params)
+    alone = [s.sample([p], params)[0] for p in prompts[:2]]
+    assert_same(together[:2], alone)
+    copies = [tuple(r.sequences[0].tokens) for r in (together[0], together[2], together[3])]
+    assert len(set(copies)) == 3, copies
+    assert_same(s.sample(prompts, params), together)
 
 
 def test_weights_made_under_inference_mode_are_never_trusted():

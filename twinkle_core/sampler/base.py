@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from twinkle_core.dispatch import remote_method
 from twinkle_core.runtime.context import HostedComponentMeta
+from twinkle_core.sampler.prompts import split_call_kwargs
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class SamplerCapabilities:
 class Sampler(ABC, metaclass=HostedComponentMeta):
     capabilities: SamplerCapabilities = SamplerCapabilities()
 
-    @remote_method('slice_dp', 'concat', mutates=False)
+    @remote_method('slice_dp', 'concat', mutates=False, row_kwargs=split_call_kwargs)
     @abstractmethod
     def sample(
         self,
@@ -75,6 +76,7 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
         *,
         adapter_name: str | list[str | None] | None = None,
         should_stop: Callable[[int], bool] | None = None,
+        occurrences: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
         """`inputs`: prompts (InputFeature dicts or Trajectories). Returns one `SampleResponse` per prompt.
@@ -85,7 +87,14 @@ class Sampler(ABC, metaclass=HostedComponentMeta):
         step as if they had finished, and are never decoded again (nor is a prompt that has not started). Their
         sequences hold the tokens sampled so far (none, if it never started), ``stop_reason='length'``: a cut-off
         answer the caller is expected to discard. Other prompts' results are unaffected. It must be cheap (e.g.
-        ``threading.Event.is_set``) and must not raise."""
+        ``threading.Event.is_set``) and must not raise.
+
+        `occurrences`: one per prompt, its index among identical prompts (same token ids, same adapter) of the
+        whole logical call, which enters its seed (`sequence_seed`: seeded copies of one prompt draw apart, the
+        first keeps the stream it has alone). For a caller that splits one call over several `sample` calls (a Ray
+        sampler group over its data ranks: `split_call_kwargs`), so that each part draws what it draws in the whole
+        call. None: counted over this call's prompts (`prompt_occurrences`). Every sampler resolves it with
+        `resolve_occurrences`."""
 
     @remote_method('all', 'first')
     @abstractmethod

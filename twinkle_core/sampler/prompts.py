@@ -10,7 +10,8 @@ fields next to the ids; `completion_feature` carries them into the trainable row
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Mapping, Sequence
+import json
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import (
@@ -194,10 +195,74 @@ def prompt_occurrences(prompts: Sequence[Sequence[int]], adapters: Sequence[str 
     i's) come before it in the same call: 0 for the first, 1 for its first duplicate, ... -- what `sequence_seed`
     mixes in so that duplicates draw apart. One prompt under two adapters is two requests, not a duplicate: it
     keeps one stream (the adapters' samples stay comparable)."""
-    seen: dict[tuple[str | None, tuple[int, ...]], int] = {}
+    return _occurrences([(adapter, tuple(prompt)) for prompt, adapter in zip(prompts, adapters, strict=True)])
+
+
+def resolve_occurrences(
+    occurrences: Sequence[int] | None, prompts: Sequence[Sequence[int]], adapters: Sequence[str | None]
+) -> list[int]:
+    """The occurrence of each prompt of a `sample` call (see `Sampler.sample`): the caller's `occurrences` (computed
+    over the whole logical call this call is a part of), validated, or else `prompt_occurrences` of this call."""
+    if occurrences is None:
+        return prompt_occurrences(prompts, adapters)
+    given = list(occurrences)
+    if len(given) != len(prompts):
+        raise InvalidInputError(
+            f'occurrences has {len(given)} entries for {len(prompts)} prompts; give one per prompt (its index among '
+            'identical prompts of the whole call) or None to count them in this call.'
+        )
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in given):
+        raise InvalidInputError(f'occurrences must be non-negative integers, got {given}.')
+    return given
+
+
+def call_occurrences(inputs: Any, adapter_name: str | list[str | None] | None) -> list[int]:
+    """`prompt_occurrences` over the raw `inputs` and `adapter_name` of a `sample` call, before any sampler encodes
+    them: for a caller that splits one call's prompts over several samplers (each passes its part as
+    ``occurrences=``). Encoded prompts (token ids) compare exactly as a sampler compares them; a Trajectory is
+    compared by what a template encodes of it (its ``messages`` and ``tools``), not by its other fields (e.g. a
+    ``ground_truth``). A row that is not a valid prompt counts as distinct (its sampler reports it)."""
+    rows = prompt_rows(inputs)
+    adapters = adapters_per_prompt(adapter_name, rows)
+    return _occurrences([(adapter, _prompt_key(row, i)) for i, (row, adapter) in enumerate(zip(rows, adapters))])
+
+
+def split_call_kwargs(inputs: Any, kwargs: dict[str, Any]) -> dict[str, list[Any]]:
+    """The per-prompt keywords of a `Sampler.sample` call that is split across data ranks (`RemoteSpec.row_kwargs`):
+    ``occurrences`` over the whole call (the caller's, or `call_occurrences`) and a per-prompt ``adapter_name``
+    list, each rank getting its prompts' entries."""
+    adapter_name, given = kwargs.get('adapter_name'), kwargs.get('occurrences')
+    out: dict[str, list[Any]] = {
+        'occurrences': list(given) if given is not None else call_occurrences(inputs, adapter_name)
+    }
+    if isinstance(adapter_name, (list, tuple)):
+        out['adapter_name'] = list(adapter_name)
+    return out
+
+
+def _prompt_key(row: Any, index: int) -> tuple[Any, ...]:
+    """What identifies `row` as a prompt before encoding: its token ids, or a Trajectory's messages and tools."""
+    if isinstance(row, InputFeature):
+        row = row.model_dump(exclude_none=True)
+    if isinstance(row, (list, tuple)) and all(isinstance(t, int) for t in row):
+        return ('ids', *row)
+    if isinstance(row, dict) and row.get('input_ids') is not None:
+        ids = row['input_ids']
+        ids = ids.tolist() if hasattr(ids, 'tolist') else ids
+        if isinstance(ids, (list, tuple)) and all(isinstance(t, int) for t in ids):
+            return ('ids', *ids)
+    try:
+        chat = Trajectory.model_validate(row).model_dump(mode='json', exclude_none=True)
+    except Exception:  # noqa: BLE001 - not a prompt: its sampler says what is wrong with it
+        return ('invalid', index)
+    return ('chat', json.dumps({'messages': chat['messages'], 'tools': chat.get('tools')}, sort_keys=True))
+
+
+def _occurrences(keys: Sequence[Hashable]) -> list[int]:
+    """Per key, how many equal keys come before it."""
+    seen: dict[Hashable, int] = {}
     out = []
-    for prompt, adapter in zip(prompts, adapters, strict=True):
-        key = (adapter, tuple(prompt))
+    for key in keys:
         out.append(seen.get(key, 0))
         seen[key] = out[-1] + 1
     return out

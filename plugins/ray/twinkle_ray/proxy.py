@@ -8,7 +8,8 @@ peers get the same slice), ``first`` (rank 0 only) -- and combines the per-rank 
 Results come back as values, or with ``lazy_collect=True`` as a `LazyResult` that is only fetched when used.
 A `LazyResult` of one group passed as `inputs` to a ``slice_dp`` method of the same group goes rank to rank
 (each rank gets its own part), so e.g. batches of a lazily collected `DataLoader` hosted in the model group never
-reach the driver.
+reach the driver -- unless the method declares per-row keywords (`RemoteSpec.row_kwargs`, e.g. `Sampler.sample`'s
+``occurrences``), which are computed here over the whole call.
 """
 
 from __future__ import annotations
@@ -142,12 +143,15 @@ class ComponentProxy:
         group.check_usable()
         ranks = [0] if spec.dispatch == 'first' else list(range(group.world_size))
         per_rank_inputs, inputs_at = [None] * len(ranks), None
+        per_rank_kwargs: list[dict[str, Any] | None] = [None] * len(ranks)
         if spec.dispatch == 'slice_dp':
             args, kwargs, inputs, inputs_at = _pop_inputs(self._twinkle_cls, name, args, kwargs)
-            per_rank_inputs = self._slice_inputs(inputs, name)
+            per_rank_inputs, per_rank_kwargs, kwargs = self._slice_call(inputs, kwargs, name, spec)
         arguments = ray.put((args, kwargs))
         refs = [
-            group.workers[r].call.remote(self._obj_id, name, arguments, per_rank_inputs[i], inputs_at)
+            group.workers[r].call.remote(
+                self._obj_id, name, arguments, per_rank_inputs[i], inputs_at, per_rank_kwargs[i]
+            )
             for i, r in enumerate(ranks)
         ]
         mesh = group.mesh
@@ -158,6 +162,29 @@ class ComponentProxy:
         )
         result = LazyResult(group, refs, spec.collect, f'{self._twinkle_cls.__name__}.{name}', collect_ranks)
         return result if self._lazy else result.result()
+
+    def _slice_call(
+        self, inputs: Any, kwargs: dict[str, Any], method: str, spec: RemoteSpec
+    ) -> tuple[list[Any], list[dict[str, Any] | None], dict[str, Any]]:
+        """Per rank, its `inputs` and its entries of the method's per-row keywords (`RemoteSpec.row_kwargs`,
+        computed over the whole call when it is split over several data ranks), and the keywords every rank
+        shares."""
+        group, mesh, row_kwargs = self._group, self._group.started_mesh, spec.row_kwargs
+        if row_kwargs is None or mesh.data_world_size == 1:
+            return self._slice_inputs(inputs, method), [None] * group.world_size, kwargs
+        if isinstance(inputs, LazyResult):  # the per-row keywords need the whole call: fetched, then split here
+            inputs = inputs.result()
+        slices = self._slice_inputs(inputs, method)  # checks that `inputs` is a list of enough rows
+        per_row = row_kwargs(inputs, kwargs)
+        for key, values in per_row.items():
+            if len(values) != len(inputs):
+                raise InvalidInputError(
+                    f'{self._twinkle_cls.__name__}.{method}: `{key}` has {len(values)} entries for {len(inputs)} '
+                    'rows; give one per row.'
+                )
+        parts = {key: split_for_dp(values, mesh.data_world_size) for key, values in per_row.items()}
+        shared = {k: v for k, v in kwargs.items() if k not in per_row}
+        return slices, [{k: p[mesh.data_rank(r)] for k, p in parts.items()} for r in range(group.world_size)], shared
 
     def _slice_inputs(self, inputs: Any, method: str) -> list[Any]:
         """One entry per rank: that rank's data slice (an ObjectRef shared by its tensor-parallel peers)."""

@@ -95,14 +95,18 @@ class GroupWorker:
         arguments: tuple[tuple[Any, ...], dict[str, Any]],
         inputs: Any = None,
         inputs_at: str | int | None = None,
+        row_kwargs: dict[str, Any] | None = None,
     ) -> Any:
         """``obj.method(*args, **kwargs)`` (``arguments = (args, kwargs)``), with `inputs` placed at `inputs_at`
-        (a keyword or a positional index) when given.
+        (a keyword or a positional index) when given, and this rank's per-row keywords (`RemoteSpec.row_kwargs`)
+        added to `kwargs`.
 
         `inputs` travels as a top-level Ray argument, so an ObjectRef there (e.g. a batch produced in this group)
         is resolved here without passing through the driver.
         """
         obj, (args, kwargs) = self.objects[obj_id], arguments
+        if row_kwargs:
+            kwargs = {**kwargs, **row_kwargs}
         if isinstance(inputs_at, str):
             kwargs = {**kwargs, inputs_at: inputs}
         elif isinstance(inputs_at, int):

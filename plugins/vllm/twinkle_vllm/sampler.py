@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
@@ -34,8 +34,8 @@ from twinkle_core.sampler.prompts import (
     check_prompt_scoring,
     encode_prompt_row,
     first_scored,
-    prompt_occurrences,
     prompt_rows,
+    resolve_occurrences,
     sampled_sequence,
     sequence_seed,
 )
@@ -127,11 +127,13 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         *,
         adapter_name: str | list[str | None] | None = None,
         should_stop: Callable[[int], bool] | None = None,
+        occurrences: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``).
         `should_stop` is ignored (``capabilities.stops_rows`` is False): one `LLM.generate` call runs every
-        request to its end."""
+        request to its end. `occurrences`: each prompt's index among identical prompts of the whole call (see
+        `Sampler.sample`)."""
         del should_stop
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
@@ -140,6 +142,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         ]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
+        occurrences = resolve_occurrences(occurrences, prompts, adapters)
         if self._handle.weights_lost:
             raise TwinkleError(
                 'The vLLM engine was restarted and lost the base weights loaded into it; load them '
@@ -147,7 +150,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             )
         requests = [
             (i, seq_params)
-            for i, (prompt, nth) in enumerate(zip(prompts, prompt_occurrences(prompts, adapters)))
+            for i, (prompt, nth) in enumerate(zip(prompts, occurrences))
             for seq_params in self._vllm_params(params, prompt, nth)
         ]
         outputs = self._generate(

@@ -318,7 +318,7 @@ class AdapterSampler:
         for idx in (chunk for group in groups.values() for chunk in self._by_adapter_budget(jobs, group)):
             try:
                 adapters = [self._slot(d) if (d := jobs[i].adapter_dir) is not None else None for i in idx]
-                stops = (
+                stops: dict[str, Any] = (
                     {}
                     if should_stop is None or not self.capabilities.stops_rows
                     else {'should_stop': _in_call(should_stop, idx)}

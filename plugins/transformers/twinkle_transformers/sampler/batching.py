@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from twinkle_core.sampler.prompts import prompt_draw_seed, prompt_occurrences, sequence_seed
+from twinkle_core.sampler.prompts import prompt_draw_seed, sequence_seed
 from twinkle_core.types import SamplingParams
 from twinkle_transformers.sampler.jobs import PromptJob
 from twinkle_transformers.sampler.sampling import make_generator
@@ -23,11 +23,11 @@ def prompt_jobs(
     device: torch.device,
     greedy: bool,
     images: list[PromptImages | None],
+    occurrences: list[int],
 ) -> list[tuple[int, PromptJob]]:
     """(prompt index, job) pairs; a prompt gets one generator per sample (see `sequence_seed`: identical prompts of
-    the call are told apart by their occurrence)."""
+    the call are told apart by their `occurrences`, from `resolve_occurrences`)."""
     jobs = []
-    occurrences = prompt_occurrences(prompts, adapters)
     for i, (ids, adapter, image, nth) in enumerate(zip(prompts, adapters, images, occurrences)):
         base_seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         generators = (

@@ -44,6 +44,7 @@ from twinkle_core.sampler.prompts import (
     check_prompt_scoring,
     encode_prompt_row,
     prompt_rows,
+    resolve_occurrences,
     sampled_sequence,
 )
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
@@ -148,10 +149,12 @@ class TorchSampler(Sampler):
         *,
         adapter_name: str | list[str | None] | None = None,
         should_stop: Callable[[int], bool] | None = None,
+        occurrences: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[SampleResponse]:
         """Sample continuations; `kwargs` override fields of `sampling_params` (e.g. ``max_tokens=16``).
-        `should_stop(prompt index)`: checked once per decode step; True stops that prompt's rows (`Sampler.sample`)."""
+        `should_stop(prompt index)`: checked once per decode step; True stops that prompt's rows. `occurrences`: each
+        prompt's index among identical prompts of the whole call (see `Sampler.sample`)."""
         params = as_sampling_params(sampling_params, kwargs)
         model = self.model
         rows = prompt_rows(inputs)
@@ -163,6 +166,7 @@ class TorchSampler(Sampler):
             self._adapters, adapters_per_prompt(adapter_name, rows), shared=not self._owned
         )
         self._validate(prompts, adapters, params)
+        occurrences = resolve_occurrences(occurrences, prompts, adapters)
         by_adapter = self._split_by_adapter(model, images, adapters)
         stop = StopCondition(
             max_tokens=params.max_tokens,
@@ -171,7 +175,7 @@ class TorchSampler(Sampler):
             decode=self._decode_raw if params.stop_strings() else None,
         )
         chooser = TokenChooser(params.temperature, params.top_k, params.top_p)
-        jobs = prompt_jobs(prompts, adapters, params, self.device, chooser.greedy, images)
+        jobs = prompt_jobs(prompts, adapters, params, self.device, chooser.greedy, images, occurrences)
         scoring = PromptScoring(
             logprobs=params.prompt_logprobs,
             top_k=params.prompt_top_logprobs,
