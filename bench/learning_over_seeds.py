@@ -5,7 +5,7 @@ full-length claims over several seeds, as the examples' docstrings state them, a
 mean over the seeds. Run it when an area it covers changes (the agentic rollout, the tools, the RL losses, the
 samplers) and record the table in docs/benchmarks.md.
 
-    python bench/learning_over_seeds.py                       # every run below (about 25 minutes on 2 idle cores)
+    python bench/learning_over_seeds.py                       # every run below (about 35 minutes on 2 idle cores)
     python bench/learning_over_seeds.py --only tool --seeds 0 1
 
 Runs (each example's defaults unless named):
@@ -14,6 +14,7 @@ Runs (each example's defaults unless named):
   the first 5).
 - ``tool``:  examples/tool_grpo.py, 16 steps: reward and `tool_use` rise (last 4 steps minus the first 3).
 - ``grpo``:  examples/grpo.py: reward of the second half over the first half.
+- ``grpo-vllm``: the same with the vLLM sampler.
 """
 
 from __future__ import annotations
@@ -61,13 +62,23 @@ def tool(seed: int) -> dict[str, float]:
     }
 
 
-def grpo(seed: int) -> dict[str, float]:
-    rewards = example('grpo').main(seed=seed)['mean_rewards']
+def grpo(seed: int, sampler_name: str = 'TorchSampler') -> dict[str, float]:
+    rewards = example('grpo').main(seed=seed, sampler_name=sampler_name)['mean_rewards']
     half = len(rewards) // 2
     return {'reward_first_half': fmean(rewards[:half]), 'reward_second_half': fmean(rewards[half:])}
 
 
-RUNS: dict[str, Callable[[int], dict[str, float]]] = {'hint': hint, 'async': async_hint, 'tool': tool, 'grpo': grpo}
+def grpo_vllm(seed: int) -> dict[str, float]:
+    return grpo(seed, 'vLLMSampler')
+
+
+RUNS: dict[str, Callable[[int], dict[str, float]]] = {
+    'hint': hint,
+    'async': async_hint,
+    'tool': tool,
+    'grpo': grpo,
+    'grpo-vllm': grpo_vllm,
+}
 
 
 def main(only: list[str], seeds: list[int]) -> dict[str, list[dict[str, Any]]]:

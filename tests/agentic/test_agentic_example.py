@@ -1,8 +1,9 @@
 """examples/agentic_grpo.py and examples/tool_grpo.py: the multi-turn GRPO loops run end to end on the tiny fixture
 (rollout, masked rows, GRPO step), the game's hint-use metric scores guesses against the hints, the tool example's
-warm-start conversations have the two formats; a game run learns to use the hints, an asynchronous one raises the
-reward and a tool-use run raises it by calling the calculator (slow, one seed each: the same claims over seeds and at
-full length are `bench/learning_over_seeds.py`, recorded in docs/benchmarks.md)."""
+warm-start conversations have the two formats; an asynchronous game run raises the reward and a (synchronous) tool-use
+run raises it by calling the calculator (slow, one seed each). Learning the hints takes 60-100 steps (4.5 min): that
+claim, and the others over seeds and at full length, are `bench/learning_over_seeds.py`, recorded in
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -38,17 +39,6 @@ def test_the_loop_runs_and_trains(capsys):
     result = load_example('agentic_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=2, seed=0)
     assert len(result['mean_rewards']) == 2 and all(0.0 <= r <= 1.0 for r in result['mean_rewards'])
     assert 'a last game: assistant:' in capsys.readouterr().out
-
-
-@pytest.mark.slow
-@pytest.mark.learning
-def test_a_synchronous_run_learns_the_hint(capsys):
-    # the defaults (positive-only advantages) on seed 1 for 60 steps: measured on the 2-core machine, hint_use rises
-    # from about 0.45 to 0.98 and the reward from 0.63 to 0.98; plain GRPO plateaus at 0.5 (no hint). Seed 0 over
-    # 100 steps (0.40 -> 0.82) is in bench/learning_over_seeds.py.
-    result = load_example('agentic_grpo').main(steps=60, seed=1)
-    assert result['hint_use_last'] > 0.65, result['hint_uses']
-    assert result['last_reward'] > result['first_reward'], result['mean_rewards']
 
 
 @pytest.mark.slow

@@ -39,14 +39,14 @@ def test_grpo_mean_reward_rises():
 
 
 @pytest.mark.slow
-@pytest.mark.learning
-def test_grpo_with_the_vllm_sampler_learns_too():
-    """The same loop sampling with vLLM (its own weights, synced before every step); vLLM draws other random
-    numbers than TorchSampler, so the run differs, and it stays on policy: the trainer's log-probs of vLLM's samples
-    equal vLLM's (importance ratio 1, nothing clipped) at every step."""
+def test_grpo_with_the_vllm_sampler_stays_on_policy():
+    """The same loop sampling with vLLM (its own weights, synced before every step) stays on policy: the trainer's
+    log-probs of vLLM's samples equal vLLM's (importance ratio 1, nothing clipped) at every step, after weights that
+    training moved. That it learns as well is `bench/learning_over_seeds.py --only grpo-vllm` (the full run took
+    5.7 min here; the TorchSampler run above is the CI's learning check of this loop)."""
     pytest.importorskip('vllm')
-    result = load_example('grpo').main(seed=0, sampler_name='vLLMSampler')
-    assert reward_rise(result['mean_rewards']) >= GRPO_REWARD_RISE, result['mean_rewards']
+    result = load_example('grpo').main(seed=0, steps=6, prompts_per_step=8, warmup_steps=20, sampler_name='vLLMSampler')
+    assert len(result['ratio_means']) == 6
     assert max(abs(r - 1) for r in result['ratio_means']) < 1e-3 and max(result['clip_fracs']) == 0, result
 
 
