@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'model.base',
             'model.step_errors',
             'sampler.base',
+            'sampler.prompts',  # the seeding contract `Sampler.sample` splits calls by (foundation imports only)
             'loss.base',
             'advantage.base',
             'reward.base',
