@@ -426,26 +426,52 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize('case', list(MALFORMED))
-def test_a_malformed_file_is_a_line_numbered_error_of_check_and_start(case, tmp_path, tiny_model_dir):
-    """Recursive aliases were a RecursionError traceback, `${A:-${B}}` and `${UNTERMINATED` were taken literally
-    (`start` made a directory named `${B}`): each is now `FILE:LINE: key: problem`, exit 2, from every command
-    that reads the file."""
+def malformed_commands(path: Path) -> list[list[str]]:
+    """Every command that reads a config file, on `path`."""
     from twinkle_server.launch import free_port
 
-    text, expected = MALFORMED[case]
-    path = write(tmp_path, text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith('TWINKLE_TEST_UNSET')}
-    env['TINY'] = str(tiny_model_dir)
-    for command in (
+    return [
         ['config', 'check', str(path)],
         ['start', '--config', str(path), '--port', str(free_port())],
         ['keys', 'create', '--tenant', 'alice', '--config', str(path)],
-    ):
+    ]
+
+
+@pytest.mark.parametrize('case', list(MALFORMED))
+def test_a_malformed_file_is_a_line_numbered_error_of_check_and_start(
+    case, tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """Recursive aliases were a RecursionError traceback, `${A:-${B}}` and `${UNTERMINATED` were taken literally
+    (`start` made a directory named `${B}`): each is now `FILE:LINE: key: problem`, exit 2, from every command
+    that reads the file. In process (`twinkle_core.cli.main`: an uncaught exception fails the test); the installed
+    executable, as a user runs it, is the next test's."""
+    from twinkle_core.cli.main import main
+
+    text, expected = MALFORMED[case]
+    path = write(tmp_path, text)
+    for name in [k for k in os.environ if k.startswith('TWINKLE_TEST_UNSET')]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv('TINY', str(tiny_model_dir))
+    for command in malformed_commands(path):
+        try:
+            code = main(['server', *command])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2, (command, err[-2000:])
+        assert f'{path}{expected}' in err, (command, err[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['server.yaml']  # nothing was created
+
+
+def test_the_executable_reports_a_malformed_file_without_a_traceback(tmp_path, tiny_model_dir):
+    text, expected = MALFORMED['an alias bomb']
+    path = write(tmp_path, text)
+    env = {**os.environ, 'TINY': str(tiny_model_dir)}
+    for command in malformed_commands(path):
         done = subprocess.run([str(TWINKLE), 'server', *command], capture_output=True, text=True, env=env, timeout=60)
         assert (done.returncode, 'Traceback' in done.stderr) == (2, False), (command, done.stderr[-2000:])
         assert f'{path}{expected}' in done.stderr, (command, done.stderr[-2000:])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['server.yaml']  # nothing was created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['server.yaml']
 
 
 def test_nested_defaults_merge_keys_and_literal_dollar_braces(tmp_path, monkeypatch, tiny_model_dir):
