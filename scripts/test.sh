@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed) and run the test-suite: the fast default run, then the `slow` tests when
 # TWINKLE_TEST_SLOW=1 (CI sets it), each with its 30 slowest tests listed and every test's durations written to
-# test-artifacts/durations-{fast,slow}.json against the time budget (tests/time_budget.py; CI enforces it with
+# test-artifacts/durations-{fast,slow}.json against the time budget (tests/time_budget.py; it fails the run with
 # TWINKLE_TEST_BUDGET=enforce). Extra arguments go to the fast run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
