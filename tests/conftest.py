@@ -14,6 +14,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
+# every Ray program a test starts gets an instance of its own, never a cluster that a test running beside it (another
+# pytest-xdist worker) started on this machine; tests that join a cluster pass its address
+os.environ.setdefault('RAY_ADDRESS', 'local')
 
 
 @pytest.fixture(scope='session')

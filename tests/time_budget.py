@@ -47,11 +47,10 @@ class TimeBudget:
         self.enforce = enforce
         self.timings: dict[str, Timing] = {}
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> object:
-        yield
-        timing = self.timings.setdefault(item.nodeid, Timing(item.get_closest_marker('learning') is not None))
-        timing.phases[call.when] = call.duration
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # called in the controller for every phase, also for the reports of pytest-xdist workers
+        timing = self.timings.setdefault(report.nodeid, Timing('learning' in report.keywords))
+        timing.phases[report.when] = report.duration
 
     def over_budget(self) -> list[tuple[str, float, float]]:
         """(what, seconds, budget) for each test, or the learning tests together, over their budget."""
@@ -101,6 +100,8 @@ class TimeBudget:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, 'workerinput'):  # a pytest-xdist worker: the controller collects and writes
+        return
     suite = os.environ.get('TWINKLE_TEST_SUITE', 'run')
     enforce = os.environ.get('TWINKLE_TEST_BUDGET', '') == 'enforce'
     config.pluginmanager.register(TimeBudget(suite, enforce), 'twinkle-time-budget')

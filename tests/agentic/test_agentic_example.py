@@ -1,9 +1,9 @@
 """examples/agentic_grpo.py and examples/tool_grpo.py: the multi-turn GRPO loops run end to end on the tiny fixture
 (rollout, masked rows, GRPO step), the game's hint-use metric scores guesses against the hints, the tool example's
-warm-start conversations have the two formats; an asynchronous game run raises the reward and a (synchronous) tool-use
-run raises it by calling the calculator (slow, one seed each). Learning the hints takes 60-100 steps (4.5 min): that
-claim, and the others over seeds and at full length, are `bench/learning_over_seeds.py`, recorded in
-docs/benchmarks.md."""
+warm-start conversations have the two formats; an asynchronous game run raises the reward (slow, one seed). Learning
+the hints takes 60-100 steps (4.5 min) and learning to call the calculator ~16 steps after a 200-step warm-start
+(~5 min): those claims, and the others over seeds and at full length, are `bench/learning_over_seeds.py`, recorded
+in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import pytest
 from tests.rl.test_examples import load_example
 
 pytestmark = pytest.mark.usefixtures('tiny_model_dir')
-
-#: RL steps of the tool-use learning test (the bench runs 16)
-TOOL_STEPS = 10
 
 
 def episode(secret: int, *guesses: str) -> dict:
@@ -66,14 +63,11 @@ def test_tool_warmup_conversations_call_the_calculator_or_answer_at_once():
 
 
 @pytest.mark.slow
-@pytest.mark.learning
-def test_the_tool_loop_raises_the_reward(capsys):
-    # the defaults (a warm-start with the calculator in 1 conversation of 4, positive-only advantages) on seed 1,
-    # TOOL_STEPS steps: the policy learns to call the calculator (tool_use ~0.5 -> 1.0) and to copy the right
-    # expression; the 16-step runs over seeds are in bench/learning_over_seeds.py.
-    result = load_example('tool_grpo').main(steps=TOOL_STEPS, seed=1)
+def test_the_tool_loop_runs_and_trains(capsys):
+    # the mechanics end to end (warm-start, rollouts with the tool offered, GRPO steps, the report); calling the tool
+    # takes the full 200-step warm-start, and that RL then raises the reward and the tool use is the benchmark's
+    # claim: `bench/learning_over_seeds.py --only tool` (16 steps, seeds 0 and 1, ~5 min a seed)
+    result = load_example('tool_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=5, max_tokens=40)
     rewards, uses = result['mean_rewards'], result['tool_uses']
-    assert len(rewards) == TOOL_STEPS and all(0.0 <= u <= 1.0 for u in uses)
-    assert fmean(uses[-3:]) > fmean(uses[:3]), uses  # RL prefers the tool
-    assert fmean(rewards[-3:]) - fmean(rewards[:3]) > 0.1, rewards
+    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards) and all(0.0 <= u <= 1.0 for u in uses)
     assert 'an episode: assistant:' in capsys.readouterr().out

@@ -16,7 +16,9 @@ from twinkle_core.utils.net import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / 'examples' / 'sft_lora.py'
 METRICS = re.compile(r'step (\d+): loss ([\d.]+)\s+acc ([\d.]+)\s+grad_norm ([\d.]+)')
-LOG_STEPS = [20, 40, 60, 80, 100]
+#: the runtime-equality run: 40 steps (loss ~5.9 -> ~1.2), metrics every 10
+STEPS, LOG_EVERY = 40, 10
+LOG_STEPS = [10, 20, 30, 40]
 
 # "The same metrics" means equal up to float32 summation order, not equal as printed strings: DDP averages the
 # gradients of two half-batches and the metrics are reduced across ranks, so the last printed digit can differ
@@ -49,8 +51,11 @@ def metric_mismatches(got: dict[int, dict[str, float]], want: dict[int, dict[str
     ]
 
 
-def run_example(runtime: str, out: Path, strategy: str = 'dp') -> dict[int, dict[str, float]]:
+def run_example(
+    runtime: str, out: Path, strategy: str = 'dp', steps: int = 100, log_every: int = 20
+) -> dict[int, dict[str, float]]:
     args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out), '--strategy', strategy]
+    args += ['--steps', str(steps), '--log-every', str(log_every)]
     if runtime == 'torchrun':
         cmd = [
             sys.executable,
@@ -88,12 +93,13 @@ def test_metric_tolerance_rejects_a_one_percent_loss_change() -> None:
 
 @pytest.mark.slow
 def test_sft_example_logs_the_same_metrics_in_all_runtimes(tmp_path) -> None:
-    local = run_example('local', tmp_path / 'local')
+    local = run_example('local', tmp_path / 'local', steps=STEPS, log_every=LOG_EVERY)
     assert sorted(local) == LOG_STEPS
     losses = [local[step]['loss'] for step in LOG_STEPS]
-    assert losses[-1] < 0.2 * losses[0], f'the example did not train: {losses}'  # what is compared is a real curve
+    assert losses[-1] < 0.3 * losses[0], f'the example did not train: {losses}'  # what is compared is a real curve
     for runtime, strategy in (('torchrun', 'dp'), ('ray', 'dp'), ('ray', 'sp')):
-        mismatches = metric_mismatches(run_example(runtime, tmp_path / f'{runtime}-{strategy}', strategy), local)
+        out = tmp_path / f'{runtime}-{strategy}'
+        mismatches = metric_mismatches(run_example(runtime, out, strategy, STEPS, LOG_EVERY), local)
         assert not mismatches, f'{runtime} ({strategy}) logged other metrics than one process:\n' + '\n'.join(
             mismatches
         )

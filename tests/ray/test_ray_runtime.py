@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import twinkle_core
@@ -106,3 +108,32 @@ def test_failure_in_one_actor_names_it_and_cleanup_is_complete(ray_groups, ray_c
         with pytest.raises(RayActorError):
             ray_cluster.get(worker.ping.remote(), timeout=30)
     assert placement_group_table()[pg_id]['state'] == 'REMOVED'
+
+
+@pytest.mark.slow
+def test_a_program_starts_its_own_ray_next_to_a_cluster_started_on_the_machine(tmp_path) -> None:
+    """A cluster runs on this machine as `ray start` leaves one (its address in /tmp/ray/ray_current_cluster);
+    ``initialize(mode='ray')`` without an address starts an instance of its own (Ray's default would join that
+    cluster, and then refuse the ``num_cpus`` the runtime asks for); ``address='auto'`` or ``RAY_ADDRESS`` join it."""
+    import subprocess
+    import sys
+
+    from ray.cluster_utils import Cluster
+
+    script = tmp_path / 'program.py'
+    script.write_text(
+        'import ray, twinkle_core\n'
+        'from twinkle_core.mesh import DeviceGroup\n'
+        "twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='g', ranks=1)])\n"
+        "print('gcs', ray.get_runtime_context().gcs_address)\n"
+        'twinkle_core.shutdown()\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != 'RAY_ADDRESS'}
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={'num_cpus': 1})
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = done.stdout.split('gcs ')[-1].strip()
+    assert ours and ours != cluster.address

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-MODEL = 'tiny-qwen3'
+from server_names import MODEL, openai_client
 
 
 @dataclass
@@ -58,6 +57,20 @@ def alice(server) -> str:
 @pytest.fixture(scope='session')
 def bob(server) -> str:
     return server.key('bob')
+
+
+@pytest.fixture(scope='module')
+def client(server, alice):
+    """Alice's `openai` client on `/v1`."""
+    with openai_client(server, alice) as c:
+        yield c
+
+
+@pytest.fixture(scope='module')
+def bob_client(server, bob):
+    """Bob's `openai` client on `/v1`."""
+    with openai_client(server, bob) as c:
+        yield c
 
 
 @pytest.fixture(scope='session')

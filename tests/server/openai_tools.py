@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 from twinkle_server.openai_api.chat import ChatRenderer

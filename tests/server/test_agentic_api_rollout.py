@@ -8,8 +8,8 @@ import json
 
 import openai
 import pytest
-from conftest import MODEL
 from openai_tools import QUESTION, TOOLS
+from server_names import MODEL
 
 from twinkle_agentic.rollout import APIMultiTurnRollout
 from twinkle_agentic.tools import ToolManager, tool

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 from twinkle_agentic.envs import GuessNumberEnv

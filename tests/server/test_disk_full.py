@@ -18,7 +18,7 @@ import httpx
 import pytest
 import tinker
 from bounded import small_tmpfs, within
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 ADAM = types.AdamParams(learning_rate=5e-3)

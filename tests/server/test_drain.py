@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import raw_http
-from conftest import MODEL
+from server_names import MODEL
 from test_operations import _scrape
 
 from twinkle_server.drain import SHUTDOWN_QUEUED, SHUTDOWN_RUNNING

@@ -6,8 +6,8 @@ import time
 
 import httpx
 import pytest
-from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, new_model, result
+from server_names import MODEL
 from tinker import types
 
 

@@ -27,7 +27,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import MODEL
 from fuzz_strategies import (
     ANY_JSON,
     CHECKPOINT_FILE_QUERY,
@@ -43,6 +42,7 @@ from fuzz_strategies import (
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from raw_http import PROTO, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from server_names import MODEL
 from tinker import types
 
 DEADLINE_S = 30.0

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from bounded import small_tmpfs
-from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from server_names import MODEL
 from tinker import types
 from uninstalled_index import index_with_uninstalled
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 #: names no checkpoint may have: blank, or with control characters (they would name odd directories and garble

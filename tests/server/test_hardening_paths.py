@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import MODEL
 from raw_http import assert_refused
+from server_names import MODEL
 
 SECRET = 'TOP-SECRET-ROW'
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import tinker
 from bounded import within
-from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body
+from server_names import MODEL
 
 MIB = 1024 * 1024
 LIMIT = 1 * MIB

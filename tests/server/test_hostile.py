@@ -15,9 +15,9 @@ from typing import Any, Callable
 import httpx
 import pytest
 import torch
-from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
 from safetensors.torch import load_file
+from server_names import MODEL
 from tinker import types
 
 TIMEOUT_S = 30.0  # every request is answered within this (a hang fails the test)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 
 
 @pytest.fixture(scope='module')

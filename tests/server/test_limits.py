@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 
 from twinkle_server.config import TenantLimits
 

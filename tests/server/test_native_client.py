@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MODEL
+from server_names import MODEL
 
 
 @pytest.fixture(scope='module')

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import MODEL
 from openai_tools import CALL_TEXT, QUESTION, TOOLS, prompt_ids, request
+from server_names import MODEL, openai_client
 
 from twinkle_server.openai_api.chat import ChatRenderer
 from twinkle_server.openai_api.tool_parsers import FORMATS, HermesFormat, ParsedCall, format_for
@@ -55,22 +55,6 @@ QWEN_STYLE = (
     '{%- endif %}{%- endfor %}'
     '{%- if add_generation_prompt %}{{- "<|im_start|>assistant\\n" }}{%- endif %}'
 )
-
-
-def _client(server, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f'{server.base_url}/v1', api_key=key, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope='module')
-def client(server, alice):
-    with _client(server, alice) as c:
-        yield c
-
-
-@pytest.fixture(scope='module')
-def bob_client(server, bob):
-    with _client(server, bob) as c:
-        yield c
 
 
 @pytest.fixture(scope='module')
@@ -360,7 +344,7 @@ def test_bad_completion_requests_are_400(client):
 
 def test_authentication_and_unknown_models(server, client):
     with pytest.raises(openai.AuthenticationError) as err:
-        _client(server, 'tml-not-a-real-key-at-all').models.list()
+        openai_client(server, 'tml-not-a-real-key-at-all').models.list()
     assert err.value.code == 'invalid_api_key' and 'Authorization: Bearer' in err.value.message
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model='gpt-9', messages=HELLO, max_tokens=2)
@@ -373,7 +357,7 @@ def test_rate_limits_are_429_in_openai_shape(server):
     from twinkle_server import TenantLimits
 
     server.service.config.tenant_limits['oa-carol'] = TenantLimits().merged({'requests_per_minute': 2})
-    with _client(server, server.key('oa-carol')) as carol:
+    with openai_client(server, server.key('oa-carol')) as carol:
         carol.models.list()
         carol.models.list()
         with pytest.raises(openai.RateLimitError) as err:
@@ -381,7 +365,7 @@ def test_rate_limits_are_429_in_openai_shape(server):
     assert err.value.code == 'rate_limit_exceeded' and err.value.response.headers.get('retry-after')
     # the sampling queue's per-tenant cap (max_pending_futures) applies as on the Tinker routes
     server.service.config.tenant_limits['oa-dave'] = TenantLimits().merged({'max_pending_futures': 0})
-    with _client(server, server.key('oa-dave')) as dave:
+    with openai_client(server, server.key('oa-dave')) as dave:
         with pytest.raises(openai.RateLimitError) as err:
             dave.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert 'max_pending_futures' in err.value.message and err.value.body['type'] == 'rate_limit_error'

@@ -19,29 +19,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import MODEL
+from server_names import MODEL, openai_client
 
 from twinkle_server.openai_api.bounds import BODY_BASE_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN
 
 HELLO = [{'role': 'user', 'content': 'Say hello.'}]
 CONTEXT = 2048  # the tiny fixture's max_position_embeddings
 BODY_CAP = CONTEXT * BODY_BYTES_PER_CONTEXT_TOKEN + BODY_BASE_BYTES
-
-
-def _client(server, key: str, timeout: float = 120) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f'{server.base_url}/v1', api_key=key, max_retries=0, timeout=timeout)
-
-
-@pytest.fixture(scope='module')
-def client(server, alice):
-    with _client(server, alice) as c:
-        yield c
-
-
-@pytest.fixture(scope='module')
-def bob_client(server, bob):
-    with _client(server, bob) as c:
-        yield c
 
 
 def _peak_rss_growth_mib(fn) -> tuple[object, float]:
@@ -262,7 +246,7 @@ def _hold(worker) -> threading.Event:
 
 def _depart(server, key: str, timeout_s: float, max_tokens: int, outcomes: list) -> None:
     """A chat (n=8) whose client gives up after `timeout_s`; its outcome (None or the error) goes to `outcomes`."""
-    with _client(server, key, timeout=timeout_s) as c:
+    with openai_client(server, key, timeout=timeout_s) as c:
         try:
             _chat(c, n=8, max_tokens=max_tokens)
             outcomes.append(None)

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 import raw_http
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 from twinkle_server import logs

@@ -9,7 +9,7 @@ import subprocess
 import httpx
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 

@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 from twinkle_server.model_host.base import TrainBatch, TrainResult

@@ -9,8 +9,8 @@ import time
 
 import httpx
 import pytest
-from conftest import MODEL
 from raw_http import PROTO, assert_refused, datum, fwdbwd_body, fwdbwd_loss, new_model, optim_step, result
+from server_names import MODEL
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MODEL
+from server_names import MODEL
 
 BACKENDS = ['sqlite', 'postgres']
 

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from conftest import MODEL
 from raw_http import datum
+from server_names import MODEL
 from tinker import types
 
 from twinkle_server.checkpoints import parse_path

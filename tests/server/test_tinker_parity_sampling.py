@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 ATOL = 1e-4

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 from test_cookbook import ALIAS, _recipe, cookbook_env  # noqa: F401 - cookbook_env is a fixture
 from tinker import types
 from tinker.types.optimizer import OptimizerConfigBase

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import tinker
-from conftest import MODEL
+from server_names import MODEL
 from tinker import types
 
 ADAM = types.AdamParams(learning_rate=5e-3)

@@ -16,8 +16,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 import tinker
-from conftest import MODEL
 from raw_http import datum
+from server_names import MODEL
 from tinker import types
 
 pytestmark = pytest.mark.filterwarnings('ignore::tinker.lib.experimental.ExperimentalWarning')

@@ -4,9 +4,10 @@
     model = TransformersModel(model_id, remote_group='model')   # a proxy; 2 actors train data-parallel
     model.forward_backward(inputs=batch)                          # batch split across the 2 data ranks
 
-Connects to a running cluster (``address='auto'`` / ``'ray://...'``) or starts a local one (``num_cpus``);
-a Ray instance that was already initialised is reused and left running at shutdown. Shutdown kills the actors and
-removes the placement groups of every device group.
+Connects to a running cluster (``address='auto'`` / ``'ray://...'``, or ``RAY_ADDRESS``) or starts a local one
+(``num_cpus``), also when another Ray instance runs on this machine (`ray_address`); a Ray instance that was already
+initialised is reused and left running at shutdown. Shutdown kills the actors and removes the placement groups of
+every device group.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from twinkle_core.runtime.base import Runtime
 
 # Environment passed to every actor (Hugging Face offline switches, tokenizer threads, ...).
 FORWARDED_ENV_PREFIXES = ('HF_', 'TRANSFORMERS_', 'TOKENIZERS_', 'TWINKLE_', 'OMP_NUM_THREADS', 'VLLM_')
+
+
+def ray_address(address: str | None) -> str:
+    """The ``ray.init(address=...)`` for `address`: itself, else ``RAY_ADDRESS`` (the cluster the environment names),
+    else ``'local'``, a new local instance. (Ray's own default for no address joins an instance that already runs on
+    this machine, another program's included, and then refuses ``num_cpus``.)"""
+    return address or os.environ.get('RAY_ADDRESS') or 'local'
 
 
 class RayRuntime(Runtime):
@@ -64,7 +72,8 @@ class RayRuntime(Runtime):
         if len(set(names)) != len(names):
             raise MeshError(f'device group names must be unique, got {names}.')
         if not ray.is_initialized():
-            if address is None and num_cpus is None:  # a local instance: room for one actor per rank at least
+            address = ray_address(address)
+            if address == 'local' and num_cpus is None:  # a local instance: room for one actor per rank at least
                 needed = sum(g.world_size * g.options.get('num_cpus', 1) for g in groups)
                 num_cpus = max(os.cpu_count() or 1, int(needed + 0.999))
             ray.init(

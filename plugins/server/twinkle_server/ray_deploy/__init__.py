@@ -24,16 +24,20 @@ logger = logging.getLogger(__name__)
 
 
 def connect(address: str | None = None, namespace: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the Ray cluster at `address` ('auto', 'ray://host:10001', 'host:6379'), or start a local one with
-    `num_cpus` logical CPUs when `address` is None; a Ray already initialised in this process is used as is."""
+    """Join the Ray cluster at `address` ('auto', 'ray://host:10001', 'host:6379'; None: ``RAY_ADDRESS``), or start
+    a local one with `num_cpus` logical CPUs (`twinkle_ray.runtime.ray_address`); a Ray already initialised in this
+    process is used as is."""
     import ray
+
+    from twinkle_ray.runtime import ray_address
 
     if ray.is_initialized():
         return
+    address = ray_address(address)
     ray.init(
         address=address,
         namespace=namespace or 'twinkle-server',
-        num_cpus=num_cpus if address is None else None,
+        num_cpus=num_cpus if address == 'local' else None,
         include_dashboard=False,
         log_to_driver=True,
     )
