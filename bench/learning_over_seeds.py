@@ -1,9 +1,9 @@
-"""Learning evidence over seeds for the examples whose CI test runs one seed (docs/contributing.md, "Time budget").
+"""Learning evidence over seeds for the learning examples (docs/contributing.md, "Time budget").
 
-The CI suite checks each learning example once, on one seed and as few steps as show the effect; this script runs the
-full-length claims over several seeds, as the examples' docstrings state them, and prints one row per run and the
-mean over the seeds. Run it when an area it covers changes (the agentic rollout, the tools, the RL losses, the
-samplers) and record the table in docs/benchmarks.md.
+The CI suite checks each learning example once, on one seed and as few steps as show the effect, or (the tool loop,
+whose learning takes ~5 minutes) only its mechanics; this script runs the full-length claims over several seeds, as the
+examples' docstrings state them, and prints one row per run and the mean over the seeds. Run it when an area it covers
+changes (the agentic rollout, the tools, the RL losses, the samplers) and record the table in docs/benchmarks.md.
 
     python bench/learning_over_seeds.py                       # every run below (about 35 minutes on 2 idle cores)
     python bench/learning_over_seeds.py --only tool --seeds 0 1

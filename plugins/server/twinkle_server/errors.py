@@ -20,6 +20,17 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 DISK_RETRY_AFTER_S = 10.0
 
 
+class BacklogFull(OSError):
+    """The disk is full and the metadata writes already waiting for space fill their bound (`db.writebehind`)."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(
+            errno.ENOSPC,
+            f'the disk is full and {waiting} metadata writes already wait in memory for '
+            f'space; free disk space on the server',
+        )
+
+
 class ApiError(Exception):
     """A request that cannot be served. `status` 4xx = the caller's fault (not retried), 5xx = ours."""
 
@@ -106,8 +117,6 @@ def as_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if is_disk_full(exc):
-        from twinkle_server.db.writebehind import BacklogFull  # here: that module imports this one
-
         what = (
             str(exc.strerror or exc)
             if isinstance(exc, BacklogFull)

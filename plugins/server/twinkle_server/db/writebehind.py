@@ -16,7 +16,6 @@ blocking every later write.
 
 from __future__ import annotations
 
-import errno
 import logging
 import re
 import threading
@@ -25,7 +24,7 @@ from functools import cached_property
 from typing import Callable, Hashable, TypeVar
 
 from twinkle_server.db.base import Database, Params, Session
-from twinkle_server.errors import is_disk_full
+from twinkle_server.errors import BacklogFull, is_disk_full
 
 logger = logging.getLogger(__name__)
 T = TypeVar('T')
@@ -35,17 +34,6 @@ MAX_WAITING_BYTES = 256 * 1024 * 1024
 _WRITTEN = re.compile(r'\b(?:INSERT\s+INTO|(?<!DO\s)UPDATE|DELETE\s+FROM)\s+(\w+)', re.IGNORECASE)
 _READ = re.compile(r'\b(?:FROM|JOIN)\s+(\w+)', re.IGNORECASE)
 Statement = tuple[str, Params]
-
-
-class BacklogFull(OSError):
-    """The disk is full and the metadata writes already waiting for space fill their bound."""
-
-    def __init__(self, waiting: int) -> None:
-        super().__init__(
-            errno.ENOSPC,
-            f'the disk is full and {waiting} metadata writes already wait in memory for '
-            f'space; free disk space on the server',
-        )
 
 
 @dataclass(frozen=True)
