@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 #: the suite's time budget: per-test durations recorded and checked (docs/contributing.md)
-pytest_plugins = ('tests.time_budget',)
+pytest_plugins = ('tests.time_budget', 'tests.file_order')
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')

@@ -10,9 +10,10 @@ from ``TWINKLE_TEST_SUITE``, else ``run``) and the terminal summary lists the te
 Setup and teardown are not charged to a test: a shared fixture (a server, a vLLM engine) is set up by whichever test
 needs it first. They are listed as "set-ups" when one takes longer than ``TEST_BUDGET_S``.
 
-With ``TWINKLE_TEST_BUDGET=enforce`` (CI sets it) a test over ``ENFORCE_FACTOR`` times its budget, or learning tests
-over that factor of their total, fail the run: the factor leaves room for a slower machine of the same kind, not
-for a test that outgrew its budget.
+With ``TWINKLE_TEST_BUDGET=enforce`` (CI sets it for the fast suite) a test over ``ENFORCE_FACTOR`` times its
+budget, or learning tests over that factor of their total, fail the run: the factor leaves room for a slower machine
+of the same kind, not for a test that outgrew its budget. Under pytest-xdist the times are those of the workers,
+tests running side by side.
 """
 
 from __future__ import annotations
