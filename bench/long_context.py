@@ -173,7 +173,7 @@ def longest(model_dir: str, config: str, budget_mib: float, start: int, resoluti
             break
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     best = max((p for p in probes if p['fits']), key=lambda p: p['seq_len'], default=None)
-    return {'longest': lo, 'at_longest': best, 'probes': probes}
+    return {'longest': lo, 'shortest_over': hi, 'at_longest': best, 'probes': probes}
 
 
 def time_common(model_dir: str, configs: list[str], seq_len: int, rounds: int, steps: int) -> dict[str, list[float]]:
@@ -243,8 +243,8 @@ def main() -> None:
     )
     found: dict[str, dict] = {}
     for name in configs:
-        # --quick: the configurations hold ever less memory, so each search starts at the last one's longest
-        start = max([args.start] + [f['longest'] for f in found.values()]) if args.quick else args.start
+        # --quick: the configurations hold ever less memory, so each search starts where the last one's failed
+        start = max([args.start] + [f['shortest_over'] for f in found.values()]) if args.quick else args.start
         found[name] = longest(model_dir, name, args.budget_mib, start, args.resolution, trim)
     plain = found[configs[0]]['longest']
     time_len = args.time_len or plain

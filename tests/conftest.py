@@ -17,6 +17,10 @@ os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 # every Ray program a test starts gets an instance of its own, never a cluster that a test running beside it (another
 # pytest-xdist worker) started on this machine; tests that join a cluster pass its address
 os.environ.setdefault('RAY_ADDRESS', 'local')
+# vLLM's CPU engines pin their OpenMP threads by default ('auto': on 2 cores every engine gets core 1, the other is
+# kept for its scheduler), so the engines of tests running side by side all queue on one core while the other idles
+# (measured: the dp-2 Ray GRPO test 67 s alone, 253-398 s beside other workers); unpinned, the OS spreads them
+os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', 'nobind')
 
 
 @pytest.fixture(scope='session')
