@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.import_graph import cycles, graph_of, imports_of, package_modules
+
 CORE = Path(__file__).resolve().parents[2] / 'twinkle_core'
 
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to twinkle_core).
@@ -86,45 +88,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-def module_names() -> dict[str, Path]:
-    out = {}
-    for path in sorted(CORE.rglob('*.py')):
-        parts = ['twinkle_core', *path.relative_to(CORE).with_suffix('').parts]
-        if parts[-1] == '__init__':
-            parts.pop()
-        out['.'.join(parts)] = path
-    return out
-
-
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """Every twinkle_core module `module` imports (module level and inside functions), with the packages that
-    importing them runs, except the root package and `module`'s own packages."""
-    is_package = path.name == '__init__.py'
-    package = module if is_package else module.rpartition('.')[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ''
-            if node.level:
-                anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
-                base = '.'.join(anchor + ([node.module] if node.module else []))
-            targets = [base] + [f'{base}.{alias.name}' for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            parts = target.split('.')
-            for i in range(2, len(parts) + 1):
-                name = '.'.join(parts[:i])
-                if name in known and name != module and not module.startswith(name + '.'):
-                    found.add(name)
-    return found
-
-
 def import_graph() -> dict[str, set[str]]:
-    modules = module_names()
-    return {m: imports_of(m, p, set(modules)) for m, p in modules.items()}
+    return graph_of(package_modules('twinkle_core', CORE))
 
 
 def layer_of(module: str) -> int:
@@ -138,41 +103,6 @@ def layer_of(module: str) -> int:
     if best is None:
         raise AssertionError(f'{module} is in no layer: add it to LAYERS in {__file__}.')
     return best[1]
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def test_the_core_import_graph_has_no_cycle() -> None:
@@ -203,7 +133,7 @@ def test_alias_modules_are_thin_reexports(alias: str) -> None:
     """Each alias module (`twinkle_core.compat.ALIAS_MODULES`) has a one-line docstring, defines nothing, and
     re-exports the very objects of the module holding the code."""
     target = importlib.import_module('twinkle_core.compat').ALIAS_MODULES[alias]
-    path = module_names()[alias]
+    path = package_modules('twinkle_core', CORE)[alias]
     tree = ast.parse(path.read_text(encoding='utf-8'))
     doc = ast.get_docstring(tree) or ''
     assert doc and '\n' not in doc, f'{alias}: a one-line docstring naming the path it serves'

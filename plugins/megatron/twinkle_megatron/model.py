@@ -124,7 +124,7 @@ class MegatronModel(TrainStateMethods, Model):
             build.hf_tensor_reader(self.model_dir),
             tp=self.layout.tp,
             tp_rank=self.ranks['tp'],
-            expert_offset=self._expert_offset(),
+            expert_offset=self.expert_offset(),
         )
         indices, layers = zip(*build.decoder_layers(self.chunks))  # regional compilation, activation checkpointing
         self.compile_backend = compile_blocks(layers, compile_layers)
@@ -140,7 +140,8 @@ class MegatronModel(TrainStateMethods, Model):
         self.persistence = MegatronPersistence(self)  # checkpoints and weight export (delegated below)
         notify_model_loaded(self.chunks[0], self.model_id)
 
-    def _expert_offset(self) -> int:
+    def expert_offset(self) -> int:
+        """The global index of this rank's first local expert (0 for a dense model)."""
         if not self.arch.is_moe:
             return 0
         return self.ranks['ep'] * (self.arch.num_experts // self.layout.ep)
@@ -172,11 +173,12 @@ class MegatronModel(TrainStateMethods, Model):
             raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
         return adapter_name
 
-    def _unit(self, adapter_name: str | None) -> TrainingUnit:
+    def unit_for(self, adapter_name: str | None) -> TrainingUnit:
+        """The training unit (adapter or full parameters: weights, optimizer, loss) a call addresses."""
         return self.units[self._name(adapter_name) or FULL]
 
     def _state(self, adapter_name: str | None) -> MegatronTrainState:
-        return self._unit(adapter_name).state
+        return self.unit_for(adapter_name).state
 
     # ---- configuration ---------------------------------------------------------------------------------------
     def add_adapter_to_model(
@@ -236,7 +238,7 @@ class MegatronModel(TrainStateMethods, Model):
         reject_unknown_kwargs(
             'forward_backward', kwargs, ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size')
         )
-        unit = self._unit(adapter_name)
+        unit = self.unit_for(adapter_name)
         inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=unit.state.loss)
         self._eval_loss = None
         result = self._run(unit, inputs, micro_batch_size, training=True, compute_loss=True)
@@ -257,7 +259,7 @@ class MegatronModel(TrainStateMethods, Model):
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
         with torch.no_grad():
             result = self._run(
-                self._unit(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
+                self.unit_for(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
             )
         self._eval_loss = result.get('loss')
         return result
@@ -267,7 +269,7 @@ class MegatronModel(TrainStateMethods, Model):
         """The loss of the last `forward_only` (evaluation) or, failing that, of the last `forward_backward`."""
         reject_unknown_kwargs('calculate_loss', kwargs, ('adapter_name',))
         loss = self._loss_of_last_forward_only()
-        loss = self._unit(adapter_name).last_loss if loss is None else loss
+        loss = self.unit_for(adapter_name).last_loss if loss is None else loss
         if loss is None:
             raise TwinkleError(
                 'calculate_loss() needs a preceding forward_backward or forward_only with labels '
@@ -409,11 +411,11 @@ class MegatronModel(TrainStateMethods, Model):
             'model_id': self.model_id,
             'max_length': self.max_length,
             'backend': self.backend,
-            'layout': self._layout_json(),
+            'layout': self.layout_json(),
         }
 
     def get_train_configs(self, *, adapter_name: str | None = None) -> dict[str, Any]:
-        unit = self._unit(adapter_name)
+        unit = self.unit_for(adapter_name)
         state = unit.state
         adapter = None if unit.adapter is None else self.persistence.adapter_config_json(unit.adapter)
         return {
@@ -423,14 +425,15 @@ class MegatronModel(TrainStateMethods, Model):
             'device': str(self.device),
             'dtype': str(self.dtype).removeprefix('torch.'),
             'max_length': self.max_length,
-            'layout': self._layout_json(),
+            'layout': self.layout_json(),
             'distributed_optimizer': self.distributed_optimizer,
             'cpu_bridges': cpu_compat.applied(),
             'adapter': adapter,
             **state.describe(),
         }
 
-    def _layout_json(self) -> dict[str, Any]:
+    def layout_json(self) -> dict[str, Any]:
+        """The parallel layout (tp, pp, dp, vpp, sp, ep) as checkpoint metadata records it."""
         lay = self.layout
         return {'tp': lay.tp, 'pp': lay.pp, 'dp': lay.dp, 'vpp': lay.vpp, 'sp': lay.sp, 'ep': lay.ep}
 

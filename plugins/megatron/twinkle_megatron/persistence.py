@@ -8,7 +8,7 @@ Both are collective over the model's ranks (weights are gathered over tp and pp 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch.distributed as dist
 
@@ -26,19 +26,50 @@ from twinkle_megatron import checkpoint as ckpt
 from twinkle_megatron.lora import part_rows
 
 if TYPE_CHECKING:
-    from twinkle_megatron.model import MegatronModel
+    from twinkle_megatron.architecture import Architecture, Layout
+    from twinkle_megatron.units import TrainingUnit
 
-__all__ = ['MegatronPersistence']
+__all__ = ['MegatronPersistence', 'PersistedModel']
+
+
+class PersistedModel(Protocol):
+    """What `MegatronPersistence` reads of its model (`MegatronModel`): its chunks and architecture, and its
+    training units."""
+
+    chunks: list[Any]  # this rank's model chunks (one per virtual pipeline stage)
+    arch: Architecture
+    layout: Layout
+    ranks: dict[str, int]  # this process's rank along each parallel axis
+    dtype: Any
+    model_id: str
+    model_dir: str
+    units: dict[str, TrainingUnit]
+
+    def expert_offset(self) -> int:
+        """The global index of this rank's first local expert (0 for a dense model)."""
+        ...
+
+    def layout_json(self) -> dict[str, Any]:
+        """The parallel layout as checkpoint metadata records it."""
+        ...
+
+    def unit_for(self, adapter_name: str | None) -> TrainingUnit:
+        """The training unit a call addresses (None: the only adapter, or full-parameter training)."""
+        ...
+
+    def list_adapters(self) -> list[str]: ...
+
+    def add_adapter_to_model(self, adapter_name: str, config: Any, **kwargs: Any) -> None: ...
 
 
 class MegatronPersistence:
     """Saving, loading and exporting the weights of `model`. It reads the model's chunks and architecture
-    (`chunks`, `arch`, `layout`, `ranks`, `dtype`, `model_id`, `model_dir`, `_expert_offset()`, `_layout_json()`)
-    and its training units (`units`, `_unit(name)`, `list_adapters()`; `add_adapter_to_model()` for a checkpoint of
+    (`chunks`, `arch`, `layout`, `ranks`, `dtype`, `model_id`, `model_dir`, `expert_offset()`, `layout_json()`)
+    and its training units (`units`, `unit_for(name)`, `list_adapters()`; `add_adapter_to_model()` for a checkpoint of
     an adapter it lacks). The model's own methods of the same names report failures (`reports_failure`) and call
     these."""
 
-    def __init__(self, model: MegatronModel) -> None:
+    def __init__(self, model: PersistedModel) -> None:
         self.model = model
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
@@ -57,14 +88,14 @@ class MegatronPersistence:
         format, full weights in Hugging Face format; ``save_optimizer=True`` adds everything an exact resume
         needs (optimizer shards per model-parallel rank, scheduler, counters, RNG, `dataloader`, `extra_state`)."""
         m = self.model
-        unit = m._unit(adapter_name)
+        unit = m.unit_for(adapter_name)
         state = unit.state
         target = Path(output_dir or 'output') / name
         with ckpt.collective_directory(target) as tmp:
             if unit.adapter is not None:
                 ckpt.save_lora(m.chunks, m.arch, unit.lora_config, tmp, adapter=unit.adapter, base_model_id=m.model_id)
             else:
-                ckpt.save_full(m.chunks, m.arch, tmp, source_dir=m.model_dir, expert_offset=m._expert_offset())
+                ckpt.save_full(m.chunks, m.arch, tmp, source_dir=m.model_dir, expert_offset=m.expert_offset())
             if save_optimizer:
                 ckpt.save_optimizer(state, tmp)
             if dist.get_rank() == 0:
@@ -75,7 +106,7 @@ class MegatronPersistence:
                     model_id=m.model_id,
                     step=state.optimizer_steps,
                     backend='megatron',
-                    layout=m._layout_json(),
+                    layout=m.layout_json(),
                     has_training_state=save_optimizer,
                 )
                 if save_optimizer:
@@ -118,9 +149,9 @@ class MegatronPersistence:
                 build.hf_tensor_reader(path),
                 tp=m.layout.tp,
                 tp_rank=m.ranks['tp'],
-                expert_offset=m._expert_offset(),
+                expert_offset=m.expert_offset(),
             )
-        unit = m._unit(adapter_name)
+        unit = m.unit_for(adapter_name)
         state = unit.state
         if state.megatron_optimizer is not None:
             state.megatron_optimizer.reload_model_params()  # fp32 master copies follow the loaded weights
@@ -177,7 +208,7 @@ class MegatronPersistence:
 
     def export_base(self, *, bucket_bytes: int = 256 << 20) -> Iterator[Bucket]:
         m = self.model
-        weights = export.hf_base_weights(m.chunks, m.arch, m._expert_offset())
+        weights = export.hf_base_weights(m.chunks, m.arch, m.expert_offset())
         yield from bucketed(weights, bucket_bytes)
 
     def export_adapter(self, name: str, *, bucket_bytes: int = 256 << 20) -> tuple[dict[str, Any], Iterator[Bucket]]:

@@ -18,17 +18,15 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
 from twinkle_server.checkpoints import CheckpointFiles, CheckpointPath, parse_path, validate_name
 from twinkle_server.errors import ApiError, bad_request, not_found, out_of_disk
 from twinkle_server.hub_push import HubPusher, client_metadata
+from twinkle_server.live_model import LiveModel
 from twinkle_server.model_host.base import ModelHost
 from twinkle_server.store import CheckpointRow, SamplingSessionRow, Store
-
-if TYPE_CHECKING:
-    from twinkle_server.service_training import LiveModel
 
 __all__ = ['CheckpointOperations', 'MAX_TTL_S', 'URL_LIFETIME_S']
 logger = logging.getLogger(__name__)

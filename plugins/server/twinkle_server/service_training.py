@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from twinkle_server.checkpoints import CheckpointFiles
 from twinkle_server.config import ServerConfig
 from twinkle_server.errors import ApiError, unprocessable
+from twinkle_server.live_model import LiveModel
 from twinkle_server.model_host.base import (
     OPTIMIZERS,
     AdamStep,
@@ -36,20 +36,6 @@ from twinkle_server.tinker.lora import lora_targets
 __all__ = ['LiveModel', 'TrainingOperations', 'train_metrics']
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class LiveModel:
-    """A training model loaded in its base model's host (its adapter is named by `model_id`)."""
-
-    model_id: str
-    tenant: str
-    base_model: str
-    session_id: str
-    lora: LoraSpec
-    tinker_lora: dict[str, Any]
-    created_by: str = ''  # the request that created it: a re-posted create/load returns the same future
-    steps: int = 0  # forward_backward passes done: the step its per-step metrics are recorded under
 
 
 class TrainingOperations:

@@ -21,11 +21,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from twinkle_core.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from twinkle_core.train.state import TrainState
 
 # the backend-neutral half (atomic directories, metadata, training state), used through this module as `ckpt.*`
 from twinkle_core.train.checkpoint_dir import (  # noqa: F401
@@ -39,6 +42,33 @@ from twinkle_core.train.checkpoint_dir import (  # noqa: F401
     set_rng_state,
     write_metadata,
 )
+
+
+class CheckpointedModel(Protocol):
+    """What saving and loading a checkpoint use of a Transformers-backed model (`TransformersModel`): its torch
+    module, where it came from, its adapter, and two public operations."""
+
+    model: Any  # the torch module (a PeftModel once an adapter is added)
+    model_id: str
+    model_dir: str
+    tokenizer: Any
+
+    @property
+    def adapter_name(self) -> str | None:
+        """The trained adapter, None for full-parameter training."""
+        ...
+
+    def train_state(self, adapter_name: str | None) -> TrainState:
+        """The optimizer, scheduler and counters a checkpoint saves and restores."""
+        ...
+
+    def apply_device_mesh(self) -> None:
+        """Parallelise over the device mesh now (idempotent): before an optimizer is rebuilt over the parameters."""
+        ...
+
+    def add_adapter_to_model(self, adapter_name: str, config: Any, **kwargs: Any) -> None:
+        """Add and train a LoRA adapter (a checkpoint of an adapter loaded into a model without one)."""
+        ...
 
 
 # ---- LoRA --------------------------------------------------------------------------------------------------

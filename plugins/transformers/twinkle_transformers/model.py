@@ -183,14 +183,20 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
     def _state(self, adapter_name: str | None) -> TrainState:
         return self.unit.state_for(adapter_name)
 
+    def train_state(self, adapter_name: str | None) -> TrainState:
+        """The training state (optimizer, scheduler, counters) of `adapter_name` (None: the model's only one);
+        what a checkpoint saves and restores. Raises InvalidInputError for an unknown adapter."""
+        return self._state(adapter_name)
+
     def set_optimizer(
         self, optimizer: Any = None, *, optimizer_cls: Any = None, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
-        self._apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
+        self.apply_device_mesh()  # the optimizer must see the final (possibly sharded) parameters
         super().set_optimizer(optimizer, optimizer_cls=optimizer_cls, adapter_name=adapter_name, **kwargs)
 
-    def _apply_device_mesh(self) -> None:
-        """Parallelise the model over `device_mesh` once its trainable parameters are final (no-op without one)."""
+    def apply_device_mesh(self) -> None:
+        """Parallelise the model over `device_mesh` once its trainable parameters are final (idempotent; no-op
+        without a mesh). Called before an optimizer is built over the parameters, and by checkpoint loading."""
         if not self._mesh_applied:
             self._mesh_applied = True
             parallel.apply_device_mesh(self.model, self.device_mesh)
@@ -202,7 +208,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         """Forward with gradients; the result is kept for `calculate_loss` and `backward`. Returns logprobs."""
         reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
         state = self._state(adapter_name)
-        self._apply_device_mesh()
+        self.apply_device_mesh()
         batch = self._collate(state, inputs)
         return {'logprobs': rows_logprobs(batch, self._forward_batch(state, batch)['target_logps'])}
 
@@ -272,7 +278,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             inputs, old_logps=old_logps, advantages=advantages, loss=self._state(adapter_name).loss
         )
         state = self._state(adapter_name)
-        self._apply_device_mesh()
+        self.apply_device_mesh()
         if micro_batch_size is None:
             batch = self._collate(state, inputs)
             outputs = self._forward_batch(state, batch)
@@ -303,7 +309,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss'))
         self._eval_loss = None
         state = self._state(adapter_name)
-        self._apply_device_mesh()
+        self.apply_device_mesh()
         batch = self._collate(state, inputs)
         self.model.eval()
         with torch.no_grad(), speed.autocast(self.device, self.autocast_dtype):

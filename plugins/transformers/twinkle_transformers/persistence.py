@@ -8,19 +8,17 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime.distributed import barrier
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import mesh_checkpoint, parallel, sharded_checkpoint
-
-if TYPE_CHECKING:
-    from twinkle_transformers.model import TransformersModel
+from twinkle_transformers.checkpoint import CheckpointedModel
 
 
 def save(
-    model: TransformersModel,
+    model: CheckpointedModel,
     name: str,
     output_dir: str | None,
     save_optimizer: bool,
@@ -30,7 +28,7 @@ def save(
     sharded: bool = False,
 ) -> str:
     """`TransformersModel.save`: write checkpoint `name` under `output_dir`; returns its directory."""
-    state = model._state(adapter_name)
+    state = model.train_state(adapter_name)
     target = Path(output_dir or 'output') / name
     if sharded:
         sharded_checkpoint.save(
@@ -73,7 +71,7 @@ def save(
     return str(target)
 
 
-def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name: str | None, dataloader: Any) -> Any:
+def load(model: CheckpointedModel, path: str, load_optimizer: bool, adapter_name: str | None, dataloader: Any) -> Any:
     """`TransformersModel.load`: load a checkpoint written by `save` (or a PEFT / HF directory)."""
     meta = ckpt.read_metadata(path)
     sharded = sharded_checkpoint.is_sharded_checkpoint(meta)
@@ -107,13 +105,13 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
             ckpt.load_full_weights(model.model, path)
     if not load_optimizer:
         return None
-    model._apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
+    model.apply_device_mesh()  # the optimizer rebuilt below must see the final parameters
     saved = ckpt.load_training_state(path)
     if sharded:
         load_optimizer_state = partial(sharded_checkpoint.load_optimizer_state, model.model, path)
     else:
         load_optimizer_state = partial(mesh_checkpoint.load_optimizer_state, model.model)
-    model._state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
+    model.train_state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
         saved['train_state'], load_optimizer_state=load_optimizer_state
     )
     ckpt.set_rng_state(saved['rng'])
@@ -122,7 +120,7 @@ def load(model: TransformersModel, path: str, load_optimizer: bool, adapter_name
     return saved.get('extra_state')
 
 
-def _load_sharded_weights(model: TransformersModel, path: str, meta: dict[str, Any], load_optimizer: bool) -> None:
+def _load_sharded_weights(model: CheckpointedModel, path: str, meta: dict[str, Any], load_optimizer: bool) -> None:
     if load_optimizer:  # read straight into this run's shards (the optimizer is rebuilt over them next)
-        model._apply_device_mesh()
+        model.apply_device_mesh()
     sharded_checkpoint.load_weights(model, path, meta)

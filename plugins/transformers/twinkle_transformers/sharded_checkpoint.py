@@ -30,11 +30,11 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime import distributed
 from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import mesh_checkpoint
+from twinkle_transformers.checkpoint import CheckpointedModel
 
 if TYPE_CHECKING:
     import os
 
-    from twinkle_transformers.model import TransformersModel
 
 FORMAT = 'dcp'  # the ``format`` field of twinkle_checkpoint.json
 DCP_DIR = 'dcp'
@@ -48,7 +48,7 @@ def is_sharded_checkpoint(meta: dict[str, Any]) -> bool:
 
 # ---- save --------------------------------------------------------------------------------------------------
 def save(
-    model: TransformersModel,
+    model: CheckpointedModel,
     target: Path,
     *,
     save_optimizer: bool,
@@ -59,7 +59,7 @@ def save(
     """Write `model` as a sharded checkpoint at `target` (collective under a process group; atomic)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = model._state(adapter_name)
+    state = model.train_state(adapter_name)
     module = model.model
     tensors: dict[str, Any] = {'model': _model_state(module, lora=model.adapter_name is not None)}
     optimizer_state: dict[str, Any] | None = None
@@ -148,7 +148,7 @@ def _model_state(module: torch.nn.Module, *, lora: bool) -> dict[str, Any]:
 
 
 # ---- load --------------------------------------------------------------------------------------------------
-def load_weights(model: TransformersModel, path: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+def load_weights(model: CheckpointedModel, path: str | os.PathLike[str], meta: dict[str, Any]) -> None:
     """Read the weights of sharded checkpoint `path` into `model` (its adapter already matches `meta`), resharded
     to the model's current layout. Collective under a process group."""
     import torch.distributed.checkpoint as dcp

@@ -1,0 +1,91 @@
+"""The import graph of this project's packages, read from the sources with `ast` (what the layering tests check).
+
+Imports count at module level AND inside functions (and under ``if TYPE_CHECKING``): an import moved into a function
+is still a dependency, so hiding one there to dodge a cycle does not pass. Importing ``a.b.c`` first runs the
+package ``a.b`` (its ``__init__``), so that package is a dependency too, except a module's own packages and its own
+top-level package (``twinkle_core`` itself is imported by every module of it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+def package_modules(package: str, root: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package at `root` (named `package`)."""
+    out = {}
+    for path in sorted(root.rglob('*.py')):
+        parts = [package, *path.relative_to(root).with_suffix('').parts]
+        if parts[-1] == '__init__':
+            parts.pop()
+        out['.'.join(parts)] = path
+    return out
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of `known` that `module` (source `path`) imports, with the packages that importing them runs,
+    except `module`'s own packages and its own top-level package."""
+    is_package = path.name == '__init__.py'
+    package = module if is_package else module.rpartition('.')[0]
+    own_root = module.split('.')[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
+                base = '.'.join(anchor + ([node.module] if node.module else []))
+            targets = [base] + [f'{base}.{alias.name}' for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split('.')
+            for i in range(1, len(parts) + 1):
+                name = '.'.join(parts[:i])
+                if name in known and name not in (module, own_root) and not module.startswith(name + '.'):
+                    found.add(name)
+    return found
+
+
+def graph_of(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of `modules` it imports."""
+    known = set(modules)
+    return {m: imports_of(m, p, known) for m, p in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
