@@ -36,7 +36,6 @@ Run: .venv/bin/python bench/multi_tenant.py [--model tiny|small|medium] [--tenan
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -47,127 +46,37 @@ import sys
 import time
 from typing import Callable
 
+from multi_tenant_setup import (
+    adapter_train_mb,
+    build_engine,
+    dtype_for,
+    make_rows,
+    mixed_step,
+    padded,
+    peft_models,
+    peft_step,
+    sequential_step,
+    sync,
+)
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
-
-LR = 1e-4
-
-
-def _dtype(device: str):
-    """bfloat16 on GPUs, float32 on CPU (bf16 matmuls are slow there) -- the engine's own default."""
-    import torch
-
-    return torch.float32 if device == 'cpu' else torch.bfloat16
-
-
-def _sync(device: str) -> None:
-    """Wait for queued GPU work, so that a timer read next measures finished work."""
-    if device.startswith('cuda'):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _rows(n_rows: int, n_tokens: int, seed: int) -> list[dict]:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(n_rows):
-        ids = torch.randint(3, 1100, (n_tokens,), generator=g).tolist()
-        rows.append({'input_ids': ids, 'labels': [-100] * 4 + ids[4:]})
-    return rows
-
-
-def _rank(i: int, ranks: list[int]) -> int:
-    """Tenant i's LoRA rank: the ranks are dealt round-robin (alpha = 2 x rank)."""
-    return ranks[i % len(ranks)]
-
-
-def _engine(model_dir: str, n: int, ranks: list[int], device: str = 'cpu', **engine_kwargs):
-    from twinkle_transformers.multi_lora import MultiLoraTransformersModel
-
-    engine = MultiLoraTransformersModel(model_dir, device=device, dtype=_dtype(device), **engine_kwargs)
-    for i in range(n):
-        r = _rank(i, ranks)
-        engine.add_adapter_to_model(f't{i}', dict(r=r, lora_alpha=2 * r, target_modules='all-linear'))
-        engine.set_optimizer('AdamW', lr=LR, adapter_name=f't{i}')
-    return engine
-
-
-def _peft_models(model_dir: str, n: int, ranks: list[int], device: str = 'cpu', check_fit: bool = False):
-    """N independent peft models (N - 1 deep copies of the base). With `check_fit` (CUDA), None instead where the
-    copies would take more than 60% of the GPU memory still available (the rest is left for activations)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(device))
-    if device != 'cpu':
-        base = base.to(device)
-    if check_fit and device.startswith('cuda'):
-        free, _ = torch.cuda.mem_get_info()
-        available = free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        copy_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
-        if (n - 1) * copy_bytes > 0.6 * available:
-            return None
-    models = []
-    for i in range(n):
-        m = get_peft_model(
-            base if i == n - 1 else copy.deepcopy(base),
-            LoraConfig(r=_rank(i, ranks), lora_alpha=2 * _rank(i, ranks), target_modules='all-linear'),
-        )
-        models.append((m, torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=LR)))
-    return models
-
-
-def _padded(rows: list[dict], device: str = 'cpu'):
-    import torch
-
-    width = max(len(r['input_ids']) for r in rows)
-    ids = torch.tensor([r['input_ids'] + [0] * (width - len(r['input_ids'])) for r in rows], device=device)
-    labels = torch.tensor([r['labels'] + [-100] * (width - len(r['labels'])) for r in rows], device=device)
-    mask = torch.tensor([[1] * len(r['input_ids']) + [0] * (width - len(r['input_ids'])) for r in rows], device=device)
-    return ids, mask, labels
-
-
-# ---- one training step of each kind ----------------------------------------------------------------------
-def mixed_step(engine, data: dict[str, list[dict]]) -> None:
-    engine.forward_backward(inputs=data)
-    for name in data:
-        engine.clip_grad_and_step(adapter_name=name)
-
-
-def sequential_step(engine, data: dict[str, list[dict]]) -> None:
-    for name, rows in data.items():
-        engine.forward_backward(inputs=rows, adapter_name=name)
-        engine.clip_grad_and_step(adapter_name=name)
-
-
-def peft_step(models, batches) -> None:
-    import torch
-
-    for (model, optim), (ids, mask, labels) in zip(models, batches):
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
 
 
 # ---- (a) memory, one configuration per fresh process ------------------------------------------------------
 def child(kind: str, model_dir: str, n: int, rows: int, tokens: int, ranks: list[int], device: str = 'cpu') -> None:
-    data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
+    data = {f't{i}': make_rows(rows, tokens, seed=i) for i in range(n)}
     if kind == 'engine':  # one pass per step, like `one_adapter` (same activations)
-        engine = _engine(model_dir, n, ranks, device, pass_strategy='mixed', max_pass_tokens=None)
+        engine = build_engine(model_dir, n, ranks, device, pass_strategy='mixed', max_pass_tokens=None)
         for _ in range(3):
             mixed_step(engine, data)
     elif kind == 'one_adapter':  # same rows and activations, a single adapter for all of them
-        engine = _engine(model_dir, 1, ranks, device)
+        engine = build_engine(model_dir, 1, ranks, device)
         for _ in range(3):
             mixed_step(engine, {'t0': [r for rs in data.values() for r in rs]})
     elif kind == 'peft':
-        models = _peft_models(model_dir, n, ranks, device)
-        batches = [_padded(rs, device) for rs in data.values()]
+        models = peft_models(model_dir, n, ranks, device)
+        batches = [padded(rs, device) for rs in data.values()]
         for _ in range(3):
             peft_step(models, batches)
     else:
@@ -215,12 +124,6 @@ def measure_rss(kind: str, model_dir: str, n: int, args: argparse.Namespace) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_mb']
 
 
-def adapter_train_mb(model_dir: str, ranks: list[int], device: str = 'cpu') -> float:
-    engine = _engine(model_dir, 1, ranks, device)
-    params = sum(p.numel() for p in engine.manager.parameters('t0'))
-    return params * 4 * 4 / 2**20  # fp32 weight + grad + exp_avg + exp_avg_sq
-
-
 # ---- (b) throughput, in this process --------------------------------------------------------------------
 def _median_times(steps: dict[str, Callable[[], None]], repeats: int, device: str = 'cpu') -> dict[str, float]:
     """Median seconds per call of each step; the steps run round-robin so that load from other processes on
@@ -230,10 +133,10 @@ def _median_times(steps: dict[str, Callable[[], None]], repeats: int, device: st
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             step()
-            _sync(device)
+            sync(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -259,12 +162,12 @@ def describe(plan) -> str:
 def throughput(model_dir: str, n: int, rows: int, tokens: int, args: argparse.Namespace) -> dict[str, float | str]:
     """Tenant-steps/s of each strategy (no 'peft' key where the peft xN baseline does not fit, CUDA only)."""
     device = args.device
-    data = {f't{i}': _rows(rows, tokens, seed=i) for i in range(n)}
-    mixed_engine = _engine(model_dir, n, args.ranks, device, pass_strategy='mixed', max_pass_tokens=None)
-    chosen_engine = _engine(model_dir, n, args.ranks, device)  # the default: pass_strategy='auto'
+    data = {f't{i}': make_rows(rows, tokens, seed=i) for i in range(n)}
+    mixed_engine = build_engine(model_dir, n, args.ranks, device, pass_strategy='mixed', max_pass_tokens=None)
+    chosen_engine = build_engine(model_dir, n, args.ranks, device)  # the default: pass_strategy='auto'
     settle(chosen_engine, data)
-    models = _peft_models(model_dir, n, args.ranks, device, check_fit=True)
-    batches = [_padded(rs, device) for rs in data.values()]
+    models = peft_models(model_dir, n, args.ranks, device, check_fit=True)
+    batches = [padded(rs, device) for rs in data.values()]
     steps = {
         'mixed': lambda: mixed_step(mixed_engine, data),
         'sequential': lambda: sequential_step(mixed_engine, data),
@@ -434,7 +337,7 @@ def main() -> None:
         'model': args.model,
         'device': args.device,
         'device_name': torch.cuda.get_device_name(torch.device(args.device)) if cuda else 'CPU',
-        'dtype': str(_dtype(args.device)).removeprefix('torch.'),
+        'dtype': str(dtype_for(args.device)).removeprefix('torch.'),
         'torch': torch.__version__,
         'threads': torch.get_num_threads(),
         'tenants': args.tenants,

@@ -137,8 +137,8 @@ def main() -> None:
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     from twinkle_core.fixtures.tiny_model import ensure_tiny_model
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     model_dir = str(ensure_tiny_model(args.model))

@@ -6,8 +6,8 @@ import tempfile
 
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_server import ServerConfig, start_in_thread
-from twinkle_server.auth import create_api_key
 from twinkle_server.launch import free_port
+from twinkle_server.service.auth import create_api_key
 
 
 def start_local_server(alias: str = 'Qwen/Qwen3-0.6B'):

@@ -56,6 +56,34 @@ def graph_of(modules: dict[str, Path]) -> dict[str, set[str]]:
     return {m: imports_of(m, p, known) for m, p in modules.items()}
 
 
+Layers = list[tuple[str, tuple[str, ...]]]
+
+
+def layer_index(module: str, package: str, layers: Layers) -> int:
+    """The index in `layers` (lowest first: (name, module prefixes relative to `package`)) of the layer whose
+    longest prefix `module` starts with; AssertionError for a module in no layer."""
+    relative = module.removeprefix(package).removeprefix('.')
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if relative == prefix or (prefix and relative.startswith(prefix + '.')):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), index)
+    if best is None:
+        raise AssertionError(f'{module} is in no layer: add it to the layers of its layering test.')
+    return best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], package: str, layers: Layers) -> list[str]:
+    """Every import of `graph` from a lower layer into a higher one, as readable lines."""
+    return [
+        f'{m} ({layers[layer_index(m, package, layers)][0]}) imports {d} ({layers[layer_index(d, package, layers)][0]})'
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if layer_index(d, package, layers) > layer_index(m, package, layers)
+    ]
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}

@@ -5,6 +5,7 @@ Everything else reaches another plugin's components through the registry, by nam
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def distribution(pyproject: Path) -> tuple[str, set[str]]:
     return canonicalize_name(project['name']), {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
+@functools.cache
 def project_graph() -> dict[str, set[str]]:
     modules: dict[str, Path] = {}
     for package, (directory, _) in packages().items():
@@ -58,7 +60,7 @@ def cross_package_imports() -> dict[tuple[str, str], list[str]]:
 def test_the_graph_covers_the_core_and_every_plugin() -> None:
     assert set(packages()) == {'twinkle_core'} | {f'twinkle_{p}' for p in PLUGINS}
     graph = project_graph()
-    assert {'twinkle_server.service', 'twinkle_transformers.persistence', 'twinkle_vllm.sampler'} <= set(graph)
+    assert {'twinkle_server.service.core', 'twinkle_transformers.persistence', 'twinkle_vllm.sampler'} <= set(graph)
 
 
 def test_no_import_cycle_across_the_core_the_server_and_the_plugins() -> None:
@@ -86,7 +88,24 @@ def test_the_checker_sees_another_packages_root_and_type_checking_imports(tmp_pa
     source = tmp_path / 'm.py'
     source.write_text(
         'from typing import TYPE_CHECKING\nfrom twinkle_ray import RayGroup\n'
-        'if TYPE_CHECKING:\n    from twinkle_server.service import Service\n'
+        'if TYPE_CHECKING:\n    from twinkle_server.service.core import Service\n'
     )
-    known = {'twinkle_ray', 'twinkle_server', 'twinkle_server.service'}
-    assert imports_of('twinkle_server.x', source, known) == {'twinkle_ray', 'twinkle_server.service'}
+    known = {'twinkle_ray', 'twinkle_server', 'twinkle_server.service.core'}
+    assert imports_of('twinkle_server.x', source, known) == {'twinkle_ray', 'twinkle_server.service.core'}
+
+
+MAX_LINES = 400
+
+
+def test_no_source_file_is_over_400_lines() -> None:
+    """Small modules with one job (docs/contributing.md): the core, every plugin, the benchmarks, the examples and
+    the scripts; tests are not counted."""
+    sources = [ROOT / 'twinkle_core', *sorted(ROOT.glob('plugins/*/twinkle_*')), ROOT / 'bench', ROOT / 'examples']
+    sources.append(ROOT / 'scripts')
+    long = {
+        str(path.relative_to(ROOT)): n
+        for top in sources
+        for path in sorted(top.rglob('*.py'))
+        if '.egg-info' not in str(path) and (n := len(path.read_text(encoding='utf-8').splitlines())) > MAX_LINES
+    }
+    assert long == {}

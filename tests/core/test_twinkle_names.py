@@ -71,9 +71,9 @@ def test_root_helpers(monkeypatch):
 def test_input_feature_to_datum_is_the_inverse_of_what_the_server_reads(tiny_model_dir):
     pytest.importorskip('tinker')
     from twinkle_core.server.common import input_feature_to_datum
-    from twinkle_server.tinker.datums import to_rows
-    from twinkle_server.tinker.images import encoder_for
-    from twinkle_server.tinker.wire import WireDatum
+    from twinkle_server.api.tinker.datums import to_rows
+    from twinkle_server.api.tinker.wire import WireDatum
+    from twinkle_server.service.images import encoder_for
 
     row = {'input_ids': [5, 6, 7, 8, 9], 'labels': [-100, -100, 7, 8, 9]}
     datum = input_feature_to_datum(row)

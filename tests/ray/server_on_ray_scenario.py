@@ -199,9 +199,9 @@ def main(model_dir: str, work_dir: str) -> None:
     from transformers import AutoTokenizer
 
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.config import load_server_config
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     work = Path(work_dir)
@@ -253,8 +253,8 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
     """A training group of 2 ranks (`backend` under a mesh of size 2 along `axis`: dp for TransformersModel, tp
     for MegatronModel) against one rank: the same losses and per-row log-probs over three steps."""
     from twinkle_server.config import GroupSpec, ModelSpec
-    from twinkle_server.model_host.base import AdamStep, LoraSpec, TrainBatch
-    from twinkle_server.ray_deploy import RayModelHost, connect, forwarded_env
+    from twinkle_server.engine.model_host.base import AdamStep, LoraSpec, TrainBatch
+    from twinkle_server.engine.ray_deploy import RayModelHost, connect, forwarded_env
 
     connect(num_cpus=4)
     rows = [

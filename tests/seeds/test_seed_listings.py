@@ -235,7 +235,7 @@ def test_readme_tinker_sft_against_the_service(tmp_path, tiny_model_dir):
     tinker = pytest.importorskip('tinker')
     from twinkle_core.server.common import input_feature_to_datum
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     served = 'twinkle/tiny-qwen3'
@@ -285,7 +285,7 @@ def test_twinkle_client_sft_with_a_server_side_dataset(tmp_path, tiny_model_dir)
     clip/step/zero_grad/lr_step calls, and saves a resumable checkpoint per epoch; the loss falls."""
     from twinkle_core.fixtures import data_path
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     data = data_path('self_cognition.jsonl')
     running = start_in_thread(
@@ -330,7 +330,7 @@ def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path,
     from twinkle_core.dataset import DatasetMeta
     from twinkle_core.errors import TwinkleError
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     secret, allowed = tmp_path / 'secret.jsonl', tmp_path / 'allowed' / 'data.jsonl'
     allowed.parent.mkdir()
@@ -369,7 +369,7 @@ def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
     import urllib.request
 
     pytest.importorskip('ray')
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     port, data_dir = free_port(), tmp_path / 'data'

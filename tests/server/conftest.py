@@ -22,7 +22,7 @@ class Server:
         return self.running.service
 
     def key(self, tenant: str) -> str:
-        from twinkle_server.auth import create_api_key
+        from twinkle_server.service.auth import create_api_key
 
         return create_api_key(self.service.store, tenant)
 

@@ -10,8 +10,8 @@ import pytest
 from server_names import MODEL
 from tinker import types
 
-from twinkle_server.openai_api.chat import ChatRenderer
-from twinkle_server.openai_api.schemas import ChatCompletionRequest
+from twinkle_server.api.openai.chat import ChatRenderer
+from twinkle_server.api.openai.schemas import ChatCompletionRequest
 
 TOOLS = [
     {

@@ -23,8 +23,8 @@ def single_adapter_server(request, tmp_path_factory, tiny_model_dir):
     backend = request.param
     if backend == 'MegatronModel':
         pytest.importorskip('twinkle_megatron')
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port, start_process
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     logging.getLogger('tinker').setLevel(logging.ERROR)

@@ -14,7 +14,7 @@ from test_config_file import HAS_RAY, errors_of, write
 
 from twinkle_core.model import ModelCapabilities
 from twinkle_server.config import load_server_config
-from twinkle_server.deployment import build_model_hosts
+from twinkle_server.engine.deployment import build_model_hosts
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.multi_lora.model import MultiLoraTransformersModel
 from twinkle_transformers.sampler import TorchSampler
@@ -155,8 +155,8 @@ def test_a_training_group_of_several_ranks_needs_a_declared_mesh(tmp_path, tiny_
 
 def test_a_backend_that_is_not_multi_tenant_refuses_a_second_training_model(tmp_path, tiny_env):
     tinker = pytest.importorskip('tinker')
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port, start_in_thread
+    from twinkle_server.service.auth import create_api_key
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     path = model_file(

@@ -288,8 +288,8 @@ def test_an_old_style_config_derives_its_model_specs():
 def test_build_engines_follows_each_model_spec(monkeypatch):
     import types
 
-    from twinkle_server import deployment
     from twinkle_server.config import DeploymentConfig
+    from twinkle_server.engine import deployment
 
     calls = []
     monkeypatch.setattr(deployment, 'load_model_host', lambda name, path, **kw: calls.append((name, path, kw)) or name)
@@ -318,16 +318,16 @@ def test_build_engines_follows_each_model_spec(monkeypatch):
         ),
     ]
     ray_config = ServerConfig(models={}, data_dir='d', model_specs=specs, deployment=DeploymentConfig(mode='ray'))
-    fake = types.ModuleType('twinkle_server.ray_deploy')
+    fake = types.ModuleType('twinkle_server.engine.ray_deploy')
     fake.build_ray_model_hosts = lambda cfg: {'ray': cfg}
-    monkeypatch.setitem(sys.modules, 'twinkle_server.ray_deploy', fake)
+    monkeypatch.setitem(sys.modules, 'twinkle_server.engine.ray_deploy', fake)
     assert deployment.build_model_hosts(ray_config) == {'ray': ray_config}
 
 
 # ---- a real start ---------------------------------------------------------------------------------------------------
 def test_a_server_starts_from_the_single_process_example(tmp_path, tiny_model_dir):
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port, start_process
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     data_dir, port = tmp_path / 'data', free_port()

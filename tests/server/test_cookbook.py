@@ -25,8 +25,8 @@ ALIAS = 'Qwen/Qwen3-0.6B'
 def cookbook_env(tmp_path, tiny_model_dir):
     """(running server under the alias, environment for a recipe subprocess)."""
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     cache = tmp_path / 'hf-cache'
     populate_hf_cache(cache, ALIAS, 'main', Path(tiny_model_dir))

@@ -20,10 +20,9 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from twinkle_server.tinker import custom_loss_cost as cost
-from twinkle_server.tinker import custom_loss_ops as ops
-from twinkle_server.tinker.custom_loss import CustomLossSpec
-from twinkle_server.tinker.custom_loss_ops import GraphError
+from twinkle_server.engine.custom_loss import cost, ops
+from twinkle_server.engine.custom_loss.ops import GraphError
+from twinkle_server.engine.custom_loss.program import CustomLossSpec
 
 EXAMPLES = int(os.environ.get('TWINKLE_FUZZ_EXAMPLES', '150'))
 SEED = int(os.environ.get('TWINKLE_FUZZ_SEED', '46'))

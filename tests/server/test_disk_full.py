@@ -65,8 +65,8 @@ def _local_port(r: httpx.Response) -> int:
 @pytest.mark.timeout(900)
 def test_a_full_disk_refuses_only_saves_and_recovers_by_itself(small_disk, tiny_model_dir, sft_data, tokenizer):
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     data_dir = small_disk / 'data'
     config = ServerConfig(models={MODEL: str(tiny_model_dir)}, data_dir=str(data_dir), port=free_port())
@@ -158,9 +158,9 @@ def test_a_full_disk_refuses_only_saves_and_recovers_by_itself(small_disk, tiny_
 def test_the_store_keeps_refused_writes_in_order_and_writes_them_once_when_space_returns(small_disk):
     """The write-behind itself: reads see waiting writes, bad writes still fail at once, heartbeats take one slot,
     the bound answers 507, and the background retry writes everything, in order, once space is freed."""
-    from twinkle_server.db.writebehind import BacklogFull
     from twinkle_server.errors import as_api_error
     from twinkle_server.store import Store
+    from twinkle_server.store.db.writebehind import BacklogFull
 
     store = Store(small_disk / 'data', write_behind=True)
     try:
@@ -204,8 +204,8 @@ def test_the_store_keeps_refused_writes_in_order_and_writes_them_once_when_space
 
 
 def test_a_waiting_write_that_no_longer_applies_is_dropped_not_blocking_the_rest(small_disk, monkeypatch):
-    from twinkle_server.db import writebehind
     from twinkle_server.store import Store
+    from twinkle_server.store.db import writebehind
 
     monkeypatch.setattr(writebehind, 'FLUSH_EVERY_S', 3600.0)  # only the writes below retry
     store = Store(small_disk / 'data', write_behind=True)

@@ -25,8 +25,8 @@ import raw_http
 from server_names import MODEL
 from test_operations import _scrape
 
-from twinkle_server.drain import SHUTDOWN_QUEUED, SHUTDOWN_RUNNING
-from twinkle_server.model_host.base import ModelHost
+from twinkle_server.engine.model_host.base import ModelHost
+from twinkle_server.service.drain import SHUTDOWN_QUEUED, SHUTDOWN_RUNNING
 
 
 # ---- the drain ----------------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def _tail(log) -> str:
 
 
 def _key(data_dir, tenant: str) -> str:
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     store = Store.open(None, str(data_dir))
@@ -251,7 +251,9 @@ def test_sigterm_drains_then_exits_and_a_restarted_server_answers_every_future(t
     assert elapsed < drain_s + 4, (elapsed, _tail(log))
     log.seek(0)
     records = [json.loads(line) for line in log.read().decode().splitlines() if line.startswith('{')]
-    began = next(i for i, r in enumerate(records) if r['logger'] == 'twinkle_server.drain' and 'draining' in r['msg'])
+    began = next(
+        i for i, r in enumerate(records) if r['logger'] == 'twinkle_server.service.drain' and 'draining' in r['msg']
+    )
     # accepted work went on running during the drain (engine lines, with the requests' ids, after it began)
     assert any(
         r['msg'].startswith('engine forward_backward') and r['request_id'] and r['tenant'] == 'dana'

@@ -87,8 +87,8 @@ class Fuzz:
 @pytest.fixture(scope='module')
 def fuzz(tmp_path_factory, tiny_model_dir):
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     config = ServerConfig(
         models={MODEL: str(tiny_model_dir)},
@@ -225,7 +225,7 @@ def _forward_backward(f: Fuzz) -> st.SearchStrategy[Request]:
 
 
 def _native_call(kind: str) -> Callable[[Fuzz], st.SearchStrategy[Request]]:
-    from twinkle_server.native.routes import MODEL_METHODS, SAMPLER_METHODS
+    from twinkle_server.api.native.routes import MODEL_METHODS, SAMPLER_METHODS
 
     methods = sorted(MODEL_METHODS if kind == 'models' else SAMPLER_METHODS)
 

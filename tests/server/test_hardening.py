@@ -231,8 +231,8 @@ def small_disk(tmp_path):
 
 def test_disk_full_during_save_answers_507_and_keeps_the_previous_checkpoint(server, small_disk):
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     config = ServerConfig(models={MODEL: str(server.model_dir)}, data_dir=str(small_disk / 'data'), port=free_port())
     other = start_in_thread(config, hosts=server.service.hosts)  # the same engine, data on the small disk
@@ -281,7 +281,7 @@ def _fill(path: Path) -> None:
 
 
 def test_interrupted_saves_leave_no_temporary_directories(tmp_path):
-    from twinkle_server.checkpoints import CheckpointFiles
+    from twinkle_server.store.checkpoint_files import CheckpointFiles
 
     files = CheckpointFiles(tmp_path)
     run = files.root / 'alice' / 'run-1' / 'weights'

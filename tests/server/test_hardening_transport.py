@@ -42,8 +42,8 @@ class Running:
 
 def _start(tmp_path_factory, model_dir, **options: Any) -> Running:
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     limits = TenantLimits().merged({'max_sessions': 512, 'max_tokens_per_request': 10**6})
     config = ServerConfig(
@@ -166,7 +166,7 @@ def _send_until_closed(sock: socket.socket, chunk: bytes, pause_s: float, limit_
 
 
 def test_the_drain_stops_after_drain_s(small, monkeypatch):
-    from twinkle_server import guard
+    from twinkle_server.api import guard
 
     monkeypatch.setattr(guard, 'DRAIN_S', 2.0)
     with _raw(small, _post_head(small, None), b'%x\r\n%s\r\n' % (2 * MIB, b'\0' * (2 * MIB))) as sock:
@@ -177,7 +177,7 @@ def test_the_drain_stops_after_drain_s(small, monkeypatch):
 
 
 def test_the_drain_stops_after_its_byte_budget(small):
-    from twinkle_server.guard import drain_budget
+    from twinkle_server.api.guard import drain_budget
 
     budget = drain_budget(LIMIT)
     with _raw(small, _post_head(small, 10 * budget)) as sock:

@@ -586,7 +586,7 @@ def test_bobs_adapter_is_bit_identical_to_a_solo_run(server, ctx):
 
 
 def _checkpoint_dir(server, uri: str) -> Path:
-    from twinkle_server.checkpoints import parse_path
+    from twinkle_server.store.checkpoint_files import parse_path
 
     cp = parse_path(uri)
     return server.service.files.directory('bob', cp)

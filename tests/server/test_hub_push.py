@@ -21,9 +21,9 @@ def hub(tmp_path_factory, tiny_model_dir):
     """A server hosting the tiny model twice: AUTO pushes every save (private), OPT_IN only saves that ask
     (public repos). Uploads go through the real `upload_folder`, recorded."""
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.config import HubPushConfig, ModelSpec
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     root = tmp_path_factory.mktemp('hub-root')
     with pytest.MonkeyPatch.context() as env:
@@ -219,7 +219,7 @@ def test_a_push_cut_short_by_shutdown_is_recorded_failed(tmp_path):
     import threading
 
     from twinkle_server.config import HubPushConfig
-    from twinkle_server.hub_push import HubPusher
+    from twinkle_server.service.hub_push import HubPusher
     from twinkle_server.store import CheckpointRow, Store
 
     store = Store(tmp_path)
@@ -244,7 +244,7 @@ def test_a_push_cut_short_by_shutdown_is_recorded_failed(tmp_path):
 
 def test_repo_names_are_valid_hub_names():
     from twinkle_server.config import HubPushConfig
-    from twinkle_server.hub_push import MAX_REPO_NAME, repo_for, validate
+    from twinkle_server.service.hub_push import MAX_REPO_NAME, repo_for, validate
 
     cfg = HubPushConfig(enabled=True, hub='hf', repo_prefix='my-org/run-')
     ref = repo_for(cfg, 'alice', 'sess-0123:train:0')

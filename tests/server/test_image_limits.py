@@ -86,7 +86,7 @@ class Small:
 @pytest.fixture(scope='module')
 def small(tmp_path_factory, tiny_vl_model_dir):
     from twinkle_server import TenantLimits
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     default = TenantLimits().merged({'max_adapters': 64})
     tight = default.merged({'max_image_pixels': 10_000, 'max_image_bytes_per_request': 240_000})

@@ -1,4 +1,4 @@
-"""Metrics loggers chosen per model on the server (`models[].loggers`, `twinkle_server.model_loggers`)."""
+"""Metrics loggers chosen per model on the server (`models[].loggers`, `twinkle_server.service.model_loggers`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tracker_readers import offline_trackers_env, wandb_history
 
 from twinkle_core import hooks
 from twinkle_server.config import load_server_config
-from twinkle_server.model_loggers import ModelLoggers
+from twinkle_server.service.model_loggers import ModelLoggers
 
 
 @pytest.fixture
@@ -45,9 +45,9 @@ def test_a_server_model_logs_its_runs_to_jsonl_and_wandb(tmp_path: Path, tiny_mo
     import tinker
 
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.config import ModelSpec
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     offline_trackers_env(monkeypatch, tmp_path / 'home')
     jsonl = tmp_path / 'metrics.jsonl'

@@ -10,7 +10,7 @@ from test_config_file import HAS_RAY, errors_of
 
 from twinkle_core.model import ModelCapabilities
 from twinkle_server.config import ModelSpec, ServerConfig, load_server_config
-from twinkle_server.deployment import build_model_hosts
+from twinkle_server.engine.deployment import build_model_hosts
 from twinkle_transformers.model import TransformersModel
 
 
@@ -89,8 +89,8 @@ def test_checkpointing_through_the_service_trains_like_the_plain_model(tmp_path,
     import tinker
 
     from twinkle_server import start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     specs = {
         'plain': ModelSpec('plain', str(tiny_model_dir), device='cpu'),

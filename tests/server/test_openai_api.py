@@ -20,8 +20,8 @@ import torch
 from openai_tools import CALL_TEXT, QUESTION, TOOLS, prompt_ids, request
 from server_names import MODEL, openai_client
 
-from twinkle_server.openai_api.chat import ChatRenderer
-from twinkle_server.openai_api.tool_parsers import FORMATS, HermesFormat, ParsedCall, format_for
+from twinkle_server.api.openai.chat import ChatRenderer
+from twinkle_server.api.openai.tool_parsers import FORMATS, HermesFormat, ParsedCall, format_for
 
 RESULT = '{"temperature_c": 21}'
 HELLO = [{'role': 'user', 'content': 'Say hello.'}]

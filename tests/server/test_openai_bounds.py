@@ -21,7 +21,7 @@ import openai
 import pytest
 from server_names import MODEL, openai_client
 
-from twinkle_server.openai_api.bounds import BODY_BASE_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN
+from twinkle_server.api.openai.bounds import BODY_BASE_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN
 
 HELLO = [{'role': 'user', 'content': 'Say hello.'}]
 CONTEXT = 2048  # the tiny fixture's max_position_embeddings
@@ -236,7 +236,7 @@ def test_a_running_request_of_a_departed_client_stops_decoding(server, alice, bo
 def _hold(worker) -> threading.Event:
     """Occupy `worker` with another tenant's work until the returned gate is set (the test's stand-in for a long
     training step or sampling batch)."""
-    from twinkle_server.scheduler import Work
+    from twinkle_server.engine.scheduler import Work
 
     gate = threading.Event()
     worker.submit(Work('carol', on_done=lambda _: None, on_error=lambda _: None, call=lambda _: gate.wait(30)))

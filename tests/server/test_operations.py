@@ -174,7 +174,7 @@ def test_request_id_round_trips_into_handler_and_worker_logs(server, alice, json
     assert access and access[0]['tenant'] == 'alice' and access[0]['model'] == MODEL, mine
     assert 'POST /api/v1/create_model 200' in access[0]['msg']
     worker = [line for line in mine if line['thread'].startswith('twinkle-worker')]
-    assert worker and worker[0]['logger'] == 'twinkle_server.scheduler' and worker[0]['tenant'] == 'alice', mine
+    assert worker and worker[0]['logger'] == 'twinkle_server.engine.scheduler' and worker[0]['tenant'] == 'alice', mine
     assert worker[0]['model'] == MODEL and 'engine create_model' in worker[0]['msg']
 
 

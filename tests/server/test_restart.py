@@ -21,8 +21,8 @@ def _start(data_dir, model_dir, port: int) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     store = Store(tmp_path)

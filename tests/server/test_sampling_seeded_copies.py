@@ -8,8 +8,8 @@ from twinkle_core.types import SamplingParams
 
 
 def test_seeded_copies_from_separate_requests_get_what_they_get_alone(tiny_model_dir):
-    from twinkle_server.model_host.base import SampleJob
-    from twinkle_server.model_host.local import AdapterSampler
+    from twinkle_server.engine.model_host.base import SampleJob
+    from twinkle_server.engine.model_host.local import AdapterSampler
     from twinkle_transformers.sampler import TorchSampler
 
     host = AdapterSampler(TorchSampler(str(tiny_model_dir), device='cpu'), str(tiny_model_dir))

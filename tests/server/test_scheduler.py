@@ -13,8 +13,8 @@ import pytest
 from server_names import MODEL
 from tinker import types
 
-from twinkle_server.model_host.base import TrainBatch, TrainResult
-from twinkle_server.scheduler import ModelWorker, Work
+from twinkle_server.engine.model_host.base import TrainBatch, TrainResult
+from twinkle_server.engine.scheduler import ModelWorker, Work
 
 
 class RecordingEngine:

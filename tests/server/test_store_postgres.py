@@ -173,7 +173,8 @@ def test_fronts_sharing_postgres_recover_only_their_own_futures(postgres_url, tm
 
 
 # ---- migrations -----------------------------------------------------------------------------------------------------
-# What `twinkle_server/store.py` created before migrations existed (server.db files in the field have it).
+# What the store (`twinkle_server/store.py`, now `store/__init__.py`) created before migrations existed (server.db
+# files in the field have it).
 PRE_MIGRATION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (
     key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, salt BLOB NOT NULL, digest BLOB NOT NULL,
@@ -201,8 +202,8 @@ CREATE TABLE IF NOT EXISTS futures (
 
 
 def test_pre_migration_sqlite_file_is_stamped_and_readable(tmp_path):
-    from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+    from twinkle_server.store.db.migrations import LATEST, applied_versions
 
     old = sqlite3.connect(tmp_path / 'server.db')
     old.executescript(PRE_MIGRATION_SCHEMA)
@@ -227,8 +228,8 @@ def test_pre_migration_sqlite_file_is_stamped_and_readable(tmp_path):
 
 
 def test_reopening_applies_nothing_twice(url, tmp_path):
-    from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+    from twinkle_server.store.db.migrations import LATEST, applied_versions
 
     first = Store.open(url, tmp_path)
     first.add_api_key('k', 'alice', b's', b'd')
@@ -242,8 +243,8 @@ def test_reopening_applies_nothing_twice(url, tmp_path):
 
 
 def test_fronts_starting_at_once_migrate_once(url, tmp_path):
-    from twinkle_server.db.migrations import LATEST, applied_versions
     from twinkle_server.store import Store
+    from twinkle_server.store.db.migrations import LATEST, applied_versions
 
     stores, errors, go = [], [], threading.Barrier(4)
 
@@ -292,8 +293,8 @@ def test_a_front_opening_while_another_holds_the_sqlite_lock_waits_for_it(tmp_pa
 
 
 def test_newer_schema_is_refused_and_failed_migration_rolled_back(url, tmp_path):
-    from twinkle_server.db import DatabaseError, open_database
-    from twinkle_server.db.migrations import MIGRATIONS, Migration, applied_versions, migrate
+    from twinkle_server.store.db import DatabaseError, open_database
+    from twinkle_server.store.db.migrations import MIGRATIONS, Migration, applied_versions, migrate
 
     db = open_database(url, tmp_path)
     try:
@@ -313,9 +314,9 @@ def test_newer_schema_is_refused_and_failed_migration_rolled_back(url, tmp_path)
 
 # ---- URLs and errors ------------------------------------------------------------------------------------------------
 def test_bad_and_unreachable_urls_fail_clearly_without_the_password(tmp_path):
-    from twinkle_server.db import DatabaseError, mask_url
     from twinkle_server.launch import free_port
     from twinkle_server.store import Store
+    from twinkle_server.store.db import DatabaseError, mask_url
 
     assert (
         mask_url('postgresql://u:s3cret@h:5/db?password=x&sslmode=require')
@@ -414,8 +415,8 @@ def test_postgres_backed_server_restarts_without_losing_runs(postgres_url, tmp_p
     from tinker import types
 
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     def start():

@@ -70,8 +70,8 @@ def data(encoded) -> list[types.Datum]:
 def _local_reference(model_dir, rows: list[dict]) -> tuple[float, list[list[float]]]:
     """First loss and per-token log-probs (aligned with input_ids) of the same adapter (seed, rank, alpha, targets)
     in a local single-adapter TransformersModel."""
-    from twinkle_server.model_host.base import LoraSpec
-    from twinkle_server.tinker.lora import lora_targets
+    from twinkle_server.engine.model_host.base import LoraSpec
+    from twinkle_server.service.lora import lora_targets
     from twinkle_transformers.model import TransformersModel
 
     model = TransformersModel(str(model_dir), device='cpu')

@@ -23,7 +23,7 @@ from raw_http import datum
 from server_names import MODEL
 from tinker import types
 
-from twinkle_server.checkpoints import parse_path
+from twinkle_server.store.checkpoint_files import parse_path
 
 pytestmark = pytest.mark.filterwarnings('ignore::tinker.lib.experimental.ExperimentalWarning')
 PROMPT = types.ModelInput.from_ints([5, 6, 7, 8])
@@ -33,8 +33,8 @@ GREEDY = types.SamplingParams(max_tokens=3, temperature=0.0, seed=1)
 @pytest.fixture(scope='module')
 def srv(tmp_path_factory, tiny_model_dir):
     from twinkle_server import ServerConfig, TenantLimits, start_in_thread
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port
+    from twinkle_server.service.auth import create_api_key
 
     config = ServerConfig(
         models={MODEL: str(tiny_model_dir)},
@@ -353,7 +353,7 @@ def test_retrieve_futures_join_and_isolation(base_url, keys):
 def test_cancel_queued_sample(base_url, keys, svc):
     """A sample abandoned while queued is cancelled by the SDK (`cancel_future`) and never runs; its future then
     fails as cancelled. Nobody else can cancel it."""
-    from twinkle_server.scheduler import Work
+    from twinkle_server.engine.scheduler import Work
 
     worker = svc.workers[MODEL]
     started, release = threading.Event(), threading.Event()

@@ -261,9 +261,9 @@ def limited_server(tmp_path_factory, tiny_model_dir):
     """A server whose sampler declares no prompt top-k, target ids or draws, and at most 4 alternatives per position:
     what it lacks must come back as a 4xx naming it, never a silent answer without the fields."""
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.engine.model_host.local import LocalModelHost
     from twinkle_server.launch import free_port
-    from twinkle_server.model_host.local import LocalModelHost
+    from twinkle_server.service.auth import create_api_key
     from twinkle_transformers.sampler import TorchSampler
 
     class LimitedSampler(TorchSampler):

@@ -375,8 +375,8 @@ def test_two_tenants_with_different_optimizers_stay_isolated(server, service_cli
 def megatron_server(tmp_path_factory, tiny_model_dir):
     """A server whose training backend is `MegatronModel` (it builds Megatron's AdamW/Adam/SGD only)."""
     pytest.importorskip('twinkle_megatron')
-    from twinkle_server.auth import create_api_key
     from twinkle_server.launch import free_port, start_process
+    from twinkle_server.service.auth import create_api_key
     from twinkle_server.store import Store
 
     data_dir, port = tmp_path_factory.mktemp('megatron-dimuon'), free_port()

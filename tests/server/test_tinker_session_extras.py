@@ -38,7 +38,7 @@ def _start(data_dir: str, model_dir: str) -> Any:
 
 @pytest.fixture(scope='module')
 def srv(tmp_path_factory, tiny_model_dir):
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     running = _start(str(tmp_path_factory.mktemp('extras-data')), str(tiny_model_dir))
     keys = {who: create_api_key(running.service.store, who) for who in ('alice', 'bob')}
@@ -66,7 +66,7 @@ def _project(rest: tinker.RestClient, sid: str) -> str | None:
 
 
 def test_assign_session_project_is_stored_survives_a_restart_and_is_tenant_isolated(tmp_path, tiny_model_dir):
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     running = _start(str(tmp_path), str(tiny_model_dir))
     try:
@@ -174,9 +174,9 @@ def store_url(request) -> str | None:
 
 
 def test_migration_5_keeps_existing_rows_and_the_store_tracks_session_requests(store_url, tmp_path):
-    from twinkle_server.db import open_database
-    from twinkle_server.db.migrations import MIGRATIONS, migrate
     from twinkle_server.store import Store
+    from twinkle_server.store.db import open_database
+    from twinkle_server.store.db.migrations import MIGRATIONS, migrate
 
     db = open_database(store_url, tmp_path)  # a database at schema 4, with a session and a future
     migrate(db, MIGRATIONS[:4])

@@ -32,7 +32,7 @@ def serve_vl(data_dir: Path, model_dir: Path, **config: Any) -> Any:
 @pytest.fixture(scope='module')
 def vl_server(tmp_path_factory, tiny_vl_model_dir):
     """(running server with default limits, API key of tenant carol)."""
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     running = serve_vl(tmp_path_factory.mktemp('vl-data'), tiny_vl_model_dir)
     yield running, create_api_key(running.service.store, 'carol')

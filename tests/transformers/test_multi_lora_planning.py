@@ -108,7 +108,7 @@ def test_forward_only_and_split_calls_follow_the_plan(tiny_model_dir, rows):
 
 
 def test_server_engine_plans_the_passes_of_queued_work(tiny_model_dir, rows):
-    from twinkle_server.model_host import TrainBatch, load_model_host
+    from twinkle_server.engine.model_host import TrainBatch, load_model_host
 
     engine = load_model_host('tiny', str(tiny_model_dir), device='cpu', backend_args={'pass_strategy': 'one_by_one'})
     for name, cfg in TENANTS.items():

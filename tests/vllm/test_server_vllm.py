@@ -19,8 +19,8 @@ MODEL = 'tiny-qwen3-vllm'
 @pytest.fixture(scope='module')
 def vllm_server(tmp_path_factory, tiny_model_dir, vllm_sampler):
     from twinkle_server import ServerConfig, start_in_thread
+    from twinkle_server.engine.model_host.local import LocalModelHost
     from twinkle_server.launch import free_port
-    from twinkle_server.model_host.local import LocalModelHost
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     engine = LocalModelHost(MODEL, str(tiny_model_dir), device='cpu', sampler=vllm_sampler)
@@ -37,7 +37,7 @@ def vllm_server(tmp_path_factory, tiny_model_dir, vllm_sampler):
 def test_tinker_sdk_samples_a_trained_adapter_through_vllm(vllm_server, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     client = tinker.ServiceClient(

@@ -24,9 +24,9 @@ ATOL = 1e-4
 @pytest.fixture(scope='module')
 def vllm_client(tmp_path_factory, tiny_model_dir, vllm_sampler):
     from twinkle_server import ServerConfig, start_in_thread
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.engine.model_host.local import LocalModelHost
     from twinkle_server.launch import free_port
-    from twinkle_server.model_host.local import LocalModelHost
+    from twinkle_server.service.auth import create_api_key
 
     logging.getLogger('tinker').setLevel(logging.ERROR)
     engine = LocalModelHost(MODEL, str(tiny_model_dir), device='cpu', sampler=vllm_sampler)

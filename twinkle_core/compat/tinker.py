@@ -11,7 +11,7 @@ its defaults (``TINKER_BASE_URL``, ``TINKER_API_KEY``), so ``ServiceClient()`` n
 ``input_ids`` (-100 = no loss); a Datum's input position i predicts ``target_tokens[i]``. So ``model_input =
 input_ids[:-1]``, ``target_tokens = input_ids[1:]`` (a label, where set, wins) and ``weights`` is 1 where the
 shifted label is set, else 0 -- the exact inverse of what the server does with a Datum
-(`twinkle_server.tinker.datums.to_rows`).
+(`twinkle_server.api.tinker.datums.to_rows`).
 """
 
 from __future__ import annotations

@@ -32,21 +32,17 @@ import torch
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
-from twinkle_core.mesh import split_for_dp
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.model.mesh_support import check_mesh_support
 from twinkle_core.runtime.context import global_device_mesh
-from twinkle_core.runtime.distributed import all_reduce_sum
 from twinkle_core.train.activation_checkpointing import apply_activation_checkpointing
 from twinkle_core.train.compile import compile_blocks
-from twinkle_core.train.loss_step import micro_batch_shares
 from twinkle_core.train.model_loading import default_device, load_tokenizer_if_any, resolve_dtype, resolve_model_dir
-from twinkle_core.train.row_keywords import check_row_lengths, micro_batches, with_row_keywords
+from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import FULL
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
-from twinkle_core.types import as_input_features
 from twinkle_core.weight_sync.weights import Bucket
-from twinkle_megatron import build, cpu_compat, groups, lora, schedule
+from twinkle_megatron import build, cpu_compat, groups, lora, step
 from twinkle_megatron.architecture import architecture_of, check_layout
 from twinkle_megatron.optim import MegatronTrainState
 from twinkle_megatron.persistence import MegatronPersistence
@@ -241,7 +237,7 @@ class MegatronModel(TrainStateMethods, Model):
         unit = self.unit_for(adapter_name)
         inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=unit.state.loss)
         self._eval_loss = None
-        result = self._run(unit, inputs, micro_batch_size, training=True, compute_loss=True)
+        result = step.run(self, unit, inputs, micro_batch_size, training=True, compute_loss=True)
         unit.last_loss = result.get('loss')
         return result
 
@@ -258,8 +254,8 @@ class MegatronModel(TrainStateMethods, Model):
         """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`."""
         reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
         with torch.no_grad():
-            result = self._run(
-                self.unit_for(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
+            result = step.run(
+                self, self.unit_for(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
             )
         self._eval_loss = result.get('loss')
         return result
@@ -284,65 +280,6 @@ class MegatronModel(TrainStateMethods, Model):
         )
 
     backward = forward
-
-    def _run(
-        self, unit: TrainingUnit, inputs: Any, micro_batch_size: int | None, *, training: bool, compute_loss: bool
-    ) -> dict[str, Any]:
-        unit.wrap()
-        state = unit.state
-        rows = as_input_features(inputs)
-        check_row_lengths(rows, self.max_length, 'max_length of the model')
-        if micro_batch_size is not None:
-            parts = micro_batches(rows, micro_batch_size)
-        else:
-            parts = [p for p in split_for_dp(rows, min(len(rows), self.layout.pp)) if p]
-        batches = [state.processor(p, device=self.device) for p in parts]
-        reduction = getattr(state.loss, 'reduction', None)
-        weights, local_weight = micro_batch_shares(reduction, batches)
-        (total_weight,) = all_reduce_sum([local_weight], groups.dp_group())
-        dp_share = 1.0 if reduction == 'sum' else (local_weight / total_weight if total_weight else 0.0)
-        micro = [schedule.MicroBatch(b, w) for b, w in zip(batches, weights)]
-        for chunk in unit.chunks:
-            chunk.train(training)
-        with unit.scope():
-            infos = schedule.run(
-                unit.chunks,
-                micro,
-                loss=state.loss,
-                vocab_size=self.arch.vocab_size,
-                scale=state.loss_scale() * dp_share,
-                forward_only=not training,
-                compute_loss=compute_loss,
-                pad_token_id=self.pad_token_id,
-                pad_multiple=self.layout.tp if self.layout.sp else 1,
-                same_shape_group=groups.dp_group() if self.layout.ep > 1 else None,
-            )
-        result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
-        with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
-        if with_loss:
-            summary = _combine([(m.share, info) for m, info in with_loss])
-            summary = self._reduce_summary(summary, reduction, local_weight)
-            state.record(summary, is_training=training)
-            metrics: dict[str, float] = {}
-            total_share = sum(m.share for m, _ in with_loss) or 1.0
-            for m, info in with_loss:  # averaged over the micro-batches by their share
-                for k, v in info['metrics'].items():
-                    if isinstance(v, (int, float)):
-                        metrics[k] = metrics.get(k, 0.0) + v * m.share / total_share
-            result.update(loss=summary['loss'], metrics=metrics)
-        return result
-
-    def _reduce_summary(self, summary: dict[str, Any], reduction: str | None, weight: float) -> dict[str, Any]:
-        """This data rank's summary -> the global batch's (collective over the data-parallel group)."""
-        counts = ('num_loss_tokens', 'num_correct', 'num_tokens')
-        sums = all_reduce_sum(
-            [summary['loss'] * weight, weight, *(float(summary[k]) for k in counts)], groups.dp_group()
-        )
-        if reduction == 'sum':
-            loss = all_reduce_sum([summary['loss']], groups.dp_group())[0]
-        else:
-            loss = sums[0] / sums[1] if sums[1] else 0.0
-        return {**summary, 'loss': loss, **{k: int(round(v)) for k, v in zip(counts, sums[2:])}}
 
     # ---- checkpoints and weight export (delegated to `self.persistence`) ----------------------------------------
     @reports_failure('save')
@@ -436,11 +373,3 @@ class MegatronModel(TrainStateMethods, Model):
         """The parallel layout (tp, pp, dp, vpp, sp, ep) as checkpoint metadata records it."""
         lay = self.layout
         return {'tp': lay.tp, 'pp': lay.pp, 'dp': lay.dp, 'vpp': lay.vpp, 'sp': lay.sp, 'ep': lay.ep}
-
-
-def _combine(parts: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
-    """One rank's micro-batch summaries -> the call's: the loss weighted by share, counts summed."""
-    summary = {'loss': sum(share * info['loss'] for share, info in parts)}
-    for key in ('num_loss_tokens', 'num_correct', 'num_tokens'):
-        summary[key] = sum(info['summary'][key] for _, info in parts)
-    return summary

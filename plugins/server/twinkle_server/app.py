@@ -1,9 +1,9 @@
 """The FastAPI application: Tinker-compatible routes under /api/v1, native routes under /twinkle/v1, the
-OpenAI-compatible routes under /v1 (`openai_api/`), Prometheus metrics at /metrics, the web console at /console
+OpenAI-compatible routes under /v1 (`api/openai/`), Prometheus metrics at /metrics, the web console at /console
 (`console/`).
 
 Middleware, outermost first: request ids and access log (`logs.py`), HTTP request counts (`metrics.py`), the drain
-gate (`drain.py`), body limit and seq_id release (`guard.py`)."""
+gate (`service/drain.py`), body limit and seq_id release (`api/guard.py`)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from twinkle_server import logs, metrics
+from twinkle_server.api.drain_gate import DrainGate
+from twinkle_server.api.guard import RequestGuard
 from twinkle_server.config import ServerConfig
-from twinkle_server.deployment import build_model_hosts
-from twinkle_server.drain import DrainGate
+from twinkle_server.engine.deployment import build_model_hosts
+from twinkle_server.engine.model_host import ModelHost
 from twinkle_server.errors import ApiError, as_api_error, is_disk_full
-from twinkle_server.guard import RequestGuard
-from twinkle_server.model_host import ModelHost
-from twinkle_server.service import Service
+from twinkle_server.service.core import Service
 from twinkle_server.store import Store
 
 logger = logging.getLogger(__name__)
@@ -62,9 +62,9 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
     app.add_middleware(metrics.HttpMetricsMiddleware)
     app.add_middleware(logs.RequestIdMiddleware)
     app.include_router(metrics.router)
-    from twinkle_server.native import datasets as native_datasets
-    from twinkle_server.native import routes as native
-    from twinkle_server.tinker import (
+    from twinkle_server.api.native import datasets as native_datasets
+    from twinkle_server.api.native import routes as native
+    from twinkle_server.api.tinker import (
         routes_checkpoints,
         routes_futures,
         routes_sampling,
@@ -84,10 +84,10 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
         native_datasets,
     ):
         app.include_router(module.router)
-    from twinkle_server.openai_api.router import router as openai_router
+    from twinkle_server.api.openai.router import router as openai_router
 
     app.include_router(openai_router)
-    from twinkle_server.console import router as console_router
+    from twinkle_server.api.console import router as console_router
 
     app.include_router(console_router)
     return app
@@ -109,7 +109,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
-            from twinkle_server.openai_api.errors import as_openai_error
+            from twinkle_server.api.openai.errors import as_openai_error
 
             exc = as_openai_error(exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
@@ -136,7 +136,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         else:
             err = ApiError(exc.status_code, str(exc.detail))
         if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
-            from twinkle_server.openai_api.errors import unrouted
+            from twinkle_server.api.openai.errors import unrouted
 
             err = unrouted(request.method, request.url.path, exc.status_code, str(exc.detail))
         return JSONResponse(err.body(), status_code=err.status, headers={**err.headers(), **(exc.headers or {})})

@@ -177,7 +177,7 @@ def _start(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-        from twinkle_server.deployment import check_backend_args
+        from twinkle_server.engine.deployment import check_backend_args
         from twinkle_server.store import Store
 
         check_backend_args(config)  # e.g. a pass_strategy the backend does not declare: one line, exit 2
@@ -319,7 +319,7 @@ def _count(errors: list[str]) -> str:
 
 
 def _create_key(args: argparse.Namespace) -> int:
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     store = _open_store(args, 'create')
     if store is None:

@@ -23,7 +23,7 @@ from twinkle_core.utils.net import free_port
 from twinkle_server import logs
 from twinkle_server.app import create_app
 from twinkle_server.config import ServerConfig
-from twinkle_server.model_host import ModelHost
+from twinkle_server.engine.model_host import ModelHost
 
 __all__ = ['DrainingServer', 'RunningServer', 'create_app', 'free_port', 'serve', 'start_in_thread', 'start_process']
 #: after a drain, how long uvicorn waits for open responses before cancelling them (they all end at once: every
@@ -33,8 +33,9 @@ STARTUP_FAILURE = 3  # uvicorn's exit code when the app could not start
 
 
 def serve(config: ServerConfig, device: str | None = None, log_format: str = 'text') -> None:
-    """Serve in the foreground until SIGTERM or SIGINT, then drain (`drain.py`: at most `config.drain_timeout_s`)
-    and return. Logs go to stderr as `log_format` ('text' or 'json': one JSON object per line, `logs.py`).
+    """Serve in the foreground until SIGTERM or SIGINT, then drain (`service/drain.py`: at most
+    `config.drain_timeout_s`) and return. Logs go to stderr as `log_format` ('text' or 'json': one JSON object per
+    line, `logs.py`).
 
     SIGTERM ends the process with that signal once the shutdown is done (uvicorn's behaviour). When a host call
     outlived the drain (its request was already failed), the process exits at once (`os._exit(0)`): the interpreter

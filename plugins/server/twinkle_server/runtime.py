@@ -90,7 +90,7 @@ def placed_by_groups(config: Any, groups: list[Any]) -> Any:
             resources=opts.get('resources'),
         )
 
-    from twinkle_server.model_host.construction import takes_device_mesh
+    from twinkle_server.engine.model_host.construction import takes_device_mesh
 
     specs = {}
     for name, spec in config.model_specs.items():

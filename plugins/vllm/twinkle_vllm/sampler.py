@@ -33,16 +33,14 @@ from twinkle_core.sampler.prompts import (
     as_sampling_params,
     check_prompt_scoring,
     encode_prompt_row,
-    first_scored,
     prompt_rows,
     resolve_occurrences,
-    sampled_sequence,
-    sequence_seed,
 )
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine_args import engine_args as build_engine_args
 from twinkle_vllm.llm_handle import LLMHandle
+from twinkle_vllm.translation import sample_response, text_prompt, vllm_params
 from twinkle_vllm.weights import CheckpointLayout, LayerStager, serialized_buckets
 
 
@@ -137,9 +135,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         del should_stop
         params = as_sampling_params(sampling_params, kwargs)
         rows = prompt_rows(inputs)
-        prompts = [
-            _text_prompt(encode_prompt_row(row, i, self._codec.encode_chat_row), i) for i, row in enumerate(rows)
-        ]
+        prompts = [text_prompt(encode_prompt_row(row, i, self._codec.encode_chat_row), i) for i, row in enumerate(rows)]
         adapters = adapters_per_prompt(adapter_name, rows)
         self._validate(prompts, adapters, params)
         occurrences = resolve_occurrences(occurrences, prompts, adapters)
@@ -151,7 +147,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         requests = [
             (i, seq_params)
             for i, (prompt, nth) in enumerate(zip(prompts, occurrences))
-            for seq_params in self._vllm_params(params, prompt, nth)
+            for seq_params in vllm_params(params, prompt, nth)
         ]
         outputs = self._generate(
             [prompts[i] for i, _ in requests],
@@ -162,7 +158,9 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         per_prompt: dict[int, list[Any]] = {}
         for (i, _), out in zip(requests, outputs):
             per_prompt.setdefault(i, []).append(out)
-        return [self._response(rows[i], prompts[i], per_prompt[i], params) for i in range(len(prompts))]
+        return [
+            sample_response(rows[i], prompts[i], per_prompt[i], params, self._codec.decode) for i in range(len(prompts))
+        ]
 
     def load_weights(
         self,
@@ -278,35 +276,6 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         check_prompt_scoring(type(self).__name__, self.capabilities, prompts, params, self.vocab_size)
         self._adapters.check_known(adapters)
 
-    @staticmethod
-    def _vllm_params(params: SamplingParams, prompt: list[int], occurrence: int = 0) -> list[Any]:
-        """vLLM sampling parameters for `prompt` (`occurrence`: its index among identical prompts of the call): one
-        request with n samples, or (seeded and not greedy) one request per sample with that sample's own seed."""
-        from vllm import SamplingParams as VllmParams
-
-        common: dict[str, Any] = dict(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            stop=params.stop_strings() or None,
-            stop_token_ids=params.stop_token_ids() or None,
-            logprobs=params.alternatives if params.logprobs is not False or params.top_logprobs else None,
-            # k > 0: the prompt token and the k most likely at each position (vLLM's ranks say which is which)
-            prompt_logprobs=params.prompt_top_logprobs
-            if params.prompt_logprobs or params.prompt_top_logprobs
-            else None,
-            # text comes from our own decode (as TorchSampler's); vLLM's incremental detokenizer is
-            # only needed to match stop strings
-            detokenize=bool(params.stop_strings()),
-        )
-        if params.seed is None or params.temperature == 0:
-            return [VllmParams(n=params.num_samples, **common)]
-        return [
-            VllmParams(n=1, seed=sequence_seed(params.seed, s, prompt, occurrence), **common)
-            for s in range(params.num_samples)
-        ]
-
     def _generate(
         self, prompts: list[list[int]], params: list[Any], adapters: list[str | None], *, one_per_call: bool
     ) -> list[Any]:
@@ -329,34 +298,6 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
             )
         ]
 
-    def _response(self, row: Any, prompt: list[int], outputs: list[Any], params: SamplingParams) -> SampleResponse:
-        sequences = []
-        for out in outputs:
-            for completion in out.outputs:
-                if completion.finish_reason not in ('stop', 'length'):
-                    raise TwinkleError(f'vLLM ended a sequence with finish_reason={completion.finish_reason!r}.')
-                tokens = list(completion.token_ids)
-                steps = completion.logprobs or []
-                logprobs = [float(step[t].logprob) for t, step in zip(tokens, steps)]
-                top = [_ranked(step, params.alternatives) for step in steps] if params.alternatives else None
-                sequences.append(
-                    sampled_sequence(
-                        params, row, prompt, tokens, logprobs, top, completion.finish_reason, self._codec.decode(tokens)
-                    )
-                )
-        prompt_logprobs: list[float | None] | None = None
-        prompt_top: list[list[tuple[int, float]] | None] | None = None
-        first = first_scored(len(prompt), params.prompt_logprobs_last_n)
-        blank: list[None] = [None] * first
-        if params.prompt_logprobs:
-            raw = outputs[0].prompt_logprobs
-            prompt_logprobs = [*blank, *(float(raw[p][prompt[p]].logprob) for p in range(first, len(prompt)))]
-        if params.prompt_top_logprobs:
-            raw = outputs[0].prompt_logprobs
-            k = params.prompt_top_logprobs
-            prompt_top = [*blank, *(_ranked(raw[p], k) for p in range(first, len(prompt)))]
-        return SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top)
-
 
 def _load_bucket(llm: Any, blob: Any) -> Any:
     """Load one serialized weight bucket into every worker of the engine `llm`."""
@@ -366,24 +307,6 @@ def _load_bucket(llm: Any, blob: Any) -> Any:
 def _llm_generate(llm: Any, prompts: list[Any], params: list[Any], lora: list[Any]) -> Any:
     """`LLM.generate` of `prompts` (one sampling params and LoRA request each) on the engine `llm`."""
     return llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
-
-
-def _text_prompt(encoded: dict[str, Any], index: int) -> list[int]:
-    """The ids of a text prompt; image prompts are refused (their images would be silently dropped)."""
-    if 'pixel_values' in encoded:
-        raise InvalidInputError(
-            f"Prompt {index} holds images: multimodal prompts need vLLM's multimodal input "
-            'path (which needs torchvision) and are not supported by vLLMSampler yet; sample '
-            'image prompts with TorchSampler.'
-        )
-    return encoded['input_ids']
-
-
-def _ranked(step: dict[int, Any], k: int) -> list[tuple[int, float]]:
-    """vLLM's logprobs of one step (the sampled token and the top k, each with its rank) -> the k most likely
-    (token, log p), most likely first."""
-    ranked = sorted((lp.rank, token, float(lp.logprob)) for token, lp in step.items() if lp.rank <= k)
-    return [(token, logprob) for _, token, logprob in ranked[:k]]
 
 
 def _local_dir(model_id: str | os.PathLike[str]) -> str:

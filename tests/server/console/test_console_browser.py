@@ -42,7 +42,7 @@ def trained(server, sft_data):
 
 @pytest.fixture(scope='module')
 def admin_key(server):
-    from twinkle_server.auth import create_api_key
+    from twinkle_server.service.auth import create_api_key
 
     return create_api_key(server.service.store, 'console-ops', admin=True)
 

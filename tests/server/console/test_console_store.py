@@ -58,7 +58,7 @@ def test_pending_requests_and_recent_failures(store):
 
 def test_keys_create_admin_cli(tmp_path, capsys):
     from twinkle_core.cli.main import main
-    from twinkle_server.auth import authenticate, split_key
+    from twinkle_server.service.auth import authenticate, split_key
     from twinkle_server.store import Store
 
     assert main(['server', 'keys', 'create', '--tenant', 'ops', '--admin', '--data-dir', str(tmp_path)]) == 0

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from twinkle_server.config.model_checks import InstalledModels
 from twinkle_server.config.schema import (
     AMOUNT,
     AUTH,
@@ -54,7 +55,7 @@ from twinkle_server.config.settings import (
 from twinkle_server.config.yaml_lines import ConfigError, Document, KeyPath, read_document
 
 if TYPE_CHECKING:
-    from twinkle_core.model import ModelCapabilities
+    pass
 
 __all__ = ['ConfigError', 'describe', 'load_server_config', 'load_storage']
 
@@ -98,8 +99,7 @@ class _Checker:
     def __init__(self, doc: Document, base_dir: Path) -> None:
         self.doc, self.base_dir = doc, base_dir
         self.errors: list[str] = []
-        self._resolved: dict[tuple[str, str], tuple[str, str] | None] = {}
-        self._capabilities: dict[str, ModelCapabilities | None] = {}
+        self.models_here = InstalledModels()  # what this installation's registry resolves (cached)
 
     def top(self) -> dict[str, Any]:
         """The file's known top-level sections; raises `ConfigError` for an empty file."""
@@ -212,8 +212,8 @@ class _Checker:
     def database_url(self, url: str, path: KeyPath) -> str:
         """`url` as the store reads it (`db.url.parse_url`); a relative `sqlite:///PATH` made absolute like every
         other path in the file."""
-        from twinkle_server.db.base import DatabaseError
-        from twinkle_server.db.url import parse_url
+        from twinkle_server.store.db.base import DatabaseError
+        from twinkle_server.store.db.url import parse_url
 
         try:
             kind, target = parse_url(url)
@@ -346,101 +346,16 @@ class _Checker:
             )
         return resolved
 
-    def capabilities(self, backend: str) -> ModelCapabilities | None:
-        """What the backend registered as `backend` declares; None when it cannot be resolved (reported by
-        `component` where the file names it)."""
-        from twinkle_server.model_host.construction import model_capabilities
-
-        if backend not in self._capabilities:
-            try:
-                self._capabilities[backend] = model_capabilities(backend)
-            except Exception:  # noqa: BLE001 - not installed or broken: `component` says so
-                self._capabilities[backend] = None
-        return self._capabilities[backend]
-
     def component(self, kind: str, name: str, path: KeyPath) -> None:
         """An error unless `name` resolves in the registry (kind `model` or `sampler`) of this installation."""
-        if (kind, name) not in self._resolved:
-            self._resolved[kind, name] = _resolve_problem(kind, name)
-        problem = self._resolved[kind, name]
+        problem = self.models_here.resolve_problem(kind, name)
         if problem:
             self.error(path, *problem)
 
     def placement(self, spec: ModelSpec, path: KeyPath, deployment: DeploymentConfig) -> None:
         """Mesh against train group; settings the deployment mode cannot honour."""
-        ranks = spec.train_group.ranks
-        if spec.mesh and spec.mesh_world_size() != ranks:
-            self.error(
-                path + ('mesh',),
-                f'the mesh spans {spec.mesh_world_size()} ranks but train_group.ranks is {ranks}',
-                'the product of the mesh sizes to equal train_group.ranks',
-            )
-        elif spec.mesh:
-            from twinkle_core.errors import MeshError
-
-            try:
-                dataclasses.replace(
-                    spec, train_group=dataclasses.replace(spec.train_group, device_type='cpu')
-                ).device_mesh()
-            except MeshError as exc:
-                self.error(path + ('mesh',), str(exc).rstrip('.'), 'sizes DeviceMesh.from_sizes accepts')
-            else:  # a backend taking no mesh, or embedded mode: reported below as such
-                from twinkle_core.model.mesh_support import mesh_problem as unsupported_dims
-
-                declared = self.capabilities(spec.backend)
-                meshed = deployment.mode != 'embedded' and declared is not None and declared.takes_device_mesh
-                unsupported = meshed and declared and unsupported_dims(spec.backend, declared, spec.mesh)
-                if unsupported:
-                    self.error(path + ('mesh',), unsupported.rstrip('.'), 'the mesh dimensions the backend implements')
-        if deployment.mode == 'embedded':
-            for key in spec.ray_only_settings():
-                self.error(
-                    path + tuple(key.split('.')),
-                    'needs deployment.mode: ray',
-                    note='embedded mode runs each model once, in the server process',
-                )
-        else:
-            if spec.device is not None:
-                self.error(
-                    path + ('device',),
-                    'only used with deployment.mode: embedded',
-                    note='in ray mode set train_group.device_type and sampler_group.device_type',
-                )
-            from twinkle_server.model_host.construction import mesh_problem
-
-            caps = self.capabilities(spec.backend)
-            problem = caps and mesh_problem(spec.backend, caps, spec.train_group.ranks)
-            if problem:
-                self.error(path + ('train_group', 'ranks'), *problem)
-            if spec.sampler_group.ranks > 1:
-                self.error(
-                    path + ('sampler_group', 'ranks_per_replica'),
-                    'a sampler replica is one process',
-                    'ranks_per_replica: 1; give a replica several GPUs with num_gpus instead (e.g. for '
-                    'vLLM tensor_parallel_size)',
-                )
-
-
-def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
-    """None when the registry resolves `name`, else (what is wrong, what is expected), each in one line."""
-    from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError
-    from twinkle_core.registry import list_components, resolve_class
-
-    what = 'model backend' if kind == 'model' else kind
-    try:
-        resolve_class(kind, name)
-        return None
-    except DistributionNotInstalledError as exc:
-        return ' '.join(str(exc).split()), f'an installed {what}'
-    except ComponentNotFoundError:
-        installed = [c.name for c in list_components(kind) if c.source != 'index']
-        close = difflib.get_close_matches(name, installed, n=1, cutoff=0.5)
-        return (
-            f'unknown {what} {name!r}' + (f'; did you mean {close[0]}?' if close else ''),
-            f'an installed {what}: {", ".join(installed) or "none is installed"}',
-        )
-    except Exception as exc:  # noqa: BLE001 - a broken plugin or untrusted hub code: report, don't crash the check
-        return f'{name!r} cannot be loaded: ' + ' '.join(f'{type(exc).__name__}: {exc}'.split()), f'a loadable {what}'
+        for where, problem, expected, note in self.models_here.placement_problems(spec, deployment):
+            self.error(path + where, problem, expected, note)
 
 
 def _mib(value: float | None) -> int | None:

@@ -40,7 +40,7 @@ class TenantLimits:
     max_prompt_logprob_cells: int | None = 1 << 21
     # pixels of one image, read from its header; never above the decoder's own MAX_IMAGE_PIXELS (8192 x 8192)
     max_image_pixels: int | None = MAX_IMAGE_PIXELS
-    # memory decoding a request's images takes, summed (width x height x 16 bytes each, tinker/images.py): 32 Mi pixels
+    # memory decoding a request's images takes, summed (width x height x 16 bytes each, service/images.py): 32 Mi pixels
     max_image_bytes_per_request: int | None = 512 * 1024 * 1024
     # ---- per tenant ----
     max_adapters: int | None = 8  # live training models at once (not waitable: 403)
@@ -159,7 +159,7 @@ class ModelSpec:
     sampler_group: GroupSpec = field(default_factory=GroupSpec)
     hub_push: HubPushConfig | None = None
     #: metrics loggers fed with this model's training runs, by name or ``{'name': ..., **arguments}``
-    #: (`twinkle_server.model_loggers`)
+    #: (`twinkle_server.service.model_loggers`)
     loggers: list[Any] = field(default_factory=list)
 
     def mesh_world_size(self) -> int:
@@ -216,10 +216,10 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 64 * 1024 * 1024
     #: memory for decoding images at once, server-wide (an image holds width x height x 16 bytes of it while it is
-    #: decoded and processed, tinker/images.py): one that does not fit waits, then its request is answered 429; one
+    #: decoded and processed, service/images.py): one that does not fit waits, then its request is answered 429; one
     #: larger than all of it is a 413. None = unbounded
     image_decode_budget_bytes: int | None = 1024 * 1024 * 1024
-    #: server-side custom losses (tinker/custom_loss_cost.py, docs/server.md): a graph's estimated work for one datum
+    #: server-side custom losses (engine/custom_loss/cost.py, docs/server.md): a graph's estimated work for one datum
     #: of a model's full context may be at most this fraction of the model's forward pass over that context
     #: (2 x parameters x context FLOPs) ...
     custom_loss_cost_factor: float = 0.25

@@ -323,3 +323,25 @@ def as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
     if isinstance(exc, StageError):
         return TenantStepError(name, exc.stage, str(exc))
     return TenantStepError(name, 'forward', f'{type(exc).__name__}: {exc}')
+
+
+def forward_passes(
+    model: torch.nn.Module,
+    manager: MultiLoraManager,
+    work: list[TenantWork],
+    planner: PassPlanner,
+    device: torch.device,
+    errors: dict[str, TenantStepError],
+) -> list[MixedPass]:
+    """`work`'s forwards with gradients, in the passes the planner sizes, kept for their losses and backward
+    (`MultiLoraTransformersModel.forward`); a pass that fails records its tenants' errors in `errors`."""
+    passes = []
+    for by_processor in group_by_processor(work):
+        for group, _ in planned_passes(planner, by_processor, train=True):
+            mixed_pass = MixedPass(model, manager, group, train=True, device=device)
+            try:
+                mixed_pass.forward()
+                passes.append(mixed_pass)
+            except Exception as exc:
+                errors.update({w.name: as_tenant_error(w.name, exc) for w in group})
+    return passes

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -33,28 +32,26 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
-from twinkle_core.model.step_errors import MixedStepError, TenantStepError
+from twinkle_core.model.step_errors import TenantStepError
 from twinkle_core.train.model_loading import default_device
 from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import TrainState
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
-from twinkle_transformers import checkpoint as ckpt
 from twinkle_transformers import speed
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import load_or_adopt, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import (
-    MixedPass,
     TenantWork,
     as_tenant_error,
-    group_by_processor,
-    planned_passes,
+    forward_passes,
     run_tenants,
 )
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, STRATEGIES, PassPlanner
-from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
+from twinkle_transformers.multi_lora.persistence import read_adapter, save_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
+from twinkle_transformers.multi_lora.tenant_calls import PendingStep, split_by_tenant, step_outcome
 from twinkle_transformers.vision import language_config
 
 
@@ -119,7 +116,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.limits = RowLimits(vocab_size=language_config(self.model.config).vocab_size, max_length=self.max_length)
         self.states: dict[str, TrainState] = {}
         self._current: list[str] = []
-        self._pending: _Pending | None = None
+        self._pending: PendingStep | None = None
         notify_model_loaded(self.model, self.model_id)
 
     # ---- adapters ------------------------------------------------------------------------------------------
@@ -251,7 +248,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         for w in work:
             w.compute_loss = compute_loss
         run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
-        return _outcome(work, errors, mixed, return_errors=return_errors)
+        return step_outcome(work, errors, mixed, return_errors=return_errors)
 
     def _prepare(
         self, inputs: Any, adapter_name: str | None, *, train: bool, extra: dict[str, Any], method: str
@@ -263,7 +260,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             + (('compute_loss',) if method == 'forward_only' else ())
         )
         reject_unknown_kwargs(method, extra, accepted)
-        batches, mixed = self._split_inputs(inputs, adapter_name)
+        batches, mixed = split_by_tenant(inputs, adapter_name, self._name, pinned=bool(self._current))
         work, errors = [], {}
         for name, batch in batches.items():
             try:
@@ -275,27 +272,6 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             self.model.train(train)
         return work, errors, mixed
 
-    def _split_inputs(self, inputs: Any, adapter_name: str | None) -> tuple[dict[str, Any], bool]:
-        """({adapter: rows}, whether the caller asked for per-tenant results)."""
-        if isinstance(inputs, dict) and 'input_ids' not in inputs:
-            if adapter_name is not None:
-                raise InvalidInputError('pass either adapter_name= with rows, or {adapter_name: rows}, not both.')
-            if not inputs:
-                raise InvalidInputError('inputs is an empty dict; expected {adapter_name: rows, ...}.')
-            return dict(inputs), True
-        rows = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-        if (
-            adapter_name is None
-            and not self._current
-            and rows
-            and all(isinstance(r, dict) and 'adapter_name' in r for r in rows)
-        ):
-            grouped: dict[str, list[Any]] = {}
-            for row in rows:
-                grouped.setdefault(row['adapter_name'], []).append(row)
-            return grouped, True
-        return {self._name(adapter_name): inputs}, False
-
     # ---- the same step in three calls (as TransformersModel): forward -> calculate_loss -> backward ----------
     @remote_method('slice_dp', 'list', mutates=False)
     @reports_failure('forward')
@@ -304,20 +280,9 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
         self._eval_loss = None
-        passes = []
-        for group in (
-            g
-            for by_processor in group_by_processor(work)
-            for g, _ in planned_passes(self.planner, by_processor, train=True)
-        ):
-            mixed_pass = MixedPass(self.model, self.manager, group, train=True, device=self.device)
-            try:
-                mixed_pass.forward()
-                passes.append(mixed_pass)
-            except Exception as exc:
-                errors.update({w.name: as_tenant_error(w.name, exc) for w in group})
-        self._pending = _Pending(work, errors, mixed, passes)
-        return _outcome(work, errors, mixed, return_errors=False)
+        passes = forward_passes(self.model, self.manager, work, self.planner, self.device, errors)
+        self._pending = PendingStep(work, errors, mixed, passes)
+        return step_outcome(work, errors, mixed, return_errors=False)
 
     @remote_method('all', 'mean', mutates=False)
     @reports_failure('calculate_loss')
@@ -331,7 +296,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         pending = self._require_pending('calculate_loss')
         for mixed_pass in pending.passes:
             mixed_pass.losses()
-        out = _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+        out = step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
         return {name: r['loss'] for name, r in out.items()} if pending.mixed else out['loss']
 
     @remote_method('all', 'mean')
@@ -348,7 +313,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                 mixed_pass.backward()
             except Exception as exc:
                 pending.errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
-        return _outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+        return step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
 
     def model_info(self) -> dict[str, Any]:
         """``model_id``, ``max_length`` and ``pass_stats`` (how many passes of each plan the planner ran)."""
@@ -388,21 +353,16 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         directory. PEFT format (loads with ``peft.PeftModel.from_pretrained``) plus, with `save_optimizer`,
         the adapter's optimizer, scheduler, counters, ``dataloader.state_dict()`` and `extra_state`."""
         adapter = self._name(adapter_name)
-        state = self._state(adapter)
-        target = Path(output_dir or 'output') / name
-        with ckpt.atomic_directory(target) as tmp:
-            self.manager.save_adapter(adapter, str(tmp), base_model_name_or_path=self.model_id)
-            ckpt.write_metadata(
-                tmp,
-                kind='lora',
-                adapter_name=adapter,
-                model_id=self.model_id,
-                step=state.optimizer_steps,
-                has_training_state=save_optimizer,
-            )
-            if save_optimizer:
-                ckpt.save_training_state(tmp, state.state_dict(), dataloader=dataloader, extra_state=extra_state)
-        return str(target)
+        return save_adapter(
+            self.manager,
+            adapter,
+            self._state(adapter),
+            Path(output_dir or 'output') / name,
+            model_id=self.model_id,
+            save_optimizer=save_optimizer,
+            dataloader=dataloader,
+            extra_state=extra_state,
+        )
 
     @reports_failure('load')
     def load(
@@ -422,47 +382,10 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         registry name when not set). Global RNG states are NOT restored: they are shared by every tenant.
         """
         name = self._name(adapter_name)
-        if ckpt.read_metadata(path)['kind'] != 'lora':
-            raise InvalidInputError(
-                f'{path!r} holds full model weights; MultiLoraTransformersModel loads LoRA adapters only.'
-            )
-        config, weights = read_peft_adapter(path)
-        training = ckpt.load_training_state(path)['train_state'] if load_optimizer else None
+        config, weights, training = read_adapter(path, load_optimizer)
         if name not in self.states:
             self._add(name, config, gradient_accumulation_steps, state_dict=weights)
         else:
             self.manager.load_state_dict(name, weights)
         if training is not None:
             self.states[name].load_state_dict(training)
-
-
-@dataclass
-class _Pending:
-    """A `forward` waiting for `calculate_loss` / `backward`."""
-
-    work: list[TenantWork]
-    errors: dict[str, TenantStepError]
-    mixed: bool
-    passes: list[MixedPass]
-
-
-def _outcome(
-    work: list[TenantWork], errors: dict[str, TenantStepError], mixed: bool, *, return_errors: bool
-) -> dict[str, Any]:
-    """The caller's result: one tenant's result (or its error raised), or per-tenant results (errors raised
-    together as `MixedStepError`, or inline with `return_errors`)."""
-    errors = {**errors, **{w.name: w.error for w in work if w.error is not None}}
-    results = {
-        w.name: {k: v for k, v in w.result.items() if not k.startswith('_')}
-        for w in work
-        if w.error is None and w.result is not None
-    }
-    names = list(dict.fromkeys([*(w.name for w in work), *errors]))
-    if not mixed:
-        (name,) = names
-        if name in errors:
-            raise errors[name]
-        return results[name]
-    if errors and not return_errors:
-        raise MixedStepError(errors, results)
-    return {name: results[name] if name in results else {'error': errors[name].to_dict()} for name in names}

@@ -1,12 +1,15 @@
 """The units of a decode: a prompt job (one prompt, its samples' random streams), what to score at the prompt's
-positions, and the results."""
+positions, the results, and a prompt's `SampleResponse` made of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
+from twinkle_core.sampler.prompts import IMAGE_FIELDS, sampled_sequence
+from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_transformers.sampler.stopping import StopReason
 from twinkle_transformers.sampler.vision_inputs import PromptImages
 
@@ -71,3 +74,38 @@ class PromptResult:
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     prompt_target_logprobs: list[list[float]] | None = None
     prompt_alt_tokens: list[list[tuple[int, float]]] | None = None
+
+
+def sample_response(
+    row: Any,
+    encoded: dict[str, Any],
+    parts: list[PromptResult],
+    params: SamplingParams,
+    decode: Callable[[list[int]], str | None],
+) -> SampleResponse:
+    """A prompt's `SampleResponse` from the results of its jobs (`parts`: one, or several when its samples were
+    split over batches; the scored one carries the prompt's scores); `decode`: token ids -> text."""
+    images = {k: encoded[k] for k in IMAGE_FIELDS if k in encoded} or None
+    sequences = [
+        sampled_sequence(
+            params,
+            row,
+            encoded['input_ids'],
+            gen.tokens,
+            gen.logprobs,
+            gen.top_logprobs or None,
+            gen.stop_reason,
+            decode(gen.tokens),
+            images,
+        )
+        for part in parts
+        for gen in part.generations
+    ]
+    scored = next((part for part in parts if part.scored), parts[0])
+    return SampleResponse(
+        sequences=sequences,
+        prompt_logprobs=scored.prompt_logprobs,
+        prompt_top_logprobs=scored.prompt_top_logprobs,
+        prompt_target_logprobs=scored.prompt_target_logprobs,
+        prompt_alt_tokens=scored.prompt_alt_tokens,
+    )

@@ -38,14 +38,12 @@ from twinkle_core.kernel import apply_kernels
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (
-    IMAGE_FIELDS,
     adapters_per_prompt,
     as_sampling_params,
     check_prompt_scoring,
     encode_prompt_row,
     prompt_rows,
     resolve_occurrences,
-    sampled_sequence,
 )
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
@@ -53,7 +51,7 @@ from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.batching import decode_batches, eval_mode, prompt_jobs
 from twinkle_transformers.sampler.decoding import BatchDecoder
 from twinkle_transformers.sampler.fast_decode import FastDecoder
-from twinkle_transformers.sampler.jobs import PromptResult, PromptScoring
+from twinkle_transformers.sampler.jobs import PromptResult, PromptScoring, sample_response
 from twinkle_transformers.sampler.model_source import ModelSource, open_model
 from twinkle_transformers.sampler.prefix_cache import (
     DEFAULT_PREFIX_CACHE_BYTES,
@@ -63,6 +61,7 @@ from twinkle_transformers.sampler.prefix_cache import (
 )
 from twinkle_transformers.sampler.sampling import TokenChooser
 from twinkle_transformers.sampler.stopping import StopCondition
+from twinkle_transformers.sampler.token_ids import eos_token_ids, pad_token_id
 from twinkle_transformers.sampler.vision_inputs import PromptImages, prompt_images
 
 
@@ -170,7 +169,7 @@ class TorchSampler(Sampler):
         by_adapter = self._split_by_adapter(model, images, adapters)
         stop = StopCondition(
             max_tokens=params.max_tokens,
-            stop_token_ids=frozenset(params.stop_token_ids()) | self._eos_token_ids(),
+            stop_token_ids=frozenset(params.stop_token_ids()) | eos_token_ids(self._model, self.tokenizer),
             stop_strings=tuple(params.stop_strings()),
             decode=self._decode_raw if params.stop_strings() else None,
         )
@@ -187,7 +186,7 @@ class TorchSampler(Sampler):
         results: dict[int, list[PromptResult]] = {}
         decoder = BatchDecoder(
             model,
-            pad_token_id=self._pad_token_id(),
+            pad_token_id=pad_token_id(self._model, self.tokenizer),
             route=self._adapters.routed,
             fast=self._fast_decoder(model),
             vision_language=self._vision_language,
@@ -205,7 +204,9 @@ class TorchSampler(Sampler):
                 )
                 for (prompt_index, _), out in zip(batch, outputs):
                     results.setdefault(prompt_index, []).append(out)
-        return [self._response(rows[i], encoded[i], results[i], params) for i in range(len(prompts))]
+        return [
+            sample_response(rows[i], encoded[i], results[i], params, self._codec.decode) for i in range(len(prompts))
+        ]
 
     def load_weights(
         self,
@@ -362,26 +363,6 @@ class TorchSampler(Sampler):
             self._fast = (model, FastDecoder.for_model(model, fuse=self._owned))
         return self._fast[1]
 
-    def _eos_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        gen_config = getattr(self._model, 'generation_config', None)
-        for source in (getattr(gen_config, 'eos_token_id', None), getattr(self.tokenizer, 'eos_token_id', None)):
-            if isinstance(source, int):
-                ids.add(source)
-            elif isinstance(source, (list, tuple)):
-                ids.update(int(i) for i in source)
-        return frozenset(ids)
-
-    def _pad_token_id(self) -> int:
-        for candidate in (
-            getattr(self.tokenizer, 'pad_token_id', None),
-            getattr(self._model.config, 'pad_token_id', None),
-            *sorted(self._eos_token_ids()),
-        ):
-            if isinstance(candidate, int):
-                return candidate
-        return 0
-
     def _validate(self, prompts: list[list[int]], adapters: list[str | None], params: SamplingParams) -> None:
         config = vision.language_config(self._model.config)
         vocab = getattr(config, 'vocab_size', None)
@@ -402,34 +383,6 @@ class TorchSampler(Sampler):
                 'Stop strings need a tokenizer or template to decode tokens; call '
                 'set_template(...) or pass stop token ids instead.'
             )
-
-    def _response(
-        self, row: Any, encoded: dict[str, Any], parts: list[PromptResult], params: SamplingParams
-    ) -> SampleResponse:
-        images = {k: encoded[k] for k in IMAGE_FIELDS if k in encoded} or None
-        sequences = [
-            sampled_sequence(
-                params,
-                row,
-                encoded['input_ids'],
-                gen.tokens,
-                gen.logprobs,
-                gen.top_logprobs or None,
-                gen.stop_reason,
-                self._codec.decode(gen.tokens),
-                images,
-            )
-            for part in parts
-            for gen in part.generations
-        ]
-        scored = next((part for part in parts if part.scored), parts[0])
-        return SampleResponse(
-            sequences=sequences,
-            prompt_logprobs=scored.prompt_logprobs,
-            prompt_top_logprobs=scored.prompt_top_logprobs,
-            prompt_target_logprobs=scored.prompt_target_logprobs,
-            prompt_alt_tokens=scored.prompt_alt_tokens,
-        )
 
 
 def _per_job(should_stop: Callable[[int], bool] | None, prompts: list[int]) -> Callable[[int], bool] | None:
