@@ -13,7 +13,10 @@ SERVER = Path(__file__).resolve().parents[2] / 'plugins' / 'server' / 'twinkle_s
 
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to twinkle_server).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ('foundation', ('errors', 'logs', 'metrics', 'config', 'config.settings', 'config.schema', 'config.yaml_lines')),
+    (
+        'foundation',
+        ('asgi', 'errors', 'logs', 'metrics', 'config', 'config.settings', 'config.schema', 'config.yaml_lines'),
+    ),
     ('store', ('store',)),  # the metadata store, its tables and databases, checkpoint files
     ('engine', ('engine',)),  # model hosts, the scheduler, the Ray deployment, loss programs
     ('service', ('service',)),  # the rules: sessions, models, futures, quotas, checkpoints, drain
@@ -24,7 +27,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ('', 'app', 'cli', 'launch', 'runtime', 'config.loading', 'config.model_checks', 'config_file', 'auth'),
     ),
 ]
-ROOT_MODULES = {'__init__', 'app', 'auth', 'cli', 'config_file', 'errors', 'launch', 'logs', 'metrics', 'runtime'}
+ROOT_MODULES = {
+    '__init__',
+    'app',
+    'asgi',
+    'auth',
+    'cli',
+    'config_file',
+    'errors',
+    'launch',
+    'logs',
+    'metrics',
+    'runtime',
+}
 ROOT_PACKAGES = {'api', 'config', 'engine', 'service', 'store'}
 
 

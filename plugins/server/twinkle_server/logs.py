@@ -26,7 +26,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Iterator
+
+from twinkle_server.asgi import Message, Receive, Scope, Send
 
 __all__ = [
     'ContextFilter',
@@ -185,10 +187,6 @@ def configure(log_format: str = 'text', level: int = logging.INFO) -> None:
 
 
 # ---- the HTTP side --------------------------------------------------------------------------------------------
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class RequestIdMiddleware:

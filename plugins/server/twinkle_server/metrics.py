@@ -17,10 +17,12 @@ import sys
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
+from twinkle_server.asgi import Message, Receive, Scope, Send
 
 __all__ = ['CONTENT_TYPE', 'Family', 'Gauges', 'HttpMetricsMiddleware', 'Metrics', 'render', 'router', 'snapshot']
 
@@ -275,12 +277,6 @@ router = APIRouter()
 @router.get('/metrics', include_in_schema=False)
 async def metrics(request: Request) -> Response:
     return Response(render(request.app.state.metrics), media_type=CONTENT_TYPE)
-
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class HttpMetricsMiddleware:

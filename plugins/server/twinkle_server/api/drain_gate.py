@@ -3,9 +3,10 @@ serves, it counts the requests being handled; while it drains, it answers 503 to
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from twinkle_server.api.guard import send_error
+from twinkle_server.asgi import Receive, Scope, Send
 from twinkle_server.service.drain import Drain
 
 #: what a draining server still answers: collecting results, keeping sessions alive, monitoring
@@ -18,11 +19,6 @@ EXEMPT_PATHS = frozenset(
         '/metrics',
     }
 )
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class DrainGate:

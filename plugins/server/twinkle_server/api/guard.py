@@ -22,17 +22,14 @@ import json
 import logging
 import re
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
+from twinkle_server.asgi import Message, Receive, Scope, Send
 from twinkle_server.errors import RETRYABLE_STATUSES, ApiError
 from twinkle_server.service.auth import authenticate, key_from_headers
 
 logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 PEEK_BYTES = 64 * 1024  # model_id and seq_id are always within the first bytes of a body
 _JSON_MODEL = re.compile(rb'"model_id"\s*:\s*"([^"\\]{1,512})"')
