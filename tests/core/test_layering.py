@@ -11,6 +11,7 @@ A module may import its own layer or lower ones. Lower layers reach a component 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from pathlib import Path
 
@@ -88,6 +89,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     return graph_of(package_modules('twinkle_core', CORE))
 

@@ -5,6 +5,7 @@ under ``if TYPE_CHECKING`` too), and the package root holds only the application
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tests.import_graph import cycles, graph_of, package_modules, upward_imports
@@ -43,6 +44,7 @@ ROOT_MODULES = {
 ROOT_PACKAGES = {'api', 'config', 'engine', 'service', 'store'}
 
 
+@functools.cache
 def server_graph() -> dict[str, set[str]]:
     return graph_of(package_modules('twinkle_server', SERVER))
 
