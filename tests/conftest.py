@@ -21,6 +21,10 @@ os.environ.setdefault('RAY_ADDRESS', 'local')
 # kept for its scheduler), so the engines of tests running side by side all queue on one core while the other idles
 # (measured: the dp-2 Ray GRPO test 67 s alone, 253-398 s beside other workers); unpinned, the OS spreads them
 os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', 'nobind')
+# a vLLM engine that may (no process group in its process, no multiprocess=True) runs in the test's process: one
+# process instead of three, ~16 s of CPU to start instead of ~35 s; the session's shared engine below and the restart
+# test keep their own process, the default elsewhere
+os.environ.setdefault('VLLM_ENABLE_V1_MULTIPROCESSING', '0')
 
 
 @pytest.fixture(scope='session')
@@ -56,13 +60,18 @@ def self_cognition_path() -> Path:
 
 @pytest.fixture(scope='session')
 def vllm_sampler(tiny_model_dir):
-    """ONE vLLM engine (its own engine-core process, ~15 s to start) on the tiny fixture for the whole session.
+    """ONE vLLM engine (its own engine-core process, as vLLM's default: ~25 s to start) on the tiny fixture for the
+    whole session.
     Tests that change it (adapters, base weights) undo their changes. Skipped where vllm is not installed."""
     pytest.importorskip('vllm')
     from twinkle_core.registry import resolve
 
     sampler = resolve(
-        'sampler', 'vLLMSampler', model_id=str(tiny_model_dir), engine_args={'max_model_len': 256, 'max_lora_rank': 16}
+        'sampler',
+        'vLLMSampler',
+        model_id=str(tiny_model_dir),
+        engine_args={'max_model_len': 256, 'max_lora_rank': 16},
+        multiprocess=True,
     )
     yield sampler
     sampler.shutdown()

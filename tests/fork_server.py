@@ -1,11 +1,11 @@
 """A fork server for worker scripts: the ranks of a world start once, import everything heavy, then fork a fresh child
 per run.
 
-`run_worker` (spmd_runner.py) starts every run as new processes (``python worker.py`` or ``torchrun``), and each of
+`start_worker` (spmd_runner.py) starts every run as new processes (``python worker.py`` or ``torchrun``), and each of
 them pays the import of torch, megatron-core and transformers (~10 s per rank on a small machine) before ~1-5 s of
-work. A `ForkServer` keeps one server process per rank instead. Each imports the worker module and calls its
-``preload()`` (imports only: no torch computation, so no thread pool exists when it forks), then serves jobs read
-from stdin, one JSON line each: it forks a child that sets the environment torchrun would (``RANK``,
+work. A `ForkServer` keeps one server process per rank instead. Each imports the worker module and what it
+declares to preload (`preload`: imports only, no torch computation, so no thread pool exists when it forks), then
+serves jobs read from stdin, one JSON line each: it forks a child that sets the environment torchrun would (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, and the job's ``MASTER_PORT``; nothing for a one-process world,
 like ``python worker.py``), runs the worker's ``main()`` with the job's ``sys.argv``, and exits. The module state a
 run changes (Megatron's process groups, torch.distributed, RNGs) lives and dies in the child.
@@ -96,6 +96,28 @@ def _child(worker, job: dict, server_pid: int, proto_fd: int) -> None:
             os._exit(code)
 
 
+def preload(worker) -> None:
+    """Import what a run of `worker` would, before the server forks: the modules named by its ``PRELOAD`` and every
+    module of the packages in its ``PRELOAD_PACKAGES`` (but those named in ``PRELOAD_SKIP``); missing optional ones
+    are skipped. Imports only: no torch computation, so no thread pool exists at the fork."""
+    import importlib
+    import pkgutil
+
+    modules = list(getattr(worker, 'PRELOAD', ()))
+    skip = set(getattr(worker, 'PRELOAD_SKIP', ()))
+    for package in getattr(worker, 'PRELOAD_PACKAGES', ()):
+        try:
+            root = importlib.import_module(package)
+        except ImportError:
+            continue
+        modules += [f'{package}.{m.name}' for m in pkgutil.iter_modules(root.__path__) if m.name not in skip]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+
+
 def serve(worker_path: str, rank: int, world: int) -> None:
     _die_with_parent()
     proto_fd = os.dup(1)
@@ -120,8 +142,7 @@ def serve(worker_path: str, rank: int, world: int) -> None:
     worker = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = worker
     spec.loader.exec_module(worker)
-    if hasattr(worker, 'preload'):
-        worker.preload()
+    preload(worker)
     server_pid = os.getpid()
     proto.write(json.dumps({'ready': True, 'threads': _threads()}) + '\n')
     while True:

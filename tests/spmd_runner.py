@@ -3,16 +3,19 @@
 Workers: `distributed/train_worker.py` (the default: DDP / FSDP2 / TP of TransformersModel) and
 `megatron/megatron_worker.py`. Every worker takes ``--model DIR --out DIR`` and writes ``OUT/result.json``.
 
-`WorkerPool` runs the same jobs through fork servers (fork_server.py): the ranks import everything once per session
-and fork a fresh child per run, instead of paying the imports in new processes every time.
+`run_worker` runs them through this process's `WorkerPool` (`shared_pool`): fork servers (fork_server.py) whose ranks
+import everything once per test process and fork a fresh child per run, instead of paying the imports (~3-5 s of CPU
+per rank) in new processes every time; `start_worker` starts new processes (``python worker.py`` / ``torchrun``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,7 +28,26 @@ WORKER = TESTS / 'distributed' / 'train_worker.py'
 def run_worker(
     model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
 ) -> dict:
-    """Run `worker` in one process, or under torchrun with `nproc` ranks; return its result.json."""
+    """Run `worker` on `nproc` ranks (forked from this process's fork servers); return its result.json."""
+    return shared_pool().run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
+
+
+_POOL: WorkerPool | None = None
+
+
+def shared_pool() -> WorkerPool:
+    """This process's `WorkerPool` (one per pytest-xdist worker), closed when the process exits."""
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool(Path(tempfile.mkdtemp(prefix='twinkle-fork-servers-')))
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def start_worker(
+    model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
+) -> dict:
+    """Run `worker` in a new process, or under torchrun with `nproc` ranks; return its result.json."""
     args = ['--model', str(model_dir), '--out', str(out), *extra]
     if nproc == 1:
         cmd = [sys.executable, str(worker), *args]
@@ -49,9 +71,9 @@ def run_worker(
 
 
 class WorkerPool:
-    """`run_worker` with one `fork_server.ForkServer` per (worker, nproc), started on first use and kept until
-    `close`. Same arguments, result and failure (an AssertionError with the ranks' output) as `run_worker`; it falls
-    back to `run_worker` where forking is unsafe or unavailable: CUDA visible (the servers must never initialise
+    """`start_worker` with one `fork_server.ForkServer` per (worker, nproc), started on first use and kept until
+    `close`. Same arguments, result and failure (an AssertionError with the ranks' output) as `start_worker`; it
+    falls back to `start_worker` where forking is unsafe or unavailable: CUDA visible (the servers must never initialise
     it), not Linux, ``TWINKLE_TESTS_FORK_SERVER=0``, or servers that do not start cleanly (with a warning)."""
 
     def __init__(self, logdir: Path) -> None:
@@ -67,7 +89,7 @@ class WorkerPool:
         self, model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
     ) -> dict:
         if not self.enabled:
-            return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
+            return start_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
         from fork_server import ForkServer, ForkServerError
 
         key = (str(worker), nproc)
@@ -79,7 +101,7 @@ class WorkerPool:
             except ForkServerError as e:
                 warnings.warn(f'running {Path(worker).name} without a fork server: {e}', stacklevel=2)
                 self.enabled = False
-                return run_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
+                return start_worker(model_dir, out, nproc=nproc, extra=extra, worker=worker)
         args = ['--model', str(model_dir), '--out', str(out), *extra]
         ok, report = server.run(args, port=free_port() if nproc > 1 else None)
         assert ok, f'{Path(worker).name} {" ".join(args)} ({nproc} rank(s), fork server) failed: {report}'

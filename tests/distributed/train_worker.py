@@ -26,6 +26,25 @@ from twinkle_core.fixtures import random_token_rows
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.runtime import distributed
 
+#: tests/fork_server.py imports these once (and every module of the Transformers backend but its samplers) before it
+#: forks a run: what a run imports, so that the runs do not pay for it
+PRELOAD = (
+    'torch',
+    'torch.distributed',
+    'torch.distributed.fsdp',
+    'torch.distributed.tensor',
+    'torch._dynamo',
+    'transformers',
+    'peft',
+    'safetensors.torch',
+    'twinkle_core.loss',
+    'twinkle_core.processor',
+    'twinkle_core.template',
+    *(f'transformers.models.{m}.modeling_{m}' for m in ('qwen3', 'qwen3_moe')),
+)
+PRELOAD_PACKAGES = ('twinkle_transformers',)
+PRELOAD_SKIP = ('sampler', 'liger')
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()

@@ -1,19 +1,19 @@
 """Megatron tests: every run is a separate process (Megatron keeps its process groups in module state), shared
-through `megatron_run`, which caches each distinct run for the session. The runs are forked from per-session fork
-servers (spmd_runner.WorkerPool) that import torch, megatron-core and transformers once per rank instead of once per
+through `megatron_run`, which caches each distinct run for the session. The runs are forked from the test process's fork
+servers (spmd_runner.shared_pool) that import torch, megatron-core and transformers once per rank instead of once per
 run; ``TWINKLE_TESTS_FORK_SERVER=0`` starts each run under torchrun instead."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 pytest.importorskip('megatron.core')
 pytest.importorskip('twinkle_megatron')
 
-from spmd_runner import WorkerPool  # noqa: E402
+from spmd_runner import shared_pool  # noqa: E402
 
 WORKER = Path(__file__).with_name('megatron_worker.py')
 
@@ -42,10 +42,10 @@ def peft_adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope='session')
-def megatron_runner(tmp_path_factory) -> Iterator[Callable[..., dict]]:
+def megatron_runner(tmp_path_factory) -> Callable[..., dict]:
     """`run(model_dir, nproc, *args)` -> the worker's result.json; each distinct run happens once per session."""
     cache: dict[tuple, dict] = {}
-    pool = WorkerPool(tmp_path_factory.mktemp('megatron_fork_servers'))
+    pool = shared_pool()
 
     def run(model_dir: Path, nproc: int, *args: str) -> dict:
         key = (str(model_dir), nproc, *map(str, args))
@@ -54,8 +54,7 @@ def megatron_runner(tmp_path_factory) -> Iterator[Callable[..., dict]]:
             cache[key] = pool.run_worker(model_dir, out, nproc=nproc, extra=tuple(map(str, args)), worker=WORKER)
         return cache[key]
 
-    yield run
-    pool.close()
+    return run
 
 
 @pytest.fixture(scope='session')

@@ -36,29 +36,9 @@ PRELOAD = (
     'twinkle_core.hooks',
     *(f'transformers.models.{m}.modeling_{m}' for m in ('qwen3', 'qwen2', 'llama', 'qwen3_moe')),
 )
-
-
-def preload() -> None:
-    """What tests/fork_server.py imports once, before it forks a child per run: the modules a run would import
-    (`PRELOAD` and every module of the two model backends), nothing else: no torch computation, so no thread pool
-    exists at the fork. Missing optional ones are skipped."""
-    import importlib
-    import pkgutil
-
-    modules = list(PRELOAD)
-    for package in ('twinkle_megatron', 'twinkle_transformers'):
-        try:
-            root = importlib.import_module(package)
-        except ImportError:
-            continue
-        modules += [
-            f'{package}.{m.name}' for m in pkgutil.iter_modules(root.__path__) if m.name not in ('sampler', 'liger')
-        ]
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass
+#: tests/fork_server.py imports these (every module of both backends but the samplers) once, before forking runs
+PRELOAD_PACKAGES = ('twinkle_megatron', 'twinkle_transformers')
+PRELOAD_SKIP = ('sampler', 'liger')
 
 
 def batch_rows(seed: int, count: int, vocab: int = 1000) -> list[dict]:

@@ -191,8 +191,10 @@ class Venv:
 
     def create(self) -> None:
         run([sys.executable, '-m', 'venv', self.dir], cwd=self.work)
-        # the CPU build of torch first (it lies on this machine's disk): an unpinned torch is a multi-GB CUDA build
-        self.pip('install', 'torch==2.13.0')
+        # the CPU build of torch first (it lies on this machine's disk): an unpinned torch is a multi-GB CUDA build.
+        # Installs here skip byte-compiling every module (--no-compile: ~15 s of CPU for torch alone); what the probes
+        # import is compiled when imported.
+        self.pip('install', '--no-compile', 'torch==2.13.0')
 
     def pip(self, *args: str | Path) -> subprocess.CompletedProcess:
         return run([self.python, '-m', 'pip', *args], cwd=self.work, env=self.env)
@@ -203,7 +205,18 @@ class Venv:
         # The kit by its wheel's path: PyPI's unrelated twinkle-kit has a release `0.1`, equal to our 0.1.0 for pip.
         # What the kit names (twinkle-core, the plugins: not on PyPI) pip finds by name in --find-links.
         requirement = f'{wheel_of(self.wheel_dir, KIT)}{extras}'
-        self.pip('install', '-q', '-c', CONSTRAINTS, '--find-links', self.wheel_dir, '--report', report, requirement)
+        self.pip(
+            'install',
+            '-q',
+            '--no-compile',
+            '-c',
+            CONSTRAINTS,
+            '--find-links',
+            self.wheel_dir,
+            '--report',
+            report,
+            requirement,
+        )
         items = json.loads(report.read_text())['install']
         for item in items:
             if item['metadata']['name'].startswith('twinkle-'):

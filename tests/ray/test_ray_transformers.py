@@ -71,7 +71,8 @@ def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_clu
 @pytest.mark.parametrize(
     'sampler_name, model_mesh, sampler_ranks',
     [
-        ('TorchSampler', 'dp', 1),
+        # a DDP model group with TorchSampler is the cross of these two: DDP's export (vLLM below) and TorchSampler
+        # receiving (FSDP2 here)
         ('TorchSampler', 'fsdp', 1),  # every model rank exports (gathering FSDP2 shards); rank 0 sends
         # two vLLM engines (one per sampler rank, prompts split between them), each fed by the broadcast
         pytest.param(

@@ -34,7 +34,7 @@ def test_a_dead_engine_is_restarted_with_its_adapters_and_refuses_lost_weights(t
     from tests.contract.test_sampler_contract import peft_adapter
     from twinkle_vllm.sampler import vLLMSampler
 
-    sampler = vLLMSampler(tiny_model_dir, engine_args={'max_model_len': 256, 'max_lora_rank': 16})
+    sampler = vLLMSampler(tiny_model_dir, engine_args={'max_model_len': 256, 'max_lora_rank': 16}, multiprocess=True)
     try:
         _, config, tensors = peft_adapter(tiny_model_dir, seed=7)
         sampler.add_adapter('tenant', config, tensors)

@@ -34,6 +34,41 @@ def test_a_missing_model_directory_is_named(tmp_path):
         vLLMSampler(tmp_path / 'nope')
 
 
+@pytest.fixture
+def process_group(monkeypatch):
+    """A one-rank gloo process group in this process, as a Ray group's rank or a torchrun rank has."""
+    import torch.distributed as dist
+
+    from twinkle_core.utils.net import free_port
+
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    monkeypatch.setenv('MASTER_PORT', str(free_port()))
+    dist.init_process_group('gloo', rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_an_engine_in_a_process_with_a_process_group_gets_its_own_process(tiny_model_dir, process_group):
+    """vLLM's engine inside a process that has a torch.distributed group takes that group over and destroys it at
+    shutdown (seen with vLLM 0.32): refused when asked for, never chosen by default."""
+    from twinkle_vllm.llm_handle import engine_in_own_process
+    from twinkle_vllm.sampler import vLLMSampler
+
+    with pytest.raises(InvalidInputError, match=r'already has a torch.distributed process group \(1 rank'):
+        vLLMSampler(tiny_model_dir, multiprocess=False)
+    assert process_group.is_initialized()
+    assert engine_in_own_process(None) and engine_in_own_process(True)
+
+
+def test_the_default_follows_vllms_own_switch(monkeypatch):
+    from twinkle_vllm.llm_handle import engine_in_own_process
+
+    monkeypatch.setenv('VLLM_ENABLE_V1_MULTIPROCESSING', '0')
+    assert not engine_in_own_process(None) and engine_in_own_process(True)
+    monkeypatch.delenv('VLLM_ENABLE_V1_MULTIPROCESSING')
+    assert engine_in_own_process(None) and not engine_in_own_process(False)
+
+
 def test_capabilities_are_declared(vllm_sampler):
     caps = vllm_sampler.capabilities
     assert caps.per_row_adapters and caps.prompt_logprobs and not caps.adapter_from_tensors

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any, Callable, Iterator, TypeVar
 
-from twinkle_core.errors import TwinkleError
+from twinkle_core.errors import InvalidInputError, TwinkleError
 
 logger = logging.getLogger(__name__)
 _T = TypeVar('_T')
@@ -133,6 +133,26 @@ class LLMHandle:
 
         with _engine_process(self.multiprocess):
             return LLM(**self.args)
+
+
+def engine_in_own_process(requested: bool | None) -> bool:
+    """Whether vLLM's engine core runs in its own process: as `requested`, else as vLLM's own switch says
+    (``VLLM_ENABLE_V1_MULTIPROCESSING``, on unless ``0``); always when this process already has a torch.distributed
+    process group (a Ray group's rank, a torchrun rank): an engine in this process would take that group over for its
+    own one-rank world and destroy it at shutdown, so ``multiprocess=False`` there is an error."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if requested is False:
+            raise InvalidInputError(
+                f'vLLMSampler(multiprocess=False): this process already has a torch.distributed process group '
+                f'({dist.get_world_size()} rank(s)), which an engine in this process would take over and destroy; '
+                'run the engine in its own process (multiprocess=True, the default here).'
+            )
+        return True
+    if requested is not None:
+        return requested
+    return os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING', '1') != '0'
 
 
 def is_engine_dead(exc: BaseException) -> bool:

@@ -12,7 +12,8 @@ the training forward computes; the stopping token (EOS, a stop id, the token com
 with it (identical prompts of one call are told apart by their occurrence). Prompts are validated here (vocabulary,
 `max_model_len`, adapters) before vLLM sees them: an error inside vLLM's engine process kills the engine.
 
-vLLM's engine core runs in its own process unless ``multiprocess=False``; weights reach it through
+vLLM's engine core runs in its own process unless ``multiprocess=False`` (or vLLM's own
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, where this process has no torch.distributed group); weights reach it through
 `collective_rpc` into `TwinkleWorkerExtension`, bucket by bucket, so updates work in both modes. A dead engine
 is restarted (`twinkle_vllm.llm_handle.LLMHandle`).
 """
@@ -39,7 +40,7 @@ from twinkle_core.sampler.prompts import (
 from twinkle_core.types import SampleResponse, SamplingParams
 from twinkle_vllm.adapters import AdapterTable
 from twinkle_vllm.engine_args import engine_args as build_engine_args
-from twinkle_vllm.llm_handle import LLMHandle
+from twinkle_vllm.llm_handle import LLMHandle, engine_in_own_process
 from twinkle_vllm.translation import sample_response, text_prompt, vllm_params
 from twinkle_vllm.weights import CheckpointLayout, LayerStager, serialized_buckets
 
@@ -48,8 +49,10 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
     """`model_id`: a local model directory (or an ``ms://`` / ``hf://`` id resolved offline). `engine_args`:
     keyword arguments of `vllm.LLM` over our defaults (`twinkle_vllm.engine_args.defaults`); unknown names raise.
     `device_mesh`: its `tp` size becomes the engine's tensor parallelism (data parallelism is one sampler per
-    rank, e.g. a Ray group). `multiprocess`: run vLLM's engine core in its own process (vLLM's default; False
-    runs it in this process: faster start, but a crash in the engine takes the caller with it).
+    rank, e.g. a Ray group). `multiprocess`: run vLLM's engine core in its own process (True); False runs it in
+    this process: a faster start, but a crash in the engine takes the caller with it. None (the default): vLLM's own
+    switch, ``VLLM_ENABLE_V1_MULTIPROCESSING`` (on unless ``0``), and always its own process where this process
+    already has a torch.distributed group (`twinkle_vllm.llm_handle.engine_in_own_process`).
     `bucket_bytes`: the largest weight bucket one RPC carries during `load_weights`."""
 
     #: what holds for every instance; each one refines `max_adapters` (vLLM's ``max_cpu_loras``; 0 without LoRA),
@@ -78,7 +81,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         engine_args: Mapping[str, Any] | None = None,
         template: Any = None,
         device_mesh: Any = None,
-        multiprocess: bool = True,
+        multiprocess: bool | None = None,
         bucket_bytes: int = 256 << 20,
     ) -> None:
         import torch
@@ -91,6 +94,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documented Twinkle name
         tp = device_mesh.size('tp') if device_mesh is not None else None
         args = build_engine_args(self.model_id, user, on_cpu=on_cpu, tensor_parallel_size=tp)
         self._layout = CheckpointLayout.read(self.model_id)  # before the engine: a bad directory fails fast
+        multiprocess = engine_in_own_process(multiprocess)
         self._handle = LLMHandle(args, multiprocess=multiprocess)
         self._codec = TextCodec(self._handle.llm.get_tokenizer(), self.model_id)
         model_config = self._handle.llm_engine.model_config
