@@ -272,7 +272,7 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
         engine.add_adapter('a', LoraSpec(8, 16, ('all-linear',), seed=0))
         steps = []
         for _ in range(3):
-            result = engine.forward_backward([TrainBatch('a', rows, 'cross_entropy')])[0]
+            result = engine.forward_backward([TrainBatch('a', rows, 'CrossEntropyLoss', {'reduction': 'sum'})])[0]
             if isinstance(result, BaseException):
                 raise result
             engine.optim_step('a', AdamStep(learning_rate=1e-2))

@@ -91,7 +91,7 @@ def test_compatible_forward_backwards_of_several_tenants_share_one_pass():
     worker = ModelWorker(engine)
     _hold(worker, engine)
     for tenant, adapter in (('a', 'a1'), ('b', 'b1'), ('c', 'c1')):
-        _run(worker, tenant, adapter, done, train=TrainBatch(adapter, [], 'cross_entropy'))
+        _run(worker, tenant, adapter, done, train=TrainBatch(adapter, [], 'CrossEntropyLoss'))
     _run(worker, 'a', 'a-call', done, call=lambda e: None)
     engine.gate.set()
     _drain(worker, done, 4)

@@ -114,7 +114,9 @@ def test_server_engine_plans_the_passes_of_queued_work(tiny_model_dir, rows):
     for name, cfg in TENANTS.items():
         engine.model.add_adapter_to_model(name, cfg)
         engine.model.set_optimizer('AdamW', lr=1e-3, adapter_name=name)
-    results = engine.forward_backward([TrainBatch(name, rows[name], 'cross_entropy') for name in rows])
+    results = engine.forward_backward(
+        [TrainBatch(name, rows[name], 'CrossEntropyLoss', {'reduction': 'sum'}) for name in rows]
+    )
     assert all(not isinstance(r, BaseException) for r in results)
     assert engine.pass_stats()['one_by_one'] == 1 and engine.pass_stats()['passes'] == 3
     with pytest.raises(ValueError, match="unknown pass strategy 'fast'"):

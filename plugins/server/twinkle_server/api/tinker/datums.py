@@ -1,4 +1,4 @@
-"""Tinker `Datum` -> twinkle `InputFeature` rows (the accepted loss names are in `engine.tinker_losses`).
+"""Tinker `Datum` -> twinkle `InputFeature` rows (the accepted loss names are in `api.tinker.losses`).
 
 A Datum's input position i predicts `target_tokens[i]`; an InputFeature's `labels` are aligned with
 `input_ids` (docs/conventions.md), so: `input_ids = tokens + [target_tokens[-1]]`, `labels = [-100] + target_tokens`
@@ -25,10 +25,10 @@ import numpy as np
 
 import twinkle_core.loss.candidates as cand
 from twinkle_core.types import IGNORE_INDEX, TOKEN_TYPE_FIELD
+from twinkle_server.api.tinker.losses import tinker_loss
 from twinkle_server.api.tinker.stability import ACTION_MASK
 from twinkle_server.api.tinker.wire import WireDatum, check_lengths
 from twinkle_server.engine.custom_loss.program import CustomLossSpec, input_field
-from twinkle_server.engine.tinker_losses import tinker_loss
 from twinkle_server.errors import unprocessable
 from twinkle_server.service.images import ImageEncoder, ImagePolicy, ModelTokens
 

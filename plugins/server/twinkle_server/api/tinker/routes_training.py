@@ -13,8 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 from twinkle_server.api.deps import json_body, parse, service, tenant
-from twinkle_server.api.tinker import custom_loss_admit, datums, optimizers, stability, wire
-from twinkle_server.engine import tinker_losses as losses
+from twinkle_server.api.tinker import custom_loss_admit, datums, losses, optimizers, stability, wire
 from twinkle_server.engine.custom_loss.program import CustomLossSpec, GraphError
 from twinkle_server.engine.model_host.base import TrainBatch, TrainResult
 from twinkle_server.errors import ApiError, bad_request, not_found, unprocessable
@@ -128,7 +127,11 @@ async def forward_backward(
         rows = await run_in_threadpool(_image_rows, svc, who.name, call, encoder, custom)
     else:
         rows = datums.to_rows(call.data, call.loss_fn, encoder, custom=custom)
-    batch = TrainBatch(call.model_id, rows, call.loss_fn, config, call.forward_only)
+    if custom is not None:
+        batch = TrainBatch(call.model_id, rows, '', forward_only=call.forward_only, graph=config)
+    else:
+        name, args = losses.twinkle_loss(call.loss_fn, config)
+        batch = TrainBatch(call.model_id, rows, name, args, call.forward_only)
     widths = [d.inputs['target_tokens'].shape[1] if d.inputs['target_tokens'].ndim == 2 else 0 for d in call.data]
 
     def output(result: TrainResult) -> bytes:

@@ -141,7 +141,7 @@ def node_cost(target: str, args: list[Any], kwargs: dict[str, Any]) -> int:
 # ---- the budget of one model ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CostLimits:
-    """The budget of custom losses on one base model (JSON-plain in `TrainBatch.loss_config['limits']`): `flops`
+    """The budget of custom losses on one base model (JSON-plain in `TrainBatch.graph['limits']`): `flops`
     per full `context` of tokens, and `time_s` of wall clock per evaluation."""
 
     flops: float
@@ -164,7 +164,7 @@ class CostLimits:
     @classmethod
     def from_config(cls, value: Any) -> CostLimits:
         if not isinstance(value, dict):
-            raise GraphError('the custom loss arrived without its cost limits (loss_config.limits)')
+            raise GraphError('the custom loss arrived without its cost limits (TrainBatch.graph limits)')
         return cls(float(value['flops']), int(value['context']), float(value['time_s']))
 
     def budget(self, tokens: int) -> Budget:

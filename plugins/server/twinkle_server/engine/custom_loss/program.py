@@ -140,7 +140,7 @@ class CustomLossSpec:
         return cls(name, declared, tuple(nodes), _digest(name, declared, nodes), _compile(declared, nodes))
 
     def config(self, loss_id: str, tenant: str, limits: cost.CostLimits) -> dict[str, Any]:
-        """JSON-plain form for `TrainBatch.loss_config` (re-validated by `from_config` where the loss runs), with
+        """JSON-plain form for `TrainBatch.graph` (re-validated by `from_config` where the loss runs), with
         the tenant it runs for and the cost limits of the model it runs on."""
         return {
             'loss_id': loss_id,

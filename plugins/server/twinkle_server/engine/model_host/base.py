@@ -79,9 +79,11 @@ class TrainBatch:
 
     adapter: str
     rows: list[dict[str, Any]]
-    loss_fn: str  # a name of kind `loss` (the Tinker names map to registered losses)
-    loss_config: dict[str, Any] = field(default_factory=dict)
+    loss: str  # a registered name of kind `loss` ('' with `graph`)
+    loss_args: dict[str, Any] = field(default_factory=dict)  # its constructor arguments
     forward_only: bool = False
+    #: an uploaded custom loss instead of `loss` (`engine.custom_loss.program.CustomLossSpec.loss_config`)
+    graph: dict[str, Any] | None = None
 
 
 @dataclass

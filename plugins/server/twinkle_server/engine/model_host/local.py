@@ -7,8 +7,8 @@ A backend that declares `ModelCapabilities.mixed_adapters` gets every queued ada
 is called once per adapter (its `max_adapters` bounds the training models a server hosts on it). The sampler holds
 its own copy of the base weights, so sampling never sees half-updated training weights; its adapters are loaded
 from saved checkpoint directories (what a client samples is exactly what was saved) into a bounded pool of slots,
-least recently used first out, so a long RL run does not grow memory without limit. Tinker loss names resolve
-through the registry (kind `loss`) as `twinkle_server.engine.tinker_losses` says.
+least recently used first out, so a long RL run does not grow memory without limit. A batch names its loss as
+registered (kind `loss`), or carries an uploaded graph (`GraphLoss`).
 
 `AdapterSampler` is the sampling half on its own: the Ray deployment runs it in sampler replicas.
 """
@@ -41,7 +41,6 @@ from twinkle_server.engine.model_host.base import (
     TrainResult,
 )
 from twinkle_server.engine.model_host.construction import build_backend, build_sampler
-from twinkle_server.engine.tinker_losses import tinker_loss
 from twinkle_server.errors import ApiError, unprocessable
 
 _GLOBAL_RNG = threading.Lock()  # held while an adapter is initialised from a seeded global torch RNG
@@ -125,22 +124,18 @@ class LocalModelHost(ModelHost):
 
     # ---- training ------------------------------------------------------------------------------------------
     def _set_loss(self, batch: TrainBatch) -> None:
-        spec = tinker_loss(batch.loss_fn)
-        if batch.loss_fn == 'custom':  # an uploaded graph (engine.custom_loss.program): built here, keyed by its digest
-            key: tuple[str, tuple] = ('custom', (batch.loss_config['digest'],))
+        if batch.graph is not None:  # an uploaded graph (engine.custom_loss.program): built here, keyed by its digest
+            key: tuple[str, tuple] = ('', (batch.graph['digest'],))
             if self._losses.get(batch.adapter) != key:
-                self.model.set_loss(GraphLoss(batch.loss_config), adapter_name=batch.adapter)
+                self.model.set_loss(GraphLoss(batch.graph), adapter_name=batch.adapter)
                 self._losses[batch.adapter] = key
             return
-        name, kwargs = spec.loss, {**spec.fixed, **batch.loss_config}
-        key = (name, tuple(sorted(kwargs.items())))
+        key = (batch.loss, tuple(sorted(batch.loss_args.items())))
         if self._losses.get(batch.adapter) != key:
             try:
-                self.model.set_loss(name, adapter_name=batch.adapter, **kwargs)
+                self.model.set_loss(batch.loss, adapter_name=batch.adapter, **batch.loss_args)
             except TypeError as exc:
-                raise unprocessable(
-                    f'loss_fn_config {batch.loss_config} is not valid for {batch.loss_fn!r}: {exc}'
-                ) from None
+                raise unprocessable(f'loss arguments {batch.loss_args} are not valid for {batch.loss}: {exc}') from None
             self._losses[batch.adapter] = key
 
     def forward_backward(self, batches: list[TrainBatch]) -> list[TrainResult | BaseException]:

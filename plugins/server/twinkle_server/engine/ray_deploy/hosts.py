@@ -7,7 +7,7 @@ client) and a Ray-level failure always means the actor itself is gone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twinkle_core.mesh import DeviceMesh, split_for_dp
@@ -100,7 +100,7 @@ class TrainingHost:
 
         rank = mesh.data_rank(dist.get_rank())
         rows = split_for_dp(list(batch.rows), mesh.data_world_size)[rank]
-        return TrainBatch(batch.adapter, rows, batch.loss_fn, batch.loss_config, batch.forward_only)
+        return replace(batch, rows=rows)
 
 
 class SamplerHost:

@@ -1,8 +1,8 @@
-"""The Tinker loss names this server accepts: one table for the datum check and for the model host.
+"""The Tinker loss names this server accepts, translated at the edge: the model host only sees twinkle loss names.
 
-Each Tinker `loss_fn` maps to the `loss_fn_inputs` every datum must carry and to the loss the model host sets,
-resolved through the registry (kind `loss`) by name, with fixed constructor arguments (a request's
-`loss_fn_config` is added to them). `cross_entropy` is `CrossEntropyLoss(reduction='sum')` (weights may be any
+Each Tinker `loss_fn` maps to the `loss_fn_inputs` every datum must carry and to a registered loss (kind `loss`) with
+fixed constructor arguments (a request's `loss_fn_config` is added to them): `twinkle_loss` gives the name and the
+arguments a `TrainBatch` carries. `cross_entropy` is `CrossEntropyLoss(reduction='sum')` (weights may be any
 real number); the RL names are registered by twinkle-core under their Tinker names. Unknown names are refused
 (never a silent cross-entropy), and so is a `loss_fn_config` with a key the loss does not take or a value it
 refuses (`check_config`: a 422 before anything is queued, naming the keys it takes).
@@ -12,7 +12,7 @@ refuses (`check_config`: a 422 before anything is queued, naming the keys it tak
 (`tinker.stability`). `cross_entropy` with 2-D ``(N, K)`` `target_tokens` and `weights` (soft / top-k targets)
 is the same loss with `candidates=True`, set by the server from the data (`internal`: never a client's key).
 `custom` runs a loss uploaded with `/create_custom_loss` (`engine.custom_loss.program`): its `loss_fn_config` is exactly
-`{loss_id}`, and the model host builds its `GraphLoss` itself (`loss` is empty: nothing is resolved by name).
+`{loss_id}`, and the batch carries the graph instead of a name (the model host builds its `GraphLoss`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def tinker_loss(loss_fn: str) -> TinkerLoss:
             f"('custom' runs a loss created with ServiceClient.create_custom_loss)"
         )
     return spec
+
+
+def twinkle_loss(loss_fn: str, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The registered loss name and constructor arguments (fixed ones, then `config`) behind Tinker's `loss_fn`."""
+    spec = tinker_loss(loss_fn)
+    return spec.loss, {**spec.fixed, **config}
 
 
 def check_config(loss_fn: str, config: dict[str, Any]) -> None:
