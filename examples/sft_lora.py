@@ -9,6 +9,8 @@ greedy answer to "who are you?" checks that the identity was learned.
     python examples/sft_lora.py --runtime ray --ranks 2 [--strategy sp]   # 2 Ray actors (sp: split sequences)
     python examples/sft_lora.py --runtime ray --ranks 2 --strategy ep   # a MoE model, each rank half its experts
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
+    python examples/sft_lora.py --model "$(twinkle fixtures smollm2)" --lr 1e-4 --lora-targets all-linear \
+        --eval-every 20 --eval-task SelfCognitionTask       # SmolLM2 from a PyPI wheel, scored on held-out questions
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
 
@@ -48,6 +50,14 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument('--padding-free', action='store_true', help='pack each batch into one row')
     parser.add_argument('--log-every', type=int, default=20, help='report metrics every N steps')
+    parser.add_argument(
+        '--eval-every',
+        type=int,
+        default=0,
+        help='score the adapter on --eval-task every N steps and at the end (0: never); the metrics go to every '
+        'metrics logger (the JSONL the console reads) as eval/<task>/<metric>',
+    )
+    parser.add_argument('--eval-task', default='SelfCognitionTask', help='evaluation task by registry name')
     parser.add_argument('--output-dir', default='output/sft_lora')
     parser.add_argument(
         '--threads',
@@ -121,6 +131,7 @@ def main() -> None:
 
     first_loss, metrics = None, {}
     main_rank = is_main_process()  # under torchrun, rank 0 reports
+    evaluator = make_evaluator(model, model_id, args) if main_rank and args.eval_every else None
     progress = tqdm(total=args.steps, desc='sft', unit='step', file=None if main_rank else open(os.devnull, 'w'))
     while progress.n < args.steps:
         for batch in loader:
@@ -138,6 +149,12 @@ def main() -> None:
                         f'grad_norm {metrics["grad_norm"]:.3f}  lr {metrics["lr"]:.2e}  '
                         f'{metrics["tokens_per_second"]:.0f} tok/s'
                     )
+            if main_rank and args.eval_every and (progress.n % args.eval_every == 0 or progress.n == args.steps):
+                scores = evaluator(progress.n)
+                progress.write(
+                    f'step {progress.n}: {args.eval_task} accuracy {scores["accuracy"]:.3f} '
+                    f'[{scores["accuracy_low"]:.3f}, {scores["accuracy_high"]:.3f}]'
+                )
             if progress.n == args.steps:
                 break
     progress.close()
@@ -164,6 +181,23 @@ def main() -> None:
         raise SystemExit(
             f'The model did not learn its identity: {answer!r} does not mention "Twinkle". Try more --steps.'
         )
+
+
+def make_evaluator(model: TransformersModel, model_id: str, args: argparse.Namespace):
+    """`evaluate(step)`: the adapter as of now (saved, loaded into a TorchSampler) scored on `--eval-task`; the
+    metrics also go to every metrics logger at that step (`twinkle_core.eval`)."""
+    from twinkle_core.eval import evaluate
+    from twinkle_transformers.sampler import TorchSampler
+
+    sampler = TorchSampler(model_id)
+    eval_dir = Path(args.output_dir) / 'eval'
+
+    def run(step: int) -> dict[str, float]:
+        path = model.save('current', output_dir=str(eval_dir))
+        sampler.add_adapter('current', path=str(path))
+        return evaluate(sampler, args.eval_task, adapter_name='current', step=step, progress=False).metrics
+
+    return run
 
 
 def lora_targets(spec: str) -> str | list[str]:

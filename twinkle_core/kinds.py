@@ -31,6 +31,7 @@ KINDS: tuple[str, ...] = (
     'dataset_source',
     'env',
     'tool',
+    'task',
 )
 
 # The interface of each kind ("module:attr"), imported only when a plain function must be wrapped.
@@ -50,6 +51,7 @@ KIND_INTERFACES: dict[str, str] = {
     'checkpoint_engine': 'twinkle_core.weight_sync.base:CheckpointEngine',
     'env': 'twinkle_core.env.base:Env',
     'tool': 'twinkle_core.tool.decorator:FunctionTool',  # Tool's implementation for typed functions
+    'task': 'twinkle_core.eval.task:EvalTask',
 }
 
 # Kinds whose hub repos are not imported module by module (`twinkle_core.hub.importer`) but by their own loader

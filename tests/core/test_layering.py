@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'tool.base',
             'env',
             'env.base',
+            'eval.task',
         ),
     ),
     # -- above it --
@@ -71,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             'lr_scheduler',
             'optimizer',
             'tool.decorator',
+            'eval',
         ),
     ),
     ('training machinery', ('train', 'rl')),

