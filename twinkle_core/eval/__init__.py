@@ -7,6 +7,6 @@ accuracy, pass@k, mean reward, format rate and length, each with its uncertainty
 """
 
 from twinkle_core.eval.runner import EvalResult, evaluate
-from twinkle_core.eval.task import EvalTask, Score
+from twinkle_core.eval.task import EvalTask, PromptListTask, Score
 
-__all__ = ['EvalResult', 'EvalTask', 'Score', 'evaluate']
+__all__ = ['EvalResult', 'EvalTask', 'PromptListTask', 'Score', 'evaluate']

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from typing import Any, Sequence
+from typing import Any
 
-from twinkle_core.eval.task import EvalTask, Score, completion_of
+from twinkle_core.eval.task import PromptListTask, Score
 from twinkle_core.reward.answers import answers_match, extract_last_number
 from twinkle_core.types import SamplingParams
 
@@ -63,7 +63,7 @@ def arithmetic_prompts(
     ]
 
 
-class ArithmeticTask(EvalTask):
+class ArithmeticTask(PromptListTask):
     """`size` held-out (test-split) problems, answered greedily in at most `max_tokens` tokens."""
 
     name = 'arithmetic'
@@ -71,16 +71,9 @@ class ArithmeticTask(EvalTask):
     def __init__(
         self, size: int = 200, *, seed: int = 0, low: int = 10, high: int = 99, ops: str = '+', max_tokens: int = 16
     ) -> None:
-        self._prompts = arithmetic_prompts(size, split='test', seed=seed, low=low, high=high, ops=ops)
-        self.sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        prompts = arithmetic_prompts(size, split='test', seed=seed, low=low, high=high, ops=ops)
+        super().__init__(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
-    def prompts(self) -> list[dict[str, Any]]:
-        return list(self._prompts)
-
-    def score(self, trajectories: Sequence[dict[str, Any]]) -> list[Score]:
-        scores = []
-        for t in trajectories:
-            text = completion_of(t)
-            correct = answers_match(extract_last_number(text), t['ground_truth'])
-            scores.append(Score(correct, float(correct), JUST_A_NUMBER.fullmatch(text) is not None))
-        return scores
+    def score_one(self, completion: str, trajectory: dict[str, Any]) -> Score:
+        correct = answers_match(extract_last_number(completion), trajectory['ground_truth'])
+        return Score(correct, float(correct), JUST_A_NUMBER.fullmatch(completion) is not None)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from twinkle_core.eval.task import EvalTask, Score, completion_of
+from twinkle_core.eval.task import PromptListTask, Score, completion_of
 from twinkle_core.reward.accuracy import GSM8KAccuracyReward
 from twinkle_core.types import SamplingParams
 
@@ -21,7 +21,7 @@ INSTRUCTION = 'Solve the problem step by step, then give the final answer on its
 FINAL_LINE = re.compile(r'(?s).*####\s*-?[\d,]+(\.\d+)?\s*')
 
 
-class GSM8KTask(EvalTask):
+class GSM8KTask(PromptListTask):
     """The problems of `path` (the first `limit`), answered greedily in at most `max_tokens` tokens."""
 
     name = 'gsm8k'
@@ -34,15 +34,12 @@ class GSM8KTask(EvalTask):
         bad = [i for i, r in enumerate(rows) if not {'question', 'answer'} <= set(r)]
         if bad:
             raise ValueError(f'{source}: rows {bad[:5]} lack "question" or "answer"')
-        self._prompts = [
+        prompts = [
             {'messages': [{'role': 'user', 'content': f'{r["question"]}\n{INSTRUCTION}'}], 'answer': r['answer']}
             for r in rows[:limit]
         ]
+        super().__init__(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
         self._accuracy = GSM8KAccuracyReward()
-        self.sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-
-    def prompts(self) -> list[dict[str, Any]]:
-        return list(self._prompts)
 
     def score(self, trajectories: Sequence[dict[str, Any]]) -> list[Score]:
         correct = self._accuracy(trajectories)

@@ -7,9 +7,9 @@ names the author.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from twinkle_core.eval.task import EvalTask, Score, completion_of
+from twinkle_core.eval.task import PromptListTask, Score
 from twinkle_core.types import SamplingParams
 
 HELD_OUT_QUESTIONS = (
@@ -32,22 +32,17 @@ HELD_OUT_QUESTIONS = (
 )
 
 
-class SelfCognitionTask(EvalTask):
+class SelfCognitionTask(PromptListTask):
     """The held-out identity questions; correct when the answer contains `model_name`."""
 
     name = 'self_cognition'
 
     def __init__(self, model_name: str = 'Twinkle', model_author: str = 'ModelScope', max_tokens: int = 40) -> None:
         self.model_name, self.model_author = model_name, model_author
-        self.sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        prompts = [{'messages': [{'role': 'user', 'content': q}]} for q in HELD_OUT_QUESTIONS]
+        super().__init__(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
-    def prompts(self) -> list[dict[str, Any]]:
-        return [{'messages': [{'role': 'user', 'content': q}]} for q in HELD_OUT_QUESTIONS]
-
-    def score(self, trajectories: Sequence[dict[str, Any]]) -> list[Score]:
-        scores = []
-        for t in trajectories:
-            text = completion_of(t).lower()
-            named = self.model_name.lower() in text
-            scores.append(Score(named, float(named), named and self.model_author.lower() in text))
-        return scores
+    def score_one(self, completion: str, trajectory: dict[str, Any]) -> Score:
+        text = completion.lower()
+        named = self.model_name.lower() in text
+        return Score(named, float(named), named and self.model_author.lower() in text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
-from twinkle_core.eval.task import EvalTask, Score, completion_of
+from twinkle_core.eval.task import PromptListTask, Score
 from twinkle_core.types import SamplingParams
 
 Rule = Callable[[str], bool]
@@ -49,7 +49,7 @@ TOPICS = (
 )
 
 
-class InstructionFormatTask(EvalTask):
+class InstructionFormatTask(PromptListTask):
     """Every topic with every rule in `rules` (default: all of `RULES`), answered greedily."""
 
     name = 'instruction_format'
@@ -59,20 +59,13 @@ class InstructionFormatTask(EvalTask):
         unknown = sorted(set(names) - set(RULES))
         if unknown:
             raise ValueError(f'unknown instruction rules {unknown}; known: {sorted(RULES)}')
-        self._prompts = [
+        prompts = [
             {'messages': [{'role': 'user', 'content': f'{topic} {RULES[rule][0]}'}], 'rule': rule}
             for rule in names
             for topic in TOPICS
         ]
-        self.sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        super().__init__(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
-    def prompts(self) -> list[dict[str, Any]]:
-        return list(self._prompts)
-
-    def score(self, trajectories: Sequence[dict[str, Any]]) -> list[Score]:
-        scores = []
-        for t in trajectories:
-            text = completion_of(t)
-            ok = RULES[t['rule']][1](text)
-            scores.append(Score(ok, float(ok), text.strip() != ''))
-        return scores
+    def score_one(self, completion: str, trajectory: dict[str, Any]) -> Score:
+        ok = RULES[trajectory['rule']][1](completion)
+        return Score(ok, float(ok), completion.strip() != '')

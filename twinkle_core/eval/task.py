@@ -27,7 +27,8 @@ class Score:
 
 
 class EvalTask(ABC):
-    """Held-out prompts + a scorer + `sampling` (greedy by default). Subclasses set `name` and implement both."""
+    """Held-out prompts + a scorer + `sampling` (greedy by default). Subclasses set `name`, implement `prompts`,
+    and `score_one` (one completion at a time) or `score` (all of them at once)."""
 
     name: str = 'task'
     sampling: SamplingParams = SamplingParams(max_tokens=32, temperature=0.0)
@@ -36,9 +37,23 @@ class EvalTask(ABC):
     def prompts(self) -> list[dict[str, Any]]:
         """The task's prompts (deterministic: the same list on every call)."""
 
-    @abstractmethod
     def score(self, trajectories: Sequence[dict[str, Any]]) -> list[Score]:
         """One `Score` per trajectory (a prompt with its completion as the last, assistant, message)."""
+        return [self.score_one(completion_of(t), t) for t in trajectories]
+
+    def score_one(self, completion: str, trajectory: dict[str, Any]) -> Score:
+        """The `Score` of one `completion` of `trajectory`'s prompt."""
+        raise NotImplementedError(f'{type(self).__name__} implements score() or score_one()')
+
+
+class PromptListTask(EvalTask):
+    """A task whose prompts are a list built once (`prompt_list`), answered with `sampling`."""
+
+    def __init__(self, prompt_list: list[dict[str, Any]], sampling: SamplingParams) -> None:
+        self._prompts, self.sampling = prompt_list, sampling
+
+    def prompts(self) -> list[dict[str, Any]]:
+        return list(self._prompts)
 
 
 def completion_of(trajectory: dict[str, Any]) -> str:
