@@ -4,9 +4,11 @@
     result = evaluate(sampler, 'ArithmeticTask', adapter_name='tenant-a', num_samples=4)
     result.metrics['accuracy'], result.metrics['pass@4']
 
-`sampler` is anything with the `Sampler.sample` signature: `TorchSampler`, `vLLMSampler`, a Ray sampler group, or a
-client of the service. Its template must be set for prompts given as messages (samplers built from a model
-directory with a chat template have one).
+`sampler` is anything with the `Sampler.sample` signature: `TorchSampler`, `vLLMSampler`, a Ray sampler group, a
+native client's remote sampler, or the service through the tinker SDK (`twinkle_agentic`'s `TinkerSampler`, which
+takes token ids: pass ``template=`` and the prompts are encoded, and the completions decoded, here). Without
+``template=`` the sampler encodes the task's chat prompts itself (samplers built from a model directory with a chat
+template do).
 """
 
 from __future__ import annotations
@@ -55,12 +57,14 @@ def evaluate(
     progress: bool = True,
     task_args: dict[str, Any] | None = None,
     step: int | None = None,
+    template: Any = None,
 ) -> EvalResult:
     """Sample `num_samples` completions of each of the task's prompts (the first `limit`) with the task's sampling
     settings (seeded with `seed` unless greedy) through `sampler`, `batch_size` prompts per call, and score them.
     `task`: an `EvalTask` or a registered name (kind ``task``; `task_args` are its constructor arguments). `step`:
     the training step this evaluation belongs to; given, the metrics also go to every metrics logger
-    (`EvalResult.emit`).
+    (`EvalResult.emit`). `template`: encode the prompts to token ids and decode the completions here, for samplers
+    that take token ids only.
     """
     task = resolve('task', task, **(task_args or {})) if isinstance(task, str) else task
     prompts = task.prompts()[:limit] if limit is not None else task.prompts()
@@ -75,9 +79,10 @@ def evaluate(
     bar = _progress(len(prompts), task.name) if progress else None
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start : start + batch_size]
-        responses = sampler.sample(batch, params, adapter_name=adapter_name)
+        inputs = [template.encode(p, add_generation_prompt=True) for p in batch] if template is not None else batch
+        responses = sampler.sample(inputs, params, adapter_name=adapter_name)
         for prompt, response in zip(batch, responses):
-            scored = [_scored_trajectory(prompt, seq) for seq in response.sequences]
+            scored = [_scored_trajectory(prompt, seq, template) for seq in response.sequences]
             scores = task.score(scored)
             correct.append([s.correct for s in scores])
             rewards.append([s.reward for s in scores])
@@ -101,13 +106,15 @@ def evaluate(
     return result
 
 
-def _scored_trajectory(prompt: dict[str, Any], sequence: Any) -> dict[str, Any]:
+def _scored_trajectory(prompt: dict[str, Any], sequence: Any, template: Any) -> dict[str, Any]:
     """The prompt with the completion appended as the assistant's message (the sampler's `new_input_feature` when it
-    has one, else built here from the text)."""
+    has one, else built here from its text, or from its tokens decoded by `template`)."""
     feature = sequence.new_input_feature
-    if isinstance(feature, dict) and isinstance(feature.get('messages'), list):
+    if template is None and isinstance(feature, dict) and isinstance(feature.get('messages'), list):
         return feature
     text = sequence.text if sequence.text is not None else ''
+    if template is not None and sequence.text is None:
+        text = template.decode(list(sequence.tokens))
     return {**prompt, 'messages': [*prompt.get('messages', []), {'role': 'assistant', 'content': text}]}
 
 
