@@ -16,7 +16,19 @@ SERVER = Path(__file__).resolve().parents[2] / 'plugins' / 'server' / 'twinkle_s
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         'foundation',
-        ('asgi', 'errors', 'logs', 'metrics', 'config', 'config.settings', 'config.schema', 'config.yaml_lines'),
+        (
+            'asgi',
+            'errors',
+            'logs',
+            'metrics',
+            'config',
+            'config.rules',
+            'config.options',
+            'config.model_settings',
+            'config.settings',
+            'config.schema',
+            'config.yaml_lines',
+        ),
     ),
     ('store', ('store',)),  # the metadata store, its tables and databases, checkpoint files
     ('engine', ('engine',)),  # model hosts, the scheduler, the Ray deployment, loss programs

@@ -27,8 +27,8 @@ BAD = {
         'server: 8000\n' + GOOD,
         [
             ':1: server: wrong type: got integer 8000 (expected a mapping with keys host, port, max_body_mb, '
-            'long_poll_s, session_ttl_s, seq_gap_timeout_s, max_failed_logins_per_minute, max_queued_samples, '
-            'max_batch, allowed_roots, drain_timeout_s, trusted_proxies, image_decode_budget_mb, '
+            'long_poll_s, session_ttl_s, seq_gap_timeout_s, drain_timeout_s, max_failed_logins_per_minute, '
+            'trusted_proxies, max_queued_samples, max_batch, allowed_roots, image_decode_budget_mb, '
             'min_checkpoint_ttl_s, checkpoint_sweep_s, custom_loss_cost_factor, custom_loss_max_gflop, '
             'custom_loss_time_s)'
         ],

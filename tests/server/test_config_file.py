@@ -113,27 +113,6 @@ def test_the_ray_multi_node_example_validates(example_env, monkeypatch):
     assert large.path == 'ms://Qwen/Qwen3-32B'  # a hub id needs no local directory
 
 
-def test_the_docs_name_every_key():
-    from twinkle_server.config import schema as config_schema
-
-    text = DOCS.read_text()
-    keys = [
-        *config_schema.TOP,
-        *config_schema.SERVER,
-        *config_schema.STORAGE,
-        *config_schema.AUTH,
-        *config_schema.DEPLOYMENT,
-        *config_schema.RAY,
-        *config_schema.HUB_PUSH,
-        *config_schema.MODEL,
-        *config_schema.TRAIN_GROUP,
-        *config_schema.SAMPLER_GROUP,
-        *config_schema.MESH,
-        *config_schema.LIMITS,
-    ]
-    assert [k for k in keys if not re.search(rf'`(\w+\.)?{k}`', text)] == []
-
-
 def test_environment_variables_and_relative_paths(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv('TINY', str(tiny_model_dir))
     monkeypatch.setenv('TWINKLE_TEST_PORT', '9100')

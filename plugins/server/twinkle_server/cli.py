@@ -17,12 +17,16 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twinkle_core.hooks import hook
+from twinkle_core.registry import resolve_class
+from twinkle_server.config.flags import add_flags, checked, given
+from twinkle_server.config.loading import ConfigError, describe, load_server_config, load_storage
+from twinkle_server.config.options import keys_of
+from twinkle_server.config.settings import ServerConfig
 
-if TYPE_CHECKING:
-    from twinkle_server.config import ServerConfig
+_SERVER_KEYS = keys_of(ServerConfig, 'server') + keys_of(ServerConfig, 'storage')
 
 
 @hook
@@ -50,53 +54,12 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
         help='a model to host: a local directory or ms:// / hf:// id, optionally under a public '
         'alias (NAME=PATH). Repeat for several base models. Required without --config.',
     )
-    start.add_argument('--host', help='default 127.0.0.1')
-    start.add_argument('--port', type=int, help='default 8000')
-    start.add_argument('--data-dir', help='SQLite metadata and checkpoints live here. Required without --config.')
-    start.add_argument(
-        '--database-url',
-        metavar='URL',
-        help='the metadata database when it is not SQLite in --data-dir: '
-        'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH',
-    )
-    start.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: CUDA when available)')
-    start.add_argument('--max-body-mb', type=float, help='largest accepted request body (default 64)')
-    start.add_argument('--max-queued-samples', type=int, help='per model; more answers 429 (default 256)')
+    add_flags(start)  # one flag per declared config key that names one (config/settings.py, model_settings.py)
     start.add_argument(
         '--limits',
+        metavar='FILE',
         help='JSON file of limits overriding the defaults key by key: '
         '{"default": {...}, "tenants": {name: {...}}} (docs/server.md)',
-    )
-    start.add_argument(
-        '--seq-gap-timeout',
-        type=float,
-        metavar='SECONDS',
-        help="how long a model's request may wait for a missing earlier seq_id before it is failed (default 120)",
-    )
-    start.add_argument(
-        '--max-failed-logins',
-        type=int,
-        metavar='N',
-        help='failed logins per minute, per client address and key id, before further tries are '
-        'answered 429 (default 30)',
-    )
-    start.add_argument(
-        '--trusted-proxy',
-        action='append',
-        metavar='ADDR',
-        help='a reverse proxy (IP address or CIDR network) whose X-Forwarded-For names the client '
-        'address; repeatable. Without it the header is ignored',
-    )
-    start.add_argument(
-        '--backend',
-        metavar='NAME',
-        help='the training backend, by registry name (kind model): MultiLoraTransformersModel '
-        '(default: many adapters, mixed passes) or any installed model backend',
-    )
-    start.add_argument(
-        '--backend-args',
-        metavar='JSON',
-        help='JSON object of backend constructor arguments, e.g. \'{"max_length": 4096}\'',
     )
     start.add_argument(
         '--pass-strategy',
@@ -105,23 +68,6 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
         help="shorthand for backend_args' pass_strategy, for a backend that declares pass strategies (e.g. "
         "MultiLoraTransformersModel): how adapters' queued forward/backward work shares passes: auto "
         '(measured, the default), mixed (one pass) or one_by_one',
-    )
-    start.add_argument(
-        '--sampler',
-        metavar='NAME',
-        help='the sampler serving generation, by registry name: TorchSampler (default) or '
-        'vLLMSampler (pip install twinkle-vllm)',
-    )
-    start.add_argument(
-        '--sampler-args',
-        metavar='JSON',
-        help='JSON object of sampler constructor arguments, e.g. \'{"engine_args": {"max_model_len": 4096}}\'',
-    )
-    start.add_argument(
-        '--allow-path',
-        action='append',
-        metavar='DIR',
-        help="a directory native calls may name files in (besides each model's own); repeatable",
     )
     start.add_argument(
         '--log-format',
@@ -151,14 +97,7 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
             help="the server's config file: its storage section names the "
             'store (--data-dir / --database-url given override it)',
         )
-        p.add_argument('--data-dir', help="the server's --data-dir. Required without --config.")
-        p.add_argument(
-            '--database-url',
-            default=None,
-            metavar='URL',
-            help="the server's metadata database when it is not SQLite in --data-dir: "
-            'postgresql://USER[:PASSWORD]@HOST[:PORT]/DB or sqlite:///PATH',
-        )
+        add_flags(p, sections=('storage',))  # --data-dir (required without --config), --database-url
         if action == 'create':
             p.add_argument(
                 '--admin',
@@ -173,8 +112,6 @@ def _start(args: argparse.Namespace) -> int:
     from twinkle_server.launch import serve
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
-    from twinkle_server.config import ConfigError
-
     try:
         config = config_from_args(args)
         from twinkle_server.engine.deployment import check_backend_args
@@ -200,88 +137,32 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def _config_from_flags(args: argparse.Namespace) -> ServerConfig:
     """Without --config: every model from --model, served with the same backend and sampler."""
-    from twinkle_core.registry import resolve_class
-    from twinkle_server.config import ServerConfig
-
     if not args.model or not args.data_dir:
         raise ValueError('--model and --data-dir are required (or give a config file with --config)')
-    models = dict(ServerConfig.parse_model(m) for m in args.model)
-    default, per_tenant = ServerConfig.load_limits(args.limits)
-    sampler_args = ServerConfig.parse_json_object(args.sampler_args or '{}', '--sampler-args')
-    backend_args = _with_pass_strategy(
-        ServerConfig.parse_json_object(args.backend_args or '{}', '--backend-args'), args
-    )
+    server, storage, model = (checked(args, section) for section in ('server', 'storage', 'models'))
+    model.pop('device', None)  # --device places every embedded model host (`serve(device=...)`)
+    model = _with_pass_strategy(model, args)
     # an unknown or uninstalled backend or sampler fails here, not after loading
-    resolve_class('model', args.backend or ServerConfig.backend)
-    resolve_class('sampler', args.sampler or ServerConfig.sampler)
-    given = {
-        key: value
-        for key, value in (
-            ('host', args.host),
-            ('port', args.port),
-            ('max_queued_samples', args.max_queued_samples),
-            ('seq_gap_timeout_s', args.seq_gap_timeout),
-            ('max_failed_logins_per_minute', args.max_failed_logins),
-            ('backend', args.backend),
-            ('sampler', args.sampler),
-        )
-        if value is not None
-    }
-    if args.max_body_mb is not None:
-        given['max_body_bytes'] = int(args.max_body_mb * 1024 * 1024)
+    resolve_class('model', model.get('backend', ServerConfig.backend))
+    resolve_class('sampler', model.get('sampler', ServerConfig.sampler))
+    default, per_tenant = ServerConfig.load_limits(args.limits)
+    values = {**server, **storage}  # the two sections' keys are distinct
+    fields = {key.field: key.to_field(values[key.name]) for key in _SERVER_KEYS if key.name in values}
     return ServerConfig(
-        models=models,
-        data_dir=args.data_dir,
-        database_url=args.database_url,
+        models=dict(ServerConfig.parse_model(m) for m in args.model),
         default_limits=default,
         tenant_limits=per_tenant,
-        allowed_roots=tuple(args.allow_path or ()),
-        trusted_proxies=tuple(args.trusted_proxy or ()),
-        backend_args=backend_args,
-        sampler_args=sampler_args,
-        **given,
+        **fields,
+        **model,
     )
 
 
 def _config_from_file(args: argparse.Namespace) -> ServerConfig:
     """--config FILE with every flag given laid over it (`config.load_server_config` overrides)."""
-    from twinkle_server.config import ServerConfig, load_server_config
-
-    server = {
-        key: value
-        for key, value in (
-            ('host', args.host),
-            ('port', args.port),
-            ('max_body_mb', args.max_body_mb),
-            ('max_queued_samples', args.max_queued_samples),
-            ('seq_gap_timeout_s', args.seq_gap_timeout),
-            ('max_failed_logins_per_minute', args.max_failed_logins),
-            ('allowed_roots', args.allow_path),
-            ('trusted_proxies', args.trusted_proxy),
-        )
-        if value is not None
+    overrides: dict[str, Any] = {
+        section: values for section in ('server', 'storage') if (values := given(args, section))
     }
-    model: dict = {
-        key: value
-        for key, value in (('backend', args.backend), ('sampler', args.sampler), ('device', args.device))
-        if value is not None
-    }
-    for key, text, option in (
-        ('backend_args', args.backend_args, '--backend-args'),
-        ('sampler_args', args.sampler_args, '--sampler-args'),
-    ):
-        if text is not None:
-            model[key] = ServerConfig.parse_json_object(text, option)
-    if args.pass_strategy is not None:
-        model['backend_args'] = _with_pass_strategy(model.get('backend_args', {}), args)
-    overrides: dict = {'server': server} if server else {}
-    storage = {
-        key: value
-        for key, value in (('data_dir', args.data_dir), ('database_url', args.database_url))
-        if value is not None
-    }
-    if storage:
-        overrides['storage'] = storage
+    model = _with_pass_strategy(given(args, 'models'), args)
     if args.limits is not None:
         ServerConfig.load_limits(args.limits)  # its own messages for a bad file
         overrides['limits'] = json.loads(Path(args.limits).read_text())
@@ -294,17 +175,15 @@ def _config_from_file(args: argparse.Namespace) -> ServerConfig:
     return load_server_config(args.config, overrides)
 
 
-def _with_pass_strategy(backend_args: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def _with_pass_strategy(model: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """`--pass-strategy S` is sugar for ``backend_args['pass_strategy'] = S``: one path into the backend, checked
     against its declared `pass_strategies` when its host is built (`model_host.construction.build_backend`)."""
     if args.pass_strategy is None:
-        return backend_args
-    return {**backend_args, 'pass_strategy': args.pass_strategy}
+        return model
+    return {**model, 'backend_args': {**model.get('backend_args', {}), 'pass_strategy': args.pass_strategy}}
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from twinkle_server.config import ConfigError, describe, load_server_config
-
     try:
         config = load_server_config(args.file)
     except ConfigError as exc:
@@ -349,7 +228,6 @@ def _revoke_keys(args: argparse.Namespace) -> int:
 def _open_store(args: argparse.Namespace, action: str) -> Any:
     """The server's metadata store (`--database-url`, else SQLite in `--data-dir`; with `--config`, the file's
     storage section under the flags given); None after printing why it cannot be opened."""
-    from twinkle_server.config import ConfigError, load_storage
     from twinkle_server.store import DatabaseError, Store
 
     data_dir, database_url = args.data_dir, args.database_url

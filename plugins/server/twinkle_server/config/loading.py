@@ -21,41 +21,33 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
+from twinkle_core.errors import HubError
+from twinkle_core.hub.ref import HubRef, is_hub_ref
 from twinkle_server.config.model_checks import InstalledModels
+from twinkle_server.config.model_settings import DeploymentConfig, GroupSpec, HubPushConfig, ModelSpec, RayConfig
+from twinkle_server.config.options import keys_of
+from twinkle_server.config.rules import AMOUNT, PROXY, Rule, text_rule, wrong_type
 from twinkle_server.config.schema import (
-    AMOUNT,
     AUTH,
     DEPLOYMENT,
     HUB_PUSH,
-    LIMIT,
+    LIMIT_VALUES,
     LIMITS,
     MESH,
     MODEL,
-    PROXY,
     RAY,
     SAMPLER_GROUP,
     SERVER,
     STORAGE,
     TOP,
     TRAIN_GROUP,
-    Rule,
-    text_rule,
 )
-from twinkle_server.config.settings import (
-    DeploymentConfig,
-    GroupSpec,
-    HubPushConfig,
-    ModelSpec,
-    RayConfig,
-    ServerConfig,
-    TenantLimits,
-)
+from twinkle_server.config.settings import ServerConfig, TenantLimits
 from twinkle_server.config.yaml_lines import ConfigError, Document, KeyPath, read_document
-
-if TYPE_CHECKING:
-    pass
+from twinkle_server.store.db.base import DatabaseError
+from twinkle_server.store.db.url import parse_url
 
 __all__ = ['ConfigError', 'describe', 'load_server_config', 'load_storage']
 
@@ -110,9 +102,9 @@ class _Checker:
     def build(self) -> ServerConfig:
         top = self.top()
         server = self.fields(top.get('server'), ('server',), SERVER)
-        for mb, field in (('max_body_mb', 'max_body_bytes'), ('image_decode_budget_mb', 'image_decode_budget_bytes')):
-            if mb in server:
-                server[field] = _mib(server.pop(mb))
+        server = {
+            key.field: key.to_field(server[key.name]) for key in keys_of(ServerConfig, 'server') if key.name in server
+        }
         if 'allowed_roots' in server:
             server['allowed_roots'] = tuple(self.directories(server['allowed_roots'], ('server', 'allowed_roots')))
         if 'trusted_proxies' in server:
@@ -145,22 +137,17 @@ class _Checker:
         self.errors.append(self.doc.message(path, problem, expected, note))
 
     def check(self, value: Any, path: KeyPath, rule: Rule) -> bool:
-        if value is None and rule.nullable:
-            return True
-        if not isinstance(value, rule.types) or (isinstance(value, bool) and bool not in rule.types):
-            self.error(path, f'wrong type: got {_kind(value)}{_show(value)}', rule.expected)
-            return False
-        if not rule.ok(value):
-            self.error(path, f'{rule.problem}: {_yaml(value)}', rule.expected)
-            return False
-        return True
+        problem = rule.problem_with(value)
+        if problem:
+            self.error(path, problem, rule.expected)
+        return problem is None
 
     def mapping(self, value: Any, path: KeyPath, known: Sequence[str], required: bool = False) -> dict[str, Any]:
         """`value`'s known keys (an absent section is empty); wrong types and unknown keys are errors."""
         if value is None and not required:
             return {}
         if not isinstance(value, dict):
-            self.error(path, f'wrong type: got {_kind(value)}{_show(value)}', f'a mapping with keys {", ".join(known)}')
+            self.error(path, wrong_type(value), f'a mapping with keys {", ".join(known)}')
             return {}
         for key in value:
             if key not in known:
@@ -212,9 +199,6 @@ class _Checker:
     def database_url(self, url: str, path: KeyPath) -> str:
         """`url` as the store reads it (`db.url.parse_url`); a relative `sqlite:///PATH` made absolute like every
         other path in the file."""
-        from twinkle_server.store.db.base import DatabaseError
-        from twinkle_server.store.db.url import parse_url
-
         try:
             kind, target = parse_url(url)
         except DatabaseError as exc:
@@ -238,7 +222,7 @@ class _Checker:
         return default, tenants
 
     def limit_values(self, value: Any, path: KeyPath) -> dict[str, Any]:
-        return self.fields(value, path, {name: LIMIT for name in TenantLimits.names()})
+        return self.fields(value, path, LIMIT_VALUES)
 
     def deployment(self, value: Any, path: KeyPath) -> DeploymentConfig:
         section = self.fields(value, path, DEPLOYMENT)
@@ -328,9 +312,6 @@ class _Checker:
         return spec
 
     def model_path(self, value: str, path: KeyPath) -> str:
-        from twinkle_core.errors import HubError
-        from twinkle_core.hub.ref import HubRef, is_hub_ref
-
         if is_hub_ref(value):
             try:
                 HubRef.parse(value)
@@ -358,41 +339,7 @@ class _Checker:
             self.error(path + where, problem, expected, note)
 
 
-def _mib(value: float | None) -> int | None:
-    """A size in MiB as the file gives it -> bytes (null stays null)."""
-    return None if value is None else int(value * 1024 * 1024)
-
-
 def _line_of(message: str) -> int:
     """Sort key of an error: its line (command-line values first)."""
     match = re.match(r'.*?:(\d+): ', message)
     return int(match.group(1)) if match else 0
-
-
-def _kind(value: Any) -> str:
-    for types, name in (
-        (type(None), 'null'),
-        (bool, 'boolean'),
-        (int, 'integer'),
-        (float, 'number'),
-        (str, 'string'),
-        (list, 'list'),
-        (dict, 'mapping'),
-    ):
-        if isinstance(value, types):
-            return name
-    return type(value).__name__
-
-
-def _show(value: Any) -> str:
-    return '' if value is None or isinstance(value, (dict, list)) else f' {_yaml(value)}'
-
-
-def _yaml(value: Any) -> str:
-    """`value` as the file spells it (true, null, 'text'), cut to 60 characters."""
-    text = (
-        {True: 'true', False: 'false', None: 'null'}.get(value, repr(value))
-        if value is None or isinstance(value, bool)
-        else repr(value)
-    )
-    return text if len(text) <= 60 else text[:57] + '...'

@@ -1,9 +1,10 @@
-"""Server settings: the dataclasses of hosted models, data directory, limits, deployment.
+"""Server settings: `ServerConfig` (the `server` and `storage` sections of the config file, the hosted models,
+limits, deployment) and `TenantLimits` (the `limits` section).
 
 `ServerConfig` is what the server runs from; `twinkle server start` builds it from flags or from one YAML file
-(`loading.load_server_config`, docs/deployment.md). Each hosted base model is a `ModelSpec` (backend,
-sampler, device groups, mesh, sampler replicas); `ServerConfig.model_specs` is the one table model hosts are built
-from.
+(`loading.load_server_config`, docs/deployment.md). Each file key (and the flag that sets it) is declared once, on its
+field (`options.option`). Each hosted base model is a `ModelSpec` (`model_settings`); `ServerConfig.model_specs` is
+the one table model hosts are built from.
 
 Limits come in one table (`Limits`) with built-in defaults sized for a small machine (2 cores, ~24 GiB: one
 `forward_backward` of 32k tokens on a 0.6B model stays well inside memory). `--limits FILE` overrides them key by
@@ -14,14 +15,29 @@ the built-in table, and a tenant's entry only the keys it names in the (overridd
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
+import functools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from twinkle_core.template.images import MAX_IMAGE_PIXELS
+from twinkle_server.config.model_settings import DeploymentConfig, HubPushConfig, ModelSpec
+from twinkle_server.config.options import option, parse_json_object
+from twinkle_server.config.rules import (
+    ADDRESSES,
+    DIRECTORIES,
+    POSITIVE,
+    POSITIVE_OR_NULL,
+    Rule,
+    int_rule,
+    is_ip_or_network,
+    text_rule,
+)
+
+MIB = 1024 * 1024
+server_option = functools.partial(option, section='server')
+storage_option = functools.partial(option, section='storage')
 
 
 @dataclass(frozen=True)
@@ -69,139 +85,6 @@ class TenantLimits:
         return cls().merged(d)
 
 
-def is_ip_or_network(text: str) -> bool:
-    """An IP address, or a CIDR network without host bits (how uvicorn's proxy-header check reads it)."""
-    try:
-        ipaddress.ip_network(text) if '/' in text else ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-DEVICE_TYPES = ('cpu', 'cuda')
-HUBS = ('ms', 'hf')
-MESH_KEYS = ('dp_size', 'fsdp_size', 'tp_size', 'pp_size', 'cp_size', 'sp_size', 'ep_size')
-
-
-@dataclass(frozen=True)
-class HubPushConfig:
-    """Pushing saved checkpoints to a model hub: the settings (checked by `config.loading`, used by `hub_push`)."""
-
-    enabled: bool = False
-    hub: str = 'ms'  # 'ms' (ModelScope) | 'hf' (Hugging Face)
-    repo_prefix: str | None = None  # e.g. 'my-org/twinkle-': repositories are named from it
-    private: bool = True
-    token_env: str | None = None  # the environment variable holding the hub token (never the token itself)
-    per_request: bool = False  # only checkpoints whose save request asks for a push are pushed
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """Ray device group of one role of a model: `ranks` processes (for a sampler group: per replica), each on one
-    `device_type` device (None: CUDA when this machine has it, else CPU) and reserving, per rank, `num_cpus` /
-    `num_gpus` Ray resources (None: 1 CPU, plus 1 GPU for CUDA) and any custom Ray `resources` (e.g.
-    ``{'node_b': 1}`` to place the group on nodes that offer `node_b`)."""
-
-    ranks: int = 1
-    device_type: str | None = None
-    num_cpus: float | None = None
-    num_gpus: float | None = None
-    resources: dict[str, float] | None = None
-
-    def device_group(self, name: str) -> Any:
-        """The `twinkle_core.mesh.DeviceGroup` named `name` for these settings."""
-        from twinkle_core.mesh import DeviceGroup
-
-        options = {
-            k: v
-            for k, v in (('num_cpus', self.num_cpus), ('num_gpus', self.num_gpus), ('resources', self.resources))
-            if v is not None
-        }
-        return DeviceGroup(name=name, ranks=self.ranks, device_type=self.device_type, options=options)
-
-
-@dataclass(frozen=True)
-class RayConfig:
-    """How the server reaches Ray: `address` None starts a local instance (with `num_cpus`), 'auto' joins the
-    cluster this node belongs to, 'ray://host:10001' connects a client."""
-
-    address: str | None = None
-    namespace: str | None = None
-    num_cpus: int | None = None
-
-
-@dataclass(frozen=True)
-class DeploymentConfig:
-    """`mode`: 'embedded' (every model in the server process) or 'ray' (models in Ray device groups)."""
-
-    mode: str = 'embedded'
-    ray: RayConfig = field(default_factory=RayConfig)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One hosted base model: served as `name` from `path` (local directory or `ms://` / `hf://` id), trained by
-    the model backend `backend` (registry name, built with `backend_args`) and sampled by `sampler` (built with
-    `sampler_args`). `device` places an embedded model host; `train_group`, `mesh` (DeviceMesh.from_sizes sizes, None =
-    data parallel over the group), `sampler_replicas` and `sampler_group` place it on Ray. `hub_push`: this model's
-    effective push settings (the server's, with the model's overrides), None when pushing is not configured."""
-
-    name: str
-    path: str
-    backend: str = 'MultiLoraTransformersModel'
-    backend_args: dict[str, Any] = field(default_factory=dict)
-    sampler: str = 'TorchSampler'
-    sampler_args: dict[str, Any] = field(default_factory=dict)
-    device: str | None = None
-    train_group: GroupSpec = field(default_factory=GroupSpec)
-    mesh: dict[str, int] | None = None
-    sampler_replicas: int = 1
-    sampler_group: GroupSpec = field(default_factory=GroupSpec)
-    hub_push: HubPushConfig | None = None
-    #: metrics loggers fed with this model's training runs, by name or ``{'name': ..., **arguments}``
-    #: (`twinkle_server.service.model_loggers`)
-    loggers: list[Any] = field(default_factory=list)
-
-    def mesh_world_size(self) -> int:
-        """Ranks the mesh covers: the product of its sizes (`ep_size` folds over data ranks), an unset `dp_size`
-        filling `train_group.ranks` where it divides evenly (else counting 1)."""
-        if not self.mesh:
-            return self.train_group.ranks
-        others = math.prod(v for k, v in self.mesh.items() if k not in ('dp_size', 'ep_size'))
-        dp = self.mesh.get('dp_size')
-        if dp is None:
-            dp = self.train_group.ranks // others if self.train_group.ranks % others == 0 else 1
-        return dp * others
-
-    def device_mesh(self) -> Any:
-        """The `twinkle_core.mesh.DeviceMesh` of the training group (data parallel when `mesh` is None)."""
-        from twinkle_core.mesh import DeviceMesh
-
-        return DeviceMesh.from_sizes(
-            **(self.mesh or {}), world_size=self.train_group.ranks, device_type=self.train_group.device_type
-        )
-
-    def ray_only_settings(self) -> list[str]:
-        """The keys of this spec (relative to the model) that only a Ray deployment can honour."""
-        out = []
-        for key, group, size in (
-            ('train_group', self.train_group, 'ranks'),
-            ('sampler_group', self.sampler_group, 'ranks_per_replica'),
-        ):
-            if group.ranks != 1:
-                out.append(f'{key}.{size}')
-            out += [
-                f'{key}.{k}'
-                for k in ('device_type', 'num_cpus', 'num_gpus', 'resources')
-                if getattr(group, k) is not None
-            ]
-        if self.mesh and self.mesh_world_size() != 1:
-            out.append('mesh')
-        if self.sampler_replicas != 1:
-            out.append('sampler_replicas')
-        return out
-
-
 @dataclass
 class ServerConfig:
     """`models`: public name -> local directory (or a `ms://`/`hf://` id resolved at start-up).
@@ -211,61 +94,147 @@ class ServerConfig:
     `models` is derived from it (or must agree with it)."""
 
     models: dict[str, str]
-    data_dir: str
-    host: str = '127.0.0.1'
-    port: int = 8000
-    max_body_bytes: int = 64 * 1024 * 1024
-    #: memory for decoding images at once, server-wide (an image holds width x height x 16 bytes of it while it is
-    #: decoded and processed, service/images.py): one that does not fit waits, then its request is answered 429; one
-    #: larger than all of it is a 413. None = unbounded
-    image_decode_budget_bytes: int | None = 1024 * 1024 * 1024
-    #: server-side custom losses (engine/custom_loss/cost.py, docs/server.md): a graph's estimated work for one datum
-    #: of a model's full context may be at most this fraction of the model's forward pass over that context
-    #: (2 x parameters x context FLOPs) ...
-    custom_loss_cost_factor: float = 0.25
-    #: ... and at most this many GFLOPs (the loss runs on the CPU, however fast the model's device); None = no cap
-    custom_loss_max_gflop: float | None = 4.0
-    #: wall clock of one custom-loss evaluation (every datum of a request); past it the loss is stopped at its next
-    #: node and disabled, and its tenant's custom losses are throttled (429) for a minute, doubling per offence
-    custom_loss_time_s: float = 2.0
-    long_poll_s: float = 30.0
-    max_queued_samples: int = 256
-    max_batch: int = 16
-    session_ttl_s: float = 30 * 60
-    #: the shortest checkpoint `ttl_seconds` accepted (save_state, copy_weights, set_checkpoint_ttl); the hosted
-    #: service's bound is one hour
-    min_checkpoint_ttl_s: float = 3600.0
-    #: how often expired checkpoints are deleted (files and rows); they vanish from listings at once regardless
-    checkpoint_sweep_s: float = 60.0
-    #: how long work of a training model may wait for a missing earlier seq_id before it is failed
-    seq_gap_timeout_s: float = 120.0
-    #: failed logins within a minute, per client address and key id (`auth.LoginThrottle`), before 429
-    max_failed_logins_per_minute: int = 30
-    #: reverse proxies (IP addresses or CIDR networks) whose `X-Forwarded-For` names the client address; from
-    #: any other peer the header is ignored (none by default)
-    trusted_proxies: tuple[str, ...] = ()
-    #: on SIGTERM/SIGINT, how long accepted work may finish before what is left is failed (docs/server.md)
-    drain_timeout_s: float = 60.0
-    #: directories (besides each hosted model's own) whose files native calls may name (e.g. set_template)
-    allowed_roots: tuple[str, ...] = ()
+    data_dir: str = storage_option(
+        rule=text_rule('a directory for metadata and checkpoints'),
+        meaning='checkpoints (and the SQLite metadata file `server.db` unless `database_url` says otherwise); '
+        'created if missing',
+        flag='--data-dir',
+    )
+    host: str = server_option(
+        '127.0.0.1',
+        rule=text_rule(),
+        meaning='address to listen on (`0.0.0.0`: every interface; put TLS in front)',
+        flag='--host',
+    )
+    port: int = server_option(8000, rule=int_rule(1, 65535), meaning='1..65535', flag='--port')
+    max_body_bytes: int = server_option(
+        64 * MIB,
+        key='max_body_mb',
+        scale=MIB,
+        rule=POSITIVE,
+        meaning='largest accepted request body, in MiB (checked on `Content-Length` and while chunked bodies stream)',
+        flag='--max-body-mb',
+    )
+    long_poll_s: float = server_option(
+        30.0,
+        rule=Rule(
+            (int, float), 'seconds > 0 and < 45 (the tinker SDK gives up on a poll after 45 s)', lambda v: 0 < v < 45
+        ),
+        meaning="how long `retrieve_future` waits for a result before answering `try_again` (under 45 s: the SDK's "
+        'poll timeout)',
+    )
+    session_ttl_s: float = server_option(
+        30 * 60.0, rule=POSITIVE, meaning='a session without heartbeats for this long is closed'
+    )
+    seq_gap_timeout_s: float = server_option(
+        120.0,
+        rule=POSITIVE,
+        meaning='how long work of a training model waits for a missing earlier `seq_id` before it is failed',
+        flag='--seq-gap-timeout',
+        metavar='SECONDS',
+    )
+    drain_timeout_s: float = server_option(
+        60.0,
+        rule=POSITIVE,
+        meaning='on SIGTERM/SIGINT, how long accepted work may still run before what is left is failed clearly '
+        '(docs/server.md, "Operations")',
+    )
+    max_failed_logins_per_minute: int = server_option(
+        30,
+        rule=int_rule(1),
+        meaning='failed logins within a minute, per client address and key id (a separate count per address for '
+        "unknown keys), before further tries are answered 429; a valid key is never blocked by others' guesses",
+        flag='--max-failed-logins',
+        metavar='N',
+    )
+    trusted_proxies: tuple[str, ...] = server_option(
+        (),
+        rule=ADDRESSES,
+        meaning='reverse proxies (IP addresses or CIDR networks) whose `X-Forwarded-For` names the client address; '
+        'from any other peer the header is ignored',
+        flag='--trusted-proxy',
+        metavar='ADDR',
+    )
+    max_queued_samples: int = server_option(
+        256, rule=int_rule(1), meaning='sample requests queued per model; more answer 429', flag='--max-queued-samples'
+    )
+    max_batch: int = server_option(
+        16,
+        rule=int_rule(1),
+        meaning='most requests of different tenants joined into one forward/backward pass or one sampler batch',
+    )
+    allowed_roots: tuple[str, ...] = server_option(
+        (),
+        rule=DIRECTORIES,
+        meaning="existing directories (besides each model's own) whose files native calls may name",
+        flag='--allow-path',
+        metavar='DIR',
+    )
+    image_decode_budget_bytes: int | None = server_option(
+        1024 * MIB,
+        key='image_decode_budget_mb',
+        scale=MIB,
+        rule=POSITIVE_OR_NULL,
+        meaning='memory for decoding images at once, server-wide (an image of W x H pixels holds W x H x 16 bytes '
+        'while it is decoded); an image that does not fit waits up to 10 s, then its request is answered 429 with '
+        '`Retry-After`; one larger than all of it is a 413; `null` = unbounded',
+    )
+    min_checkpoint_ttl_s: float = server_option(
+        3600.0,
+        rule=POSITIVE,
+        meaning='the shortest checkpoint `ttl_seconds` accepted (`save_state`, `save_weights_for_sampler`, '
+        "`save_weights_external`, `copy_weights`, `set_checkpoint_ttl`); the hosted service's bound is one hour, "
+        'the longest is 10 years',
+    )
+    checkpoint_sweep_s: float = server_option(
+        60.0,
+        rule=POSITIVE,
+        meaning='how often expired checkpoints are deleted, files and rows (they leave listings and lookups the '
+        'moment they expire)',
+    )
+    custom_loss_cost_factor: float = server_option(
+        0.25,
+        rule=POSITIVE,
+        meaning="a server-side custom loss's estimated work for one datum of a model's full context (priced per op "
+        'from its shapes, docs/server.md "Custom losses") may be at most this fraction of the model\'s forward pass '
+        'over that context (2 x parameters x context FLOPs); a graph over it is refused at `create_custom_loss` '
+        '(422 naming its costliest node)',
+    )
+    custom_loss_max_gflop: float | None = server_option(
+        4.0,
+        rule=POSITIVE_OR_NULL,
+        meaning="... and at most this many GFLOPs per full context of tokens, whatever the model's size (custom "
+        'losses run on the CPU); `null` = only the relative bound',
+    )
+    custom_loss_time_s: float = server_option(
+        2.0,
+        rule=POSITIVE,
+        meaning='wall clock of one custom-loss evaluation (every datum of a request); past it the loss is stopped at '
+        "its next node and disabled (later uses: 422 naming it) and its tenant's custom-loss requests are answered "
+        '429 for 60 s, doubling per offence up to an hour',
+    )
+    database_url: str | None = storage_option(
+        None,
+        rule=text_rule('a database URL or null', nullable=True),
+        meaning='the metadata database: `null` = SQLite in `data_dir`; `sqlite:///PATH.db`; '
+        '`postgresql://USER[:PASSWORD]@HOST[:PORT]/DB` (also `postgres://`; needs `pip install '
+        "'twinkle-server[postgres]'`); a password can come from the environment: "
+        '`postgresql://twinkle:${DB_PASSWORD}@db/twinkle`',
+        flag='--database-url',
+        metavar='URL',
+    )
     default_limits: TenantLimits = field(default_factory=TenantLimits)
     tenant_limits: dict[str, TenantLimits] = field(default_factory=dict)
     lora_alpha: float = 32.0
-    #: (when `model_specs` is derived from `models`) the training backend of every hosted model, by registry name
-    #: (kind `model`), and its constructor
-    #: arguments (e.g. ``{'pass_strategy': 'mixed'}`` for a backend that declares pass strategies, such as
-    #: MultiLoraTransformersModel: how queued work of several adapters splits into passes)
-    backend: str = 'MultiLoraTransformersModel'
+    #: (when `model_specs` is derived from `models`: the flags of `twinkle server start`) every hosted model's
+    #: backend, sampler and their arguments, as `ModelSpec` declares them
+    backend: str = ModelSpec.backend
     backend_args: dict[str, Any] = field(default_factory=dict)
-    #: the sampler serving Tinker sampling, by registry name (kind `sampler`), and its constructor arguments
-    #: (e.g. ``{'engine_args': {'max_model_len': 4096}}`` for vLLMSampler)
-    sampler: str = 'TorchSampler'
+    sampler: str = ModelSpec.sampler
     sampler_args: dict[str, Any] = field(default_factory=dict)
     #: public name -> everything about one hosted model; the table model hosts are built from (class docstring)
     model_specs: dict[str, ModelSpec] = field(default_factory=dict)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
-    #: `sqlite:///PATH` or `postgresql://user@host:port/db`; None = SQLite in `data_dir`
-    database_url: str | None = None
     #: server-wide hub push settings (None: not configured); each `ModelSpec.hub_push` holds a model's effective ones
     hub_push: HubPushConfig | None = None
 
@@ -316,13 +285,7 @@ class ServerConfig:
     @staticmethod
     def parse_json_object(text: str, option: str = '--sampler-args') -> dict[str, Any]:
         """`--sampler-args` / `--backend-args`: a JSON object."""
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f'{option}: not valid JSON: {exc}') from None
-        if not isinstance(value, dict):
-            raise ValueError(f'{option}: expected a JSON object, got {type(value).__name__}')
-        return value
+        return parse_json_object(text, option)
 
     @staticmethod
     def load_limits(path: str | None) -> tuple[TenantLimits, dict[str, TenantLimits]]:
