@@ -163,8 +163,8 @@ if model_dir == 'scripted':  # no model to load: the engine of this test module
     sys.path.insert(0, %r)
     from test_drain import ScriptedEngine
     twinkle_server.app.build_model_hosts = lambda config, device=None: {name: ScriptedEngine()}
-serve(ServerConfig(models={name: model_dir}, data_dir=data_dir, port=int(port), drain_timeout_s=float(drain_s)),
-      log_format='json')
+serve(ServerConfig(models={name: model_dir}, data_dir=data_dir, port=int(port), drain_timeout_s=float(drain_s),
+                   log_format='json'))
 """ % str(Path(__file__).parent)
 
 
@@ -281,7 +281,15 @@ def test_cli_passes_the_log_format(monkeypatch, tmp_path, tiny_model_dir):
     from twinkle_core.cli.main import main
 
     calls = []
-    monkeypatch.setattr(twinkle_server.launch, 'serve', lambda config, **kw: calls.append(kw))
+    monkeypatch.setattr(twinkle_server.launch, 'serve', lambda config, **kw: calls.append(config))
     argv = ['server', 'start', '--model', f'{MODEL}={tiny_model_dir}', '--data-dir', str(tmp_path)]
     assert main([*argv, '--log-format', 'json']) == 0 and main(argv) == 0
-    assert [kw['log_format'] for kw in calls] == ['json', 'text']
+    assert [config.log_format for config in calls] == ['json', 'text']
+    config_file = tmp_path / 'server.yaml'
+    config_file.write_text(
+        f'server: {{log_format: json}}\nstorage: {{data_dir: {tmp_path}}}\n'
+        f'models: [{{name: m, path: {tiny_model_dir}}}]\n'
+    )
+    assert main(['server', 'start', '--config', str(config_file)]) == 0  # the file's key, the same declaration
+    assert main(['server', 'start', '--config', str(config_file), '--log-format', 'text']) == 0
+    assert [config.log_format for config in calls[2:]] == ['json', 'text']

@@ -69,12 +69,6 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
         "MultiLoraTransformersModel): how adapters' queued forward/backward work shares passes: auto "
         '(measured, the default), mixed (one pass) or one_by_one',
     )
-    start.add_argument(
-        '--log-format',
-        choices=('text', 'json'),
-        default='text',
-        help='log lines on stderr: text, or json (one object per line with request_id, tenant, model)',
-    )
     start.set_defaults(func=_start)
 
     config = sub.add_parser('config', help='server config files')
@@ -125,7 +119,7 @@ def _start(args: argparse.Namespace) -> int:
     except (ValueError, OSError, TwinkleError) as exc:
         print(f'twinkle server start: {exc}', file=sys.stderr)
         return 2
-    serve(config, device=args.device, log_format=args.log_format)
+    serve(config, device=args.device)
     return 0
 
 

@@ -32,15 +32,15 @@ GRACEFUL_CLOSE_S = 3
 STARTUP_FAILURE = 3  # uvicorn's exit code when the app could not start
 
 
-def serve(config: ServerConfig, device: str | None = None, log_format: str = 'text') -> None:
+def serve(config: ServerConfig, device: str | None = None) -> None:
     """Serve in the foreground until SIGTERM or SIGINT, then drain (`service/drain.py`: at most
-    `config.drain_timeout_s`) and return. Logs go to stderr as `log_format` ('text' or 'json': one JSON object per
-    line, `logs.py`).
+    `config.drain_timeout_s`) and return. Logs go to stderr as `config.log_format` ('text' or 'json': one JSON object
+    per line, `logs.py`).
 
     SIGTERM ends the process with that signal once the shutdown is done (uvicorn's behaviour). When a host call
     outlived the drain (its request was already failed), the process exits at once (`os._exit(0)`): the interpreter
     cannot shut down torch under a running call."""
-    logs.configure(log_format)
+    logs.configure(config.log_format)
     app = create_app(config, device=device)
     server = DrainingServer(
         uvicorn_config(

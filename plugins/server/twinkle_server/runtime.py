@@ -33,11 +33,12 @@ class ServerRuntime(Runtime):
         groups: list[Any] | None = None,
         global_device_mesh: Any = None,
         config: str | None = None,
-        log_format: str = 'text',
+        log_format: str | None = None,
         **overrides: Any,
     ) -> None:
         """Serve the models of `config` (default ``$TWINKLE_SERVER_CONFIG``) placed by `groups`; blocks until the
-        server stops. `overrides`: top-level sections laid over the file (e.g. ``server={'port': 9000}``)."""
+        server stops. `overrides`: top-level sections laid over the file (e.g. ``server={'port': 9000}``);
+        `log_format` (given): the file's `server.log_format`."""
         from twinkle_server.config import load_server_config
         from twinkle_server.launch import serve
 
@@ -48,8 +49,10 @@ class ServerRuntime(Runtime):
                 f'file of what to serve (config=... or ${CONFIG_ENV}; docs/deployment.md), or '
                 'pass base_url= and api_key= to connect to one.'
             )
+        if log_format is not None:
+            overrides['server'] = {**overrides.get('server', {}), 'log_format': log_format}
         served = placed_by_groups(load_server_config(path, overrides or None), groups or [])
-        serve(served, log_format=log_format)
+        serve(served)
 
     def build(
         self,

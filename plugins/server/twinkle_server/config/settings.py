@@ -30,10 +30,12 @@ from twinkle_server.config.rules import (
     POSITIVE,
     POSITIVE_OR_NULL,
     Rule,
+    choice_rule,
     int_rule,
     is_ip_or_network,
     text_rule,
 )
+from twinkle_server.logs import LOG_FORMATS
 
 MIB = 1024 * 1024
 server_option = functools.partial(option, section='server')
@@ -212,6 +214,12 @@ class ServerConfig:
         meaning='wall clock of one custom-loss evaluation (every datum of a request); past it the loss is stopped at '
         "its next node and disabled (later uses: 422 naming it) and its tenant's custom-loss requests are answered "
         '429 for 60 s, doubling per offence up to an hour',
+    )
+    log_format: str = server_option(
+        'text',
+        rule=choice_rule(*LOG_FORMATS),
+        meaning='log lines on stderr: `text`, or `json` (one object per line with `request_id`, `tenant`, `model`)',
+        flag='--log-format',
     )
     database_url: str | None = storage_option(
         None,
