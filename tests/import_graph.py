@@ -117,3 +117,104 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def _import_targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement names (for ``from a import b``: ``a`` and ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ''
+    if node.level:
+        package = module if is_package else module.rpartition('.')[0]
+        anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
+        base = '.'.join(anchor + ([node.module] if node.module else []))
+    return [base] + [f'{base}.{alias.name}' for alias in node.names]
+
+
+def module_level_imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported: outside functions and ``if TYPE_CHECKING`` blocks."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, ast.If) and 'TYPE_CHECKING' not in ast.unparse(node.test):
+                visit(node.body + node.orelse)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body)
+            elif isinstance(node, ast.Try):
+                visit(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text(encoding='utf-8')).body)
+    return found
+
+
+def function_local_imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """The imports inside functions (run when the function is called)."""
+    return [
+        node
+        for fn in ast.walk(ast.parse(path.read_text(encoding='utf-8')))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+
+
+def third_party_at_import(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the top-level names of the third-party packages importing it loads (its module-level imports and
+    those of the first-party modules they load, transitively)."""
+    direct: dict[str, tuple[set[str], set[str]]] = {}
+    for module, path in modules.items():
+        first, third = set(), set()
+        for node in module_level_imports(path):
+            for target in _import_targets(node, module, path.name == '__init__.py'):
+                own = deepest_module(target, modules)
+                if own:
+                    first.add(own) if own != module else None
+                elif not target.startswith('twinkle'):
+                    third.add(target.split('.')[0])
+        direct[module] = (first, third)
+    out: dict[str, set[str]] = {}
+    for module in modules:
+        seen, stack, found = set(), [module], set()
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            first, third = direct[current]
+            found |= third
+            stack.extend(first)
+            parent = current.rpartition('.')[0]
+            if parent in modules:  # importing a submodule runs its package first
+                stack.append(parent)
+        out[module] = found
+    return out
+
+
+def deepest_module(target: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of dotted `target` that is a module of `modules` (None: not first-party)."""
+    parts = target.split('.')
+    for i in range(len(parts), 0, -1):
+        name = '.'.join(parts[:i])
+        if name in modules:
+            return name
+    return None
+
+
+def local_first_party_imports(modules: dict[str, Path]) -> list[tuple[str, int, str]]:
+    """(importing module, line, imported first-party module) of every function-local import of a first-party
+    module (for ``from a import b``: ``a.b`` when it is a module, else ``a``)."""
+    out = []
+    for module, path in modules.items():
+        for node in function_local_imports(path):
+            targets = _import_targets(node, module, path.name == '__init__.py')
+            names = targets[1:] if isinstance(node, ast.ImportFrom) else targets
+            for name in names:
+                own = deepest_module(name, modules)
+                if own and own != module:
+                    out.append((module, node.lineno, own))
+    return sorted(set(out))

@@ -30,7 +30,7 @@ BAD = {
             'long_poll_s, session_ttl_s, seq_gap_timeout_s, drain_timeout_s, max_failed_logins_per_minute, '
             'trusted_proxies, max_queued_samples, max_batch, allowed_roots, image_decode_budget_mb, '
             'min_checkpoint_ttl_s, checkpoint_sweep_s, custom_loss_cost_factor, custom_loss_max_gflop, '
-            'custom_loss_time_s)'
+            'custom_loss_time_s, log_format)'
         ],
     ),
     'negative value': (

@@ -106,17 +106,18 @@ def small(tmp_path_factory, tiny_vl_model_dir):
 
 @pytest.fixture
 def decodes(monkeypatch):
-    """Counts the images the server decodes (its decoder is patched: the server runs in this process)."""
-    from twinkle_core.template import images as core_images
+    """Counts the images the server decodes (its decoder is patched where the server calls it: the server runs in
+    this process)."""
+    from twinkle_server.service import images as server_images
 
     calls = []
-    original = core_images.decode_image_bytes
+    original = server_images.decode_image_bytes
 
     def counting(data, **kwargs):
         calls.append(len(data))
         return original(data, **kwargs)
 
-    monkeypatch.setattr(core_images, 'decode_image_bytes', counting)
+    monkeypatch.setattr(server_images, 'decode_image_bytes', counting)
     return calls
 
 
@@ -286,11 +287,11 @@ def test_an_image_over_the_whole_server_budget_is_a_413(small, tokens):
 def test_concurrent_images_stay_within_the_server_budget(small, tokens, monkeypatch):
     """Six requests with a 1000x1000 image each (16 MB to decode) at once: at most two decode together (40 MiB),
     the others wait their turn, and all of them train."""
-    from twinkle_core.template import images as core_images
     from twinkle_core.template.vision import VisionTemplate
+    from twinkle_server.service import images as server_images
 
     lock, state = threading.Lock(), {'now': 0, 'most': 0}
-    decode, process = core_images.decode_image_bytes, VisionTemplate.process_images
+    decode, process = server_images.decode_image_bytes, VisionTemplate.process_images
 
     def slow_decode(data, **kwargs):  # holds each decode long enough for the requests to overlap
         with lock:
@@ -306,7 +307,7 @@ def test_concurrent_images_stay_within_the_server_budget(small, tokens, monkeypa
             with lock:
                 state['now'] -= 1
 
-    monkeypatch.setattr(core_images, 'decode_image_bytes', slow_decode)
+    monkeypatch.setattr(server_images, 'decode_image_bytes', slow_decode)
     monkeypatch.setattr(VisionTemplate, 'process_images', processed)
     size = (1000, 1000)
     datum = image_datum(png(size), tokens(size))

@@ -12,8 +12,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from twinkle_core.dataset.meta import DatasetMeta, as_meta
 from twinkle_core.dataset.mixing import Mixing, MixingStrategy, StoppingStrategy
+from twinkle_core.dataset.sources import load_meta
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.preprocessor.base import Filter
 from twinkle_core.preprocessor.conversation import chat_layout
+from twinkle_core.registry import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +48,6 @@ class Dataset:
         stopping_strategy: StoppingStrategy = 'first_exhausted',
         cache_dir: str | None = None,
     ) -> None:
-        from twinkle_core.dataset.sources import load_meta
-
         specs = list(dataset_meta) if isinstance(dataset_meta, (list, tuple)) else [dataset_meta]
         if not specs:
             raise InvalidInputError('Dataset needs at least one DatasetMeta.')
@@ -91,8 +92,6 @@ class Dataset:
         The row's original columns are replaced by the preprocessor's output. `dataset_meta` restricts the step
         to one of several mixed data sets. A bad row raises `InvalidInputError` naming the data set and row.
         """
-        from twinkle_core.registry import resolve
-
         fn = resolve('preprocessor', preprocessor, **(init_args or {}))
         label = _name_of(preprocessor, fn)
         for meta in self._select(dataset_meta):
@@ -117,8 +116,6 @@ class Dataset:
         num_proc: int | None = None,
     ) -> Dataset:
         """Keep rows for which `predicate(row)` (a `Filter` or any callable) is true."""
-        from twinkle_core.preprocessor.base import Filter
-
         if not callable(predicate):
             raise InvalidInputError(f'filter needs a Filter or a callable, got {predicate!r}.')
         fn = predicate if isinstance(predicate, Filter) else Filter.from_callable(predicate, **(init_args or {}))
@@ -134,8 +131,6 @@ class Dataset:
         `model_id` (a local model dir, ``ms://``/``hf://`` ref or a tokenizer) and `init_args` (``max_length``,
         ``truncation_strategy``, ...) are passed to a name or class.
         """
-        from twinkle_core.registry import resolve
-
         if model_id is not None:
             init_args['model_id_or_tokenizer'] = model_id
         self.template = resolve('template', template, **init_args)

@@ -16,6 +16,7 @@ from typing import Any
 from twinkle_core.dataset.meta import DatasetMeta
 from twinkle_core.errors import HubError, InvalidInputError
 from twinkle_core.hub.ref import HubRef
+from twinkle_core.registry import resolve_class
 
 # File suffix -> `datasets` builder name.
 FILE_BUILDERS: dict[str, str] = {
@@ -31,8 +32,6 @@ FILE_BUILDERS: dict[str, str] = {
 
 def load_meta(meta: DatasetMeta, cache_dir: str | None = None) -> Any:
     """Load `meta` with the source its scheme names, then select ``meta.data_slice``."""
-    from twinkle_core.registry import resolve_class
-
     source = resolve_class('dataset_source', meta.scheme)
     data = source(meta, cache_dir=cache_dir)
     indices = meta.indices(len(data))

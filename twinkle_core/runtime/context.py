@@ -11,6 +11,7 @@ from abc import ABCMeta
 from typing import Any
 
 from twinkle_core.mesh import DeviceGroup, DeviceMesh
+from twinkle_core.registry import resolve
 from twinkle_core.runtime.base import Runtime
 
 _active: Runtime | None = None
@@ -37,8 +38,6 @@ def initialize(
     (``['jsonl', {'name': 'wandb', 'project': 'sft'}]``; `twinkle_core.hooks.select`).
     """
     global _active, _mesh, _groups
-    from twinkle_core.registry import resolve
-
     if notifier is not None:
         from twinkle_core.hooks.notifier import install_notifier
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.registry import resolve
 from twinkle_core.types import Trajectory
 
 
@@ -21,8 +22,6 @@ class TextCodec:
     def set_template(self, template: Any, model_id: Any = None, **kwargs: Any) -> None:
         """Template by name (kind ``template``), class or instance. Names and classes get `model_id` (a model dir
         or tokenizer), by default the tokenizer; `kwargs` go to the template's constructor."""
-        from twinkle_core.registry import resolve
-
         if isinstance(template, (str, type)):
             kwargs.setdefault('model_id_or_tokenizer', model_id or self.tokenizer or self.model_id)
         self.template = resolve('template', template, **kwargs)

@@ -6,6 +6,8 @@ import os
 from typing import Any
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.hub.download import snapshot
+from twinkle_core.hub.ref import HubRef, is_hub_ref
 
 
 def load_tokenizer(model_id_or_tokenizer: Any, **kwargs: Any) -> Any:
@@ -38,11 +40,6 @@ def resolve_source(model_id: Any) -> str:
             f'A template needs a tokenizer, a local model directory or a model id, got {type(model_id).__name__}.'
         )
     source = os.fspath(model_id)
-    from twinkle_core.hub.ref import is_hub_ref
-
     if is_hub_ref(source):
-        from twinkle_core.hub.download import snapshot
-        from twinkle_core.hub.ref import HubRef
-
         source = str(snapshot(HubRef.parse(source)))
     return source

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.hub.download import snapshot
 from twinkle_core.hub.ref import HubRef, is_hub_ref
+from twinkle_core.template.tokenizer import load_tokenizer
 
 _DTYPES = {
     'bf16': torch.bfloat16,
@@ -29,8 +31,6 @@ def resolve_model_dir(model_id: str | os.PathLike[str]) -> str:
     """A local directory for `model_id` (hub references are downloaded, or found in the hub client's cache)."""
     text = str(model_id)
     if is_hub_ref(text):
-        from twinkle_core.hub.download import snapshot
-
         return str(snapshot(HubRef.parse(text)))
     return text
 
@@ -58,8 +58,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 def load_tokenizer_if_any(model_dir: str) -> Any:
     """The tokenizer stored with the model (`twinkle_core.template.tokenizer.load_tokenizer`), or None when the
     local directory has none."""
-    from twinkle_core.template.tokenizer import load_tokenizer
-
     local = Path(model_dir)
     if local.is_dir() and not any(local.glob('tokenizer*')):
         return None

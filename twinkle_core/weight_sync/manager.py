@@ -32,7 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.registry import resolve
+from twinkle_core.runtime.context import current_runtime
 from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
+from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
 from twinkle_core.weight_sync.weights import merge_peft
 
 EXPORT_METHODS = ('list_adapters', 'trains_base', 'is_export_rank', 'export_base', 'export_adapter')
@@ -72,8 +75,6 @@ class CheckpointEngineManager:
             raise InvalidInputError('CheckpointEngineManager needs model=, sampler=, or both.')
         self._hosted: Any = None  # the runtime's sync, when model and sampler live in two of its device groups
         if engine is None and model is not None and sampler is not None:
-            from twinkle_core.runtime.context import current_runtime
-
             runtime = current_runtime()
             self._hosted = (
                 runtime.weight_sync(
@@ -96,12 +97,8 @@ class CheckpointEngineManager:
         if engine is None:
             if model is None or sampler is None:
                 raise InvalidInputError('Syncing across processes needs engine= (e.g. BroadcastCheckpointEngine).')
-            from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
-
             self.engine: CheckpointEngine = InProcessCheckpointEngine()
         elif isinstance(engine, str):
-            from twinkle_core.registry import resolve
-
             self.engine = resolve('checkpoint_engine', engine)
         else:
             self.engine = engine

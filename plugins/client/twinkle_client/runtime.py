@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from twinkle_client import remote
+from twinkle_client.client import init_twinkle_client
+from twinkle_core.model.base import Model
+from twinkle_core.registry import resolve
 from twinkle_core.runtime.base import Runtime
+from twinkle_core.sampler.base import Sampler
 
 SERVER_RUNTIME = 'http_server'
 
@@ -27,16 +32,12 @@ class HttpRuntime(Runtime):
         **kwargs: Any,
     ) -> None:
         if base_url is None and api_key is None:  # the server side: start one (by registry name: twinkle-server)
-            from twinkle_core.registry import resolve
-
             resolve('runtime', SERVER_RUNTIME).start(groups=groups, global_device_mesh=global_device_mesh, **kwargs)
             return
         if kwargs:
             raise TypeError(f'the http runtime takes base_url= and api_key=, got {sorted(kwargs)}')
         if base_url is None or api_key is None:
             raise TypeError("initialize(mode='http') needs base_url= and api_key= (or neither, to start a server)")
-        from twinkle_client.client import init_twinkle_client
-
         self.client = init_twinkle_client(base_url, api_key)
 
     def build(
@@ -48,10 +49,6 @@ class HttpRuntime(Runtime):
         remote_group: str | None = None,
         device_mesh: Any = None,
     ) -> Any:
-        from twinkle_client import remote
-        from twinkle_core.model.base import Model
-        from twinkle_core.sampler.base import Sampler
-
         if issubclass(cls, Model):
             return remote.RemoteModel(*args, client=self.client, **kwargs)
         if issubclass(cls, Sampler):

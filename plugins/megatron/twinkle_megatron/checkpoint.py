@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.train.checkpoint_dir import atomic_directory
+from twinkle_core.utils.json import to_json
 from twinkle_megatron import export, groups, lora
 from twinkle_megatron.architecture import Architecture
 
@@ -87,8 +88,6 @@ def save_lora(
 
 def peft_config_dict(config: Any, base_model_id: str) -> dict[str, Any]:
     """``adapter_config.json`` fields of a `peft.LoraConfig` (target modules as a sorted list)."""
-    from twinkle_core.utils.json import to_json
-
     fields = to_json(config.to_dict())
     fields['base_model_name_or_path'] = base_model_id
     fields['target_modules'] = sorted(lora.target_projections(config.target_modules))

@@ -19,7 +19,9 @@ from datetime import timedelta
 from typing import Any
 
 from twinkle_core.errors import TwinkleError
+from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
 from twinkle_ray.group import wait_across
+from twinkle_ray.proxy import ComponentProxy
 
 SYNC_TIMEOUT = timedelta(minutes=10)
 _names = itertools.count(1)
@@ -42,8 +44,6 @@ class WeightSync:
         sampler_adapter_name: str | None = None,
         bucket_bytes: int = 256 << 20,
     ) -> None:
-        from twinkle_ray.proxy import ComponentProxy
-
         if not isinstance(model, ComponentProxy) or not isinstance(sampler, ComponentProxy):
             raise TwinkleError(
                 'WeightSync connects components hosted in two device groups (built with '
@@ -150,7 +150,6 @@ def _open_export_peer(worker: Any, key: str, obj_id: int, options: dict[str, Any
     """A model rank other than the export rank: it takes part in the export's collective gathers and sends
     nothing (its manager's engine is never used)."""
     from twinkle_core.weight_sync import CheckpointEngineManager
-    from twinkle_core.weight_sync.in_process import InProcessCheckpointEngine
 
     worker.objects[key] = CheckpointEngineManager(
         model=worker.objects[obj_id], engine=InProcessCheckpointEngine(), bucket_bytes=bucket_bytes, **options

@@ -14,6 +14,7 @@ import os
 import traceback
 from typing import Any
 
+from twinkle_core.runtime import distributed
 from twinkle_core.utils.net import free_port
 from twinkle_ray.errors import RemoteCallError
 
@@ -59,7 +60,6 @@ class GroupWorker:
     @staticmethod
     def _initialize(mesh: Any) -> None:
         import twinkle_core
-        from twinkle_core.runtime import distributed
 
         twinkle_core.initialize(mode='local', global_device_mesh=mesh)
         if not distributed.is_initialized():  # a 1-rank group: still give it a process group, like every group

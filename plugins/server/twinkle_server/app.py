@@ -19,8 +19,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from twinkle_server import logs, metrics
+from twinkle_server.api.console import router as console_router
 from twinkle_server.api.drain_gate import DrainGate
 from twinkle_server.api.guard import RequestGuard
+from twinkle_server.api.native import datasets as native_datasets
+from twinkle_server.api.native import routes as native
+from twinkle_server.api.openai.errors import as_openai_error, unrouted
+from twinkle_server.api.openai.router import router as openai_router
+from twinkle_server.api.tinker import (
+    routes_checkpoints,
+    routes_futures,
+    routes_sampling,
+    routes_service,
+    routes_sessions_extra,
+    routes_training,
+)
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine.deployment import build_model_hosts
 from twinkle_server.engine.model_host import ModelHost
@@ -62,17 +75,6 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
     app.add_middleware(metrics.HttpMetricsMiddleware)
     app.add_middleware(logs.RequestIdMiddleware)
     app.include_router(metrics.router)
-    from twinkle_server.api.native import datasets as native_datasets
-    from twinkle_server.api.native import routes as native
-    from twinkle_server.api.tinker import (
-        routes_checkpoints,
-        routes_futures,
-        routes_sampling,
-        routes_service,
-        routes_sessions_extra,
-        routes_training,
-    )
-
     for module in (
         routes_service,
         routes_sessions_extra,
@@ -84,11 +86,7 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
         native_datasets,
     ):
         app.include_router(module.router)
-    from twinkle_server.api.openai.router import router as openai_router
-
     app.include_router(openai_router)
-    from twinkle_server.api.console import router as console_router
-
     app.include_router(console_router)
     return app
 
@@ -109,8 +107,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
-            from twinkle_server.api.openai.errors import as_openai_error
-
             exc = as_openai_error(exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
@@ -136,8 +132,6 @@ def _install_error_handlers(app: FastAPI) -> None:
         else:
             err = ApiError(exc.status_code, str(exc.detail))
         if request.url.path.startswith('/v1/'):  # under the OpenAI-compatible routes: OpenAI's error shape
-            from twinkle_server.api.openai.errors import unrouted
-
             err = unrouted(request.method, request.url.path, exc.status_code, str(exc.detail))
         return JSONResponse(err.body(), status_code=err.status, headers={**err.headers(), **(exc.headers or {})})
 

@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks import hook
 from twinkle_core.registry import resolve_class
 from twinkle_server.config.flags import add_flags, checked, given
 from twinkle_server.config.loading import ConfigError, describe, load_server_config, load_storage
 from twinkle_server.config.options import keys_of
 from twinkle_server.config.settings import ServerConfig
+from twinkle_server.store import DatabaseError, Store
 
 _SERVER_KEYS = keys_of(ServerConfig, 'server') + keys_of(ServerConfig, 'storage')
 
@@ -102,14 +104,12 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from twinkle_core.errors import TwinkleError
     from twinkle_server.launch import serve
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     try:
         config = config_from_args(args)
         from twinkle_server.engine.deployment import check_backend_args
-        from twinkle_server.store import Store
 
         check_backend_args(config)  # e.g. a pass_strategy the backend does not declare: one line, exit 2
         Store.open(config.database_url, config.data_dir).close()  # an unreachable database fails here, clearly
@@ -222,8 +222,6 @@ def _revoke_keys(args: argparse.Namespace) -> int:
 def _open_store(args: argparse.Namespace, action: str) -> Any:
     """The server's metadata store (`--database-url`, else SQLite in `--data-dir`; with `--config`, the file's
     storage section under the flags given); None after printing why it cannot be opened."""
-    from twinkle_server.store import DatabaseError, Store
-
     data_dir, database_url = args.data_dir, args.database_url
     try:
         if args.config:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 from typing import Any, Literal
 
+from twinkle_core.errors import TwinkleError
+
 Category = Literal['user', 'server', 'unknown']
 PG_DISK_FULL = '53100'
 SQLITE_FULL = 13
@@ -123,8 +125,6 @@ def as_api_error(exc: BaseException) -> ApiError:
             else 'a write ran out of space; nothing was overwritten (the previous checkpoint of that name is intact)'
         )
         return out_of_disk(what)
-    from twinkle_core.errors import TwinkleError
-
     if isinstance(exc, (TwinkleError, ValueError, KeyError, TypeError)):  # the caller's input or settings
         return ApiError(422, f'{type(exc).__name__}: {exc}')
     return ApiError(500, f'internal error: {type(exc).__name__}: {exc}')

@@ -19,6 +19,7 @@ from typing import Any
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.runtime.base import Runtime
+from twinkle_server.config import DeploymentConfig, GroupSpec, load_server_config
 
 CONFIG_ENV = 'TWINKLE_SERVER_CONFIG'
 GROUP_ROLES = ('model', 'sampler')
@@ -39,7 +40,6 @@ class ServerRuntime(Runtime):
         """Serve the models of `config` (default ``$TWINKLE_SERVER_CONFIG``) placed by `groups`; blocks until the
         server stops. `overrides`: top-level sections laid over the file (e.g. ``server={'port': 9000}``);
         `log_format` (given): the file's `server.log_format`."""
-        from twinkle_server.config import load_server_config
         from twinkle_server.launch import serve
 
         path = config or os.environ.get(CONFIG_ENV)
@@ -71,8 +71,6 @@ class ServerRuntime(Runtime):
 
 def placed_by_groups(config: Any, groups: list[Any]) -> Any:
     """`config` with every model placed by `groups` (module docstring); unchanged without groups."""
-    from twinkle_server.config import DeploymentConfig, GroupSpec
-
     if not groups:
         return config
     by_role = {g.name: g for g in groups}

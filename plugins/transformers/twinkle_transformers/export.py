@@ -19,6 +19,7 @@ import torch
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.utils.json import to_json
 from twinkle_core.weight_sync.weights import Bucket, bucketed, canonical_name, is_lora_name, lora_adapter_key
+from twinkle_transformers.multi_lora import find_manager
 
 
 class ModuleWeights:
@@ -142,8 +143,6 @@ def copy_base_weights(module: torch.nn.Module, named_tensors: Iterable[tuple[str
 
 
 def _multi_lora(module: torch.nn.Module) -> Any:
-    from twinkle_transformers.multi_lora import find_manager
-
     return find_manager(module)
 
 

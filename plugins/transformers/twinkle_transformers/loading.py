@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from twinkle_core.train.model_loading import load_tokenizer_if_any, resolve_dtype, resolve_model_dir
 from twinkle_transformers import attention
 from twinkle_transformers.vision import is_vision_language, language_config
 
@@ -89,8 +90,6 @@ def load_or_adopt(
     """``(model, model_id, model_dir, tokenizer)``: `model_id` loaded by `load_causal_lm` (with its tokenizer, if
     any), or an already loaded `model` moved to `device` (its ``_name_or_path`` as id and directory, no
     tokenizer). Exactly one of them is given (checked by the caller)."""
-    from twinkle_core.train.model_loading import load_tokenizer_if_any, resolve_dtype, resolve_model_dir
-
     if model is None:
         model_dir = resolve_model_dir(model_id)
         loaded = load_causal_lm(

@@ -29,6 +29,7 @@ from torch import Tensor
 from twinkle_core.errors import MeshError
 from twinkle_core.loss.chunking import unwrap_causal_lm
 from twinkle_core.types import IGNORE_INDEX
+from twinkle_transformers.attention import varlen_sdpa_attention
 
 ATTN_IMPLEMENTATION = 'twinkle_ulysses'
 #: the keyword that carries the `SequenceShard` from the model call to `ulysses_attention`
@@ -220,8 +221,6 @@ def ulysses_attention(
     """Attention-interface function: query [B, H, T/N, D] (this rank's tokens), key/value [B, H_kv, T/N, D] ->
     output [B, T/N, H, D]. The model call must carry its `SequenceShard` (``forward_logps`` passes it)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from twinkle_transformers.attention import varlen_sdpa_attention
 
     shard: SequenceShard | None = kwargs.pop(SHARD_KWARG, None)
     if shard is None:

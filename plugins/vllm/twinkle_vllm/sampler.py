@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.hub.download import snapshot
+from twinkle_core.hub.ref import HubRef, is_hub_ref
 from twinkle_core.sampler.base import Sampler, SamplerCapabilities
 from twinkle_core.sampler.codec import TextCodec
 from twinkle_core.sampler.prompts import (
@@ -314,13 +316,8 @@ def _llm_generate(llm: Any, prompts: list[Any], params: list[Any], lora: list[An
 
 
 def _local_dir(model_id: str | os.PathLike[str]) -> str:
-    from twinkle_core.hub.ref import is_hub_ref
-
     text = os.fspath(model_id)
     if is_hub_ref(text):
-        from twinkle_core.hub.download import snapshot
-        from twinkle_core.hub.ref import HubRef
-
         return str(snapshot(HubRef.parse(text)))
     if not Path(text).is_dir():
         raise InvalidInputError(

@@ -7,6 +7,7 @@ from typing import Any
 
 from twinkle_agentic.parsing import ToolCall
 from twinkle_core.env.base import Env, StepResult
+from twinkle_core.registry import resolve
 
 
 def is_env_tool(env: Env | None, name: str) -> bool:
@@ -47,8 +48,6 @@ def new_env(env: Any, env_kwargs: dict[str, Any]) -> Env | None:
     if env is None:
         return None
     if isinstance(env, str):
-        from twinkle_core.registry import resolve
-
         return resolve('env', env, **env_kwargs)
     return env(**env_kwargs)
 

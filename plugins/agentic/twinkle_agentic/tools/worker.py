@@ -23,6 +23,8 @@ import struct
 import sys
 from typing import IO, Any
 
+from twinkle_core.tool.base import ToolError
+
 FRAME = struct.Struct('>Q')
 
 
@@ -99,8 +101,6 @@ def main(argv: list[str]) -> None:
 
 
 def _run(tool: Any, arguments: dict[str, Any], max_chars: int) -> dict[str, Any]:
-    from twinkle_core.tool.base import ToolError
-
     try:
         text = tool(**arguments)
         return {'ok': True, 'output': truncate(text if isinstance(text, str) else str(text), max_chars)}

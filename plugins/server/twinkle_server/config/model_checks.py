@@ -8,6 +8,9 @@ import dataclasses
 import difflib
 from typing import TYPE_CHECKING
 
+from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError, MeshError
+from twinkle_core.model.mesh_support import mesh_problem as unsupported_dims
+from twinkle_core.registry import list_components, resolve_class
 from twinkle_server.config.settings import DeploymentConfig, ModelSpec
 from twinkle_server.config.yaml_lines import KeyPath
 
@@ -59,8 +62,6 @@ class InstalledModels:
                 'the product of the mesh sizes to equal train_group.ranks',
             )
         elif spec.mesh:
-            from twinkle_core.errors import MeshError
-
             try:
                 dataclasses.replace(
                     spec, train_group=dataclasses.replace(spec.train_group, device_type='cpu')
@@ -68,8 +69,6 @@ class InstalledModels:
             except MeshError as exc:
                 error(('mesh',), str(exc).rstrip('.'), 'sizes DeviceMesh.from_sizes accepts')
             else:  # a backend taking no mesh, or embedded mode: reported below as such
-                from twinkle_core.model.mesh_support import mesh_problem as unsupported_dims
-
                 declared = self.capabilities(spec.backend)
                 meshed = deployment.mode != 'embedded' and declared is not None and declared.takes_device_mesh
                 unsupported = meshed and declared and unsupported_dims(spec.backend, declared, spec.mesh)
@@ -107,9 +106,6 @@ class InstalledModels:
 
 def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
     """None when the registry resolves `name`, else (what is wrong, what is expected), each in one line."""
-    from twinkle_core.errors import ComponentNotFoundError, DistributionNotInstalledError
-    from twinkle_core.registry import list_components, resolve_class
-
     what = 'model backend' if kind == 'model' else kind
     try:
         resolve_class(kind, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from twinkle_server.config import ServerConfig
 from twinkle_server.engine.model_host import ModelHost, load_model_host
+from twinkle_server.engine.model_host.construction import backend_args_problem, model_capabilities
 
 __all__ = ['build_engines', 'build_model_hosts', 'check_backend_args']
 
@@ -41,8 +42,6 @@ def build_model_hosts(config: ServerConfig, device: str | None = None) -> dict[s
 
 def check_backend_args(config: ServerConfig) -> None:
     """Raise ValueError for the first model whose `backend_args` its backend does not declare it takes."""
-    from twinkle_server.engine.model_host.construction import backend_args_problem, model_capabilities
-
     for name, spec in config.model_specs.items():
         problem = backend_args_problem(spec.backend, model_capabilities(spec.backend), spec.backend_args)
         if problem is not None:

@@ -34,7 +34,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.template.images import MAX_IMAGE_PIXELS
+from twinkle_core.template.images import MAX_IMAGE_PIXELS, decode_image_bytes
+from twinkle_core.template.vision import VisionTemplate
 from twinkle_core.types import TOKEN_TYPE_FIELD
 from twinkle_server.errors import ApiError, bad_request, over_limit
 
@@ -203,8 +204,6 @@ class ImageEncoder:
             )
         with self._lock:
             if self._template is None and self._error is None:
-                from twinkle_core.template.vision import VisionTemplate
-
                 try:
                     self._template = VisionTemplate(self.model_dir)
                 except InvalidInputError as exc:
@@ -341,8 +340,6 @@ def _header_size(image: WireImage, where: str) -> Size:
 
 
 def _decode(image: WireImage, where: str) -> Any:
-    from twinkle_core.template.images import decode_image_bytes
-
     if image.format not in WIRE_FORMATS:
         raise bad_request(f'{where}: format {image.format!r} is not supported; use one of {list(WIRE_FORMATS)}')
     try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Mapping
 
+from twinkle_core.hooks.select import build_logger
+
 logger = logging.getLogger(__name__)
 
 __all__ = ['ModelLoggers']
@@ -26,8 +28,6 @@ class ModelLoggers:
     installed loggers for an unknown name, at start-up)."""
 
     def __init__(self, specs: Mapping[str, Iterable[Any]]) -> None:
-        from twinkle_core.hooks.select import build_logger
-
         self.loggers = {base: [build_logger(spec) for spec in entries] for base, entries in specs.items() if entries}
 
     def record(self, base_model: str, model_id: str, step: int, metrics: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_transformers.multi_lora.layer import MultiLoraLinear
 
 ALL_LINEAR = 'all-linear'
 
@@ -90,8 +91,6 @@ def linear_module_names(model: nn.Module, *, include_output: bool = False) -> li
 
     Modules already wrapped by `MultiLoraLinear` count as the Linear they wrap; their insides do not.
     """
-    from twinkle_transformers.multi_lora.layer import MultiLoraLinear
-
     get_output = getattr(model, 'get_output_embeddings', None)  # an HF PreTrainedModel's
     output = get_output() if get_output is not None and not include_output else None
     inside = {

@@ -26,6 +26,7 @@ from torch import nn
 from twinkle_core.errors import InvalidInputError
 from twinkle_transformers.multi_lora.adapter_config import ModuleLoraShape, resolve_targets, to_lora_config
 from twinkle_transformers.multi_lora.layer import LoraWeights, MultiLoraLinear
+from twinkle_transformers.multi_lora.peft_format import read_peft_adapter, write_peft_adapter
 from twinkle_transformers.multi_lora.routing import BASE_ONLY, AdapterRouter
 
 PEFT_PREFIX = 'base_model.model.'
@@ -137,15 +138,11 @@ class MultiLoraManager:
 
     def load_adapter(self, name: str, path: str, *, dtype: torch.dtype | None = None) -> int:
         """Add adapter `name` from a PEFT adapter directory (adapter_config.json + weights); returns its slot."""
-        from twinkle_transformers.multi_lora.peft_format import read_peft_adapter
-
         config, state_dict = read_peft_adapter(path)
         return self.add_adapter(name, config, state_dict=state_dict, dtype=dtype)
 
     def save_adapter(self, name: str, path: str, *, base_model_name_or_path: str | None = None) -> str:
         """Write adapter `name` as a PEFT adapter directory (loads with `peft.PeftModel.from_pretrained`)."""
-        from twinkle_transformers.multi_lora.peft_format import write_peft_adapter
-
         record = self.record(name)
         base_id = base_model_name_or_path or getattr(getattr(self.model, 'config', None), '_name_or_path', None)
         return write_peft_adapter(path, record.config, record.targets, self.state_dict(name), base_id)

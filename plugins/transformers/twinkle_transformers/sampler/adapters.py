@@ -26,6 +26,8 @@ from typing import Any, Iterable, Mapping, Protocol
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_transformers.multi_lora import MultiLoraManager, find_manager
+from twinkle_transformers.multi_lora.layer import MultiLoraLinear
 
 Weights = Mapping[str, torch.Tensor]
 
@@ -60,8 +62,6 @@ def is_peft_model(model: Any) -> bool:
 def adapter_backend(model: torch.nn.Module, *, owned: bool) -> AdapterBackend:
     if is_peft_model(model):
         return PeftAdapters(model)
-    from twinkle_transformers.multi_lora import find_manager
-
     if owned or find_manager(model) is not None:
         return MultiLoraAdapters(model)
     return _NoAdapters()
@@ -100,13 +100,9 @@ class MultiLoraAdapters:
 
     @property
     def manager(self) -> Any:
-        from twinkle_transformers.multi_lora import MultiLoraManager
-
         return MultiLoraManager.attach(self.model)  # freezes the base on first use; idempotent
 
     def names(self) -> list[str]:
-        from twinkle_transformers.multi_lora import find_manager
-
         manager = find_manager(self.model)
         return manager.adapter_names if manager is not None else []
 
@@ -136,9 +132,6 @@ class MultiLoraAdapters:
         self.manager.remove_adapter(name)
 
     def names_in(self, module: torch.nn.Module) -> set[str]:
-        from twinkle_transformers.multi_lora import find_manager
-        from twinkle_transformers.multi_lora.layer import MultiLoraLinear
-
         manager = find_manager(self.model)
         if manager is None:
             return set()

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_transformers.vision import is_vision_language
 
 
 @dataclass
@@ -45,8 +46,6 @@ def open_model(
             module, tokenizer, name, owned=False, owner=None if isinstance(model, torch.nn.Module) else model
         )
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from twinkle_transformers.vision import is_vision_language
 
     assert model_id is not None  # exactly one of model_id / model, checked above
     path = os.fspath(model_id)

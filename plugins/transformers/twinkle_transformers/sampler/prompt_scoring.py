@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from twinkle_core.sampler.prompts import first_scored
 from twinkle_transformers.sampler.jobs import PromptJob, PromptResult, PromptScoring
 
 #: float32 logits scored at once (bounds the memory of scoring a long prompt over a large vocabulary: 128 MiB)
@@ -14,8 +15,6 @@ def score_prompt(logits: torch.Tensor, job: PromptJob, scoring: PromptScoring, r
     """Fill `result`'s prompt_* fields from one left-padded row's prefill logits [W, V] (the last W positions of
     the batch: position p of a prompt of length L is predicted by row ``W - L + p - 1``). Positions are scored in
     chunks of at most `SCORE_CHUNK_ELEMENTS` logits."""
-    from twinkle_core.sampler.prompts import first_scored
-
     ids = job.token_ids
     length, width, vocab = len(ids), logits.shape[0], logits.shape[-1]
     first = first_scored(length, scoring.last_n) if scoring.logprobs or scoring.top_k else length

@@ -47,12 +47,13 @@ from twinkle_core.sampler.prompts import (
 )
 from twinkle_core.types import SampleResponse, SamplingParams, Trajectory
 from twinkle_transformers import vision
+from twinkle_transformers.export import ModuleWeights, copy_base_weights
 from twinkle_transformers.sampler import adapters as lora
 from twinkle_transformers.sampler.batching import decode_batches, eval_mode, prompt_jobs
 from twinkle_transformers.sampler.decoding import BatchDecoder
 from twinkle_transformers.sampler.fast_decode import FastDecoder
 from twinkle_transformers.sampler.jobs import PromptResult, PromptScoring, sample_response
-from twinkle_transformers.sampler.model_source import ModelSource, open_model
+from twinkle_transformers.sampler.model_source import ModelSource, open_model, unwrap_module
 from twinkle_transformers.sampler.prefix_cache import (
     DEFAULT_PREFIX_CACHE_BYTES,
     PrefixCache,
@@ -229,8 +230,6 @@ class TorchSampler(Sampler):
                 'load_weights(path) without adapter_name is not supported; pass (name, tensor) '
                 'pairs, or adapter_name=... for a PEFT adapter directory.'
             )
-        from twinkle_transformers.export import copy_base_weights
-
         self._prefix_cache.clear()
         copy_base_weights(self.model, named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
 
@@ -264,9 +263,6 @@ class TorchSampler(Sampler):
         return self.adapter_names
 
     def shares_weights_with(self, model: Any) -> str:
-        from twinkle_transformers.export import ModuleWeights
-        from twinkle_transformers.sampler.model_source import unwrap_module
-
         try:
             other = unwrap_module(model)  # a twinkle model, a ModuleWeights or a torch module
         except InvalidInputError:  # not a torch-backed model of this process
@@ -283,8 +279,6 @@ class TorchSampler(Sampler):
         """The underlying `transformers` (or PEFT) module. For a shared twinkle model it is re-read from the owner
         on every use, so a model that gained a PEFT wrapper after the sampler was built is followed."""
         if self._owner is not None:
-            from twinkle_transformers.sampler.model_source import unwrap_module
-
             module = unwrap_module(self._owner)
             if module is not self._model:
                 self._model, self._adapters = module, lora.adapter_backend(module, owned=False)

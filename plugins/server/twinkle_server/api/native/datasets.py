@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from twinkle_core.dataset import Dataset, DatasetMeta
+from twinkle_core.dataset.sources import hub_repo
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.utils.json import to_json
 from twinkle_server.api.deps import json_body, service, tenant
@@ -55,8 +57,6 @@ async def build_dataset(request: Request, who: Tenant = Depends(tenant), svc: Se
 
 
 def _build(svc: Service, meta: dict[str, Any], steps: list[Any]) -> list[dict[str, Any]]:
-    from twinkle_core.dataset import Dataset
-
     source = _dataset_meta(svc, meta)
     plan = [_step(svc, step) for step in steps]  # every step checked before anything is loaded
     try:
@@ -104,8 +104,6 @@ def _step(svc: Service, step: Any) -> tuple[str, str | None, dict[str, Any]]:
 
 def _dataset_meta(svc: Service, meta: dict[str, Any]) -> DatasetMeta:
     """The request's `DatasetMeta`, validated (400) and its source checked (`_check_source`)."""
-    from twinkle_core.dataset import DatasetMeta
-
     unknown = set(meta) - set(META_FIELDS)
     if unknown:
         raise bad_request(f'unknown dataset meta field(s) {sorted(unknown)}')
@@ -149,8 +147,6 @@ def _named(args: list[Any], op: str) -> tuple[str, dict[str, Any]]:
 def _check_source(svc: Service, meta: DatasetMeta) -> None:
     """A hub id must reach only the hub (400 otherwise); a local source, with everything below a directory, must
     resolve inside an allowed root (403 otherwise)."""
-    from twinkle_core.dataset.sources import hub_repo
-
     source = meta.dataset_id_or_path
     if meta.scheme in ('ms', 'hf'):
         try:

@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle_core.template.tokenizer import load_tokenizer
+
 _TOKENIZERS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
@@ -21,8 +23,6 @@ def tokenizer_for(model_dir: str) -> Any:
     """The (shared, lazily loaded) tokenizer of a served model directory."""
     with _LOCK:
         if model_dir not in _TOKENIZERS:
-            from twinkle_core.template.tokenizer import load_tokenizer
-
             _TOKENIZERS[model_dir] = load_tokenizer(model_dir)
         return _TOKENIZERS[model_dir]
 

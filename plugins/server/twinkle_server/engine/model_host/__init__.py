@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from twinkle_core.hub.download import snapshot
+from twinkle_core.hub.ref import HubRef, is_hub_ref
 from twinkle_server.engine.model_host.base import (
     AdamStep,
     DimuonStep,
@@ -36,12 +38,7 @@ __all__ = [
 
 def resolve_model_dir(path: str) -> str:
     """A local directory for `path`: itself, or a `ms://`/`hf://` snapshot (operator-named, resolved at start)."""
-    from twinkle_core.hub.ref import is_hub_ref
-
     if is_hub_ref(path):
-        from twinkle_core.hub.download import snapshot
-        from twinkle_core.hub.ref import HubRef
-
         return str(snapshot(HubRef.parse(path)))
     if not Path(path).is_dir():
         raise FileNotFoundError(f'model directory {path!r} does not exist (pass NAME=DIR or an ms:// / hf:// id)')

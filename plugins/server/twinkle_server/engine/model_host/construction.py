@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from twinkle_core.errors import InvalidInputError
 from twinkle_core.model import Model, ModelCapabilities
+from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.sampler import Sampler, SamplerCapabilities
+from twinkle_core.train.activation_checkpointing import checkpoint_policy
 
 __all__ = [
     'backend_args_problem',
@@ -37,15 +40,11 @@ Problem = tuple[str, str]
 def model_capabilities(backend: str) -> ModelCapabilities:
     """What the model backend registered as `backend` declares (raises as `resolve_class` does when it is not
     installed); a class that declares nothing gets the conservative defaults."""
-    from twinkle_core.registry import resolve_class
-
     return _declared(resolve_class('model', backend), ModelCapabilities)
 
 
 def sampler_capabilities(sampler: str) -> SamplerCapabilities:
     """What the sampler registered as `sampler` declares (conservative defaults when it declares nothing)."""
-    from twinkle_core.registry import resolve_class
-
     return _declared(resolve_class('sampler', sampler), SamplerCapabilities)
 
 
@@ -80,9 +79,6 @@ def backend_args_problem(backend: str, caps: ModelCapabilities, backend_args: Ma
 
 
 def _checkpointing_problem(backend: str, caps: ModelCapabilities, value: Any) -> Problem | None:
-    from twinkle_core.errors import InvalidInputError
-    from twinkle_core.train.activation_checkpointing import checkpoint_policy
-
     if not caps.gradient_checkpointing:
         return f'{backend} takes no gradient_checkpointing', 'a backend that declares it (e.g. TransformersModel)'
     try:
@@ -112,8 +108,6 @@ def build_backend(
 ) -> Model:
     """The model backend registered as `backend`, built on `model_dir` with `backend_args`, plus ``device`` and
     ``device_mesh`` where it declares it takes them. Raises ValueError for arguments it does not declare."""
-    from twinkle_core.registry import resolve
-
     caps = model_capabilities(backend)
     args = dict(backend_args or {})
     problem = backend_args_problem(backend, caps, args) or mesh_problem(
@@ -133,8 +127,6 @@ def build_sampler(
 ) -> Sampler:
     """The sampler registered as `sampler`, built on `model_dir` with `sampler_args` (plus ``device`` where it
     declares it takes one; `sampler_args` win)."""
-    from twinkle_core.registry import resolve
-
     args = dict(sampler_args or {})
     if sampler_capabilities(sampler).takes_device:
         args = {'device': device, **args}

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from twinkle_server.engine.model_host import resolve_model_dir
 from twinkle_server.engine.model_host.base import ModelHost
 from twinkle_server.engine.ray_deploy.model_host import RayModelHost
 
@@ -52,8 +53,6 @@ def forwarded_env() -> dict[str, str]:
 
 def build_ray_model_hosts(config: Any) -> dict[str, ModelHost]:
     """A `RayModelHost` per configured model, after connecting to Ray as ``config.deployment.ray`` says."""
-    from twinkle_server.engine.model_host import resolve_model_dir
-
     ray_config = config.deployment.ray
     connect(ray_config.address, ray_config.namespace, ray_config.num_cpus)
     env = forwarded_env()

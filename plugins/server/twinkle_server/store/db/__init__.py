@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from twinkle_server.store.db.base import Database, DatabaseError, Session
+from twinkle_server.store.db.postgres import PostgresDatabase
+from twinkle_server.store.db.sqlite import SqliteDatabase
 from twinkle_server.store.db.url import mask_url, parse_url
 
 __all__ = ['Database', 'DatabaseError', 'Session', 'mask_url', 'open_database']
@@ -26,9 +28,5 @@ def open_database(database_url: str | None, data_dir: str | Path) -> Database:
     unsupported URL, a missing driver or an unreachable server."""
     kind, target = parse_url(database_url)
     if kind == 'sqlite':
-        from twinkle_server.store.db.sqlite import SqliteDatabase
-
         return SqliteDatabase(Path(target) if target else Path(data_dir) / SQLITE_FILE)
-    from twinkle_server.store.db.postgres import PostgresDatabase
-
     return PostgresDatabase(target)
