@@ -22,30 +22,22 @@ from typing import Any
 
 from tqdm import tqdm
 
+from twinkle_core.eval.preference import encode_pairs
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve
 
 
 def preference_pairs(rng: random.Random, n: int) -> list[dict[str, Any]]:
-    """`n` pairs ``{'prompt': [messages], 'chosen': str, 'rejected': str}`` for single-digit addition."""
+    """`n` pairs ``{'messages': [user turn], 'chosen': str, 'rejected': str}`` for single-digit addition."""
     pairs = []
     for _ in range(n):
         a, b = rng.randint(0, 4), rng.randint(0, 4)
         wrong = rng.choice([x for x in range(10) if x != a + b])
         pairs.append(
-            {'prompt': [{'role': 'user', 'content': f'{a}+{b}='}], 'chosen': str(a + b), 'rejected': str(wrong)}
+            {'messages': [{'role': 'user', 'content': f'{a}+{b}='}], 'chosen': str(a + b), 'rejected': str(wrong)}
         )
     return pairs
-
-
-def encode_pairs(template: Any, pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Interleaved rows: 2i = prompt + chosen, 2i+1 = prompt + rejected (labels on the answer only)."""
-    rows = []
-    for pair in pairs:
-        for answer in (pair['chosen'], pair['rejected']):
-            rows.append(template.encode({'messages': [*pair['prompt'], {'role': 'assistant', 'content': answer}]}))
-    return rows
 
 
 def main(

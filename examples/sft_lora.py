@@ -10,7 +10,8 @@ greedy answer to "who are you?" checks that the identity was learned.
     python examples/sft_lora.py --runtime ray --ranks 2 --strategy ep   # a MoE model, each rank half its experts
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
     python examples/sft_lora.py --model "$(twinkle fixtures smollm2)" --lr 1e-4 --lora-targets all-linear \
-        --eval-every 20 --eval-task SelfCognitionTask       # SmolLM2 from a PyPI wheel, scored on held-out questions
+        --eval-every 20 --eval-task SelfCognitionTask,ArithmeticTask   # SmolLM2 from a PyPI wheel: held-out
+                                                    # identity questions learned, arithmetic kept (docs/evaluation.md)
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
 
@@ -57,7 +58,13 @@ def parse_args() -> argparse.Namespace:
         help='score the adapter on --eval-task every N steps and at the end (0: never); the metrics go to every '
         'metrics logger (the JSONL the console reads) as eval/<task>/<metric>',
     )
-    parser.add_argument('--eval-task', default='SelfCognitionTask', help='evaluation task by registry name')
+    parser.add_argument(
+        '--eval-task',
+        default='SelfCognitionTask',
+        help='evaluation tasks by registry name, comma-separated (e.g. SelfCognitionTask,ArithmeticTask: what is '
+        'learned and what must be kept); each is scored before the first step too',
+    )
+    parser.add_argument('--eval-limit', type=int, default=None, help='score at most N problems of each task')
     parser.add_argument('--output-dir', default='output/sft_lora')
     parser.add_argument(
         '--threads',
@@ -133,6 +140,8 @@ def main() -> None:
     main_rank = is_main_process()  # under torchrun, rank 0 reports
     evaluator = make_evaluator(model, model_id, args) if main_rank and args.eval_every else None
     progress = tqdm(total=args.steps, desc='sft', unit='step', file=None if main_rank else open(os.devnull, 'w'))
+    if evaluator is not None:  # the untrained adapter (LoRA starts as the identity): the curve's first point
+        report_eval(progress, 0, evaluator(0))
     while progress.n < args.steps:
         for batch in loader:
             out = model.forward_backward(inputs=batch)
@@ -149,12 +158,8 @@ def main() -> None:
                         f'grad_norm {metrics["grad_norm"]:.3f}  lr {metrics["lr"]:.2e}  '
                         f'{metrics["tokens_per_second"]:.0f} tok/s'
                     )
-            if main_rank and args.eval_every and (progress.n % args.eval_every == 0 or progress.n == args.steps):
-                scores = evaluator(progress.n)
-                progress.write(
-                    f'step {progress.n}: {args.eval_task} accuracy {scores["accuracy"]:.3f} '
-                    f'[{scores["accuracy_low"]:.3f}, {scores["accuracy_high"]:.3f}]'
-                )
+            if evaluator is not None and (progress.n % args.eval_every == 0 or progress.n == args.steps):
+                report_eval(progress, progress.n, evaluator(progress.n))
             if progress.n == args.steps:
                 break
     progress.close()
@@ -184,20 +189,34 @@ def main() -> None:
 
 
 def make_evaluator(model: TransformersModel, model_id: str, args: argparse.Namespace):
-    """`evaluate(step)`: the adapter as of now (saved, loaded into a TorchSampler) scored on `--eval-task`; the
-    metrics also go to every metrics logger at that step (`twinkle_core.eval`)."""
+    """`evaluate(step)`: the adapter as of now (saved, loaded into a TorchSampler) scored on each `--eval-task`
+    (task name -> its metrics); the metrics also go to every metrics logger at that step (`twinkle_core.eval`)."""
     from twinkle_core.eval import evaluate
     from twinkle_transformers.sampler import TorchSampler
 
     sampler = TorchSampler(model_id)
     eval_dir = Path(args.output_dir) / 'eval'
+    tasks = [name.strip() for name in args.eval_task.split(',') if name.strip()]
 
-    def run(step: int) -> dict[str, float]:
+    def run(step: int) -> dict[str, dict[str, float]]:
         path = model.save('current', output_dir=str(eval_dir))
         sampler.add_adapter('current', path=str(path))
-        return evaluate(sampler, args.eval_task, adapter_name='current', step=step, progress=False).metrics
+        return {
+            task: evaluate(
+                sampler, task, adapter_name='current', step=step, limit=args.eval_limit, progress=False
+            ).metrics
+            for task in tasks
+        }
 
     return run
+
+
+def report_eval(progress: tqdm, step: int, results: dict[str, dict[str, float]]) -> None:
+    for task, scores in results.items():
+        progress.write(
+            f'step {step}: {task} accuracy {scores["accuracy"]:.3f} '
+            f'[{scores["accuracy_low"]:.3f}, {scores["accuracy_high"]:.3f}]'
+        )
 
 
 def lora_targets(spec: str) -> str | list[str]:

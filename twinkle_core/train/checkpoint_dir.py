@@ -114,3 +114,12 @@ def load_training_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f'save_optimizer=True, so only its weights can be loaded (load_optimizer=False).'
         )
     return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def restore_run_state(saved: dict[str, Any], dataloader: Any = None) -> Any:
+    """The run-wide part of a loaded training state (`load_training_state`): the RNG states and, given a
+    `dataloader`, its position; returns the caller's saved `extra_state`."""
+    set_rng_state(saved['rng'])
+    if dataloader is not None and saved.get('dataloader') is not None:
+        dataloader.load_state_dict(saved['dataloader'])
+    return saved.get('extra_state')

@@ -16,8 +16,8 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.train.checkpoint_dir import (
     load_training_state,
     read_metadata,
+    restore_run_state,
     save_training_state,
-    set_rng_state,
     write_metadata,
 )
 from twinkle_core.weight_sync.weights import Bucket, bucketed
@@ -161,10 +161,7 @@ class MegatronPersistence:
         saved = load_training_state(path)
         state.load_state_dict(saved['train_state'], load_optimizer_state=lambda optimizer, value: None)
         ckpt.load_optimizer(state, path)
-        set_rng_state(saved['rng'])
-        if dataloader is not None and saved.get('dataloader') is not None:
-            dataloader.load_state_dict(saved['dataloader'])
-        return saved.get('extra_state')
+        return restore_run_state(saved, dataloader)
 
     # ---- weight export -----------------------------------------------------------------------------------------
     def trains_base(self) -> bool:

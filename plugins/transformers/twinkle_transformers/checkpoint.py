@@ -37,9 +37,9 @@ from twinkle_core.train.checkpoint_dir import (  # noqa: F401
     atomic_directory,
     load_training_state,
     read_metadata,
+    restore_run_state,
     rng_state,
     save_training_state,
-    set_rng_state,
     write_metadata,
 )
 

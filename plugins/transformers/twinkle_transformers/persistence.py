@@ -114,10 +114,7 @@ def load(model: CheckpointedModel, path: str, load_optimizer: bool, adapter_name
     model.train_state(adapter_name).load_state_dict(  # resharded to this run's mesh (collective under one)
         saved['train_state'], load_optimizer_state=load_optimizer_state
     )
-    ckpt.set_rng_state(saved['rng'])
-    if dataloader is not None and saved.get('dataloader') is not None:
-        dataloader.load_state_dict(saved['dataloader'])
-    return saved.get('extra_state')
+    return ckpt.restore_run_state(saved, dataloader)
 
 
 def _load_sharded_weights(model: CheckpointedModel, path: str, meta: dict[str, Any], load_optimizer: bool) -> None:
