@@ -133,23 +133,39 @@
       const weight = smoothing ? Number(smoothing.value) : 0;
       const log = logscale && logscale.checked;
       const runs = Object.keys(byRun);
-      Array.from(names).sort().forEach((metric) => {
+      // `<m>_low` / `<m>_high` next to `<m>` (an evaluation's interval, twinkle_core.eval): drawn as dashed lines
+      // in <m>'s chart, not as charts of their own
+      const bandOf = (m) => (m.endsWith('_low') ? m.slice(0, -4) : m.endsWith('_high') ? m.slice(0, -5) : null);
+      Array.from(names).sort().filter((m) => !names.has(bandOf(m))).forEach((metric) => {
         const present = runs.filter((r) => byRun[r][metric]);
-        const tables = present.map((r) => {
-          const [xs, ys] = byRun[r][metric];
-          const ysm = smooth(ys.map((y) => (log && !(y > 0) ? null : y)), weight);
-          return [xs, ysm];
+        const lines = [];  // [run index, label, [xs, ys], dashed]
+        present.forEach((r, i) => {
+          lines.push([i, r, byRun[r][metric], false]);
+          ['_low', '_high'].forEach((end) => {
+            if (byRun[r][metric + end]) lines.push([i, `${r} ${end.slice(1)}`, byRun[r][metric + end], true]);
+          });
+        });
+        const tables = lines.map(([, , [xs, ys], dashed]) => {
+          const shown = ys.map((y) => (log && !(y > 0) ? null : y));
+          return [xs, dashed ? shown : smooth(shown, weight)];
         });
         const points = present.map((r) => byRun[r][metric][0].length);
-        const box = el('div', { class: 'chart', 'data-metric': metric, 'data-points': points.join(',') }, [
+        const banded = lines.some((line) => line[3]);
+        const box = el('div', {
+          class: 'chart', 'data-metric': metric, 'data-points': points.join(','), 'data-interval': String(banded),
+        }, [
           el('h3', { text: metric }),
-          el('p', { class: 'points', text: present.map((r, i) => `${r}: ${points[i]} points`).join(' · ') }),
+          el('p', {
+            class: 'points',
+            text: present.map((r, i) => `${r}: ${points[i]} points`).join(' · ') + (banded ? ' · dashed: 95% interval' : ''),
+          }),
         ]);
         container.append(box);
         if (typeof uPlot === 'undefined') return;
         const joined = tables.length === 1 ? tables[0] : uPlot.join(tables);
-        const series = [{ label: 'step' }].concat(present.map((r, i) => ({
-          label: r, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true, points: { show: points[i] < 60 },
+        const series = [{ label: 'step' }].concat(lines.map(([i, label, , dashed]) => ({
+          label, stroke: COLORS[i % COLORS.length], width: dashed ? 1 : 2, dash: dashed ? [4, 4] : undefined,
+          spanGaps: true, points: { show: points[i] < 60 },
         })));
         const width = Math.max(300, (box.clientWidth || 400) - 24);
         new uPlot({
