@@ -87,7 +87,7 @@ def evaluate(
             correct.append([s.correct for s in scores])
             rewards.append([s.reward for s in scores])
             formatted.append([s.formatted for s in scores])
-            lengths.append([len(seq.tokens) for seq in response.sequences])
+            lengths.append([_length(seq) for seq in response.sequences])
             records.append(
                 {
                     'prompt': prompt,
@@ -104,6 +104,12 @@ def evaluate(
     if step is not None:
         result.emit(step, adapter_name)
     return result
+
+
+def _length(sequence: Any) -> int:
+    """A completion's length in tokens: its token ids, or, from a sampler that returns text (an OpenAI-compatible
+    endpoint: `twinkle_agentic`'s `OpenAISampler`), the count of its per-token log-probs."""
+    return len(sequence.tokens) or len(sequence.logprobs or ())
 
 
 def _scored_trajectory(prompt: dict[str, Any], sequence: Any, template: Any) -> dict[str, Any]:
