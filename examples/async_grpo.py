@@ -12,6 +12,7 @@ clipped importance ratio against the sampler's log-probs (``old_logps``) correct
     python examples/async_grpo.py --sampler vLLMSampler
     python examples/async_grpo.py --ray               # the sampler in a Ray actor group, the trainer here
     python examples/async_grpo.py --ray --ray-trainer # the trainer in a Ray actor group as well (the seeds' layout)
+    python examples/async_grpo.py --eval-every 10     # greedy accuracy on held-out prompts as it trains
 
 With ``--ray`` the sampler is a one-actor Ray group (`twinkle_core.initialize(mode='ray')`, ``remote_group=``):
 sampling runs in that actor's process, training in this one, and the published weights travel to the actor
@@ -29,7 +30,8 @@ from typing import Any
 
 import twinkle_core
 from twinkle_core.advantage import GRPOAdvantage
-from twinkle_core.fixtures.repeat_task import RepeatTaskWorker, format_warmup
+from twinkle_core.eval import evaluate
+from twinkle_core.fixtures.repeat_task import RepeatTask, RepeatTaskWorker, format_warmup
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.mesh import DeviceGroup
 from twinkle_core.model import TransformersModel
@@ -52,8 +54,11 @@ def main(
     model_id: str | None = None,
     ray: bool = False,
     ray_trainer: bool = False,
+    eval_every: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    if eval_every and ray_trainer:
+        raise SystemExit("--eval-every samples the trainer's weights in this process; not with --ray-trainer")
     model_dir = model_id or str(ensure_tiny_model('tiny'))
     if ray:
         groups = [DeviceGroup(name='sampler', ranks=1, device_type='cpu')]
@@ -96,7 +101,10 @@ def main(
         groups_per_call=prompts_per_call,
         max_staleness=max_staleness,
     )
-    report = run_with_progress(driver, steps, desc=f'GRPO (max_staleness={max_staleness})')
+    evaluator = held_out_evaluator(model, template, seed) if eval_every else None
+    report = run_with_progress(
+        driver, steps, desc=f'GRPO (max_staleness={max_staleness})', evaluator=evaluator, eval_every=eval_every
+    )
     mean_rewards = [r.metrics['reward'] for r in report.steps]
     half = max(1, steps // 2)
     summary = report.summary()
@@ -109,12 +117,25 @@ def main(
         f'{summary["rollout_busy"]:.0%}, trainer busy {summary["trainer_busy"]:.0%}'
     )
     print(off_policy_line(summary))
+    if report.evaluations:
+        (first, before), (last, after) = report.evaluations[0], report.evaluations[-1]
+        print(f'held-out greedy accuracy: version {first} {before["accuracy"]:.3f} -> {last} {after["accuracy"]:.3f}')
     return {
         'mean_rewards': mean_rewards,
         'report': report,
         'model': model,
         'sampler_version': driver.weights.sampler_version,
     }
+
+
+def held_out_evaluator(model: Any, template: Any, seed: int) -> Any:
+    """`evaluate(version)`: greedy accuracy on 50 "repeat d" prompts drawn apart from training's, sampled by a
+    `TorchSampler` sharing the trainer's weights; the driver calls it on the trainer's thread between two steps
+    (the rollout thread samples on), and the metrics reach every metrics logger at that policy version."""
+    sampler = resolve_class('sampler', 'TorchSampler')(model=model)
+    sampler.set_template(template)
+    task = RepeatTask(size=50, seed=seed + 12345)
+    return lambda version: evaluate(sampler, task, step=version, progress=False).metrics
 
 
 if __name__ == '__main__':
@@ -130,6 +151,7 @@ if __name__ == '__main__':
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
     parser.add_argument('--ray', action='store_true', help='run the sampler in a Ray actor group')
     parser.add_argument('--ray-trainer', action='store_true', help='with --ray: the trainer in a Ray group too')
+    parser.add_argument('--eval-every', type=int, default=0, help='held-out greedy accuracy every N steps (0: never)')
     args = parser.parse_args()
     main(
         steps=args.steps,
@@ -143,4 +165,5 @@ if __name__ == '__main__':
         sampler_name=args.sampler,
         ray=args.ray,
         ray_trainer=args.ray_trainer,
+        eval_every=args.eval_every,
     )

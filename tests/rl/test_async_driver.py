@@ -206,3 +206,26 @@ def test_run_with_progress_shows_the_metrics_and_closes_the_driver(tiny_model_di
     bar = capsys.readouterr().err
     assert 'test run' in bar and '2/2' in bar and 'reward=0.00' in bar and 'staleness=' in bar
     assert 'not-a-metric' not in bar
+
+
+def test_an_evaluator_sees_each_policy_version_between_steps(tiny_model_dir, capsys):
+    """The evaluator runs on the trainer's thread before the first step and after every eval_every-th step and the
+    last: the trainer's weights are then exactly that version (checked against the published versions' sums)."""
+    model = new_model(tiny_model_dir)
+    driver = AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS, max_staleness=1)
+    param = next(p for p in model.model.parameters() if p.requires_grad)
+    seen: list[tuple[int, float, str]] = []
+
+    def evaluator(version: int) -> dict[str, float]:
+        seen.append((version, float(param.detach().double().sum()), threading.current_thread().name))
+        return {'accuracy': version / 10}
+
+    report = run_with_progress(driver, 5, desc='eval run', evaluator=evaluator, eval_every=2)
+    assert [v for v, _, _ in seen] == [0, 2, 4, 5] and report.evaluations == [
+        (v, {'accuracy': v / 10}) for v in (0, 2, 4, 5)
+    ]
+    assert {thread for _, _, thread in seen} == {threading.current_thread().name}  # never the rollout thread
+    assert len({total for _, total, _ in seen}) == 4  # every evaluation saw other weights: a new version each
+    assert 'policy version 4: eval accuracy 0.400' in capsys.readouterr().out
+    with pytest.raises(InvalidInputError, match='eval_every must be >= 1'):
+        AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS).run(1, evaluator=evaluator)

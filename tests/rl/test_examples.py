@@ -70,11 +70,16 @@ def test_gkd_student_teacher_divergence_falls(on_policy_fraction):
 @pytest.mark.learning
 def test_async_grpo_mean_reward_rises():
     """examples/async_grpo.py with max_staleness=1: every step trains groups sampled one version behind (the GRPO
-    clip corrects for it) and the reward rises like the synchronous example's."""
-    result = load_example('async_grpo').main(seed=0, max_staleness=1)
+    clip corrects for it) and the reward rises like the synchronous example's; so does greedy accuracy on held-out
+    prompts, evaluated during the run."""
+    result = load_example('async_grpo').main(seed=0, max_staleness=1, eval_every=20)
     report = result['report']
     assert report.summary()['staleness_max'] == 1 and report.dropped == 0
     assert reward_rise(result['mean_rewards']) >= GRPO_REWARD_RISE, result['mean_rewards']
+    # held-out greedy accuracy, evaluated on the trainer's thread between steps while the rollout thread sampled on
+    assert [version for version, _ in report.evaluations] == [0, 20, 40, 60]
+    accuracy = [metrics['accuracy'] for _, metrics in report.evaluations]
+    assert accuracy[-1] > accuracy[0], accuracy
 
 
 @pytest.mark.slow

@@ -75,6 +75,8 @@ class RunReport:
     wall_s: float
     rollout_busy: list[tuple[float, float]]
     trainer_busy: list[tuple[float, float]]
+    #: (policy version, the evaluator's metrics) of every evaluation of the run (`AsyncRLDriver.run`'s `evaluator`)
+    evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     def busy_fraction(self, who: Literal['rollout', 'trainer']) -> float:
         spans = self.rollout_busy if who == 'rollout' else self.trainer_busy
@@ -137,11 +139,28 @@ class AsyncRLDriver:
         self._t0 = 0.0
 
     # ---- trainer side (the caller's thread) ------------------------------------------------------------------
-    def run(self, steps: int, on_step: Callable[[StepRecord], None] | None = None) -> RunReport:
+    def run(
+        self,
+        steps: int,
+        on_step: Callable[[StepRecord], None] | None = None,
+        *,
+        evaluator: Callable[[int], dict[str, float]] | None = None,
+        eval_every: int = 0,
+    ) -> RunReport:
         """Train `steps` steps (policy versions 1..steps); `on_step` sees each step's record as it ends. A driver
-        runs once (its buffer and versions start at 0): build a new one for another run."""
+        runs once (its buffer and versions start at 0): build a new one for another run.
+
+        `evaluator(version)` (e.g. `twinkle_core.eval.evaluate` on a sampler sharing the trainer's weights, with
+        ``step=version``) runs on the trainer's thread before the first step and after every `eval_every`-th step
+        and the last, between two steps, so it sees exactly that policy version; the rollout thread keeps sampling
+        meanwhile. Its metrics are in `RunReport.evaluations`."""
         if self._t0:
             raise TwinkleError('AsyncRLDriver.run() was already called; build a new driver for another run.')
+        if evaluator is not None and eval_every < 1:
+            raise InvalidInputError(f'eval_every must be >= 1 with an evaluator, got {eval_every}.')
+        evaluations: list[tuple[int, dict[str, float]]] = []
+        if evaluator is not None:
+            evaluations.append((0, dict(evaluator(0))))
         self._t0 = time.monotonic()
         self.weights.publish(0)
         thread = threading.Thread(target=self._rollout_loop, name='twinkle-rollout', daemon=True)
@@ -161,6 +180,8 @@ class AsyncRLDriver:
                 versions = [int(g.policy_version) for g in groups if g.policy_version is not None]
                 record = StepRecord(step, versions, dropped, started - waited, ended - started, dict(metrics))
                 records.append(record)
+                if evaluator is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
+                    evaluations.append((step + 1, dict(evaluator(step + 1))))
                 if on_step is not None:
                     on_step(record)
         except BufferClosed as exc:
@@ -175,6 +196,7 @@ class AsyncRLDriver:
             time.monotonic() - self._t0,
             list(self._rollout_busy),
             trainer_busy,
+            evaluations,
         )
 
     # ---- rollout side (its own thread) ---------------------------------------------------------------------------
