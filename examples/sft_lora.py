@@ -9,9 +9,10 @@ greedy answer to "who are you?" checks that the identity was learned.
     python examples/sft_lora.py --runtime ray --ranks 2 [--strategy sp]   # 2 Ray actors (sp: split sequences)
     python examples/sft_lora.py --runtime ray --ranks 2 --strategy ep   # a MoE model, each rank half its experts
     python examples/sft_lora.py --model ms://Qwen/Qwen3-0.6B --lr 1e-4 --lora-targets all-linear  # a real model
-    python examples/sft_lora.py --model "$(twinkle fixtures smollm2)" --lr 1e-4 --lora-targets all-linear \
-        --eval-every 20 --eval-task SelfCognitionTask,ArithmeticTask   # SmolLM2 from a PyPI wheel: held-out
-                                                    # identity questions learned, arithmetic kept (docs/evaluation.md)
+    python examples/sft_lora.py --model "$(twinkle fixtures smollm2)" --lr 1e-3 --lora-targets all-linear \
+        --steps 40 --replay 120 --eval-every 10 --eval-task SelfCognitionTask,ArithmeticTask
+        # SmolLM2 from a PyPI wheel: held-out identity questions learned, held-out arithmetic kept
+        # (--replay: the base model's own answers to other prompts mixed in; docs/benchmarks.md)
 The script is the same in every runtime: only `init_runtime` (the ``twinkle_core.initialize`` call) differs.
 """
 
@@ -65,6 +66,14 @@ def parse_args() -> argparse.Namespace:
         'learned and what must be kept); each is scored before the first step too',
     )
     parser.add_argument('--eval-limit', type=int, default=None, help='score at most N problems of each task')
+    parser.add_argument(
+        '--replay',
+        type=int,
+        default=0,
+        help='mix N conversations in which the base model answers other prompts in its own words (general '
+        'instructions, then training-split arithmetic; greedy, before training) into the data: they hold its '
+        'behaviour where the identity data would otherwise take over every answer (local runtime only)',
+    )
     parser.add_argument('--output-dir', default='output/sft_lora')
     parser.add_argument(
         '--threads',
@@ -116,8 +125,18 @@ def main() -> None:
     torch.manual_seed(0)
 
     # Data: rows {query, response} -> chat messages naming the model -> input_ids + assistant-only labels.
-    dataset = Dataset(DatasetMeta(args.data))
-    dataset.map('SelfCognitionProcessor', init_args={'model_name': 'Twinkle', 'model_author': 'ModelScope'})
+    identity = DatasetMeta(args.data)
+    parts = [identity]
+    if args.replay:
+        if args.runtime != 'local':
+            raise SystemExit('--replay samples the base model in this process: local runtime only')
+        parts.append(DatasetMeta(str(replay_file(model_id, args.replay, Path(args.output_dir) / 'replay.jsonl'))))
+    dataset = Dataset(parts, mixing='concat')
+    dataset.map(
+        'SelfCognitionProcessor',
+        init_args={'model_name': 'Twinkle', 'model_author': 'ModelScope'},
+        dataset_meta=identity,
+    )
     dataset.set_template('Template', model_id=model_id, max_length=512)
     dataset.encode()
     # lazy_collect: on Ray, batches stay in the model group (handed rank to rank to forward_backward)
@@ -209,6 +228,44 @@ def make_evaluator(model: TransformersModel, model_id: str, args: argparse.Names
         }
 
     return run
+
+
+def replay_file(model_id: str, n: int, out: Path) -> Path:
+    """`n` conversations in which the base model answers prompts the identity data does not cover -- the general
+    instructions of `alpaca_sample.jsonl`, then training-split arithmetic (`arithmetic_prompts(split='train')`: no
+    held-out problem) -- in its own words, greedily, before any training (self-distillation replay); answers cut by
+    the token limit are left out. Written to `out` as chat rows."""
+    import json
+
+    from twinkle_core.eval.arithmetic import arithmetic_prompts
+    from twinkle_core.types import SamplingParams
+    from twinkle_transformers.sampler import TorchSampler
+
+    general = [json.loads(line) for line in data_path('alpaca_sample.jsonl').read_text().splitlines() if line]
+    prompts = [
+        {'messages': [{'role': 'user', 'content': g['instruction'] + (f'\n\n{g["input"]}' if g['input'] else '')}]}
+        for g in general
+    ][:n]
+    prompts += arithmetic_prompts(n - len(prompts), split='train', seed=1) if n > len(prompts) else []
+    sampler = TorchSampler(model_id)
+    sampler.set_template('Template')
+    responses = sampler.sample(prompts, SamplingParams(max_tokens=128, temperature=0.0))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    with out.open('w', encoding='utf-8') as f:
+        for prompt, response in zip(prompts, responses):
+            answer = response.sequences[0]
+            if answer.stop_reason == 'stop':
+                f.write(json.dumps({'messages': [*prompt['messages'], {'role': 'assistant', 'content': answer.text}]}))
+                f.write('\n')
+                kept += 1
+    if not kept:
+        raise SystemExit(
+            f"--replay: none of the base model's {len(prompts)} answers ended within 128 tokens (a model with "
+            'random weights never stops); replay needs a trained model, e.g. --model "$(twinkle fixtures smollm2)"'
+        )
+    print(f'replay: {kept} of {len(prompts)} base-model answers (the rest hit the token limit) in {out}')
+    return out
 
 
 def report_eval(progress: tqdm, step: int, results: dict[str, dict[str, float]]) -> None:
