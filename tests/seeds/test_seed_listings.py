@@ -1,60 +1,18 @@
 """The Twinkle documents' listings, ported to examples/seeds/ with only the stated substitutions (each file's
-header lists them), run as a user would and checked for what the listing promises."""
+header lists them), run as a user would and checked for what the listing promises: one process, torchrun and the
+service (the Ray ones: test_seed_listings_ray.py)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.seeds.listings import SEEDS, assert_sft_listing_learned, mean_row_loss, run, torchrun
 from twinkle_core.utils.net import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT / 'examples' / 'seeds'
-
-
-def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> str:
-    proc = subprocess.run(
-        cmd,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})},
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f'{cmd[-1]} failed:\n{output[-5000:]}'
-    return output
-
-
-def assert_sft_listing_learned(output: str, cwd: Path, tiny_model_dir: Path) -> None:
-    """The SFT listing's log shows the loss falling and an evaluation below the first loss, and its best and last
-    checkpoints are PEFT adapters that load on the Hugging Face model."""
-    train = [float(m) for m in re.findall(r"Current is step \d+ of \d+, metric: \{'loss': ([0-9.]+)", output)]
-    evals = [float(m) for m in re.findall(r"Eval metric: \{'loss': ([0-9.]+)", output)]
-    assert len(train) >= 3 and evals, output[-3000:]
-    assert train[-1] < train[0] and evals[0] < train[0]
-    import peft
-    from transformers import AutoModelForCausalLM
-
-    for name in ('checkpoint-40', 'last-checkpoint'):
-        peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cwd / 'output' / name)
-
-
-def mean_row_loss(module, rows: list[dict]) -> float:
-    import torch
-
-    with torch.no_grad():
-        return sum(
-            float(module(input_ids=torch.tensor([r['input_ids']]), labels=torch.tensor([r['labels']])).loss)
-            for r in rows
-        ) / len(rows)
 
 
 def test_single_process_listing_runs_as_written(tiny_model_dir, monkeypatch, caplog):
@@ -100,53 +58,9 @@ def test_single_process_listing_runs_as_written(tiny_model_dir, monkeypatch, cap
 
 
 @pytest.mark.slow
-def test_readme_ray_sft(tmp_path, tiny_model_dir):
-    """README "Train with Ray": LoRA SFT in a Ray group of 2 CPU ranks under an FSDP2 mesh, with gradient
-    accumulation and a warm-up cosine schedule; it prints its step-0 metrics and saves a PEFT adapter that lowers
-    the loss of the data it trained on."""
-    pytest.importorskip('ray')
-    import peft
-    from transformers import AutoModelForCausalLM
-
-    from twinkle_core.dataset import Dataset, DatasetMeta
-    from twinkle_core.fixtures import data_path
-
-    output = run(
-        [sys.executable, str(SEEDS / 'readme_ray_sft.py')], tmp_path, env={'TWINKLE_SEED_MODEL': str(tiny_model_dir)}
-    )
-    assert re.search(r"Current is step 0 of 15, metric: \{'loss': [0-9.]+", output), output[-3000:]
-    rows = (
-        Dataset(DatasetMeta(str(data_path('self_cognition.jsonl')), data_slice=range(16)))
-        .map('SelfCognitionProcessor', {'model_name': 'twinkle LLM', 'model_author': 'ModelScope Community'})
-        .set_template('Qwen3_5Template', model_id=str(tiny_model_dir))
-        .encode()
-        .rows(range(16))
-    )
-    base = mean_row_loss(AutoModelForCausalLM.from_pretrained(tiny_model_dir), rows)
-    tuned = peft.PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / 'output' / 'last-checkpoint'
-    )
-    assert mean_row_loss(tuned, rows) < base - 1e-2
-
-
-@pytest.mark.slow
 def test_torchrun_listing_runs_as_written(tmp_path):
     """Runtime-modes document, "torchrun Mode": the single-process body under an FSDP2 mesh on 2 CPU ranks."""
-    output = run(
-        [
-            sys.executable,
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_addr',
-            '127.0.0.1',
-            '--master_port',
-            str(free_port()),
-            str(SEEDS / 'torchrun_sft.py'),
-        ],
-        tmp_path,
-    )
+    output = torchrun('torchrun_sft.py', tmp_path)
     assert output.count('using AdamW(lr=1e-05)') == 2  # one default optimizer per rank, announced
 
 
@@ -154,21 +68,7 @@ def test_torchrun_listing_runs_as_written(tmp_path):
 def test_fsdp2_sft_with_eval_under_torchrun(tmp_path, tiny_model_dir):
     """Best-practices guide section 2: torchrun, FSDP2 over 2 CPU ranks, LoRA; the loss falls, the periodic
     evaluation runs, and the best and last checkpoints are PEFT adapters that load."""
-    output = run(
-        [
-            sys.executable,
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_addr',
-            '127.0.0.1',
-            '--master_port',
-            str(free_port()),
-            str(SEEDS / 'fsdp2_sft_with_eval.py'),
-        ],
-        tmp_path,
-    )
+    output = torchrun('fsdp2_sft_with_eval.py', tmp_path)
     assert_sft_listing_learned(output, tmp_path, tiny_model_dir)
 
 
@@ -177,55 +77,8 @@ def test_megatron_sft_with_eval_under_torchrun(tmp_path, tiny_model_dir):
     """The same listing with `MegatronModel` over tp=2 CPU ranks: the loss falls, the evaluation runs, and the
     checkpoints are PEFT adapters that load on the Hugging Face model."""
     pytest.importorskip('twinkle_megatron')
-    output = run(
-        [
-            sys.executable,
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_addr',
-            '127.0.0.1',
-            '--master_port',
-            str(free_port()),
-            str(SEEDS / 'megatron_sft_with_eval.py'),
-        ],
-        tmp_path,
-    )
+    output = torchrun('megatron_sft_with_eval.py', tmp_path)
     assert_sft_listing_learned(output, tmp_path, tiny_model_dir)
-
-
-@pytest.mark.slow
-def test_ray_grpo_with_vllm(tmp_path, tiny_model_dir):
-    """Best-practices guide "GRPO in Ray mode": the policy in the 'model' group, a vLLM engine in the 'sampler'
-    group, merged weights synced before every sampling round, GSM8K rewards and group advantages, GRPO steps
-    micro-batched inside each call; it runs its MAX_STEPS optimizer steps, logs the reward and training metrics,
-    and saves a PEFT adapter that loads. (The fixture has random weights: the rewards are zero, nothing to learn.)"""
-    pytest.importorskip('ray')
-    pytest.importorskip('vllm')
-    output = run([sys.executable, str(SEEDS / 'ray_grpo_vllm.py')], tmp_path, timeout=900)
-    steps = re.findall(r"\[Step (\d)/4\] \{'reward/total/mean': [0-9.]+.*'grad_norm': [0-9.e-]+", output)
-    assert steps == ['1', '2', '3'], output[-3000:]
-    assert 'Training completed. optim_steps=4' in output
-    assert 'EngineCore' in output  # the sampler group ran a vLLM engine
-    import peft
-    from transformers import AutoModelForCausalLM
-
-    peft.PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / 'output' / 'grpo-gsm8k-checkpoint'
-    )
-
-
-@pytest.mark.slow
-def test_ray_mode_builds_a_model_group_and_a_vllm_sampler_group(tmp_path, tiny_model_dir):
-    """Runtime-modes document, "Ray Mode": the listing (whose train() stops at `...`) builds TransformersModel in the
-    'model' group and a vLLM engine in the 'sampler' group, and exits cleanly."""
-    pytest.importorskip('ray')
-    pytest.importorskip('vllm')
-    output = run(
-        [sys.executable, str(SEEDS / 'ray_mode_groups.py')], tmp_path, env={'TWINKLE_SEED_MODEL': str(tiny_model_dir)}
-    )
-    assert 'EngineCore' in output and 'Loading weights' in output
 
 
 @pytest.mark.slow
@@ -357,76 +210,6 @@ def test_a_server_side_dataset_refuses_paths_outside_the_allowed_roots(tmp_path,
             Dataset(DatasetMeta(str(secret)), client=client).map(object())
     finally:
         running.stop()
-
-
-@pytest.mark.slow
-def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
-    """Training guide "HTTP Mode / Server Setup": `initialize(mode='http', groups=...)` in a script starts the
-    service with the 'model' group as each model's training group and the 'sampler' group as its replicas; the
-    native client trains through it; SIGTERM drains and stops it."""
-    import signal
-    import time
-    import urllib.request
-
-    pytest.importorskip('ray')
-    from twinkle_server.service.auth import create_api_key
-    from twinkle_server.store import Store
-
-    port, data_dir = free_port(), tmp_path / 'data'
-    (tmp_path / 'server.yaml').write_text(
-        f'server: {{port: {port}}}\nstorage: {{data_dir: {data_dir}}}\n'
-        f'deployment: {{mode: ray, ray: {{num_cpus: 4}}}}\nmodels:\n  - name: tiny\n    path: {tiny_model_dir}\n'
-    )
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'TWINKLE_SERVER_CONFIG': str(tmp_path / 'server.yaml')}
-    proc = subprocess.Popen(
-        [sys.executable, str(SEEDS / 'http_server.py')],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base_url = f'http://127.0.0.1:{port}'
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-5000:]
-            try:
-                urllib.request.urlopen(f'{base_url}/api/v1/healthz', timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, 'the server did not come up'
-                time.sleep(1)
-        store = Store(data_dir)
-        key = create_api_key(store, 'alice')
-        store.close()
-        from twinkle_client import init_twinkle_client
-        from twinkle_client.model import MultiLoraTransformersModel
-
-        init_twinkle_client(base_url=base_url, api_key=key)
-        model = MultiLoraTransformersModel(model_id='tiny')
-        model.add_adapter_to_model('default', {'r': 4, 'lora_alpha': 8, 'target_modules': 'all-linear'})
-        model.set_optimizer('AdamW', lr=1e-2)
-        rows = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]}] * 2
-        losses = []
-        for _ in range(3):
-            losses.append(model.forward_backward(inputs=rows)['loss'])
-            model.clip_grad_and_step()
-        assert losses[-1] < losses[0]
-        replicas = [
-            name
-            for name in urllib.request.urlopen(f'{base_url}/metrics').read().decode().split()
-            if name.startswith('twinkle_live_adapters')
-        ]
-        assert replicas
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            output = proc.communicate(timeout=120)[0]
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output = proc.communicate()[0]
-    assert 'tiny: training on 1 Ray worker(s), 2 sampler replica(s)' in output, output[-5000:]
 
 
 @pytest.mark.parametrize(
