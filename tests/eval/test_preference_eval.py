@@ -86,6 +86,9 @@ def test_after_dpo_steps_the_pairs_margin_is_positive_and_logged(policy, tmp_pat
         hooks.reset_plugin_manager()
     assert metrics['margin'] > 0 and metrics['accuracy'] > 0.5
     assert metrics['rewards/chosen'] - metrics['rewards/rejected'] == pytest.approx(metrics['margin'], abs=1e-5)
+    trained = model.forward_only(inputs=rows)['metrics']  # the DPO loss's own metrics mean the same
+    for key in ('margin', 'accuracy', 'rewards/chosen', 'rewards/rejected'):
+        assert metrics[key] == pytest.approx(trained[key], rel=1e-4, abs=1e-6), key
     (line,) = [json.loads(x) for x in path.read_text().splitlines()]
     assert line['step'] == 6 and line['metrics']['eval/preference/margin'] == pytest.approx(metrics['margin'])
 
@@ -96,3 +99,23 @@ def test_rows_must_come_in_pairs(policy):
         evaluate_preferences(model, rows[:3])
     with pytest.raises(ValueError, match='pairs and batch_size must be even'):
         evaluate_preferences(model, rows, batch_size=5)
+
+
+@pytest.mark.parametrize('loss', ['ORPOLoss', 'CPOLoss', 'KTOLoss'])
+def test_the_other_preference_losses_move_the_same_held_out_metrics(tiny_model_dir, loss):
+    """ORPO, CPO and KTO (each answer an unpaired desirable / undesirable row) trained on the pairs raise the DPO
+    implicit-reward margin and accuracy that `evaluate_preferences` measures, whatever the loss."""
+    from twinkle_core.model import TransformersModel
+
+    model = TransformersModel(model_id=tiny_model_dir)
+    model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear'})
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    rows = with_reference(model, encode_pairs(template, arithmetic_preference_pairs(16, split='test')))
+    train = [{**row, 'kto_label': 1 - i % 2} for i, row in enumerate(rows)] if loss == 'KTOLoss' else rows
+    model.set_loss(loss, beta=0.1)
+    model.set_optimizer('AdamW', lr=5e-3)
+    for _ in range(6):
+        model.forward_backward(inputs=train)
+        model.clip_grad_and_step(max_norm=1.0)
+    metrics = evaluate_preferences(model, rows, batch_size=16).metrics
+    assert metrics['margin'] > 0 and metrics['accuracy'] > 0.5, metrics

@@ -49,7 +49,15 @@ def test_grpo_on_policy_rows_have_ratio_one_and_loss_minus_mean_advantage(model)
 
 @pytest.mark.parametrize(
     'loss, kwargs',
-    [('GRPOLoss', {'beta': 0.1}), ('DPOLoss', {}), ('ppo', {}), ('GSPOLoss', {'epsilon': 0.2, 'epsilon_high': 0.3})],
+    [
+        ('GRPOLoss', {'beta': 0.1}),
+        ('DPOLoss', {}),
+        ('ppo', {}),
+        ('GSPOLoss', {'epsilon': 0.2, 'epsilon_high': 0.3}),
+        ('ORPOLoss', {}),
+        ('CPOLoss', {'loss_type': 'simpo'}),
+        ('KTOLoss', {}),
+    ],
 )
 def test_padded_and_packed_batches_give_the_same_loss(model, loss, kwargs):
     rows = rows_with_completions(model.tokenizer)
@@ -57,6 +65,7 @@ def test_padded_and_packed_batches_give_the_same_loss(model, loss, kwargs):
         row['old_logps'] = [x - 0.1 * ((i + t) % 3) for t, x in enumerate(logps)]  # ratios away from 1
         row['ref_logps'] = [x + 0.05 * ((i * t) % 5) for t, x in enumerate(logps)]
         row['advantages'] = [(-1.0) ** (i + t) * 0.5 for t in range(len(logps))]
+        row['kto_label'] = (1, 0, -1, 1)[i]  # desirable, undesirable, a KL row
     model.set_loss(loss, **kwargs)
     model.set_processor('CausalLMProcessor', padding_free=False)
     padded = model.forward_only(inputs=rows)

@@ -1,4 +1,4 @@
-"""The Advantage interface: rewards of a batch of completions -> one advantage per completion."""
+"""The Advantage interface: rewards of a batch of completions -> one advantage (or per-token list) per completion."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ class Advantage(ABC):
     @abstractmethod
     def __call__(
         self, rewards: Sequence[float], *, group_size: int | None = None, num_generations: int | None = None
-    ) -> list[float]:
+    ) -> list[Any]:
         """`rewards` are ordered group by group (`group_size` completions per prompt, also spelled
-        ``num_generations=``, exactly one of the two); returns len(rewards) advantages. Implementations may take
+        ``num_generations=``, exactly one of the two); returns len(rewards) advantages: a float per completion, or
+        (per-token estimators such as `GAEAdvantage`) a list of floats per completion. Implementations may take
         further optional keywords (e.g. `GRPOAdvantage`'s ``scale=``)."""
 
     @classmethod

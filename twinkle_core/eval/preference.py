@@ -1,14 +1,15 @@
-"""Held-out preference evaluation for DPO-style training: does the policy prefer the chosen answer over the rejected
-one on pairs it never trained on, and by what implicit-reward margin?
+"""Held-out preference evaluation for preference training (DPO, ORPO, CPO, KTO): does the policy prefer the chosen
+answer over the rejected one on pairs it never trained on, and by what implicit-reward margin?
 
     pairs = arithmetic_preference_pairs(100, split='test')        # correct vs wrong answers, held out
     rows = with_reference(model, encode_pairs(template, pairs))   # reference log-probs: the policy before training
-    ...train with DPOLoss...
+    ...train with DPOLoss (or ORPOLoss, CPOLoss, KTOLoss)...
     evaluate_preferences(model, rows, step=40).metrics            # accuracy (+ interval), margin, rewards
 
-Rows are interleaved like `DPOLoss` takes them (row ``2i`` chosen, ``2i+1`` rejected); the metrics are the loss's
-own (``accuracy``, ``margin``, ``rewards/chosen``, ``rewards/rejected``) over all held-out pairs, so they mean what
-the training metrics mean, plus the accuracy's 95 % Wilson interval.
+Rows are interleaved like `DPOLoss` takes them (row ``2i`` chosen, ``2i+1`` rejected); the metrics are DPO's
+(``accuracy``, ``margin``, ``rewards/chosen``, ``rewards/rejected``), computed from the log-probs over all held-out
+pairs whatever the training loss, so they mean what `DPOLoss`'s training metrics mean, plus the accuracy's 95 %
+Wilson interval.
 """
 
 from __future__ import annotations
@@ -59,33 +60,38 @@ def evaluate_preferences(
     model: Any,
     rows: list[dict[str, Any]],
     *,
+    beta: float = 0.1,
     name: str = 'preference',
     step: int | None = None,
     batch_size: int = 32,
 ) -> EvalResult:
-    """The `DPOLoss` metrics `model` (its loss set to `DPOLoss`) gives the held-out `rows` (with ``ref_logps``),
-    over every pair, without training: ``accuracy`` (chosen's implicit reward above rejected's; 0 before training,
-    where both are 0), ``margin``, ``rewards/chosen``, ``rewards/rejected``; and ``policy_accuracy``: the policy
-    gives the chosen answer a higher log-probability than the rejected one, no reference involved (what the model
-    itself prefers, before training too). Both accuracies come with 95 % Wilson intervals. `step` given, the metrics
-    go to every metrics logger as ``eval/{name}/...``."""
+    """How `model` ranks the held-out (chosen, rejected) `rows` (with ``ref_logps``), over every pair, without
+    training and whatever loss it trains with (DPO, ORPO, CPO, KTO...): the DPO implicit rewards
+    ``beta * (log p - log p_ref)`` of each answer give ``accuracy`` (chosen's above rejected's; 0 before training,
+    where both are 0), ``margin``, ``rewards/chosen``, ``rewards/rejected``; ``policy_accuracy``: the policy gives
+    the chosen answer a higher log-probability than the rejected one, no reference involved (what the model itself
+    prefers, before training too). Both accuracies come with 95 % Wilson intervals. `step` given, the metrics go to
+    every metrics logger as ``eval/{name}/...``."""
     if len(rows) % 2 or batch_size % 2:
         raise ValueError(
             f'preference rows come in (chosen, rejected) pairs and batch_size must be even: got {len(rows)} rows, '
             f'batch_size {batch_size}'
         )
-    totals: dict[str, float] = {}
-    preferred = 0
+    policy: list[float] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        out = model.forward_only(inputs=chunk)
-        for key in ('accuracy', 'margin', 'rewards/chosen', 'rewards/rejected'):
-            totals[key] = totals.get(key, 0.0) + float(out['metrics'][key]) * len(chunk) / 2
-        answer = [answer_logprob(row, logps) for row, logps in zip(chunk, out['logprobs'])]
-        preferred += sum(chosen > rejected for chosen, rejected in zip(answer[0::2], answer[1::2]))
+        out = model.forward_only(inputs=chunk, compute_loss=False)
+        policy.extend(answer_logprob(row, logps) for row, logps in zip(chunk, out['logprobs']))
+    rewards = [beta * (pi - answer_logprob(row, row['ref_logps'])) for row, pi in zip(rows, policy)]
     pairs = len(rows) // 2
-    metrics = {key: value / pairs for key, value in totals.items()}
-    metrics['policy_accuracy'] = preferred / pairs
+    chosen, rejected = rewards[0::2], rewards[1::2]
+    metrics = {
+        'accuracy': sum(c > r for c, r in zip(chosen, rejected)) / pairs,
+        'margin': sum(c - r for c, r in zip(chosen, rejected)) / pairs,
+        'rewards/chosen': sum(chosen) / pairs,
+        'rewards/rejected': sum(rejected) / pairs,
+        'policy_accuracy': sum(c > r for c, r in zip(policy[0::2], policy[1::2])) / pairs,
+    }
     for key in ('accuracy', 'policy_accuracy'):
         metrics[f'{key}_low'], metrics[f'{key}_high'] = wilson_interval(round(metrics[key] * pairs), pairs)
     metrics['pairs'] = float(pairs)

@@ -1,7 +1,6 @@
 """DPO-family preference losses (DPO, IPO, SimPO).
 
-Batch layout: rows come in pairs -- row ``2i`` is the chosen completion and row ``2i+1`` the rejected one for
-the same prompt (in a packed batch, "row" means the ``row_index`` segment). Per row, ``pi`` is the sum of
+Batch layout: (chosen, rejected) row pairs (`twinkle_core.loss.pairs`). Per row, ``pi`` is the sum of
 ``outputs['logps']`` over its loss tokens, ``ref`` the same sum of the per-token input ``ref_logps`` (the
 reference model's log-probs; not needed for SimPO or ``reference_free=True``), and ``n`` its number of loss tokens.
 
@@ -23,14 +22,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 import torch.nn.functional as F
 
-from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.loss.pairs import check_options, check_pairs, reward_metrics
 from twinkle_core.loss.token_batch import TokenBatch
 
 DPOLossType = Literal['sigmoid', 'ipo', 'simpo']
+DPO_TYPES = ('sigmoid', 'ipo', 'simpo')
 
 
 class DPOLoss(Loss):
@@ -47,22 +46,14 @@ class DPOLoss(Loss):
         reference_free: bool = False,
         simpo_gamma: float = 0.5,
     ) -> None:
-        if loss_type not in ('sigmoid', 'ipo', 'simpo'):
-            raise InvalidInputError(f"DPOLoss: unknown loss_type {loss_type!r}; choose 'sigmoid', 'ipo' or 'simpo'.")
-        if beta <= 0:
-            raise InvalidInputError(f'DPOLoss: beta must be > 0, got {beta}.')
-        if not 0.0 <= label_smoothing < 0.5:
-            raise InvalidInputError(f'DPOLoss: label_smoothing must be in [0, 0.5), got {label_smoothing}.')
-        if label_smoothing and loss_type == 'ipo':
-            raise InvalidInputError("DPOLoss: label_smoothing applies to 'sigmoid' and 'simpo', not 'ipo'.")
+        check_options('DPOLoss', beta=beta, loss_type=loss_type, choices=DPO_TYPES, label_smoothing=label_smoothing)
         self.beta, self.loss_type = float(beta), loss_type
         self.label_smoothing, self.simpo_gamma = float(label_smoothing), float(simpo_gamma)
         self.reference_free = reference_free or loss_type == 'simpo'
 
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:
         batch = TokenBatch(inputs, outputs, 'DPOLoss')
-        policy, lengths = batch.row_sum(batch.logps), batch.row_tokens()
-        self._check_pairs(batch, lengths)
+        policy, lengths = batch.row_sum(batch.logps), check_pairs(batch)
         ratio = policy if self.reference_free else policy - batch.row_sum(batch.token_field('ref_logps'))
         if self.loss_type != 'sigmoid':  # ipo and simpo use length-normalised log-probs
             ratio = ratio / lengths
@@ -75,30 +66,5 @@ class DPOLoss(Loss):
                 z = z - self.simpo_gamma
             ls = self.label_smoothing
             losses = -(1.0 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z)
-        with torch.no_grad():
-            reward_c, reward_r = self.beta * chosen, self.beta * rejected
-            names = ('rewards/chosen', 'rewards/rejected', 'margin', 'accuracy')
-            values = torch.stack(
-                [
-                    reward_c.mean(),
-                    reward_r.mean(),
-                    (reward_c - reward_r).mean(),
-                    (reward_c > reward_r).to(reward_c.dtype).mean(),
-                ]
-            ).tolist()
-        return LossOutput(loss=losses.mean(), num_tokens=batch.num_tokens, metrics=dict(zip(names, values)))
-
-    @staticmethod
-    def _check_pairs(batch: TokenBatch, lengths: torch.Tensor) -> None:
-        if batch.num_rows == 0 or batch.num_rows % 2:
-            raise InvalidInputError(
-                f'DPOLoss needs (chosen, rejected) row pairs -- rows 2i chosen, 2i+1 rejected -- but the batch has '
-                f'{batch.num_rows} rows; keep each pair in the same micro-batch.'
-            )
-        empty = (lengths == 0).nonzero()
-        if empty.numel():
-            row = int(empty[0, 0])
-            raise InvalidInputError(
-                f'DPOLoss: row {row} ({"chosen" if row % 2 == 0 else "rejected"}) has no loss '
-                'tokens; every completion needs labels != -100.'
-            )
+        metrics = reward_metrics(self.beta * chosen, self.beta * rejected)
+        return LossOutput(loss=losses.mean(), num_tokens=batch.num_tokens, metrics=metrics)
