@@ -14,6 +14,7 @@ from test_optimizer_checkpoint import FSDP, LORA, K, _train
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.fixtures import random_token_rows
+from twinkle_transformers.merge import export_merged
 from twinkle_transformers.model import TransformersModel
 from twinkle_transformers.sharded_checkpoint import DCP_DIR, export_checkpoint
 
@@ -118,6 +119,9 @@ def test_export_of_sharded_lora_loads_in_plain_peft_with_the_same_logits(tiny_mo
     ids = torch.tensor([half['eval_rows'][0]['input_ids']])
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids=ids).logits, twinkle.model(input_ids=ids).logits)
+        # `twinkle export --merge` of the same shards: one plain model, no peft, the same logits (1e-4)
+        merged = AutoModelForCausalLM.from_pretrained(export_merged(half['checkpoint'], tmp_path / 'merged'))
+        torch.testing.assert_close(merged(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow

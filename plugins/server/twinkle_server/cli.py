@@ -8,6 +8,7 @@ twinkle server keys create --tenant ops --admin --data-dir ./server-data   # an 
 twinkle server keys revoke --tenant alice --data-dir ./server-data
 twinkle server keys create --tenant alice --data-dir ./d --database-url postgresql://twinkle@db/twinkle
 twinkle server keys create --tenant alice --config server.yaml         # the store the file's storage names
+twinkle server export tinker://RUN/weights/NAME ./merged --merge --data-dir ./server-data   # for serving elsewhere
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from twinkle_core.cli.main import main as twinkle_main
 from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks import hook
 from twinkle_core.registry import resolve_class
@@ -26,7 +28,9 @@ from twinkle_server.config.flags import add_flags, checked, given
 from twinkle_server.config.loading import ConfigError, describe, load_server_config, load_storage
 from twinkle_server.config.options import keys_of
 from twinkle_server.config.settings import ServerConfig
+from twinkle_server.errors import ApiError
 from twinkle_server.store import DatabaseError, Store
+from twinkle_server.store.checkpoint_files import parse_path
 
 _SERVER_KEYS = keys_of(ServerConfig, 'server') + keys_of(ServerConfig, 'storage')
 
@@ -87,13 +91,7 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
     ):
         p = keys_sub.add_parser(action, help=helptext)
         p.add_argument('--tenant', required=True)
-        p.add_argument(
-            '--config',
-            metavar='FILE',
-            help="the server's config file: its storage section names the "
-            'store (--data-dir / --database-url given override it)',
-        )
-        add_flags(p, sections=('storage',))  # --data-dir (required without --config), --database-url
+        add_storage_flags(p)
         if action == 'create':
             p.add_argument(
                 '--admin',
@@ -101,6 +99,8 @@ def twinkle_cli(subparsers: argparse._SubParsersAction) -> None:
                 help="an operator's key: it also opens the console's server-wide operator view (/console/operator)",
             )
         p.set_defaults(func=fn)
+
+    add_export_parser(sub)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -114,7 +114,7 @@ def _start(args: argparse.Namespace) -> int:
         check_backend_args(config)  # e.g. a pass_strategy the backend does not declare: one line, exit 2
         Store.open(config.database_url, config.data_dir).close()  # an unreachable database fails here, clearly
     except ConfigError as exc:
-        print(f'twinkle server start: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
+        print(f'twinkle server start: {count_errors(exc.errors)}:\n{exc}', file=sys.stderr)
         return 2
     except (ValueError, OSError, TwinkleError) as exc:
         print(f'twinkle server start: {exc}', file=sys.stderr)
@@ -181,20 +181,16 @@ def _check_config(args: argparse.Namespace) -> int:
     try:
         config = load_server_config(args.file)
     except ConfigError as exc:
-        print(f'{args.file}: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
+        print(f'{args.file}: {count_errors(exc.errors)}:\n{exc}', file=sys.stderr)
         return 2
     print(f'{args.file}: OK ({describe(config)})')
     return 0
 
 
-def _count(errors: list[str]) -> str:
-    return f'{len(errors)} error{"s" if len(errors) != 1 else ""}'
-
-
 def _create_key(args: argparse.Namespace) -> int:
     from twinkle_server.service.auth import create_api_key
 
-    store = _open_store(args, 'create')
+    store = open_store(args, 'keys create')
     if store is None:
         return 2
     try:
@@ -208,7 +204,7 @@ def _create_key(args: argparse.Namespace) -> int:
 
 
 def _revoke_keys(args: argparse.Namespace) -> int:
-    store = _open_store(args, 'revoke')
+    store = open_store(args, 'keys revoke')
     if store is None:
         return 2
     try:
@@ -219,7 +215,18 @@ def _revoke_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_store(args: argparse.Namespace, action: str) -> Any:
+def add_storage_flags(parser: argparse.ArgumentParser) -> None:
+    """--config FILE (the server's; its storage section names the store) and the storage flags over it."""
+    parser.add_argument(
+        '--config',
+        metavar='FILE',
+        help="the server's config file: its storage section names the "
+        'store (--data-dir / --database-url given override it)',
+    )
+    add_flags(parser, sections=('storage',))  # --data-dir (required without --config), --database-url
+
+
+def open_store(args: argparse.Namespace, command: str) -> Any:
     """The server's metadata store (`--database-url`, else SQLite in `--data-dir`; with `--config`, the file's
     storage section under the flags given); None after printing why it cannot be opened."""
     data_dir, database_url = args.data_dir, args.database_url
@@ -231,7 +238,52 @@ def _open_store(args: argparse.Namespace, action: str) -> Any:
             raise ValueError("--data-dir is required (or give the server's config file with --config)")
         return Store.open(database_url, data_dir)
     except ConfigError as exc:
-        print(f'twinkle server keys {action}: {_count(exc.errors)}:\n{exc}', file=sys.stderr)
+        print(f'twinkle server {command}: {count_errors(exc.errors)}:\n{exc}', file=sys.stderr)
     except (DatabaseError, ValueError) as exc:
-        print(f'twinkle server keys {action}: {exc}', file=sys.stderr)
+        print(f'twinkle server {command}: {exc}', file=sys.stderr)
     return None
+
+
+def count_errors(errors: list[str]) -> str:
+    return f'{len(errors)} error{"s" if len(errors) != 1 else ""}'
+
+
+# ---- twinkle server export ---------------------------------------------------------------------------------
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """`twinkle server export`: a checkpoint the service stored, as a plain directory for serving elsewhere -- the
+    operator's way out of the store (any tenant's checkpoint). The store names its directory; the export is the
+    core CLI's `twinkle export` (contributed by the Transformers backend) on it: the PEFT adapter (or full model)
+    files, or with --merge one Hugging Face model with the LoRA folded into the base it names."""
+    export = sub.add_parser(
+        'export',
+        help='a stored checkpoint (tinker://...) as a plain HF / PEFT directory; --merge folds the LoRA into its base',
+    )
+    export.add_argument('path', metavar='tinker://RUN/weights/NAME', help='the checkpoint, as the SDK names it')
+    export.add_argument('output_dir', help='where to write (replaced atomically if it exists)')
+    export.add_argument('--merge', action='store_true', help='merge the LoRA into its base model')
+    export.add_argument('--base', help='the base model directory (default: the one the adapter names)')
+    export.add_argument('--dtype', default='float32', help='dtype of the merged weights (float32, bfloat16, float16)')
+    add_storage_flags(export)
+    export.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        path = parse_path(args.path)
+    except ApiError as exc:
+        print(f'twinkle server export: {exc.message}', file=sys.stderr)
+        return 2
+    store = open_store(args, 'export')
+    if store is None:
+        return 2
+    try:
+        row = store.checkpoint_of_any_tenant(path.run_id, path.checkpoint_id)
+    finally:
+        store.close()
+    if row is None:
+        print(f'twinkle server export: no checkpoint {args.path} in this store (or it has expired)', file=sys.stderr)
+        return 1
+    argv = ['export', row.directory, args.output_dir, '--dtype', args.dtype]
+    argv += ['--merge'] if args.merge else []
+    argv += ['--base', args.base] if args.base else []
+    return twinkle_main(argv)

@@ -64,6 +64,14 @@ class CheckpointTables(StoreTables):
         )
         return _ckpt(row) if row else None
 
+    def checkpoint_of_any_tenant(self, run_id: str, checkpoint_id: str) -> CheckpointRow | None:
+        """The checkpoint, whoever's it is, unless it has expired (the operator's view: `twinkle server export`)."""
+        row = self.meta.one(
+            f'SELECT {_CKPT} FROM checkpoints WHERE run_id = ? AND checkpoint_id = ? AND {_LIVE}',
+            (run_id, checkpoint_id, time.time()),
+        )
+        return _ckpt(row) if row else None
+
     def readable_checkpoint(self, run_id: str, checkpoint_id: str, tenant: str) -> CheckpointRow | None:
         """A checkpoint `tenant` may read: its own, or a published one of another tenant (unless expired)."""
         row = self.meta.one(
