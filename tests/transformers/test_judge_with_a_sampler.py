@@ -38,3 +38,17 @@ def test_the_judge_must_be_named_once():
         LLMJudgeReward(base_url='http://127.0.0.1:1/v1')
     with pytest.raises(InvalidInputError, match='min_score 5 must be below max_score 5'):
         LLMJudgeReward(base_url='http://127.0.0.1:1/v1', model='m', min_score=5, max_score=5)
+
+
+def test_the_judge_reads_dict_and_model_trajectories_alike():
+    from twinkle_core.data_format import Trajectory
+
+    judge = LLMJudgeReward(base_url='http://127.0.0.1:1/v1', model='m', min_score=1, max_score=5)
+    turns = [
+        {'role': 'system', 'content': 'be brief'},
+        {'role': 'user', 'content': 'hi'},
+        {'role': 'assistant', 'content': 'yo'},
+    ]
+    as_dict, as_model = judge.messages({'messages': turns}, 0), judge.messages(Trajectory(messages=turns), 0)
+    assert as_dict == as_model and as_dict[1]['content'] == 'REQUEST:\nhi\n\nRESPONSE:\nyo'
+    assert '"Score: N"' in as_dict[0]['content'] and 'from 1 (worst) to 5 (best)' in as_dict[0]['content']

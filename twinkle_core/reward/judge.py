@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.reward.answers import completion_text
 from twinkle_core.reward.base import Reward
+from twinkle_core.types import SamplingParams
 
 DEFAULT_RUBRIC = (
     'You are a strict grader. Rate how well the RESPONSE answers the REQUEST: correct, complete, clear and '
@@ -122,7 +123,7 @@ class LLMJudgeReward(Reward):
         response (its final assistant message)."""
         response = completion_text(trajectory, index, 'LLMJudgeReward')
         turns = trajectory.get('messages', []) if isinstance(trajectory, dict) else trajectory.messages
-        request = '\n\n'.join(str(m.get('content') or '') for m in turns[:-1] if m.get('role') == 'user')
+        request = '\n\n'.join(str(_field(m, 'content') or '') for m in turns[:-1] if _field(m, 'role') == 'user')
         return [
             {'role': 'system', 'content': self.system},
             {'role': 'user', 'content': f'REQUEST:\n{request}\n\nRESPONSE:\n{response}'},
@@ -138,8 +139,6 @@ class LLMJudgeReward(Reward):
             return []
         self.stats.requests += len(requests)
         if self.sampler is not None:
-            from twinkle_core.data_format import SamplingParams
-
             params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
             responses = self.sampler.sample([{'messages': m} for m in requests], params)
             return [r.sequences[0].text or '' for r in responses]
@@ -180,6 +179,11 @@ class LLMJudgeReward(Reward):
         if self.normalize:
             return (score - self.min_score) / (self.max_score - self.min_score)
         return score
+
+
+def _field(message: Any, name: str) -> Any:
+    """A message's `name`, whether it is a dict or a `Message` model."""
+    return message.get(name) if isinstance(message, dict) else getattr(message, name, None)
 
 
 def _plain(x: float) -> str:
