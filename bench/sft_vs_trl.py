@@ -76,7 +76,6 @@ def main() -> None:
 
 
 def prepare(args: argparse.Namespace) -> tuple[str, list[list[dict]]]:
-    sys.path.insert(0, str(Path(__file__).parent))
     from sft_throughput import build_batches
 
     from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
