@@ -15,6 +15,10 @@ Runs (each example's defaults unless named):
 - ``tool``:  examples/tool_grpo.py, 16 steps: reward and `tool_use` rise (last 4 steps minus the first 3).
 - ``grpo``:  examples/grpo.py: reward of the second half over the first half.
 - ``grpo-vllm``: the same with the vLLM sampler.
+- ``ppo``:   examples/ppo.py (60 steps, a critic + GAE): reward and the critic's explained variance, first and last
+  fifth.
+- ``reward-model``: examples/reward_model.py: held-out ranking accuracy of the reward model, then the GRPO run
+  against it: its judged reward and the exact accuracy it never sees, first and second half.
 """
 
 from __future__ import annotations
@@ -72,12 +76,32 @@ def grpo_vllm(seed: int) -> dict[str, float]:
     return grpo(seed, 'vLLMSampler')
 
 
+def ppo(seed: int) -> dict[str, float]:
+    r = example('ppo').main(seed=seed)
+    return {k: r[k] for k in ('reward_first', 'reward_last', 'explained_variance_first', 'explained_variance_last')}
+
+
+def reward_model(seed: int) -> dict[str, float]:
+    r = example('reward_model').main(seed=seed)
+    half = len(r['grpo']['mean_rewards']) // 2
+    judged, exact = r['grpo']['mean_rewards'], r['grpo']['accuracies']
+    return {
+        'ranking_accuracy': r['accuracy_after'],
+        'judged_first_half': fmean(judged[:half]),
+        'judged_second_half': fmean(judged[half:]),
+        'exact_first_half': fmean(exact[:half]),
+        'exact_second_half': fmean(exact[half:]),
+    }
+
+
 RUNS: dict[str, Callable[[int], dict[str, float]]] = {
     'hint': hint,
     'async': async_hint,
     'tool': tool,
     'grpo': grpo,
     'grpo-vllm': grpo_vllm,
+    'ppo': ppo,
+    'reward-model': reward_model,
 }
 
 

@@ -16,14 +16,17 @@ guesses which one (about 10% of sampled answers right); everything above that is
     python examples/grpo.py                  # 2-3 minutes on one CPU core
     python examples/grpo.py --updates-per-batch 2   # later updates are off-policy: the ratio clip is active
     python examples/grpo.py --sampler vLLMSampler   # sample with vLLM (pip install twinkle-vllm)
+    python examples/grpo.py --dynamic-sampling      # DAPO: drop groups whose rewards all agree, draw more
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+from functools import partial
+from itertools import count
 from statistics import fmean
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm
 
@@ -35,7 +38,32 @@ from twinkle_core.metric import CompletionRewardMetric
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.reward import MathAccuracyReward
+from twinkle_core.rl.dynamic_sampling import fill_informative_groups
+from twinkle_core.rl.rollout_group import RolloutGroup, rows_with_advantages
 from twinkle_core.types import SamplingParams
+
+
+def sample_groups(
+    sampler: Any, template: Any, reward_fn: Any, rng: random.Random, group_size: int, seeds: Iterator[int], n: int
+) -> list[RolloutGroup]:
+    """Sample and score `n` new prompts' groups of `group_size` completions (the sampling seed: next of `seeds`)."""
+    prompts = repeat_prompts(rng, n)
+    prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
+    # max_tokens=2: room for one digit + end of turn; longer answers are cut off
+    params = SamplingParams(max_tokens=2, temperature=1.0, num_samples=group_size, seed=next(seeds))
+    groups = []
+    for prompt, prompt_row, response in zip(prompts, prompt_rows, sampler.sample(prompt_rows, params)):
+        ids, seqs = prompt_row['input_ids'], response.sequences
+        answers = [
+            {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': s.text or ''}]} for s in seqs
+        ]
+        rows = [completion_row(ids, s.tokens, s.logprobs) for s in seqs]
+        info = {'trajectories': answers, 'lengths': [len(s.tokens) for s in seqs]}
+        groups.append(RolloutGroup(rows=rows, rewards=[0.0] * len(rows), info=info))
+    rewards = reward_fn([t for g in groups for t in g.info['trajectories']])
+    for i, group in enumerate(groups):
+        group.rewards = rewards[i * group_size : (i + 1) * group_size]
+    return groups
 
 
 def main(
@@ -49,7 +77,13 @@ def main(
     loss_type: str = 'grpo',
     seed: int = 0,
     sampler_name: str = 'TorchSampler',
+    reward_fn: Any = None,
+    dynamic_sampling: bool = False,
 ) -> dict[str, Any]:
+    """`reward_fn`: any `Reward` (default `MathAccuracyReward`, the task's exact reward; e.g. a trained reward model,
+    examples/reward_model.py). ``accuracies``: the exact reward's mean per step, whatever the training reward.
+    `dynamic_sampling`: DAPO's -- groups whose rewards all agree are dropped and more are drawn (at most 4 draws a
+    step) until `prompts_per_step` groups are kept; ``kept_fractions`` says how many drawn groups were kept."""
     rng = random.Random(seed)
     model = TransformersModel(model_id=ensure_tiny_model('tiny'))
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
@@ -65,32 +99,32 @@ def main(
     else:
         sampler = resolve_class('sampler', sampler_name)(model_id=model.model_dir, engine_args={'max_model_len': 256})
     sync = CheckpointEngineManager(model=model, sampler=sampler)
-    reward_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
+    accuracy_fn, advantage_fn = MathAccuracyReward(), GRPOAdvantage(scale='group')
+    reward_fn = reward_fn or accuracy_fn
     reward_metric = CompletionRewardMetric(group_size=group_size)
     mean_rewards: list[float] = []
+    accuracies: list[float] = []
     ratio_means: list[float] = []
     clip_fracs: list[float] = []
+    kept_fractions: list[float] = []  # dynamic sampling: informative groups / groups drawn, per step
     progress = tqdm(range(steps), desc='GRPO')
     for step in progress:
         sync.sync_weights()  # the sampler runs the current policy (nothing moves when it shares the weights)
-        prompts = repeat_prompts(rng, prompts_per_step)
-        prompt_rows = [template.encode(p, add_generation_prompt=True) for p in prompts]
-        # max_tokens=2: room for one digit + end of turn; longer answers are cut off
-        params = SamplingParams(max_tokens=2, temperature=1.0, num_samples=group_size, seed=seed * 100_003 + step)
-        responses = sampler.sample(prompt_rows, params)
-
-        trajectories, rows, lengths = [], [], []
-        for prompt, prompt_row, response in zip(prompts, prompt_rows, responses):
-            ids = prompt_row['input_ids']
-            for seq in response.sequences:
-                trajectories.append(
-                    {**prompt, 'messages': [*prompt['messages'], {'role': 'assistant', 'content': seq.text or ''}]}
-                )
-                rows.append(completion_row(ids, seq.tokens, seq.logprobs))
-                lengths.append(len(seq.tokens))
-        rewards = reward_fn(trajectories)
-        for row, advantage in zip(rows, advantage_fn(rewards, group_size=group_size)):
-            row['advantage'] = advantage
+        # each draw of the step samples with its own seed (the first: the step's, as without dynamic sampling)
+        draw = partial(
+            sample_groups, sampler, template, reward_fn, rng, group_size, count(seed * 100_003 + step, 7_919)
+        )
+        if dynamic_sampling:  # DAPO: only groups whose rewards differ, drawn until the batch is full (or capped)
+            groups, stats = fill_informative_groups(draw, prompts_per_step, max_draws=4)
+            kept_fractions.append(stats.kept / max(stats.drawn, 1))
+            if not groups:  # every group of every draw agreed: nothing to learn from this step
+                continue
+        else:
+            groups = draw(prompts_per_step)
+        rows = rows_with_advantages(groups, advantage_fn)
+        trajectories = [t for g in groups for t in g.info['trajectories']]
+        rewards = [r for g in groups for r in g.rewards]
+        lengths = [n for g in groups for n in g.info['lengths']]
 
         for update in range(updates_per_batch):
             result = model.forward_backward(inputs=rows)
@@ -100,6 +134,7 @@ def main(
                 clip_fracs.append(result['metrics']['clip_frac'])
         reward_metric.accumulate(None, {'rewards': rewards, 'completion_lengths': lengths})
         mean_rewards.append(fmean(rewards))
+        accuracies.append(fmean(accuracy_fn(trajectories)) if reward_fn is not accuracy_fn else mean_rewards[-1])
         progress.set_postfix(reward=f'{mean_rewards[-1]:.2f}', clip=f'{result["metrics"]["clip_frac"]:.2f}')
 
     window = max(1, steps // 10)
@@ -115,6 +150,8 @@ def main(
         'first_reward': first,
         'last_reward': last,
         'mean_rewards': mean_rewards,
+        'accuracies': accuracies,
+        'kept_fractions': kept_fractions,
         'ratio_means': ratio_means,
         'clip_fracs': clip_fracs,
     }
@@ -135,6 +172,7 @@ if __name__ == '__main__':
     parser.add_argument('--loss-type', default='grpo', choices=['grpo', 'bnpo', 'dr_grpo'])
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--sampler', default='TorchSampler', help='sampler by registry name, e.g. vLLMSampler')
+    parser.add_argument('--dynamic-sampling', action='store_true', help="DAPO's: train only on informative groups")
     args = parser.parse_args()
     main(
         steps=args.steps,
@@ -145,4 +183,5 @@ if __name__ == '__main__':
         loss_type=args.loss_type,
         seed=args.seed,
         sampler_name=args.sampler,
+        dynamic_sampling=args.dynamic_sampling,
     )

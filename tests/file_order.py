@@ -19,6 +19,20 @@ import pytest
 
 RECORD = Path(__file__).resolve().parent / 'file_durations.json'
 
+#: Fast suite: test files that share an expensive session fixture run on ONE worker, so that it is built once (each
+#: worker would build its own: a vLLM engine is ~30 s of CPU, a Ray instance ~10 s). Not in the slow suite, whose
+#: Ray files are too long to serialise on one worker.
+SHARED_SETUP_GROUPS: dict[str, tuple[str, ...]] = {
+    'vllm-engine': (
+        'tests/contract/test_sampler_contract.py',
+        'tests/vllm/test_server_vllm.py',
+        'tests/vllm/test_server_vllm_sampling_extras.py',
+        'tests/vllm/test_vllm_sampler.py',
+    ),
+    'ray-instance': ('tests/ray/test_ray_runtime.py', 'tests/ray/test_ray_sampler_group.py'),
+}
+_GROUP_OF = {path: group for group, paths in SHARED_SETUP_GROUPS.items() for path in paths}
+
 
 def file_seconds(duration_file: Path) -> dict[str, float]:
     """Seconds per test file (setup + call + teardown of its tests) in a `tests/time_budget.py` duration file."""
@@ -43,6 +57,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (-recorded.get(name, float('inf')), first_seen[name], i)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The fast suite's scheduler: a file at a time (``--dist loadfile``), the `SHARED_SETUP_GROUPS` a group at a
+    time. None (the slow suite, or another ``--dist``): xdist's own."""
+    if os.environ.get('TWINKLE_TEST_SUITE') != 'fast' or config.getoption('dist') != 'loadfile':
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSetupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split('::', 1)[0]
+            return _GROUP_OF.get(path, path)
+
+    return SharedSetupScheduling(config, log)  # type: ignore[arg-type]
 
 
 if __name__ == '__main__':

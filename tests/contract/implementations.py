@@ -11,6 +11,18 @@ def installed(kind: str) -> list[str]:
     return sorted(c.name for c in list_components(kind) if c.source == 'entry_point')
 
 
+def skip_unless_causal_lm(backend: str) -> None:
+    """Skip a model-contract test for a backend whose forward gives values, not log-probs (a critic / reward model
+    backend, `ModelCapabilities.outputs`): its contract is tests/transformers/test_value_model.py. Resolved here,
+    at run time, not at collection: collecting must not import every backend."""
+    import pytest
+
+    from twinkle_core.registry import resolve_class
+
+    if resolve_class('model', backend).capabilities.outputs != 'logprobs':
+        pytest.skip(f'{backend} gives values, not log-probs: tests/transformers/test_value_model.py')
+
+
 def build_sampler(request, name: str, model_dir):
     """The sampler `name` on `model_dir`; vLLMSampler is the session's shared engine (its start costs ~15 s)."""
     if name == 'vLLMSampler':

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tests.contract.implementations import installed, release
+from tests.contract.implementations import installed, release, skip_unless_causal_lm
 from twinkle_core.registry import resolve
 from twinkle_core.weight_sync.weights import merge_peft
 
@@ -25,6 +25,7 @@ ATOL = 1e-4
 @pytest.fixture(scope='module', params=installed('model'))
 def trained(request, tiny_model_dir):
     """A model of that backend with adapter 'policy' after two optimizer steps (so every LoRA tensor is non-zero)."""
+    skip_unless_causal_lm(request.param)
     model = resolve('model', request.param, model_id=str(tiny_model_dir), device='cpu')
     model.add_adapter_to_model('policy', {'r': 4, 'lora_alpha': 8, 'target_modules': ['q_proj', 'v_proj', 'up_proj']})
     model.set_optimizer('AdamW', lr=2e-2, adapter_name='policy')

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.contract.implementations import build_sampler, installed, release
+from tests.contract.implementations import build_sampler, installed, release, skip_unless_causal_lm
 from tests.contract.test_sampler_contract import forward_logprobs
 from twinkle_core.types import SamplingParams
 from twinkle_core.weight_sync.manager import CheckpointEngineManager
@@ -90,6 +90,8 @@ def test_every_installed_backend_syncs_into_the_sampler(sampler, tiny_model_dir,
     """A real training model of each installed backend (two AdamW steps, then a third after the first sync):
     the sampler's logprobs equal the model's own `forward_only` after each sync (1e-4)."""
     from twinkle_core.registry import resolve
+
+    skip_unless_causal_lm(backend)
 
     rows = [{'input_ids': [5, 6, 7, 8, 9, 10], 'labels': [-100, -100, 7, 8, 9, 10]}]
     model = resolve('model', backend, model_id=str(tiny_model_dir), device='cpu')

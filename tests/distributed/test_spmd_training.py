@@ -54,6 +54,16 @@ def test_log_probs_from_hidden_states_under_ddp_and_fsdp2(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_lora_critic_under_ddp_matches_one_process(tiny_model_dir, tmp_path) -> None:
+    """`TransformersValueModel` (a PPO critic) trains data-parallel like one process: `PPOValueLoss` per step,
+    the head's values of the evaluation rows."""
+    single = run_worker(tiny_model_dir, tmp_path / 'single', extra=('--value-model',))
+    ddp = run_worker(tiny_model_dir, tmp_path / 'ddp', nproc=2, extra=('--value-model', '--dp', '2'))
+    assert ddp['world_size'] == 2 and single['losses'][-1] < single['losses'][0], single['losses']
+    assert_same_run(ddp, single)
+
+
+@pytest.mark.slow
 def test_fsdp2_lora_matches_one_process_and_consolidated_checkpoint_reloads(
     tiny_model_dir, tmp_path, single_lora
 ) -> None:

@@ -8,6 +8,7 @@
     ... --steps 2 --save-optimizer                                     # first half, checkpoint with optimizer
     ... --steps 2 --skip-steps 2 --resume DIR/final                    # second half, resumed from it
     ... --save-format default                                          # save's default (consolidated)
+    ... --value-model                                                  # a critic: PPOValueLoss on per-token returns
 
 Every run trains on the same global batches (rows of different lengths, so ranks hold different token counts),
 writes ``result.json`` (per-step losses, the final eval loss/logprobs) and a checkpoint from rank 0.
@@ -61,6 +62,7 @@ def main() -> None:
         '--logps-from-hidden', action='store_true', help='log-probs from the hidden states (the chunked path)'
     )
     parser.add_argument('--full', action='store_true', help='full-parameter training instead of LoRA')
+    parser.add_argument('--value-model', action='store_true', help='TransformersValueModel (a critic), PPOValueLoss')
     parser.add_argument('--steps', type=int, default=4)
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--skip-steps', type=int, default=0, help='start at this global batch of the data')
@@ -81,13 +83,20 @@ def main() -> None:
     twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
 
     from twinkle_transformers.model import TransformersModel
+    from twinkle_transformers.value_model import TransformersValueModel
 
     torch.manual_seed(0)
-    model = TransformersModel(args.model, gradient_checkpointing=args.gradient_checkpointing)
+    if args.value_model:  # a random head, so that the first steps move the backbone too
+        model = TransformersValueModel(args.model, head_init='normal')
+        model.set_loss('PPOValueLoss', clip_range=None)
+    else:
+        model = TransformersModel(args.model, gradient_checkpointing=args.gradient_checkpointing)
     if not args.full:
         model.add_adapter_to_model(
             'default', {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
         )
+        if args.value_model:
+            model.set_loss('PPOValueLoss', clip_range=None)
     if args.padding_free:
         model.set_processor('CausalLMProcessor', padding_free=True)
     hidden_state_logps = []  # calls of the memory-bounded log-prob path
@@ -102,12 +111,16 @@ def main() -> None:
     if args.resume:
         model.load(args.resume, load_optimizer=not args.weights_only)
     rows = random_token_rows(args.batch_size * (args.skip_steps + args.steps))[args.batch_size * args.skip_steps :]
+    if args.value_model:  # returns the state before each token can show: the parity of the token before it
+        rows = [with_returns(row) for row in rows]
     loader = DataLoader(rows, batch_size=args.batch_size, device_mesh=model.device_mesh)
     losses, grad_norms = [], []
     for batch in loader:
         losses.append(model.forward_backward(inputs=batch)['loss'])
         grad_norms.append(model.clip_grad_and_step(max_norm=1.0)['grad_norm'])
     eval_rows = random_token_rows(4, seed=1)
+    if args.value_model:
+        eval_rows = [with_returns(row) for row in eval_rows]
     evaluation = model.forward_only(inputs=eval_rows)  # every rank evaluates the same rows
     direct_call_error = None
     if args.cp > 1:  # the model alone, not through forward_logps, would attend within each rank's slice
@@ -122,7 +135,7 @@ def main() -> None:
             'losses': losses,
             'grad_norms': grad_norms,
             'eval_loss': evaluation['loss'],
-            'eval_logprobs': evaluation['logprobs'],
+            'eval_logprobs': evaluation['values' if args.value_model else 'logprobs'],
             'checkpoint': path,
             'world_size': distributed.get_world_size(),
             'eval_rows': eval_rows,
@@ -134,6 +147,11 @@ def main() -> None:
         }
         Path(args.out, 'result.json').write_text(json.dumps(result))
     twinkle_core.shutdown()
+
+
+def with_returns(row: dict) -> dict:
+    ids = row['input_ids']
+    return {**row, 'returns': [0.0] + [float(ids[i - 1] % 2) for i in range(1, len(ids))]}
 
 
 if __name__ == '__main__':

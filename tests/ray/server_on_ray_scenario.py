@@ -224,7 +224,7 @@ def main(model_dir: str, work_dir: str) -> None:
     embedded.stop()
 
     started = time.monotonic()
-    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 4})
+    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 4, 'include_dashboard': False})
     cluster.add_node(num_cpus=4, resources={'node_b': 4})
     cluster.wait_for_nodes()
     config_path = work / 'server.yaml'

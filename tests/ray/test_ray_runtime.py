@@ -129,7 +129,7 @@ def test_a_program_starts_its_own_ray_next_to_a_cluster_started_on_the_machine(t
         'twinkle_core.shutdown()\n'
     )
     env = {k: v for k, v in os.environ.items() if k != 'RAY_ADDRESS'}
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={'num_cpus': 1})
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={'num_cpus': 1, 'include_dashboard': False})
     try:
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     finally:

@@ -103,3 +103,45 @@ def test_grpo_with_separate_model_and_sampler_groups_syncs_weights(
     assert later['moved'] and later['lora_only'] and later['num_tensors'] < first['num_tensors']
     assert result['max_logprob_moved'] > 1e-3  # training changed the policy the sampler runs ...
     assert result['max_logprob_diff'] < 1e-4  # ... and after the sync the sampler scores exactly like the model
+
+
+@pytest.mark.slow
+def test_a_reward_model_and_a_critic_in_ray_groups_score_and_train_like_local_ones(ray_cluster, tiny_model_dir) -> None:
+    """`RewardModelReward` over a reward model hosted in a Ray group scores like the same model in this process,
+    and a critic in a group takes the same `PPOValueLoss` steps (same head: `head_init='normal'`, seed 0)."""
+    from twinkle_core.registry import resolve
+    from twinkle_transformers.value_model import TransformersValueModel
+
+    template = resolve('template', 'Template', model_id_or_tokenizer=str(tiny_model_dir))
+    trajectories = [
+        {'messages': [{'role': 'user', 'content': f'repeat {d}'}, {'role': 'assistant', 'content': str(a)}]}
+        for d, a in [(1, 1), (2, 5), (7, 7), (3, 0)]
+    ]
+    rows = [
+        {**row, 'returns': [float(i % 3 == 0) for i in range(len(row['input_ids']))]}
+        for row in (template.encode(t) for t in trajectories)
+    ]
+
+    def run(rm_group: dict, critic_group: dict) -> tuple[list[float], list[float]]:
+        reward_model = TransformersValueModel(tiny_model_dir, head_init='normal', **rm_group)
+        scores = resolve('reward', 'RewardModelReward', model=reward_model, template=template, batch_size=3)(
+            trajectories
+        )
+        critic = TransformersValueModel(tiny_model_dir, head_init='normal', **critic_group)
+        critic.set_loss('PPOValueLoss', clip_range=None)
+        critic.set_optimizer('AdamW', lr=1e-4)
+        losses = []
+        for _ in range(3):
+            losses.append(critic.forward_backward(inputs=rows)['loss'])
+            critic.clip_grad_and_step(max_norm=1.0)
+        return scores, losses
+
+    local_scores, local_losses = run({}, {})
+    twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='rm', ranks=1), DeviceGroup(name='critic', ranks=1)])
+    try:
+        remote_scores, remote_losses = run({'remote_group': 'rm'}, {'remote_group': 'critic'})
+    finally:
+        twinkle_core.shutdown()
+    assert len(set(local_scores)) == 4  # a random head: four different scores
+    assert remote_scores == pytest.approx(local_scores, abs=1e-5)
+    assert remote_losses == pytest.approx(local_losses, abs=1e-5) and local_losses[-1] < local_losses[0], local_losses

@@ -59,6 +59,14 @@ BAD = {
             'which is not installed. Run: pip install twinkle-deepspeed (expected an installed model backend)'
         ],
     ),
+    'a value model as the backend': (
+        GOOD + '    backend: TransformersValueModel\n',
+        [
+            ':6: models[0].backend: TransformersValueModel is a values model (a scalar head: a PPO critic or a reward '
+            'model), not a causal LM (expected a causal-LM backend the service can train and sample, e.g. '
+            'TransformersModel)'
+        ],
+    ),
     'unknown sampler': (GOOD + '    sampler: NoSampler\n', [":6: models[0].sampler: unknown sampler 'NoSampler'..."]),
     'missing data_dir': (
         'storage: {}\nmodels:\n  - name: tiny\n    path: ${TINY}\n',

@@ -38,11 +38,17 @@ def arithmetic_preference_pairs(
 
 def encode_pairs(template: Any, pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Interleaved rows: ``2i`` = prompt + chosen answer, ``2i+1`` = prompt + rejected answer (labels on the answer
-    only, as the chat template marks assistant turns)."""
+    only, as the chat template marks assistant turns). A pair is ``{'messages': prompt turns, 'chosen', 'rejected'}``
+    with each answer a text or a list of assistant turns (`ChosenRejectedProcessor`'s output); its ``margin``, if
+    any, goes on both rows."""
     rows = []
     for pair in pairs:
         for answer in (pair['chosen'], pair['rejected']):
-            rows.append(template.encode({'messages': [*pair['messages'], {'role': 'assistant', 'content': answer}]}))
+            turns = [{'role': 'assistant', 'content': answer}] if isinstance(answer, str) else list(answer)
+            row = template.encode({'messages': [*pair['messages'], *turns]})
+            if pair.get('margin') is not None:
+                row['margin'] = float(pair['margin'])
+            rows.append(row)
     return rows
 
 

@@ -7,6 +7,8 @@ Contract (all losses):
 - `outputs`: the forward's results: ``logps`` [B, T] = log-prob of ``labels[:, t]`` (0 where masked), ``mask``
   [B, T] bool, and ``logits`` [B, T, V] when the loss declares ``needs_logits = True``. Transformers-backed models
   also give ``target_logps`` (log-prob of ``target_ids``, every next token) and ``correct`` (argmax == label).
+  A value model (a scalar head, e.g. ``TransformersValueModel``) gives ``values`` [B, T] in place of ``logps``,
+  to the losses that declare ``needs_values = True``.
 - optional class attributes a model honours: ``logps_from_hidden_states`` (True: compute ``logps`` from the final
   hidden states and the output embedding in chunks, never materialising [T, V] logits; False: from full logits;
   unset / None: the chunked path when the batch's full logits would be large -- the Transformers backend's rule
@@ -33,6 +35,8 @@ class LossOutput(TypedDict, total=False):
 
 class Loss(ABC):
     needs_logits: bool = False  # True: the model must keep full logits in `outputs['logits']`
+    # True: the loss reads `outputs['values']` [B, T], a value head's output (value models only, e.g. PPOValueLoss)
+    needs_values: bool = False
     # with needs_logits: the loss also takes `hidden_states` + `output_weight` in place of `logits` (see above)
     accepts_hidden_states: bool = False
     # Log-probs from the hidden states in chunks (True), from full logits (False), or by the batch's size (None).

@@ -5,6 +5,7 @@ Per token (``lp`` = ``outputs['logps']``, ``old`` = ``old_logps``, ``ref`` = ``r
     r    = exp(lp - old)                                       # GSPO: see GSPOLoss
     pg   = -min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
     kl   = exp(ref - lp) - (ref - lp) - 1                      # k3 estimator of KL(pi || ref), only if beta > 0
+                                                               # (kl_estimator='k1' | 'k2': twinkle_core.loss.kl)
     loss_token = pg + beta * kl
 
 Aggregation over the micro-batch (``loss_type``):
@@ -37,6 +38,7 @@ import torch
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.loss.kl import check_estimator, kl_estimate
 from twinkle_core.loss.token_batch import TokenBatch
 
 GRPOLossType = Literal['grpo', 'bnpo', 'dr_grpo']
@@ -60,7 +62,9 @@ class GRPOLoss(Loss):
         loss_type: GRPOLossType = 'grpo',
         max_completion_length: int | None = None,
         tis_cap: float | None = None,
+        kl_estimator: str = 'k3',
     ) -> None:
+        check_estimator(type(self).__name__, kl_estimator)
         if tis_cap is not None and not tis_cap > 0:
             raise InvalidInputError(f'{type(self).__name__}: tis_cap must be > 0 (or None), got {tis_cap}.')
         if loss_type not in _REDUCTIONS:
@@ -81,6 +85,7 @@ class GRPOLoss(Loss):
         self.max_completion_length = max_completion_length
         self.reduction = _REDUCTIONS[loss_type]
         self.tis_cap = None if tis_cap is None else float(tis_cap)
+        self.kl_estimator = kl_estimator
 
     def log_ratio(self, batch: TokenBatch, lp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """Per-token log importance ratio log(pi / pi_old) [B, T]."""
@@ -104,8 +109,7 @@ class GRPOLoss(Loss):
             per_token = weight * per_token
         kl = None
         if self.beta > 0:
-            ref_minus_lp = batch.token_field('ref_logps') - lp
-            kl = torch.exp(ref_minus_lp) - ref_minus_lp - 1.0
+            kl = kl_estimate(lp, batch.token_field('ref_logps'), self.kl_estimator)
             per_token = per_token + self.beta * kl
         loss = self._aggregate(batch, per_token)
         return LossOutput(loss=loss, num_tokens=batch.num_tokens, metrics=self._metrics(batch, ratio, adv, kl, weight))

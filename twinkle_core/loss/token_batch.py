@@ -26,24 +26,33 @@ from twinkle_core.types import IGNORE_INDEX
 class TokenBatch:
     """The loss positions, rows and validated fields of one collated micro-batch, for the loss `loss_name`."""
 
-    def __init__(self, inputs: dict[str, Any], outputs: dict[str, Any], loss_name: str) -> None:
+    def __init__(
+        self, inputs: dict[str, Any], outputs: dict[str, Any], loss_name: str, *, reads: str = 'logps'
+    ) -> None:
+        """`reads`: the per-token model output [B, T] the loss reads -- ``'logps'`` (log-probs of the labels), or
+        ``'values'`` (a value / reward head's output, `PPOValueLoss`, `BradleyTerryLoss`) -- kept as `output`."""
         self.inputs, self.loss_name = inputs, loss_name
-        logps = outputs.get('logps')
-        if logps is None:
+        output = outputs.get(reads)
+        if output is None:
+            what = 'log-probs of the labels' if reads == 'logps' else 'outputs of a value head (a value model)'
             raise InvalidInputError(
-                f"{loss_name}: outputs['logps'] is missing; the model must return per-token "
-                'log-probs of the labels (shape [B, T]).'
+                f'{loss_name}: outputs[{reads!r}] is missing; the model must return per-token {what} (shape [B, T]).'
             )
-        labels = self._tensor('labels', inputs.get('labels'), dtype=torch.long, device=logps.device)
-        if labels.shape != logps.shape:
+        labels = self._tensor('labels', inputs.get('labels'), dtype=torch.long, device=output.device)
+        if labels.shape != output.shape:
             raise InvalidInputError(
-                f"{loss_name}: labels have shape {tuple(labels.shape)} but outputs['logps'] "
-                f'has shape {tuple(logps.shape)}; they must match.'
+                f'{loss_name}: labels have shape {tuple(labels.shape)} but outputs[{reads!r}] '
+                f'has shape {tuple(output.shape)}; they must match.'
             )
         self.mask: torch.Tensor = labels != IGNORE_INDEX
-        self.logps: torch.Tensor = self.masked(logps)
+        self.output: torch.Tensor = self.masked(output)
         self.rows, self.num_rows = self._row_ids(inputs.get('row_index'))
         self._num_tokens: int | None = None
+
+    @property
+    def logps(self) -> torch.Tensor:
+        """The per-token log-probs (the output read, for the losses that read ``'logps'``), 0 where masked."""
+        return self.output
 
     # ---- layout -------------------------------------------------------------------------------------------
     @property
@@ -55,7 +64,7 @@ class TokenBatch:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.logps.dtype
+        return self.output.dtype
 
     def masked(self, x: torch.Tensor) -> torch.Tensor:
         """`x` with every position outside the loss set to 0 (no NaN and no gradient leaks from there)."""
@@ -78,6 +87,17 @@ class TokenBatch:
     def broadcast_rows(self, values: torch.Tensor) -> torch.Tensor:
         """A per-row tensor [num_rows] -> per-token [B, T] (each position gets its row's value)."""
         return values[self.rows]
+
+    def row_final(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` [B, T] at each row's last position (its last token, whatever its label) -> [num_rows]: what a
+        reward head reads after the whole sequence. Needs the collated ``row_lengths``."""
+        lengths = self.inputs.get('row_lengths')
+        if lengths is None or len(lengths) != self.num_rows:
+            raise InvalidInputError(f"{self.loss_name} needs the collated batch's 'row_lengths' (one per row).")
+        ends = torch.as_tensor(lengths, device=x.device).cumsum(0) - 1
+        if self.inputs.get('packed'):  # the rows follow each other on one line
+            return x.reshape(-1)[ends]
+        return x[torch.arange(self.num_rows, device=x.device), torch.as_tensor(lengths, device=x.device) - 1]
 
     def token_sum(self, x: torch.Tensor) -> torch.Tensor:
         return self.masked(x).sum()
@@ -104,7 +124,7 @@ class TokenBatch:
             if required:
                 raise self.missing(name, 'per-token [B, T] like labels')
             return None
-        tensor = self._tensor(name, value, dtype=self.dtype, device=self.logps.device)
+        tensor = self._tensor(name, value, dtype=self.dtype, device=self.output.device)
         if tensor.shape != self.mask.shape:
             raise InvalidInputError(
                 f'{self.loss_name}: per-token field {name!r} has shape {tuple(tensor.shape)} but labels have shape '
@@ -123,7 +143,7 @@ class TokenBatch:
             if required:
                 raise self.missing(name, f'per-row [{self.num_rows}]')
             return None
-        tensor = self._tensor(name, value, dtype=self.dtype, device=self.logps.device).reshape(-1)
+        tensor = self._tensor(name, value, dtype=self.dtype, device=self.output.device).reshape(-1)
         if tensor.numel() != self.num_rows:
             raise InvalidInputError(
                 f'{self.loss_name}: per-row field {name!r} has {tensor.numel()} values but the batch has '

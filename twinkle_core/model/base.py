@@ -47,7 +47,13 @@ class ModelCapabilities:
       (`twinkle_core.model.mesh_support`), never ignored.
       `mesh_advice`: ``(dim, what to use instead)`` pairs for the error.
     - `gradient_checkpointing`: the constructor accepts ``gradient_checkpointing=`` (True or a policy,
-      `twinkle_core.train.activation_checkpointing`)."""
+      `twinkle_core.train.activation_checkpointing`).
+
+    What its forward gives:
+
+    - `outputs`: ``'logprobs'`` (a causal LM: per-row ``logprobs``; what a policy, the service and the samplers'
+      weight sync need) or ``'values'`` (a scalar head: per-row ``values`` and ``scores``, a PPO critic or a
+      reward model; the service refuses it as a training backend)."""
 
     mixed_adapters: bool = False
     max_adapters: int | None = 1
@@ -57,6 +63,7 @@ class ModelCapabilities:
     mesh_dims: tuple[str, ...] = ('dp',)
     mesh_advice: tuple[tuple[str, str], ...] = ()
     gradient_checkpointing: bool = False
+    outputs: str = 'logprobs'
 
 
 class Model(ABC, metaclass=HostedComponentMeta):

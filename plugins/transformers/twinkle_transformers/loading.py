@@ -33,7 +33,7 @@ def load_causal_lm(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     kwargs = dict(from_pretrained_kwargs)
-    config = AutoConfig.from_pretrained(model_dir, **_config_kwargs(kwargs))
+    config = AutoConfig.from_pretrained(model_dir, **config_kwargs(kwargs))
     if is_vision_language(config):  # Qwen3-VL, Qwen3.5: image + text in, text out; transformers' attention
         model = AutoModelForImageTextToText.from_pretrained(
             model_dir,
@@ -44,10 +44,7 @@ def load_causal_lm(
         model.config.use_cache = False
         # transformers types `PreTrainedModel.to` via functools.wraps(nn.Module.to), which loses the bound self
         return model.to(device)  # type: ignore[arg-type]
-    if attn_implementation is None and _supports_sdpa(config):
-        attn_implementation = attention.register()
-    elif attn_implementation == attention.ATTN_IMPLEMENTATION:
-        attention.register()
+    attn_implementation = resolve_attention(config, attn_implementation)
     if attn_implementation is not None:
         kwargs['attn_implementation'] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
@@ -55,7 +52,18 @@ def load_causal_lm(
     return model.to(device)  # type: ignore[arg-type]  # as above: `.to`'s self is lost in transformers' types
 
 
-def _config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def resolve_attention(config: Any, attn_implementation: str | None) -> str | None:
+    """The attention implementation to load `config`'s model with: ``twinkle_sdpa`` (registered) when none is
+    asked for and the model supports SDPA, else the one asked for (None: transformers' default)."""
+    if attn_implementation is None and _supports_sdpa(config):
+        return attention.register()
+    if attn_implementation == attention.ATTN_IMPLEMENTATION:
+        attention.register()
+    return attn_implementation
+
+
+def config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments that also apply to ``AutoConfig.from_pretrained``."""
     return {k: kwargs[k] for k in ('revision', 'trust_remote_code', 'token', 'cache_dir') if k in kwargs}
 
 

@@ -1,15 +1,10 @@
 """`TransformersModel`: a Hugging Face causal LM trained through the twinkle `Model` interface.
 
-Full-parameter training, or one LoRA adapter (`add_adapter_to_model`). Several adapters trained at once are
-`MultiLoraTransformersModel`'s job. The model is a thin composition:
-
-- `loading`: model id -> directory -> HF model on the right device and dtype;
-- `TrainState` (`twinkle_core.train.state`): optimizer, scheduler, loss, processor, template, accumulation,
-  metrics; held by the model's one `SingleUnit` (`twinkle_core.train.single_unit`);
-- `TrainStateMethods` (`twinkle_core.train.state_methods`): the `set_*`, optimizer-step and metric methods that
-  forward to it (shared with `MultiLoraTransformersModel`);
-- `forward` (forward.py): collated batch -> log-probs -> loss;
-- `checkpoint`: PEFT / HF files + resumable training state.
+Full-parameter training, or one LoRA adapter (`add_adapter_to_model`); several adapters at once are
+`MultiLoraTransformersModel`'s job. A thin composition: `loading` (model id -> HF model on its device and dtype),
+`TrainState` held by one `SingleUnit` (optimizer, scheduler, loss, processor, template, accumulation, metrics),
+`TrainStateMethods` (the `set_*` and optimizer-step methods forwarding to it), `forward` (collated batch ->
+log-probs -> loss) and `checkpoint` (PEFT / HF files + resumable training state).
 
     model = TransformersModel(model_id='ms://Qwen/Qwen3-0.6B')
     model.add_adapter_to_model('default', {'r': 8, 'lora_alpha': 32, 'target_modules': 'all-linear'})
@@ -88,6 +83,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         mesh_advice=parallel.MESH_ADVICE,
         gradient_checkpointing=True,
     )
+    # checkpoint -> module, and collated batch -> the loss's ``outputs``; `TransformersValueModel` swaps both
+    _load_model, _forward_outputs = staticmethod(load_causal_lm), staticmethod(forward_logps)
 
     def __init__(
         self,
@@ -116,7 +113,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.dtype = resolve_dtype('float32' if dtype is None and mixed_precision else dtype, self.device)
         self.autocast_dtype = speed.autocast_dtype(mixed_precision, self.dtype)
         self.attn_implementation = attn_implementation
-        self.model: torch.nn.Module = load_causal_lm(
+        self.model: torch.nn.Module = self._load_model(
             self.model_dir,
             device=self.device,
             dtype=self.dtype,
@@ -209,8 +206,10 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         reject_unknown_kwargs('forward', kwargs, ('inputs', 'adapter_name'))
         state = self._state(adapter_name)
         self.apply_device_mesh()
-        batch = self._collate(state, inputs)
-        return {'logprobs': rows_logprobs(batch, self._forward_batch(state, batch)['target_logps'])}
+        return self._row_outputs(batch := self._collate(state, inputs), self._forward_batch(state, batch))
+
+    def _row_outputs(self, batch: dict[str, Any], outputs: dict[str, Any]) -> dict[str, list[Any]]:
+        return {'logprobs': rows_logprobs(batch, outputs['target_logps'])}  # aligned with each row's input_ids
 
     def _forward_batch(self, state: TrainState, batch: dict[str, Any], share: float = 1.0) -> dict[str, Any]:
         """Forward a collated batch with gradients, pending its loss; `share`: this micro-batch's part of the
@@ -218,7 +217,7 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self._eval_loss = None
         self.model.train()
         with speed.autocast(self.device, self.autocast_dtype):
-            outputs = forward_logps(self.model, batch, loss=state.loss)
+            outputs = self._forward_outputs(self.model, batch, loss=state.loss)
         self._pending = {'state': state, 'batch': batch, 'outputs': outputs, 'loss': None, 'share': share}
         return outputs
 
@@ -283,22 +282,23 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
             batch = self._collate(state, inputs)
             outputs = self._forward_batch(state, batch)
             result = self.backward()  # queued before the log-probs are fetched: no host sync mid-step
-            return {**result, 'logprobs': rows_logprobs(batch, outputs['target_logps'])}
+            return {**result, **self._row_outputs(batch, outputs)}
         chunks = micro_batches(as_input_features(inputs), micro_batch_size)
         batches = [self._collate(state, chunk) for chunk in chunks]
         shares, _ = micro_batch_shares(getattr(state.loss, 'reduction', None), batches)
-        logprobs: list[list[float]] = []
+        rows: dict[str, list[Any]] = {}
         loss = 0.0
         metrics: dict[str, float] = {}
         for batch, share in zip(batches, shares):
             outputs = self._forward_batch(state, batch, share)
             out = self.backward()
-            logprobs += rows_logprobs(batch, outputs['target_logps'])
+            for key, values in self._row_outputs(batch, outputs).items():
+                rows.setdefault(key, []).extend(values)
             loss += share * out['loss']
             for name, value in out['metrics'].items():  # averaged over the micro-batches by their share
                 if isinstance(value, (int, float)):
                     metrics[name] = metrics.get(name, 0.0) + value * share / sum(shares)
-        return {'loss': loss, 'metrics': metrics, 'logprobs': logprobs}
+        return {'loss': loss, 'metrics': metrics, **rows}
 
     @reports_failure('forward_only')
     def forward_only(
@@ -313,8 +313,8 @@ class TransformersModel(TrainStateMethods, WeightExportMethods, Model):
         batch = self._collate(state, inputs)
         self.model.eval()
         with torch.no_grad(), speed.autocast(self.device, self.autocast_dtype):
-            outputs = forward_logps(self.model, batch, loss=state.loss)
-            result: dict[str, Any] = {'logprobs': rows_logprobs(batch, outputs['target_logps'])}
+            outputs = self._forward_outputs(self.model, batch, loss=state.loss)
+            result: dict[str, Any] = self._row_outputs(batch, outputs)
             if compute_loss and bool(outputs['mask'].any()):
                 loss_out = run_loss(state.loss, batch, outputs)
                 summary = parallel.reduce_step_summary(

@@ -108,8 +108,7 @@ def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
     """None when the registry resolves `name`, else (what is wrong, what is expected), each in one line."""
     what = 'model backend' if kind == 'model' else kind
     try:
-        resolve_class(kind, name)
-        return None
+        component = resolve_class(kind, name)
     except DistributionNotInstalledError as exc:
         return ' '.join(str(exc).split()), f'an installed {what}'
     except ComponentNotFoundError:
@@ -121,3 +120,10 @@ def _resolve_problem(kind: str, name: str) -> tuple[str, str] | None:
         )
     except Exception as exc:  # noqa: BLE001 - a broken plugin or untrusted hub code: report, don't crash the check
         return f'{name!r} cannot be loaded: ' + ' '.join(f'{type(exc).__name__}: {exc}'.split()), f'a loadable {what}'
+    outputs = getattr(getattr(component, 'capabilities', None), 'outputs', 'logprobs') if kind == 'model' else None
+    if outputs not in (None, 'logprobs'):
+        return (
+            f'{name} is a {outputs} model (a scalar head: a PPO critic or a reward model), not a causal LM',
+            'a causal-LM backend the service can train and sample, e.g. TransformersModel',
+        )
+    return None
