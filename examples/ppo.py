@@ -22,7 +22,6 @@ explained variance climb from about 0 as it learns which answers earn the reward
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import random
 import tempfile
@@ -61,12 +60,13 @@ def main(
     policy = TransformersModel(model_id=model_dir)
     template = resolve('template', 'Template', model_id_or_tokenizer=policy.tokenizer)
     format_warmup(policy, template, rng, warmup_steps)  # the answer format, not the task
-    reference = copy.deepcopy(policy.model).eval() if kl_coef else None  # frozen: the policy after the warm-start
+    warm_dir = policy.save('warm', output_dir=work_dir or tempfile.mkdtemp(prefix='twinkle-ppo-'))
+    # the reference of the KL penalty: a frozen copy of the warm-started policy
+    reference = TransformersModel(model_id=warm_dir) if kl_coef else None
 
     policy.set_optimizer('AdamW', lr=lr)
     policy.set_loss('GRPOLoss', epsilon=0.2, loss_type='bnpo')  # PPO's clipped surrogate, token mean
     # the critic starts from the warm-started policy (as PPO critics start from the SFT or reward model) + a new head
-    warm_dir = policy.save('warm', output_dir=work_dir or tempfile.mkdtemp(prefix='twinkle-ppo-'))
     critic = TransformersValueModel(model_id=warm_dir)
     critic.set_optimizer('AdamW', lr=critic_lr)
     critic.set_loss('PPOValueLoss', clip_range=0.2)
@@ -88,7 +88,8 @@ def main(
         values = critic_values(critic, rows)  # the critic's value before each completion token
         kl = None
         if reference is not None:
-            ref = _reference_logps(reference, policy, rows)
+            ref_rows = [{'input_ids': r['input_ids']} for r in rows]
+            ref = reference.forward_only(inputs=ref_rows, compute_loss=False)['logprobs']
             kl = [kl_estimate(r['old_logps'][s:], q[s:], kl_estimator).tolist() for r, q, s in zip(rows, ref, starts)]
             history['kl'].append(fmean(x for row in kl for x in row))
         advantages = gae(rewards, values=values, kl=kl, kl_coef=kl_coef)
@@ -115,18 +116,6 @@ def main(
     }
     print({k: round(v, 3) for k, v in summary.items()})
     return {**summary, 'history': history}
-
-
-def _reference_logps(reference: Any, policy: TransformersModel, rows: list[dict[str, Any]]) -> list[list[float]]:
-    """The frozen reference's per-token log-probs of `rows` (aligned with input_ids, element 0 = 0.0)."""
-    import torch
-
-    from twinkle_core.train.loss_step import rows_logprobs
-    from twinkle_transformers.forward import forward_logps
-
-    batch = policy.state.processor([{'input_ids': r['input_ids']} for r in rows], device=policy.device)
-    with torch.no_grad():
-        return rows_logprobs(batch, forward_logps(reference, batch)['target_logps'])
 
 
 def _finite(x: float) -> float:

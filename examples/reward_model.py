@@ -3,7 +3,7 @@
 1. **Pairs**: for "repeat d" prompts, the chosen answer is ``d`` and the rejected one another digit; the held-out
    pairs are draws of their own (the task has only 90 digit combinations, so they are all seen in training). With
    ``--unseen-combinations`` a quarter of the combinations never appear in training and the held-out pairs use
-   only those: ranking them takes having learnt *equality* itself (harder: docs/rl.md has the figures).
+   only those: ranking them takes having learnt *equality* itself (0.92 after 60 steps, 1.00 after 120).
 2. **Reward model**: `TransformersValueModel` (the tiny fixture with a scalar head) trained with `BradleyTerryLoss`;
    its score of a conversation is the head's output after the last token. Ranking accuracy on the held-out pairs.
 3. **GRPO with the reward model as the reward** (`RewardModelReward` by path; examples/grpo.py's loop): the

@@ -140,7 +140,10 @@ def test_megatron_model_trains_like_transformers_model(smollm2_dir, adapter_dir,
     got, want = runs['MegatronModel'], runs['TransformersModel']
     # fp32, 30 layers, Megatron's own attention and fused kernels: the same to 1e-4 relative
     assert got['losses'] == pytest.approx(want['losses'], rel=1e-4)
-    assert got['after']['loss'] == pytest.approx(want['after']['loss'], rel=1e-4)
+    # after two AdamW steps at lr 1e-3: Adam's first updates are about lr * sign(g), so a parameter whose gradient is
+    # near 0 can step either way when the backends' gradients differ by rounding -- the loss differs by more than the
+    # forward does (measured 1.4e-4 relative on one CPU, under 1e-4 on another: the same code and packages)
+    assert got['after']['loss'] == pytest.approx(want['after']['loss'], rel=5e-4)
     for g, w in zip(got['before']['logprobs'], want['before']['logprobs']):  # the same weights, token by token
         assert g == pytest.approx(w, rel=1e-4, abs=1e-4)
     assert abs(want['after']['loss'] - want['losses'][0]) > 1e-2  # it trained

@@ -23,6 +23,15 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.types import IGNORE_INDEX
 
 
+def row_end_values(x: torch.Tensor, row_lengths: list[int], *, packed: bool) -> torch.Tensor:
+    """`x` [B, T] at the last position of each row of a collated batch -> [num_rows]: row ``b``'s
+    ``row_lengths[b] - 1`` in a padded batch, the rows one after another on one line in a packed one."""
+    lengths = torch.as_tensor(row_lengths, device=x.device)
+    if packed:
+        return x.reshape(-1)[lengths.cumsum(0) - 1]
+    return x[torch.arange(len(row_lengths), device=x.device), lengths - 1]
+
+
 class TokenBatch:
     """The loss positions, rows and validated fields of one collated micro-batch, for the loss `loss_name`."""
 
@@ -94,10 +103,7 @@ class TokenBatch:
         lengths = self.inputs.get('row_lengths')
         if lengths is None or len(lengths) != self.num_rows:
             raise InvalidInputError(f"{self.loss_name} needs the collated batch's 'row_lengths' (one per row).")
-        ends = torch.as_tensor(lengths, device=x.device).cumsum(0) - 1
-        if self.inputs.get('packed'):  # the rows follow each other on one line
-            return x.reshape(-1)[ends]
-        return x[torch.arange(self.num_rows, device=x.device), torch.as_tensor(lengths, device=x.device) - 1]
+        return row_end_values(x, lengths, packed=bool(self.inputs.get('packed')))
 
     def token_sum(self, x: torch.Tensor) -> torch.Tensor:
         return self.masked(x).sum()

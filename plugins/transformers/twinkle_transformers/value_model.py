@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_core.loss.token_batch import row_end_values
 from twinkle_core.model.base import ModelCapabilities
 from twinkle_core.train.loss_step import rows_logprobs
 from twinkle_core.train.model_loading import load_tokenizer_if_any
@@ -105,9 +106,8 @@ def scalar_head(model: torch.nn.Module) -> torch.nn.Module:
 def forward_values(model: torch.nn.Module, batch: dict[str, Any], *, loss: object = None) -> dict[str, Any]:
     """Run the value model on a collated batch: ``values`` [B, T] float32 (the head at every position),
     ``mask`` (labels != -100) and ``correct`` (all False: there is no token prediction). A `loss` that does not
-    declare ``needs_values`` is refused. The whole model runs
-    (data-parallel wrappers' hooks fire); the head's per-position output is read by a forward hook before
-    transformers pools it to the last token."""
+    declare ``needs_values`` is refused. The whole model runs (data-parallel wrappers' hooks fire); the head's
+    per-position output is read by a forward hook before transformers pools it to the last token."""
     if loss is not None and not getattr(loss, 'needs_values', False):
         raise InvalidInputError(
             f'{getattr(loss, "__name__", type(loss).__name__)} reads log-probs, but a value model gives per-token '
@@ -126,11 +126,8 @@ def forward_values(model: torch.nn.Module, batch: dict[str, Any], *, loss: objec
 
 def row_scores(batch: dict[str, Any], values: torch.Tensor) -> list[float]:
     """The head's output at each row's last token (padded or packed batch)."""
-    flat, lengths = values.detach().float().cpu(), batch['row_lengths']
-    if batch.get('packed'):
-        ends = torch.tensor(lengths).cumsum(0) - 1
-        return flat.reshape(-1)[ends].tolist()
-    return [float(flat[b, n - 1]) for b, n in enumerate(lengths)]
+    last = row_end_values(values.detach().float(), batch['row_lengths'], packed=bool(batch.get('packed')))
+    return last.cpu().tolist()
 
 
 class TransformersValueModel(TransformersModel):
