@@ -144,3 +144,19 @@ def test_ppo_rows_align_the_critics_values_with_the_returns(tiny_model_dir, rows
         with_gae(train_rows, [list(a) for a in advantages], values)
     with pytest.raises(InvalidInputError, match='trained tokens'):
         with_gae(train_rows, advantages, [v[1:] for v in values])
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_model_dir, rows):
+    returns = [{**r, 'returns': [float(i % 2) for i in range(len(r['input_ids']))]} for r in rows]
+    grads = []
+    for checkpointing in (False, True):
+        model = TransformersValueModel(
+            model_id=tiny_model_dir, head_init='normal', gradient_checkpointing=checkpointing
+        )
+        assert bool(model.checkpointed_layers) == checkpointing
+        model.set_loss('PPOValueLoss', clip_range=None)
+        loss = model.forward_backward(inputs=returns)['loss']
+        grads.append((loss, [p.grad.clone() for p in model.model.parameters() if p.grad is not None]))
+    (loss_a, grads_a), (loss_b, grads_b) = grads
+    assert loss_a == pytest.approx(loss_b, abs=1e-6) and len(grads_a) == len(grads_b) > 0
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b))
