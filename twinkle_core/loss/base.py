@@ -26,6 +26,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, TypedDict, cast
 
+#: how a loss reduces over its tokens (the ``reduction`` attribute, docs/conventions.md)
+REDUCTIONS: tuple[str, ...] = ('token_mean', 'sum', 'sequence_mean')
+
 
 class LossOutput(TypedDict, total=False):
     loss: Any  # scalar torch.Tensor

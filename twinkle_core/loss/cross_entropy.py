@@ -14,10 +14,9 @@ import torch
 
 import twinkle_core.loss.candidates as cand
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.loss.base import REDUCTIONS, Loss, LossOutput
 
 Reduction = Literal['token_mean', 'sum', 'sequence_mean']
-REDUCTIONS: tuple[str, ...] = ('token_mean', 'sum', 'sequence_mean')
 
 
 class CrossEntropyLoss(Loss):

@@ -18,10 +18,8 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.loss.base import Loss, LossOutput
+from twinkle_core.loss.base import REDUCTIONS, Loss, LossOutput
 from twinkle_core.loss.token_batch import TokenBatch
-
-REDUCTIONS = ('token_mean', 'sequence_mean', 'sum')
 
 
 class PPOValueLoss(Loss):
