@@ -58,6 +58,10 @@ def with_loss_inputs(model, rows: list[dict], loss: str) -> list[dict]:
         logps = model.forward_only(inputs=rows, compute_loss=False)['logprobs']
         for i, (row, lp) in enumerate(zip(rows, logps)):
             row.update(advantage=(-1.0) ** i * (0.5 + 0.25 * i), old_logps=lp)
+    elif loss == 'PPOValueLoss':  # a critic's regression targets; old values 0 (the clip bites at 0.2)
+        for i, row in enumerate(rows):
+            n = len(row['input_ids'])
+            row.update(returns=[0.1 * ((i + j) % 5) for j in range(n)], old_values=[0.0] * n)
     elif loss == 'DPOLoss':
         for i, row in enumerate(rows):
             row['ref_logps'] = [-0.1 * (i % 2 + 1)] * len(row['input_ids'])
@@ -124,11 +128,12 @@ def main() -> None:
     p.add_argument('--teacher', default=None, help='GKD teacher model directory')
     p.add_argument('--resume-after', type=int, default=None)
     p.add_argument('--neighbour', action='store_true', help='train a second adapter beside --adapter')
+    p.add_argument('--head-seed', type=int, default=None, help='a value model: its new head drawn from this seed')
     args = p.parse_args()
 
     world = env_world_size()
     kwargs = {}
-    if args.backend == 'MegatronModel':
+    if args.backend.startswith('Megatron'):
         mesh = DeviceMesh.from_sizes(
             tp_size=args.tp, pp_size=args.pp, ep_size=args.ep, world_size=world, device_type='cpu'
         )
@@ -143,6 +148,8 @@ def main() -> None:
         dp, dp_rank = 1, 0
     if args.compile_layers:
         kwargs['compile_layers'] = args.compile_layers
+    if args.head_seed is not None:
+        kwargs.update(head_init='normal', head_seed=args.head_seed)
     if args.gradient_checkpointing:
         kwargs['gradient_checkpointing'] = json.loads(args.gradient_checkpointing)
 

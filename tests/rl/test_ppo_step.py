@@ -34,3 +34,21 @@ def test_ppo_with_a_critic_runs_through_the_driver(tiny_model_dir):
     assert 0 < report.steps[0].metrics['reward'] < 1  # the parity rewards vary: there is something to learn
     with pytest.raises(InvalidInputError, match='updates_per_batch'):
         PPOStep(model, critic, GAEAdvantage(), updates_per_batch=0)
+
+
+def test_rollout_explained_variance_is_the_whole_batchs_not_a_mean_of_shards():
+    """Over every trained token of the batch, equal to the loss's formula on the flattened tokens; the mean of two
+    half-batches' figures (what a data-parallel loss metric reports) is not it."""
+    import torch
+
+    from twinkle_core.loss.value import explained_variance
+    from twinkle_core.rl.ppo import rollout_explained_variance
+
+    returns = [[1.0, 1.0], [1.0, 0.9], [0.0, 0.1], [0.0, 0.0]]
+    values = [[0.8, 0.9], [0.7, 0.8], [0.3, 0.2], [0.1, 0.0]]
+    flat = [torch.tensor([x for row in rows for x in row], dtype=torch.float64) for rows in (values, returns)]
+    whole = rollout_explained_variance(values, returns)
+    assert whole == pytest.approx(explained_variance(*flat), abs=1e-12)
+    halves = [rollout_explained_variance(values[i : i + 2], returns[i : i + 2]) for i in (0, 2)]
+    assert abs(sum(halves) / 2 - whole) > 1.0  # each half's returns barely vary: its figure is far below
+    assert math.isnan(rollout_explained_variance([[0.5, 0.2]], [[1.0, 1.0]]))  # constant returns

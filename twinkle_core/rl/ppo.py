@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.rl.rollout_group import RolloutGroup
+from twinkle_core.runtime.distributed import all_reduce_sum
 from twinkle_core.types import IGNORE_INDEX
 
 
@@ -74,6 +75,22 @@ def with_gae(
     return critic_rows
 
 
+def rollout_explained_variance(values: Sequence[Sequence[float]], returns: Sequence[Sequence[float]]) -> float:
+    """1 - Var(returns - values) / Var(returns) over every trained token of the batch -- and of every rank's batch
+    under torchrun (the sums are all-reduced): how much of the return the critic's rollout `values` explain (1:
+    all, 0: no more than the mean return; nan when every return is equal). `PPOValueLoss` reports the same metric
+    per micro-batch and data-parallel shard, averaged; on small shards that mean is dominated by shards whose
+    returns barely vary, this is the batch's own figure."""
+    flat = [(r, r - v) for vs, rs in zip(values, returns) for v, r in zip(vs, rs)]
+    sums = [float(len(flat))]
+    sums += [sum(x[k] ** p for x in flat) for k in (0, 1) for p in (1, 2)]
+    n, r1, r2, d1, d2 = all_reduce_sum(sums)
+    if n == 0:
+        return float('nan')
+    var_r, var_d = r2 / n - (r1 / n) ** 2, d2 / n - (d1 / n) ** 2
+    return float('nan') if var_r <= 1e-12 else 1.0 - var_d / var_r
+
+
 def _scatter(length: int, positions: list[int], values: Sequence[float]) -> list[float]:
     out = [0.0] * length
     for i, value in zip(positions, values):
@@ -88,7 +105,7 @@ class PPOStep:
     advantages and returns, then `updates_per_batch` times: one step of the policy (its loss: set it first, e.g.
     ``GRPOLoss(loss_type='bnpo')``) and one of the critic (``PPOValueLoss``), each clipped to `max_norm`. Metrics:
     ``reward``, the policy loss's metrics and the critic's as ``critic/<name>`` (of the first update: the rollout's
-    own values).
+    own values; ``critic/explained_variance`` over the whole batch, `rollout_explained_variance`).
     """
 
     def __init__(
@@ -109,7 +126,8 @@ class PPOStep:
         rows = [dict(row) for group in groups for row in group.rows]
         rewards = [r for group in groups for r in group.rewards]
         values = critic_values(self.critic, rows)
-        critic_rows = with_gae(rows, self.advantage_fn(rewards, values=values), values)
+        advantages = self.advantage_fn(rewards, values=values)
+        critic_rows = with_gae(rows, advantages, values)
         metrics: dict[str, Any] = {'reward': fmean(rewards)}
         for update in range(self.updates_per_batch):
             policy_out = self.policy.forward_backward(inputs=rows)
@@ -119,4 +137,5 @@ class PPOStep:
             if update == 0:
                 metrics.update(policy_out.get('metrics', {}))
                 metrics.update({f'critic/{k}': v for k, v in critic_out.get('metrics', {}).items()})
+        metrics['critic/explained_variance'] = rollout_explained_variance(values, advantages.returns)  # batch-wide
         return metrics

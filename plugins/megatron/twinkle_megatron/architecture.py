@@ -63,6 +63,8 @@ class Architecture:
     moe_ffn_hidden_size: int | None = None
     moe_top_k: int | None = None
     moe_norm_top_k: bool = True
+    #: the output layer is a scalar head (a value / reward model, `twinkle_megatron.value_head`), not the LM head
+    value_head: bool = False
 
     @property
     def is_moe(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_megatron import convert
+from twinkle_megatron import convert, value_head
 from twinkle_megatron.architecture import Architecture, Layout, padded_vocab_size, transformer_config_kwargs
 from twinkle_megatron.attention import SDPAttention
 from twinkle_megatron.cpu_compat import define_missing_te_gemm, tensors_as_cuda
@@ -77,6 +77,8 @@ def build_chunks(arch: Architecture, layout: Layout, dtype: torch.dtype, device:
                 rotary_base=int(arch.rope_theta),
                 vp_stage=vp,
             )
+        if arch.value_head and chunk.post_process:
+            value_head.install(chunk, hidden_size=arch.hidden_size, sequence_parallel=layout.sp, dtype=dtype)
         mark_tensor_parallel(chunk)
         chunks.append(chunk.to(device))
     return chunks
@@ -124,36 +126,42 @@ def base_parameters(chunk: Any, expert_offset: int = 0) -> dict[str, torch.Tenso
     return out
 
 
-def hf_tensor_reader(model_dir: str | Path) -> Callable[[str], torch.Tensor]:
-    """A function name -> tensor over the checkpoint's safetensors files (read lazily, one tensor at a time)."""
-    from safetensors import safe_open
+class HFTensorReader:
+    """Name -> tensor over a checkpoint's safetensors files (read lazily, one tensor at a time); ``name in reader``
+    says whether the checkpoint holds it."""
 
-    root = Path(model_dir)
-    index = root / 'model.safetensors.index.json'
-    if index.exists():
-        where = {k: root / f for k, f in json.loads(index.read_text())['weight_map'].items()}
-    else:
-        files = sorted(root.glob('*.safetensors'))
-        if not files:
-            raise InvalidInputError(
-                f'{root} has no *.safetensors weights; MegatronModel loads safetensors '
-                f'checkpoints (save the model with save_pretrained(safe_serialization=True)).'
-            )
-        where = {}
-        for f in files:
-            with safe_open(f, framework='pt') as handle:
-                where.update({k: f for k in handle.keys()})
-    handles: dict[Path, Any] = {}
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors import safe_open
 
-    def read(name: str) -> torch.Tensor:
-        if name not in where:
-            raise InvalidInputError(f'{root} has no tensor {name!r} (expected for this architecture).')
-        f = where[name]
-        if f not in handles:
-            handles[f] = safe_open(f, framework='pt')
-        return handles[f].get_tensor(name)
+        self.root = root = Path(model_dir)
+        index = root / 'model.safetensors.index.json'
+        if index.exists():
+            self.where = {k: root / f for k, f in json.loads(index.read_text())['weight_map'].items()}
+        else:
+            files = sorted(root.glob('*.safetensors'))
+            if not files:
+                raise InvalidInputError(
+                    f'{root} has no *.safetensors weights; MegatronModel loads safetensors '
+                    f'checkpoints (save the model with save_pretrained(safe_serialization=True)).'
+                )
+            self.where = {}
+            for f in files:
+                with safe_open(f, framework='pt') as handle:
+                    self.where.update({k: f for k in handle.keys()})
+        self.handles: dict[Path, Any] = {}
 
-    return read
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def __call__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self.where:
+            raise InvalidInputError(f'{self.root} has no tensor {name!r} (expected for this architecture).')
+        f = self.where[name]
+        if f not in self.handles:
+            self.handles[f] = safe_open(f, framework='pt')
+        return self.handles[f].get_tensor(name)
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.train.checkpoint_dir import atomic_directory
 from twinkle_core.utils.json import to_json
-from twinkle_megatron import export, groups, lora
+from twinkle_megatron import export, groups, lora, value_head
 from twinkle_megatron.architecture import Architecture
 
 OPTIMIZER_DIR = 'optimizer'
@@ -70,6 +70,8 @@ def save_full(chunks: list, arch: Architecture, directory: Path, *, source_dir: 
         from safetensors.torch import save_file
 
         copy_model_files(source_dir, directory)
+        if arch.value_head:
+            value_head.write_config(directory / 'config.json')
         save_file(tensors, str(directory / 'model.safetensors'), metadata={'format': 'pt'})
 
 
@@ -95,9 +97,9 @@ def peft_config_dict(config: Any, base_model_id: str) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def load_lora(chunks: list, directory: str | Path, *, adapter: str, tp: int, tp_rank: int) -> None:
+def load_lora(chunks: list, arch: Architecture, directory: str | Path, *, adapter: str, tp: int, tp_rank: int) -> None:
     """Copy a PEFT adapter's factors into this rank's shards of adapter `adapter` (every factor of it must be in
-    the file)."""
+    the file), and the weights trained in full beside it (a value model's head)."""
     from safetensors.torch import load_file
 
     path = Path(directory) / 'adapter_model.safetensors'
@@ -116,6 +118,11 @@ def load_lora(chunks: list, directory: str | Path, *, adapter: str, tp: int, tp_
                 f'{key}: shape {tuple(tensors[key].shape)} does not fit this adapter (its rank or the model differ).'
             )
         param.copy_(shard)
+    for name, param in value_head.trained_in_full(chunks):
+        key = value_head.peft_full_key(arch, name)
+        if key not in tensors or tuple(tensors[key].shape) != tuple(param.shape):
+            raise InvalidInputError(f'{path} has no {key!r} of shape {tuple(param.shape)} (the value head).')
+        param.copy_(tensors[key])
 
 
 def optimizer_files(directory: str | Path) -> tuple[Path, Path]:

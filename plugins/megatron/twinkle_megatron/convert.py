@@ -3,7 +3,8 @@
 Megatron fuses q/k/v into ``linear_qkv`` (interleaved per key/value group: the group's query heads, then its key,
 then its value) and gate/up into ``linear_fc1`` (each tensor-parallel shard holds its slice of gate, then its
 slice of up). Column-parallel weights (qkv, fc1, embeddings, output layer) split dim 0 over tp, row-parallel
-ones (``linear_proj``, ``linear_fc2``) dim 1; norms are replicated. Embedding and output rows are padded to the
+ones (``linear_proj``, ``linear_fc2``) dim 1; norms and a value model's scalar head (``value_head.weight`` =
+HF ``score.weight``) are replicated. Embedding and output rows are padded to the
 padded vocabulary with zeros.
 
 `to_megatron(...)` builds one rank's shard of a Megatron parameter from HF tensors; `to_hf(...)` turns a full
@@ -20,6 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from twinkle_core.train.value_head import HEAD_WEIGHT
 from twinkle_megatron.architecture import Architecture
 
 # megatron suffix within a layer -> HF suffix(es) within ``model.layers.{i}.``
@@ -45,6 +47,7 @@ _TOP = {
     'embedding.word_embeddings.weight': 'model.embed_tokens.weight',
     'decoder.final_layernorm.weight': 'model.norm.weight',
     'output_layer.weight': 'lm_head.weight',
+    'value_head.weight': HEAD_WEIGHT,
 }
 COLUMN, ROW = 0, 1
 

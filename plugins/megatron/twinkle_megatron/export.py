@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from twinkle_megatron import build, convert, groups, lora
+from twinkle_megatron import build, convert, groups, lora, value_head
 from twinkle_megatron.architecture import Architecture
 
 Join = Callable[[list[Tensor]], Tensor]
@@ -136,11 +136,13 @@ def hf_base_weights(chunks: list, arch: Architecture, expert_offset: int = 0) ->
 
 def lora_items(chunks: list, arch: Architecture, adapter: str) -> dict[str, tuple[Tensor, Join]]:
     """This rank's factors of adapter `adapter` by PEFT key, with their tp join (the output layer's B without
-    vocab padding)."""
+    vocab padding), and the weights trained in full beside it (a value model's head)."""
     items = {}
     for key, param, dim, part in lora.factors(chunks, adapter):
         join = _vocab_cat(arch.vocab_size) if part == lora.OUTPUT and dim == 0 else _cat(dim)
         items[key] = (param, join)
+    for name, param in value_head.trained_in_full(chunks):  # replicated over tp
+        items[value_head.peft_full_key(arch, name)] = (param, _cat(None))
     return items
 
 

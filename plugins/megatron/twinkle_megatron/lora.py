@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from twinkle_core.errors import InvalidInputError
+from twinkle_megatron import value_head
 from twinkle_megatron.architecture import Architecture, padded_vocab_size
 from twinkle_megatron.build import unwrap
 
@@ -255,7 +256,7 @@ def add_lora(
     count = 0
     for chunk in chunks:
         for param_name, p in chunk.named_parameters():  # the base frozen; adapters' factors trainable at rest
-            p.requires_grad_('.adapters.' in param_name)
+            p.requires_grad_('.adapters.' in param_name or getattr(p, 'trained_in_full', False))
         for parent, attr, name, kind, layer_parts in list(_targets(chunk)):
             parts = tuple(p for p in layer_parts if p in projections)
             if not parts:
@@ -340,13 +341,14 @@ def only_trainable(chunks: list[Any], adapter: str | None) -> Iterator[None]:
 
 
 def adapter_parameters(chunks: list[Any], adapter: str) -> list[nn.Parameter]:
-    """Adapter `adapter`'s factors on this rank."""
-    return [
+    """Adapter `adapter`'s factors on this rank, and the weights trained in full beside it (a value model's head)."""
+    factors = [
         p
         for module in lora_modules(chunks).values()
         if adapter in module.adapters
         for p in module.adapters[adapter].parameters()
     ]
+    return factors + [p for _, p in value_head.trained_in_full(chunks)]
 
 
 def peft_key(layer: int | None, part: str, factor: str) -> str:

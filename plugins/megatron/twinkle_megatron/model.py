@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -42,8 +42,8 @@ from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import FULL
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.weight_sync.weights import Bucket
-from twinkle_megatron import build, cpu_compat, groups, lora, step
-from twinkle_megatron.architecture import architecture_of, check_layout
+from twinkle_megatron import build, cpu_compat, groups, lora, schedule, step
+from twinkle_megatron.architecture import Architecture, architecture_of, check_layout
 from twinkle_megatron.optim import MegatronTrainState
 from twinkle_megatron.persistence import MegatronPersistence
 from twinkle_megatron.units import TrainingUnit
@@ -101,7 +101,7 @@ class MegatronModel(TrainStateMethods, Model):
         cpu_compat.apply()
         self.model_id = str(model_id)
         self.model_dir = resolve_model_dir(model_id)
-        self.arch = architecture_of(AutoConfig.from_pretrained(self.model_dir))
+        self.arch = self._architecture(AutoConfig.from_pretrained(self.model_dir))
         self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
         check_mesh_support(type(self), self.device_mesh)
         self.layout = groups.layout_of(
@@ -117,7 +117,7 @@ class MegatronModel(TrainStateMethods, Model):
         build.load_hf_weights(
             self.chunks,
             self.arch,
-            build.hf_tensor_reader(self.model_dir),
+            self._weights_reader(),
             tp=self.layout.tp,
             tp_rank=self.ranks['tp'],
             expert_offset=self.expert_offset(),
@@ -135,6 +135,19 @@ class MegatronModel(TrainStateMethods, Model):
         self.units: dict[str, TrainingUnit] = {FULL: self._new_unit(FULL)}
         self.persistence = MegatronPersistence(self)  # checkpoints and weight export (delegated below)
         notify_model_loaded(self.chunks[0], self.model_id)
+
+    def _architecture(self, config: Any) -> Architecture:
+        """The Megatron architecture of the checkpoint's HF config (a value model's: with its scalar head)."""
+        return architecture_of(config)
+
+    def _weights_reader(self) -> Callable[[str], torch.Tensor]:
+        """Where the base weights are read from: the checkpoint (a value model also supplies a new head)."""
+        return build.HFTensorReader(self.model_dir)
+
+    @property
+    def row_outputs(self) -> schedule.RowOutputs:
+        """What the output layer gives the loss and the caller: per-token log-probs, or a value head's values."""
+        return schedule.ScalarValues() if self.arch.value_head else schedule.TokenLogprobs(self.arch.vocab_size)
 
     def expert_offset(self) -> int:
         """The global index of this rank's first local expert (0 for a dense model)."""

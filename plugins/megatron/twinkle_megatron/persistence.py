@@ -136,7 +136,7 @@ class MegatronPersistence:
                 from peft import LoraConfig
 
                 m.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path))
-            ckpt.load_lora(m.chunks, path, adapter=adapter_name, tp=m.layout.tp, tp_rank=m.ranks['tp'])
+            ckpt.load_lora(m.chunks, m.arch, path, adapter=adapter_name, tp=m.layout.tp, tp_rank=m.ranks['tp'])
         else:
             if adapters:
                 raise InvalidInputError(
@@ -146,7 +146,7 @@ class MegatronPersistence:
             build.load_hf_weights(
                 m.chunks,
                 m.arch,
-                build.hf_tensor_reader(path),
+                build.HFTensorReader(path),
                 tp=m.layout.tp,
                 tp_rank=m.ranks['tp'],
                 expert_offset=m.expert_offset(),

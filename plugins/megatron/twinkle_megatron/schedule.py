@@ -9,8 +9,9 @@ micro-batch exactly as collated (the padded rows and positions are cut from the 
 loss, processor and metric works unchanged.
 
 On the last pipeline stage each micro-batch's loss is computed from vocabulary-parallel log-probs
-(`twinkle_megatron.logps`) and backpropagated with the factor `scale * share` (accumulation, data-parallel
-weighting, the micro-batch's part of the call). What the loss reports travels back to every pipeline stage.
+(`twinkle_megatron.logps`; a value model's head gives values instead: `ScalarValues`) and backpropagated with
+the factor `scale * share` (accumulation, data-parallel weighting, the micro-batch's part of the call). What the
+loss reports travels back to every pipeline stage.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.train.loss_step import rows_logprobs, run_loss, summary_from_values, summary_values
+from twinkle_core.train.value_head import check_value_loss, value_row_outputs
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_megatron import groups
 from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_parallel_logps
@@ -84,24 +86,61 @@ def pad_model_inputs(
     return rows, width
 
 
-def loss_outputs(logits: torch.Tensor, batch: dict[str, Any], loss: Any, vocab_size: int) -> dict[str, Any]:
-    """The loss's ``outputs`` dict (``target_logps``, ``logps``, ``mask``, ``correct``, and ``logits`` when the loss
-    asks for them) from one micro-batch's vocabulary-parallel logits, cut to the collated shape."""
-    b, s = batch['input_ids'].shape
-    logits = logits[:b, :s]
-    group = groups.tp_group()
-    target_logps = vocab_parallel_logps(logits, batch['target_ids'], vocab_size, group)
-    labels = batch['labels']
-    mask = labels != IGNORE_INDEX
-    outputs: dict[str, Any] = {
-        'target_logps': target_logps,
-        'logps': torch.where(mask, target_logps, 0.0),
-        'mask': mask,
-        'correct': (vocab_parallel_argmax(logits, vocab_size, group) == labels) & mask,
-    }
-    if getattr(loss, 'needs_logits', False):
-        outputs['logits'] = full_logits(logits, vocab_size, group)
-    return outputs
+class TokenLogprobs:
+    """What the language-model head gives the loss and the caller: per-token log-probs from vocabulary-parallel
+    logits. `loss_outputs`: the loss's ``outputs`` dict (``target_logps``, ``logps``, ``mask``, ``correct``, and
+    ``logits`` when the loss asks for them), cut to the collated shape; `kept`: the device tensor kept per
+    micro-batch until the schedule is done; `rows`: the per-row results made of it (``logprobs``)."""
+
+    row_keys = ('logprobs',)
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def loss_outputs(self, logits: torch.Tensor, batch: dict[str, Any], loss: Any) -> dict[str, Any]:
+        b, s = batch['input_ids'].shape
+        logits = logits[:b, :s]
+        group = groups.tp_group()
+        target_logps = vocab_parallel_logps(logits, batch['target_ids'], self.vocab_size, group)
+        labels = batch['labels']
+        mask = labels != IGNORE_INDEX
+        outputs: dict[str, Any] = {
+            'target_logps': target_logps,
+            'logps': torch.where(mask, target_logps, 0.0),
+            'mask': mask,
+            'correct': (vocab_parallel_argmax(logits, self.vocab_size, group) == labels) & mask,
+        }
+        if getattr(loss, 'needs_logits', False):
+            outputs['logits'] = full_logits(logits, self.vocab_size, group)
+        return outputs
+
+    def kept(self, outputs: dict[str, Any]) -> torch.Tensor:
+        return outputs['target_logps'].detach()
+
+    def rows(self, batch: dict[str, Any], kept: torch.Tensor) -> dict[str, list[Any]]:
+        return {'logprobs': rows_logprobs(batch, kept)}
+
+
+class ScalarValues:
+    """What a value model's scalar head (`twinkle_megatron.value_head`) gives: ``values`` [B, T] at every position
+    for the loss (which must read values), per-row ``values`` and ``scores`` for the caller."""
+
+    row_keys = ('values', 'scores')
+
+    def loss_outputs(self, head: torch.Tensor, batch: dict[str, Any], loss: Any) -> dict[str, Any]:
+        check_value_loss(loss)
+        b, s = batch['input_ids'].shape
+        mask = batch['labels'] != IGNORE_INDEX
+        return {'values': head[:b, :s, 0].float(), 'mask': mask, 'correct': torch.zeros_like(mask)}
+
+    def kept(self, outputs: dict[str, Any]) -> torch.Tensor:
+        return outputs['values'].detach()
+
+    def rows(self, batch: dict[str, Any], kept: torch.Tensor) -> dict[str, list[Any]]:
+        return value_row_outputs(batch, kept)
+
+
+RowOutputs = TokenLogprobs | ScalarValues
 
 
 def run(
@@ -109,7 +148,7 @@ def run(
     micro: list[MicroBatch],
     *,
     loss: Any,
-    vocab_size: int,
+    outputs: RowOutputs,
     scale: float,
     forward_only: bool,
     compute_loss: bool,
@@ -117,8 +156,9 @@ def run(
     pad_multiple: int,
     same_shape_group: Any = None,
 ) -> list[dict[str, Any]]:
-    """Run `micro` through the pipeline; returns, on every rank, each micro-batch's ``{'logprobs', 'loss',
-    'summary', 'metrics'}`` (loss entries only where a loss was computed). Backward runs unless `forward_only`.
+    """Run `micro` through the pipeline; returns, on every rank, each micro-batch's per-row results (`outputs`:
+    ``logprobs``, or a value model's ``values`` and ``scores``) and ``loss``, ``summary``, ``metrics`` where a loss
+    was computed. Backward runs unless `forward_only`.
     `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism);
     `same_shape_group`: see `pad_model_inputs`."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -133,14 +173,14 @@ def run(
         return output, lambda logits: _loss(m, logits)
 
     def _loss(m: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        outputs = loss_outputs(logits, m.batch, loss, vocab_size)
+        produced = outputs.loss_outputs(logits, m.batch, loss)
         # device tensors only: fetched (`_fetch`) once the whole schedule, backward included, is queued
-        info: dict[str, Any] = {'batch': m.batch, 'target_logps': outputs['target_logps'].detach()}
+        info: dict[str, Any] = {'batch': m.batch, 'kept': outputs.kept(produced)}
         value = logits.sum() * 0.0  # keeps the graph when no loss is computed
-        if compute_loss and bool(outputs['mask'].any()):
-            result = run_loss(loss, m.batch, outputs)
+        if compute_loss and bool(produced['mask'].any()):
+            result = run_loss(loss, m.batch, produced)
             value = result['loss'] * (scale * m.share)
-            info.update(metrics=dict(result.get('metrics') or {}), summary=summary_values(outputs, result['loss']))
+            info.update(metrics=dict(result.get('metrics') or {}), summary=summary_values(produced, result['loss']))
         return value, torch.ones((), dtype=torch.int), info
 
     iterators: Any = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
@@ -153,16 +193,16 @@ def run(
         micro_batch_size=rows,
         forward_only=forward_only,
     )
-    return _from_last_stage([_fetch(info) for info in infos])
+    return _from_last_stage([_fetch(info, outputs) for info in infos])
 
 
-def _fetch(info: dict[str, Any]) -> dict[str, Any]:
-    """A micro-batch's host-side results (``logprobs``, and ``loss``/``summary``/``metrics`` where a loss ran)
+def _fetch(info: dict[str, Any], outputs: RowOutputs) -> dict[str, Any]:
+    """A micro-batch's host-side results (per-row results, and ``loss``/``summary``/``metrics`` where a loss ran)
     from the device tensors `_loss` kept."""
     batch = info.pop('batch', None)
     if batch is None:  # not the last pipeline stage: nothing computed here
         return info
-    out: dict[str, Any] = {'logprobs': rows_logprobs(batch, info.pop('target_logps')), **info}
+    out: dict[str, Any] = {**outputs.rows(batch, info.pop('kept')), **info}
     if 'summary' in out:
         out['summary'] = summary_from_values(batch, out['summary'].tolist())
         out['loss'] = out['summary']['loss']

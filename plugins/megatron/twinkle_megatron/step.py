@@ -25,6 +25,7 @@ class StepModel(Protocol):
     device: torch.device
     arch: Architecture
     pad_token_id: int
+    row_outputs: schedule.RowOutputs  # what the output layer gives: log-probs, or a value head's values
 
 
 def run(
@@ -38,7 +39,8 @@ def run(
 ) -> dict[str, Any]:
     """One forward (and backward when `training`) of `unit` over `inputs` on this rank's chunks: the rows split in
     micro-batches (`micro_batch_size`, default one per pipeline stage), the pipeline schedule, the loss summary
-    recorded in the unit's state. Returns ``{'logprobs'}`` and, where rows had labels, ``loss`` and ``metrics``."""
+    recorded in the unit's state. Returns the per-row results (``logprobs``, or a value model's ``values`` and
+    ``scores``) and, where rows had labels, ``loss`` and ``metrics``."""
     unit.wrap()
     state = unit.state
     rows = as_input_features(inputs)
@@ -60,7 +62,7 @@ def run(
             unit.chunks,
             micro,
             loss=state.loss,
-            vocab_size=model.arch.vocab_size,
+            outputs=model.row_outputs,
             scale=state.loss_scale() * dp_share,
             forward_only=not training,
             compute_loss=compute_loss,
@@ -68,7 +70,8 @@ def run(
             pad_multiple=model.layout.tp if model.layout.sp else 1,
             same_shape_group=groups.dp_group() if model.layout.ep > 1 else None,
         )
-    result: dict[str, Any] = {'logprobs': [lp for info in infos for lp in info['logprobs']]}
+    keys = model.row_outputs.row_keys
+    result: dict[str, Any] = {key: [row for info in infos for row in info[key]] for key in keys}
     with_loss = [(m, info) for m, info in zip(micro, infos) if 'loss' in info]
     if with_loss:
         shares = [(m.share, info) for m, info in with_loss]

@@ -26,18 +26,20 @@ from typing import Any
 import torch
 
 from twinkle_core.errors import InvalidInputError
-from twinkle_core.loss.token_batch import row_end_values
 from twinkle_core.model.base import ModelCapabilities
-from twinkle_core.train.loss_step import rows_logprobs
 from twinkle_core.train.model_loading import load_tokenizer_if_any
+from twinkle_core.train.value_head import (
+    DEFAULT_VALUE_LOSS,
+    HEAD,
+    check_head_init,
+    check_value_loss,
+    new_head_weight,
+    value_row_outputs,
+)
 from twinkle_core.types import IGNORE_INDEX
 from twinkle_transformers.forward import model_call_kwargs
 from twinkle_transformers.loading import config_kwargs, resolve_attention
 from twinkle_transformers.model import TransformersModel
-
-DEFAULT_LOSS = 'PPOValueLoss'
-HEAD = 'score'  # the scalar head's module name in transformers' sequence-classification models
-HEAD_INITS = ('zero', 'normal')
 
 
 def load_value_model(
@@ -51,13 +53,10 @@ def load_value_model(
     **kwargs: Any,
 ) -> torch.nn.Module:
     """`model_dir` as ``AutoModelForSequenceClassification`` with ``num_labels=1`` on `device` in `dtype`. A causal
-    LM checkpoint gets a new ``score`` head (transformers reports it missing), initialised as `head_init` says:
-    ``'zero'`` (a new critic values every state 0, so its first GAE advantages are the plain returns rather than
-    noise from a random head) or ``'normal'`` (N(0, ``initializer_range``) drawn from `head_seed`: a reward model
-    trained from scratch learns faster, its backbone getting gradients from the first step). ``pad_token_id`` is
-    set from the tokenizer when the config has none (the head's own pooling needs one)."""
-    if head_init not in HEAD_INITS:
-        raise InvalidInputError(f'head_init must be one of {HEAD_INITS}, got {head_init!r}.')
+    LM checkpoint gets a new ``score`` head (transformers reports it missing), initialised as `head_init` says
+    (``'zero'`` | ``'normal'`` with `head_seed` and the config's ``initializer_range``: `new_head_weight`).
+    ``pad_token_id`` is set from the tokenizer when the config has none (the head's own pooling needs one)."""
+    check_head_init(head_init)
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     config = AutoConfig.from_pretrained(model_dir, **config_kwargs(kwargs))
@@ -69,7 +68,10 @@ def load_value_model(
         model_dir, dtype=dtype, output_loading_info=True, **kwargs
     )
     if any(key.split('.')[0] == HEAD for key in info['missing_keys']):  # a new head
-        _init_head(model.score, head_init, head_seed, float(getattr(model.config, 'initializer_range', 0.02)))
+        std = float(getattr(model.config, 'initializer_range', 0.02))
+        weight = new_head_weight(model.score.weight.shape[1], head_init, seed=head_seed, std=std)
+        with torch.no_grad():
+            model.score.weight.copy_(weight)
     if model.config.num_labels != 1:
         raise InvalidInputError(
             f'{model_dir} has a {model.config.num_labels}-label head; a value / reward model has one output.'
@@ -80,17 +82,6 @@ def load_value_model(
         pad = getattr(tokenizer, 'pad_token_id', None)
         model.config.pad_token_id = pad if pad is not None else getattr(tokenizer, 'eos_token_id', 0)
     return model.to(device)
-
-
-def _init_head(head: torch.nn.Linear, how: str, seed: int, std: float) -> None:
-    with torch.no_grad():
-        if how == 'zero':
-            head.weight.zero_()
-        else:
-            noise = torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(seed)) * std
-            head.weight.copy_(noise)
-        if head.bias is not None:
-            head.bias.zero_()
 
 
 def scalar_head(model: torch.nn.Module) -> torch.nn.Module:
@@ -108,11 +99,7 @@ def forward_values(model: torch.nn.Module, batch: dict[str, Any], *, loss: objec
     ``mask`` (labels != -100) and ``correct`` (all False: there is no token prediction). A `loss` that does not
     declare ``needs_values`` is refused. The whole model runs (data-parallel wrappers' hooks fire); the head's
     per-position output is read by a forward hook before transformers pools it to the last token."""
-    if loss is not None and not getattr(loss, 'needs_values', False):
-        raise InvalidInputError(
-            f'{getattr(loss, "__name__", type(loss).__name__)} reads log-probs, but a value model gives per-token '
-            'values: use PPOValueLoss or BradleyTerryLoss (or a Loss with needs_values = True).'
-        )
+    check_value_loss(loss)
     captured: list[torch.Tensor] = []
     handle = scalar_head(model).register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
@@ -122,12 +109,6 @@ def forward_values(model: torch.nn.Module, batch: dict[str, Any], *, loss: objec
     values = captured[-1].squeeze(-1).float()
     mask = batch['labels'] != IGNORE_INDEX
     return {'values': values, 'mask': mask, 'correct': torch.zeros_like(mask)}
-
-
-def row_scores(batch: dict[str, Any], values: torch.Tensor) -> list[float]:
-    """The head's output at each row's last token (padded or packed batch)."""
-    last = row_end_values(values.detach().float(), batch['row_lengths'], packed=bool(batch.get('packed')))
-    return last.cpu().tolist()
 
 
 class TransformersValueModel(TransformersModel):
@@ -144,13 +125,12 @@ class TransformersValueModel(TransformersModel):
 
     def __init__(self, model_id: Any, **kwargs: Any) -> None:
         super().__init__(model_id, **kwargs)
-        self.state.set_loss(DEFAULT_LOSS)
+        self.state.set_loss(DEFAULT_VALUE_LOSS)
 
     def add_adapter_to_model(self, adapter_name: str, config: Any, **kwargs: Any) -> None:
         """A LoRA adapter on the decoder; the ``score`` head trains in full and is saved with the adapter."""
         super().add_adapter_to_model(adapter_name, config, task_type='SEQ_CLS', **kwargs)
-        self.state.set_loss(DEFAULT_LOSS)
+        self.state.set_loss(DEFAULT_VALUE_LOSS)
 
     def _row_outputs(self, batch: dict[str, Any], outputs: dict[str, Any]) -> dict[str, list[Any]]:
-        values = outputs['values']
-        return {'values': rows_logprobs(batch, values), 'scores': row_scores(batch, values)}
+        return value_row_outputs(batch, outputs['values'])
