@@ -257,6 +257,22 @@ ROUTES: dict[tuple[str, str], Callable[[Fuzz], st.SearchStrategy[Request]]] = {
     ('get', '/v1/models/{model}'): _get('/v1/models/{a}'),
     ('post', '/v1/chat/completions'): _openai('/v1/chat/completions', openai_chat_body),
     ('post', '/v1/completions'): _openai('/v1/completions', openai_completion_body),
+    ('post', '/v1/rollouts'): _fields(
+        '/v1/rollouts',
+        {'model': st.sampled_from([MODEL, 'gpt-9']) | TEXT, 'ttl_s': INTS, 'max_calls': INTS, 'max_tokens': INTS},
+    ),
+    ('get', '/v1/rollouts/{session_id}'): _get('/v1/rollouts/{a}'),
+    ('delete', '/v1/rollouts/{session_id}'): _path('DELETE', '/v1/rollouts/{a}'),
+    ('post', '/v1/rollouts/{session_id}/reward'): _path(
+        'POST',
+        '/v1/rollouts/{a}/reward',
+        st.fixed_dictionaries({}, optional={'reward': INTS, 'rewards': st.lists(INTS, max_size=4)}) | ANY_JSON,
+    ),
+    ('get', '/v1/rollouts/{session_id}/episodes'): _get('/v1/rollouts/{a}/episodes'),
+    ('post', '/v1/rollouts/{session_id}/v1/chat/completions'): _path(
+        'POST', '/v1/rollouts/{a}/v1/chat/completions', openai_chat_body(st.sampled_from([MODEL, 'gpt-9']))
+    ),
+    ('get', '/v1/rollouts/{session_id}/v1/models'): _get('/v1/rollouts/{a}/v1/models'),
     ('post', '/twinkle/v1/models'): _fields(
         '/twinkle/v1/models',
         {

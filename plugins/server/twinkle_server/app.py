@@ -25,6 +25,7 @@ from twinkle_server.api.guard import RequestGuard
 from twinkle_server.api.native import datasets as native_datasets
 from twinkle_server.api.native import routes as native
 from twinkle_server.api.openai.errors import as_openai_error, unrouted
+from twinkle_server.api.openai.rollouts import router as rollouts_router
 from twinkle_server.api.openai.router import router as openai_router
 from twinkle_server.api.tinker import (
     routes_checkpoints,
@@ -87,6 +88,7 @@ def create_app(config: ServerConfig, hosts: dict[str, ModelHost] | None = None, 
     ):
         app.include_router(module.router)
     app.include_router(openai_router)
+    app.include_router(rollouts_router)
     app.include_router(console_router)
     return app
 
@@ -96,6 +98,7 @@ async def _reap(service: Service) -> None:
         await asyncio.sleep(60)
         try:
             service.reap_sessions()
+            service.rollouts.reap()
             service.store.prune_futures(older_than_s=24 * 3600)
         except Exception:  # noqa: BLE001
             logger.exception('session reaper failed')

@@ -33,6 +33,7 @@ from twinkle_server.service.hub_push import HubPusher
 from twinkle_server.service.images import DecodeBudget, ImagePolicy
 from twinkle_server.service.live_model import LiveModel, LiveModels
 from twinkle_server.service.quotas import Quotas
+from twinkle_server.service.rollouts import RolloutOperations
 from twinkle_server.service.sampling import SamplingOperations, session_of_target
 from twinkle_server.service.sampling import sampling_target as sampling_target  # re-exported: the routes import it
 from twinkle_server.service.stability_records import StabilityRecords
@@ -96,6 +97,7 @@ class Service:
         self.checkpoints = CheckpointOperations(self, min_ttl_s=config.min_checkpoint_ttl_s)
         self.training = TrainingOperations(self, self.checkpoints)
         self.sampling = SamplingOperations(self, self.checkpoints)
+        self.rollouts = RolloutOperations(self.store)
         self._sweeper_stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name='twinkle-checkpoint-sweeper', daemon=True)
         self._sweeper.start()

@@ -15,9 +15,10 @@ Layout: `Store` (this package's `__init__`) opens, migrates and closes the datab
 mixin per group of tables, each in its own module and each working only through the `meta` / `owner` attributes
 `Store` sets (`tables.StoreTables`): `keys.ApiKeyTables` (API keys), `sessions.SessionTables` (sessions),
 `models.ModelTables` (training runs, sampling sessions), `checkpoints.CheckpointTables` (checkpoints, hub pushes),
-`futures.FutureTables` (futures), `settings.SettingTables` (server settings, idempotent results) and
-`metrics.RunMetricTables` (per-step metrics of training runs). The mixins do not call one another; a `Store` method
-is found in the mixin named for its table. The row types are in `rows` and are importable from here, as is
+`futures.FutureTables` (futures), `settings.SettingTables` (server settings, idempotent results),
+`metrics.RunMetricTables` (per-step metrics of training runs) and `rollouts.RolloutTables` (rollout sessions on
+/v1 and their calls). The mixins do not call one another; a `Store` method is found in the mixin named for its
+table. The row types are in `rows` and are importable from here, as is
 `DatabaseError`.
 """
 
@@ -33,11 +34,13 @@ from twinkle_server.store.futures import FutureTables
 from twinkle_server.store.keys import ApiKeyTables
 from twinkle_server.store.metrics import RunMetricTables
 from twinkle_server.store.models import ModelTables
+from twinkle_server.store.rollouts import RolloutTables
 from twinkle_server.store.rows import (
     CheckpointRow,
     FutureRow,
     PushRow,
     RequestRow,
+    RolloutRow,
     SamplingSessionRow,
     SessionRow,
     TrainingRunRow,
@@ -51,6 +54,7 @@ __all__ = [
     'FutureRow',
     'PushRow',
     'RequestRow',
+    'RolloutRow',
     'SamplingSessionRow',
     'SessionRow',
     'Store',
@@ -58,7 +62,16 @@ __all__ = [
 ]
 
 
-class Store(ApiKeyTables, SessionTables, ModelTables, CheckpointTables, FutureTables, SettingTables, RunMetricTables):
+class Store(
+    ApiKeyTables,
+    SessionTables,
+    ModelTables,
+    CheckpointTables,
+    FutureTables,
+    SettingTables,
+    RunMetricTables,
+    RolloutTables,
+):
     """Thread-safe access to the metadata database. `Store(data_dir)` is the SQLite file in `data_dir`;
     `Store.open(url, data_dir)` follows a configured database URL."""
 

@@ -10,6 +10,7 @@ __all__ = [
     'FutureRow',
     'PushRow',
     'RequestRow',
+    'RolloutRow',
     'SamplingSessionRow',
     'SessionRow',
     'TrainingRunRow',
@@ -112,3 +113,16 @@ class PushRow:
     requested_at: float
     pushed_at: float | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """A rollout session on `/v1` (`service.rollouts`): the policy it samples and its caps and rewards."""
+
+    session_id: str
+    tenant: str
+    model: str  # what every call samples: a base model or a saved sampler checkpoint (pinned at creation)
+    created_at: float
+    expires_at: float
+    limits: dict[str, Any]  # max_calls, max_tokens
+    rewards: dict[str, Any] | None  # {'reward': x} or {'rewards': [per episode]} once posted

@@ -28,6 +28,7 @@ from twinkle_server.api.openai import models as model_names
 from twinkle_server.api.openai.chat import ChatRenderer
 from twinkle_server.api.openai.errors import OpenAIError, as_openai_error, invalid
 from twinkle_server.api.openai.responses import chat_choice, completion_choice, new_id
+from twinkle_server.api.openai.rollout_call import SESSION_HEADER, SessionCall
 from twinkle_server.api.openai.sampling import (
     ClientWatch,
     check_unsupported,
@@ -149,18 +150,36 @@ async def get_model(model: str, request: Request) -> dict[str, Any]:
 # ---- chat -------------------------------------------------------------------------------------------------------
 @router.post('/v1/chat/completions', response_model=None)
 async def chat_completions(request: Request) -> Response:
+    """A chat completion; in a rollout session when the `SESSION_HEADER` header or ``rollout_session`` names one."""
     svc, who = await _authenticated(request)
     req = await _body(request, svc, ChatCompletionRequest)
+    session_id = request.headers.get(SESSION_HEADER) or req.rollout_session
+    session = None
+    if session_id is not None:
+        session = await run_in_threadpool(SessionCall.open, svc, who.name, session_id, req)
+    return await chat(request, svc, who, req, session)
+
+
+async def chat(
+    request: Request, svc: Service, who: Tenant, req: ChatCompletionRequest, session: SessionCall | None = None
+) -> Response:
+    """Answer `req`; inside rollout session `session`, its prompt is built and its tokens recorded by it."""
     check_unsupported(req)
     if req.response_format is not None and req.response_format.get('type', 'text') != 'text':
         raise invalid('response_format: only {"type": "text"} is supported by this server', param='response_format')
     top = _chat_logprobs(req)
-    target = model_names.resolve(svc, who.name, req.model)
+    target = model_names.resolve(svc, who.name, session.row.model if session is not None else req.model)
     host = svc.host(target.base_model)
     tools = await run_in_threadpool(_text_tools, host.model_dir)
+    if session is not None:
+        req = session.prepare(req)
     bounds.check_chat(req, host.max_context_length, tools.chars_per_token)
     rendered = await run_in_threadpool(tools.renderer.render, req)
-    prompt = await run_in_threadpool(_encode, tools.tokenizer, rendered.text, False)
+    encode = functools.partial(_encode, tools.tokenizer, special=False)
+    if session is not None:
+        prompt = await run_in_threadpool(session.prompt, encode, rendered.text)
+    else:
+        prompt = await run_in_threadpool(encode, rendered.text)
     n = _n(svc, who, req, 1)
     stop = stop_strings(req)
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -176,6 +195,8 @@ async def chat_completions(request: Request) -> Response:
         decoded = [
             det.sequence(s.tokens, s.logprobs, s.top_logprobs, s.stop_reason, stop, rendered.prefill) for s in sequences
         ]
+        if session is not None:
+            session.record(det, rendered, prompt, sequences, decoded)
         usage = _usage(len(prompt), sum(len(s.tokens) for s in sequences))
         ident, created = new_id('chatcmpl'), int(time.time())
         if req.stream:
@@ -290,6 +311,7 @@ def _prompts(tokenizer: Any, items: list[Any]) -> list[list[int]]:
 
 # ---- shared checks ----------------------------------------------------------------------------------------------
 def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
+    """`text`'s token ids (`special`: with the tokenizer's own added tokens, e.g. a BOS)."""
     return list(tokenizer(text, add_special_tokens=special)['input_ids'])
 
 

@@ -99,6 +99,8 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     #: extension (as in vLLM): extra variables for the model's chat template, e.g. ``{"enable_thinking": false}``
     chat_template_kwargs: dict[str, Any] | None = None
+    #: extension: record this call in a rollout session (as the ``X-Rollout-Session`` header does)
+    rollout_session: str | None = None
 
 
 class CompletionRequest(SamplingFields):

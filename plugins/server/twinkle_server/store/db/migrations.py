@@ -108,6 +108,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             created_at {REAL} NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (run_id, op, step))""",
         ),
     ),
+    Migration(
+        7,
+        'rollout sessions on /v1 and the calls they recorded (as tokens)',
+        (
+            """CREATE TABLE rollout_sessions (
+            session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, model TEXT NOT NULL, created_at {REAL} NOT NULL,
+            expires_at {REAL} NOT NULL, limits TEXT NOT NULL, rewards TEXT)""",
+            'CREATE INDEX rollout_sessions_tenant ON rollout_sessions (tenant, expires_at)',
+            """CREATE TABLE rollout_calls (
+            session_id TEXT NOT NULL, seq {INT} NOT NULL, record TEXT NOT NULL, PRIMARY KEY (session_id, seq))""",
+        ),
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 LEGACY_TABLE = 'api_keys'  # present in every database written before schema_migrations existed
