@@ -1,0 +1,116 @@
+"""Three agents that import nothing of twinkle -- the plain `openai` SDK (examples/agents/openai_agent.py), the OpenAI
+Agents SDK (agents_sdk_agent.py) and LangGraph (langgraph_agent.py) -- run unmodified against a rollout session's
+base URL, streamed and not. The policy is a LoRA adapter trained here (tinker SDK) on each framework's own tool
+schema to call `get_weather` and then answer from its result, so every framework's loop runs a real tool round
+trip and ends. Each run is recorded as one token-exact episode: the tool call the framework sends back
+(re-serialised its own way) is matched to what was sampled, the tool's result is inserted (not trained)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server.openai_tools import CALL_TEXT, TOOLS, prompt_ids
+from tests.server.server_names import MODEL, openai_client
+
+AGENTS = Path(__file__).resolve().parents[2] / 'examples' / 'agents'
+QUESTION = 'What is the weather in Paris?'
+RESULT = '18 C and sunny'
+ANSWER = 'It is 18 C and sunny.'
+
+
+def agent(name: str):
+    if str(AGENTS) not in sys.path:
+        sys.path.insert(0, str(AGENTS))
+    return importlib.import_module(name)
+
+
+def framework_tools() -> list[list[dict]]:
+    """The tool list each framework sends for its `get_weather` (as its own converter writes it)."""
+    tools = [TOOLS]
+    if importlib.util.find_spec('agents') is not None:
+        from agents.models.chatcmpl_converter import Converter
+
+        tools.append([Converter.tool_to_openai(agent('agents_sdk_agent').get_weather)])
+    if importlib.util.find_spec('langgraph') is not None:
+        from langchain_core.utils.function_calling import convert_to_openai_tool
+
+        tools.append([convert_to_openai_tool(agent('langgraph_agent').get_weather)])
+    return tools
+
+
+@pytest.fixture(scope='module')
+def weather_agent_policy(service_client, tokenizer) -> str:
+    """A LoRA adapter trained (cross-entropy, tinker SDK) on every framework's tool schema to answer QUESTION with
+    the get_weather call, and the tool's result with ANSWER, each answer token at probability > 0.5 (greedy
+    decoding writes them); saved for sampling."""
+    from tinker import types
+
+    call = {'id': 'call_0', 'type': 'function'}
+    call['function'] = {'name': 'get_weather', 'arguments': '{"city": "Paris"}'}
+    asked = [{'role': 'user', 'content': QUESTION}]
+    answered = asked + [
+        {'role': 'assistant', 'content': '', 'tool_calls': [call]},
+        {'role': 'tool', 'tool_call_id': 'call_0', 'content': RESULT},
+    ]
+    data, spans = [], []
+    for tools in framework_tools():
+        for messages, reply in ((asked, CALL_TEXT), (answered, ANSWER)):
+            prompt = prompt_ids(tokenizer, messages, tools)
+            target = tokenizer(reply, add_special_tokens=False)['input_ids'] + [tokenizer.eos_token_id]
+            ids = prompt + target
+            weights = [0.0] * (len(prompt) - 1) + [1.0] * len(target)
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(ids[:-1]),
+                    loss_fn_inputs={'target_tokens': ids[1:], 'weights': weights},
+                )
+            )
+            spans.append(len(prompt) - 1)
+    training = service_client.create_lora_training_client(base_model=MODEL, rank=16, seed=0).result()
+    worst = -1e9
+    for _ in range(300):
+        fwd = training.forward_backward(data, 'cross_entropy')  # queued with the step: one round trip each
+        opt = training.optim_step(types.AdamParams(learning_rate=3e-3))
+        worst = min(min(o['logprobs'].tolist()[start:]) for o, start in zip(fwd.result().loss_fn_outputs, spans))
+        opt.result()
+        if worst > math.log(0.5):  # every answer token the most likely one: greedy decoding writes them
+            break
+    assert worst > math.log(0.5), f'the adapter did not learn the tool round trip (least likely answer token: {worst})'
+    return training.save_weights_for_sampler('weather-agent').result().path
+
+
+@pytest.mark.slow  # training the policy takes ~1.5 min
+@pytest.mark.parametrize(
+    'framework,stream',
+    [
+        ('openai_agent', False),
+        ('openai_agent', True),
+        ('agents_sdk_agent', False),
+        ('agents_sdk_agent', True),
+        ('langgraph_agent', False),
+        ('langgraph_agent', True),
+    ],
+)
+def test_an_unmodified_agent_is_recorded_as_one_episode(
+    server, alice, weather_agent_policy, tokenizer, framework, stream
+):
+    pytest.importorskip({'agents_sdk_agent': 'agents', 'langgraph_agent': 'langgraph'}.get(framework, 'openai'))
+    with openai_client(server, alice) as client:
+        session = client.post('/rollouts', body={'model': weather_agent_policy}, cast_to=object)
+        base_url = f'{server.base_url}{session["base_url"]}'
+        answer = agent(framework).run(base_url, alice, weather_agent_policy, QUESTION, stream=stream, temperature=0.0)
+        result = client.get(f'/rollouts/{session["id"]}/episodes', cast_to=object)
+    assert answer.strip() == ANSWER  # the framework's loop ran the tool and ended on the trained answer
+    assert result['splits'] == [] and len(result['data']) == 1, result
+    episode = result['data'][0]
+    assert len(episode['calls']) >= 2, tokenizer.decode(episode['input_ids'])  # the tool call, then the answer
+    trained = [t for t, label in zip(episode['input_ids'], episode['labels']) if label != -100]
+    assert len(trained) == len(episode['logprobs'])
+    sampled = tokenizer.decode(trained, skip_special_tokens=False)
+    assert 'get_weather' in sampled and '<tool_response>' not in sampled  # the tool's result is not trained
+    assert f'<tool_response>\n{RESULT}' in tokenizer.decode(episode['input_ids'])  # but is in the episode
