@@ -16,7 +16,7 @@ TOOLS = [
         'function': {
             'name': 'get_weather',
             'description': 'The current weather in a city.',
-            'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
+            'parameters': {'properties': {'city': {'type': 'string'}}, 'required': ['city'], 'type': 'object'},
         },
     }
 ]

@@ -1,9 +1,10 @@
 """examples/ppo.py (policy + critic + GAE + a KL penalty to the warm-started policy) runs unchanged under torchrun
-(two DDP ranks, each rolling out its own prompts) and on Ray (policy, critic and KL reference each a group of two
-data-parallel actors, the sampler a third group fed by weight syncs). The KL column proves the wiring: at the first
-step the sampler samples the reference itself (KL 0 up to sampler-vs-model numerics); after training steps it is
-not 0 -- on Ray only if the sampler received the trained policy's weights (without the sync it would keep sampling
-the reference: KL 0 forever). Its learning over 60 steps in each runtime is recorded in docs/rl.md."""
+(two DDP ranks, each rolling out its own prompts) and on Ray (policy, critic and KL reference each a Ray group, the
+sampler a group of its own fed by weight syncs; one actor each here, two in the recorded run). The KL column
+proves the wiring: at the first step the sampler samples the reference itself (KL 0 up to sampler-vs-model
+numerics); after training steps it is not 0 -- on Ray only if the sampler received the trained policy's weights
+(without the sync it would keep sampling the reference: KL 0 forever). Its learning over 60 steps in each runtime
+is recorded in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def run_ppo(runtime: str, out: Path) -> dict[str, float]:
         launcher = ['-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr', '127.0.0.1']
         cmd = [sys.executable, *launcher, '--master_port', str(free_port()), *args]
     else:
-        cmd = [sys.executable, *args, '--ranks', '2']
+        cmd = [sys.executable, *args, '--ranks', '1']  # data parallelism on Ray: docs/benchmarks.md's 60-step run
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f'{runtime} run failed:\n{output[-5000:]}'

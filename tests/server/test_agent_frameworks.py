@@ -8,13 +8,14 @@ trip and ends. Each run is recorded as one token-exact episode: the tool call th
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.server.openai_tools import CALL_TEXT, TOOLS, prompt_ids
+from tests.server.openai_tools import CALL_TEXT, prompt_ids
 from tests.server.server_names import MODEL, openai_client
 
 AGENTS = Path(__file__).resolve().parents[2] / 'examples' / 'agents'
@@ -30,8 +31,9 @@ def agent(name: str):
 
 
 def framework_tools() -> list[list[dict]]:
-    """The tool list each framework sends for its `get_weather` (as its own converter writes it)."""
-    tools = [TOOLS]
+    """The distinct tool lists the frameworks send for their `get_weather` (as their own converters write them:
+    LangChain's equals the plain-SDK example's, the Agents SDK's is stricter)."""
+    tools = [agent('openai_agent').TOOLS]
     if importlib.util.find_spec('agents') is not None:
         from agents.models.chatcmpl_converter import Converter
 
@@ -40,7 +42,8 @@ def framework_tools() -> list[list[dict]]:
         from langchain_core.utils.function_calling import convert_to_openai_tool
 
         tools.append([convert_to_openai_tool(agent('langgraph_agent').get_weather)])
-    return tools
+    distinct = {json.dumps(t): t for t in tools}
+    return list(distinct.values())
 
 
 @pytest.fixture(scope='module')

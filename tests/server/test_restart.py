@@ -1,5 +1,6 @@
 """kill -9 the server mid-run, restart it on the same data dir: runs and checkpoints are listed again, a client
-resumes from its checkpoint with the optimizer state, and the request that was in flight fails cleanly."""
+resumes from its checkpoint with the optimizer state, the request that was in flight fails cleanly, and a rollout
+session on /v1 keeps every finished call (its episodes are the same, token for token)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import httpx
 import pytest
 import tinker
-from server_names import MODEL
+from server_names import MODEL, openai_client
 from tinker import types
 
 
@@ -17,6 +18,26 @@ def _start(data_dir, model_dir, port: int) -> subprocess.Popen:
     from twinkle_server.launch import start_process
 
     return start_process({MODEL: str(model_dir)}, str(data_dir), port)
+
+
+class _At:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+
+def _two_session_calls(url: str, key: str) -> tuple[str, dict]:
+    """A rollout session with a two-call conversation (the openai client); its id and episodes."""
+    with openai_client(_At(url), key) as client:
+        session = client.post('/rollouts', body={'model': MODEL}, cast_to=object)['id']
+        messages = [{'role': 'user', 'content': 'What is the weather in Paris?'}]
+        for _ in range(2):
+            extra = {'rollout_session': session}
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=extra)
+            messages += [{'role': 'assistant', 'content': reply.choices[0].message.content}]
+            messages += [{'role': 'user', 'content': 'more'}]
+        episodes = client.get(f'/rollouts/{session}/episodes', cast_to=object)
+    assert episodes['data'][0]['calls'] == [0, 1]
+    return session, episodes
 
 
 @pytest.mark.slow
@@ -38,6 +59,7 @@ def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
             tc.forward_backward(sft_data, 'cross_entropy').result()
             tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
         path = tc.save_state('before-crash').result().path
+        session, recorded = _two_session_calls(url, key)
         tc.forward_backward(sft_data, 'cross_entropy').result()
         tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
         expected = tc.forward(sft_data, 'cross_entropy').result().metrics['loss:sum']
@@ -62,6 +84,8 @@ def test_kill_restart_list_and_resume(tmp_path, tiny_model_dir, sft_data):
             gone = http.post('/get_info', json={'model_id': tc.model_id})
             assert gone.status_code == 404 and 'resume it from a checkpoint' in gone.json()['error']
 
+        with openai_client(_At(url), key) as client:
+            assert client.get(f'/rollouts/{session}/episodes', cast_to=object) == recorded
         svc = tinker.ServiceClient(base_url=url, api_key=key)
         resumed = svc.create_training_client_from_state_with_optimizer(path).result()
         resumed.forward_backward(sft_data, 'cross_entropy').result()
