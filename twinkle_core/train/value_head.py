@@ -19,7 +19,6 @@ from twinkle_core.train.loss_step import rows_logprobs
 
 HEAD = 'score'  # the scalar head's module name in transformers' sequence-classification models
 HEAD_WEIGHT = f'{HEAD}.weight'
-PEFT_HEAD_WEIGHT = f'base_model.model.{HEAD_WEIGHT}'  # in adapter_model.safetensors
 HEAD_INITS = ('zero', 'normal')
 DEFAULT_VALUE_LOSS = 'PPOValueLoss'
 

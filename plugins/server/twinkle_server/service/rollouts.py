@@ -83,7 +83,7 @@ class RolloutOperations:
     ) -> int:
         """Store one finished call; returns its number in the session."""
         with self._lock:
-            call = len(self.store.rollout_calls(row.session_id))
+            call = self.store.count_rollout_calls(row.session_id)
             self.store.add_rollout_call(
                 row.session_id, call, call_record(call, prompt_text, prompt_ids, parent, choices)
             )

@@ -64,6 +64,10 @@ class RolloutTables(StoreTables):
             (session_id, seq, json.dumps(record)),
         )
 
+    def count_rollout_calls(self, session_id: str) -> int:
+        row = self.meta.one('SELECT COUNT(*) FROM rollout_calls WHERE session_id = ?', (session_id,))
+        return int(row[0]) if row else 0
+
     def rollout_calls(self, session_id: str) -> list[dict[str, Any]]:
         """The session's call records in the order they were recorded."""
         rows = self.meta.all('SELECT record FROM rollout_calls WHERE session_id = ? ORDER BY seq', (session_id,))
