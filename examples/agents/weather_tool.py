@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-FORECASTS = {'paris': '18 C and sunny', 'oslo': '2 C and snow'}
+FORECASTS = {'paris': '18 C and sunny', 'oslo': '2 C and snow', 'cairo': '31 C and clear', 'lima': '20 C and fog'}
 
 
 def forecast(city: str) -> str:

@@ -22,6 +22,7 @@ AGENTS = Path(__file__).resolve().parents[2] / 'examples' / 'agents'
 QUESTION = 'What is the weather in Paris?'
 RESULT = '18 C and sunny'
 ANSWER = 'It is 18 C and sunny.'
+PACKAGES = {'openai_agent': 'openai', 'agents_sdk_agent': 'agents', 'langgraph_agent': 'langgraph'}  # what each needs
 
 
 def agent(name: str):
@@ -31,17 +32,10 @@ def agent(name: str):
 
 
 def framework_tools() -> list[list[dict]]:
-    """The distinct tool lists the frameworks send for their `get_weather` (as their own converters write them:
-    LangChain's equals the plain-SDK example's, the Agents SDK's is stricter)."""
-    tools = [agent('openai_agent').TOOLS]
-    if importlib.util.find_spec('agents') is not None:
-        from agents.models.chatcmpl_converter import Converter
-
-        tools.append([Converter.tool_to_openai(agent('agents_sdk_agent').get_weather)])
-    if importlib.util.find_spec('langgraph') is not None:
-        from langchain_core.utils.function_calling import convert_to_openai_tool
-
-        tools.append([convert_to_openai_tool(agent('langgraph_agent').get_weather)])
+    """The distinct tool lists the installed frameworks send for their `get_weather` (LangChain's equals the
+    plain-SDK example's, the Agents SDK's is stricter)."""
+    names = [name for name, package in PACKAGES.items() if importlib.util.find_spec(package) is not None]
+    tools = [agent('train_agent').tool_schemas(name) for name in names]
     distinct = {json.dumps(t): t for t in tools}
     return list(distinct.values())
 
@@ -102,7 +96,7 @@ def weather_agent_policy(service_client, tokenizer) -> str:
 def test_an_unmodified_agent_is_recorded_as_one_episode(
     server, alice, weather_agent_policy, tokenizer, framework, stream
 ):
-    pytest.importorskip({'agents_sdk_agent': 'agents', 'langgraph_agent': 'langgraph'}.get(framework, 'openai'))
+    pytest.importorskip(PACKAGES[framework])
     with openai_client(server, alice) as client:
         session = client.post('/rollouts', body={'model': weather_agent_policy}, cast_to=object)
         base_url = f'{server.base_url}{session["base_url"]}'
@@ -117,3 +111,20 @@ def test_an_unmodified_agent_is_recorded_as_one_episode(
     sampled = tokenizer.decode(trained, skip_special_tokens=False)
     assert 'get_weather' in sampled and '<tool_response>' not in sampled  # the tool's result is not trained
     assert f'<tool_response>\n{RESULT}' in tokenizer.decode(episode['input_ids'])  # but is in the episode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('client', ['tinker', 'twinkle'])
+def test_the_training_example_runs_with_either_client(server, alice, client) -> None:
+    """examples/agents/train_agent.py end to end in a few steps (its learning is measured in docs/benchmarks.md):
+    the warm-start, a GRPO step on the agent's recorded episodes, a measuring round -- through the tinker SDK and
+    through the native client."""
+    train_agent = agent('train_agent')
+    args = train_agent.parser().parse_args(
+        ['--base-url', server.base_url, '--api-key', alice, '--base-model', MODEL, '--client', client]
+        + ['--warmup-steps', '3', '--steps', '1', '--group-size', '2', '--concurrency', '4']
+    )
+    history = train_agent.train(args)
+    assert len(history['reward']) == 2 and len(history['loss']) == 1, history
+    assert math.isfinite(history['loss'][0]) and all(0.0 <= r <= 1.0 for r in history['reward'])
+    assert min(history['episodes/run']) >= 1.0  # every run was recorded: each made at least one call

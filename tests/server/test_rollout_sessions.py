@@ -214,3 +214,69 @@ def test_caps_ttl_and_concurrent_agents(server, alice) -> None:
         assert small['id'] in server.service.store.expired_rollouts(time.time())
         assert server.service.rollouts.reap() >= 1
         assert small['id'] not in server.service.store.expired_rollouts(time.time())
+
+
+def two_call_harness(api_key: str):
+    """An agent harness as `RolloutSessions` takes it: an unmodified two-call `openai` agent pointed at the session's
+    base URL, scored by the task (here the task *is* the reward, so the group's rewards differ)."""
+    import openai
+
+    def harness(base_url: str, policy: str, task: dict) -> float:
+        if task.get('crash'):
+            raise RuntimeError('the agent crashed')
+        with openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as agent:
+            messages = list(QUESTION)
+            for turn in range(2):
+                reply = agent.chat.completions.create(model=policy, messages=messages, max_tokens=4, seed=turn)
+                messages += [{'role': 'assistant', 'content': reply.choices[0].message.content}]
+                messages += [{'role': 'user', 'content': 'Go on.'}]
+        return task['reward']
+
+    return harness
+
+
+def test_rollout_sessions_and_a_native_client_grpo_step(server, alice) -> None:
+    """`twinkle_client.RolloutSessions` runs the agent G times per task, each run in its own session of a native
+    client checkpoint (`model.save`'s twinkle:// path); each run's episode carries its reward and the session is
+    deleted. The episodes train through the native client with `GRPOLoss` and the sampler's log-probs: the learner
+    scores every sampled token as recorded (ratio 1, 1e-3) and the step moves the policy. A crashing agent scores
+    `failure_reward` (or, without one, stops the run naming its task)."""
+    import numpy as np
+
+    from twinkle_client import MultiLoraTransformersModel, RolloutSessions, TwinkleClient
+    from twinkle_core.errors import TwinkleError
+
+    native = TwinkleClient(server.base_url, alice)
+    model = MultiLoraTransformersModel(model_id=MODEL, client=native)
+    model.add_adapter_to_model('agent', {'r': 8, 'lora_alpha': 16, 'seed': 0})
+    model.set_optimizer('AdamW', lr=1e-2)
+    model.set_loss('GRPOLoss')
+    policy = model.save('session-policy-0')
+    tasks = [{'reward': 1.0}, {'reward': 0.0}]
+    with RolloutSessions(server.base_url, alice, concurrency=2) as sessions:
+        groups = sessions.run(policy, two_call_harness(alice), tasks, group_size=2, progress=False)
+        assert [[run.reward for run in group] for group in groups] == [[1.0, 1.0], [0.0, 0.0]]
+        runs = [run for group in groups for run in group]
+        assert all(len(run.episodes) == 1 and run.splits == [] and run.error is None for run in runs)
+        assert [run.episodes[0]['reward'] for run in runs] == [1.0, 1.0, 0.0, 0.0]
+        with openai_client(server, alice) as client, pytest.raises(Exception, match='not found|404'):
+            client.get(f'/rollouts/{runs[0].session_id}', cast_to=object)  # deleted once read
+
+        with pytest.raises(TwinkleError, match="task {'crash': True}: RuntimeError"):
+            sessions.run(policy, two_call_harness(alice), [{'crash': True}], progress=False)
+        sessions.failure_reward = -1.0
+        [[crashed]] = sessions.run(policy, two_call_harness(alice), [{'crash': True}], progress=False)
+        assert crashed.reward == -1.0 and 'the agent crashed' in crashed.error and crashed.episodes == []
+
+    rows = [run.episodes[0] for run in runs]
+    advantages = [run.reward - 0.5 for run in runs]
+    inputs = [{'input_ids': r['input_ids'], 'labels': r['labels']} for r in rows]
+    out = model.forward_backward(inputs=inputs, advantages=advantages, old_logps=[r['logprobs'] for r in rows])
+    for r, learner in zip(rows, out['logprobs']):
+        trained = np.array(r['labels']) != -100  # the learner's log-probs are aligned with input_ids
+        np.testing.assert_allclose(np.array(learner)[trained], r['logprobs'], atol=1e-3)  # ratio 1: on-policy
+    model.clip_grad_and_step()
+    after = model.forward_only(inputs=inputs[:1], compute_loss=False)['logprobs'][0]
+    trained = np.array(rows[0]['labels']) != -100
+    assert np.abs(np.array(after)[trained] - rows[0]['logprobs']).max() > 1e-3
+    native.close()

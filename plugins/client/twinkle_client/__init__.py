@@ -8,13 +8,16 @@ model = MultiLoraTransformersModel(model_id='Qwen/Qwen3-0.6B')   # = RemoteModel
 from twinkle_client.client import TwinkleClient, init_twinkle_client
 from twinkle_client.http import RemoteError, RemoteInputError
 from twinkle_client.remote import MultiLoraTransformersModel, RemoteModel, RemoteSampler, TorchSampler
+from twinkle_client.rollouts import AgentRun, RolloutSessions
 
 __all__ = [
+    'AgentRun',
     'MultiLoraTransformersModel',
     'RemoteError',
     'RemoteInputError',
     'RemoteModel',
     'RemoteSampler',
+    'RolloutSessions',
     'TorchSampler',
     'TwinkleClient',
     'init_twinkle_client',

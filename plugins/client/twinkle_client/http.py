@@ -47,5 +47,7 @@ class Connection:
                 message = r.json().get('error', r.text)
             except ValueError:
                 message = r.text
+            if isinstance(message, dict):  # the OpenAI-shaped errors of the /v1 routes
+                message = message.get('message', message)
             raise (RemoteInputError if r.status_code < 500 else RemoteError)(r.status_code, message)
         return r.json()
