@@ -25,6 +25,13 @@ TESTS = Path(__file__).parent
 WORKER = TESTS / 'distributed' / 'train_worker.py'
 
 
+def torchrun_command(nproc: int) -> list[str]:
+    """``torchrun --standalone`` on `nproc` local ranks: its rendezvous binds a port of its own choosing (port 0), so
+    concurrent launches never race for one picked in advance (``free_port()`` + ``--master_port`` could find it taken
+    by the time torchrun bound it: EADDRINUSE)."""
+    return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', str(nproc)]
+
+
 def run_worker(
     model_dir: Path, out: Path, *, nproc: int = 1, extra: tuple[str, ...] = (), worker: Path = WORKER
 ) -> dict:
@@ -52,19 +59,7 @@ def start_worker(
     if nproc == 1:
         cmd = [sys.executable, str(worker), *args]
     else:
-        cmd = [
-            sys.executable,
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            str(nproc),
-            '--master_addr',
-            '127.0.0.1',
-            '--master_port',
-            str(free_port()),
-            str(worker),
-            *args,
-        ]
+        cmd = [*torchrun_command(nproc), str(worker), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert proc.returncode == 0, f'{" ".join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}'
     return json.loads((Path(out) / 'result.json').read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from twinkle_core.utils.net import free_port
+from tests.spmd_runner import torchrun_command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / 'examples' / 'ppo.py'
 STEPS = ('--steps', '3', '--warmup-steps', '3', '--kl-coef', '0.05')
@@ -27,8 +27,7 @@ def run_ppo(runtime: str, out: Path) -> dict[str, float]:
     """The example's printed summary (the first / last step's means: 3 steps make windows of one step)."""
     args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out), *STEPS]
     if runtime == 'torchrun':
-        launcher = ['-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr', '127.0.0.1']
-        cmd = [sys.executable, *launcher, '--master_port', str(free_port()), *args]
+        cmd = [*torchrun_command(2), *args]
     else:
         cmd = [sys.executable, *args, '--ranks', '1']  # data parallelism on Ray: docs/benchmarks.md's 60-step run
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})

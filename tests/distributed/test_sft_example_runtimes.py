@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from twinkle_core.utils.net import free_port
+from tests.spmd_runner import torchrun_command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / 'examples' / 'sft_lora.py'
 METRICS = re.compile(r'step (\d+): loss ([\d.]+)\s+acc ([\d.]+)\s+grad_norm ([\d.]+)')
@@ -57,18 +57,7 @@ def run_example(
     args = [str(EXAMPLE), '--runtime', runtime, '--output-dir', str(out), '--strategy', strategy]
     args += ['--steps', str(steps), '--log-every', str(log_every)]
     if runtime == 'torchrun':
-        cmd = [
-            sys.executable,
-            '-m',
-            'torch.distributed.run',
-            '--nproc_per_node',
-            '2',
-            '--master_addr',
-            '127.0.0.1',
-            '--master_port',
-            str(free_port()),
-            *args,
-        ]
+        cmd = [*torchrun_command(2), *args]
     else:
         cmd = [sys.executable, *args, *(['--ranks', '2'] if runtime == 'ray' else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-from twinkle_core.utils.net import free_port
+from tests.spmd_runner import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / 'examples' / 'seeds'
@@ -29,9 +28,8 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: f
 
 
 def torchrun(script: str, cwd: Path, ranks: int = 2) -> str:
-    """`script` of examples/seeds/ under torchrun on `ranks` CPU ranks (a free port on 127.0.0.1); its output."""
-    launcher = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(ranks)]
-    return run([*launcher, '--master_addr', '127.0.0.1', '--master_port', str(free_port()), str(SEEDS / script)], cwd)
+    """`script` of examples/seeds/ under torchrun on `ranks` CPU ranks; its output."""
+    return run([*torchrun_command(ranks), str(SEEDS / script)], cwd)
 
 
 def assert_sft_listing_learned(output: str, cwd: Path, tiny_model_dir: Path) -> None:
