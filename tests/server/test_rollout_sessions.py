@@ -243,7 +243,7 @@ def test_rollout_sessions_and_a_native_client_grpo_step(server, alice) -> None:
     `failure_reward` (or, without one, stops the run naming its task)."""
     import numpy as np
 
-    from twinkle_client import MultiLoraTransformersModel, RolloutSessions, TwinkleClient
+    from twinkle_client import MultiLoraTransformersModel, RemoteInputError, RolloutSessions, TwinkleClient
     from twinkle_core.errors import TwinkleError
 
     native = TwinkleClient(server.base_url, alice)
@@ -267,6 +267,11 @@ def test_rollout_sessions_and_a_native_client_grpo_step(server, alice) -> None:
         sessions.failure_reward = -1.0
         [[crashed]] = sessions.run(policy, two_call_harness(alice), [{'crash': True}], progress=False)
         assert crashed.reward == -1.0 and 'the agent crashed' in crashed.error and crashed.episodes == []
+    with RolloutSessions(server.base_url, alice, max_calls=1, failure_reward=-1.0) as capped:  # caps reach sessions
+        [[over]] = capped.run(policy, two_call_harness(alice), [{'reward': 1.0}], progress=False)
+        assert over.reward == -1.0 and 'max_calls=1' in over.error and len(over.episodes) == 1
+    with RolloutSessions(server.base_url, alice, ttl_s=0) as wrong, pytest.raises(RemoteInputError, match='ttl_s'):
+        wrong.run(policy, two_call_harness(alice), [{'reward': 1.0}], progress=False)
 
     rows = [run.episodes[0] for run in runs]
     advantages = [run.reward - 0.5 for run in runs]

@@ -70,7 +70,8 @@ class RolloutSessions:
         self.base_url = base_url.rstrip('/')
         self.conn = Connection(self.base_url, api_key, timeout_s=timeout_s)
         self.concurrency = concurrency
-        self.caps = {k: v for k, v in {'ttl_s': ttl_s, 'max_calls': max_calls, 'max_tokens': max_tokens}.items() if v}
+        caps = {'ttl_s': ttl_s, 'max_calls': max_calls, 'max_tokens': max_tokens}
+        self.caps = {k: v for k, v in caps.items() if v is not None}  # the server checks them
         self.failure_reward = failure_reward
         self.keep_sessions = keep_sessions
 
