@@ -22,7 +22,8 @@ import time
 
 import httpx
 import pytest
-from fuzz_route_requests import ROUTES, Fuzz, Request, seed_requests
+from fuzz_route_requests import ROUTES, Fuzz, Request
+from fuzz_route_seeds import seed_requests
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from raw_http import new_model, result
