@@ -1,4 +1,5 @@
-"""Tool-use GRPO on CPU with the tiny fixture model: compute a product with the `calculator` tool.
+"""Tool-use GRPO on CPU: compute a product with the `calculator` tool -- the tiny fixture model, or a real one
+(``--model smollm2``, below).
 
 Each episode is a `CalculatorTaskEnv` task, "Compute 75 * 72 ..." with the tool's schema in the system turn. The
 policy either calls the tool (``<tool_call>{"name": "calculator", ...}</tool_call>``), reads its answer in a
@@ -26,6 +27,14 @@ of 300 warm-up conversations calling the tool, plain GRPO) started with `tool_us
 
     python examples/tool_grpo.py                  # about 5.6 minutes on an idle 2-core machine
     python examples/tool_grpo.py --seed 1 --steps 40
+
+``--model smollm2``: SmolLM2-135M-Instruct with a LoRA adapter (r=16, all-linear). Its chat template has no tool
+support, so the tools are described in the system turn in the hermes format (as the server's /v1 prompts it). The
+untrained model never calls the tool and cannot do the arithmetic (3-4 digit products, `generate_expression`: a
+fresh pool of `--num-tasks` tasks). The warm-start is short (`--warmup-steps`, 1 in 4 conversations calling the
+tool, as above: greedy, the model then answers at once); every `--eval-every` steps the held-out
+`CalculatorCallTask` (100 other expressions, the first turn, greedy) reports the tool-call rate and accuracy.
+Measured curve and command: docs/benchmarks.md ("Tool use on SmolLM2").
 """
 
 from __future__ import annotations
@@ -39,22 +48,40 @@ import torch
 from tqdm import tqdm
 
 from twinkle_agentic.envs import CalculatorTaskEnv
+from twinkle_agentic.envs.calculator_task import generate_expression
 from twinkle_agentic.rollout import EpisodeWorker, MultiTurnRollout
+from twinkle_agentic.tasks import CalculatorCallTask
 from twinkle_core.advantage import GRPOAdvantage
+from twinkle_core.eval import evaluate
 from twinkle_core.fixtures.tiny_model import ensure_tiny_model
 from twinkle_core.model import TransformersModel
 from twinkle_core.registry import resolve, resolve_class
 from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, RolloutGroup, off_policy_line, run_with_progress
 
 ENV_KWARGS = {'intro': False, 'max_tool_calls': 2}
+LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}
+# per model: the warm-start's learning rate, the LoRA adapter (None: full fine-tuning), the tasks' expressions
+MODELS: dict[str, dict[str, Any]] = {
+    'tiny': {'warmup_lr': 6e-3, 'lora': None, 'hard': False},
+    'smollm2': {'warmup_lr': 1e-3, 'lora': LORA, 'hard': True},
+}
 
 
-def task_pool(rng: random.Random, size: int) -> list[str]:
-    """`size` distinct products of two 2-digit numbers: the tasks of a run."""
+def task_pool(rng: random.Random, size: int, hard: bool = False) -> list[str]:
+    """`size` distinct tasks of a run: products of two 2-digit numbers, or (`hard`) the calculator env's 3-4 digit
+    expressions."""
     pool: set[str] = set()
     while len(pool) < size:
-        pool.add(f'{rng.randint(10, 99)} * {rng.randint(10, 99)}')
+        pool.add(generate_expression(rng) if hard else f'{rng.randint(10, 99)} * {rng.randint(10, 99)}')
     return sorted(pool)
+
+
+def model_dir(name: str) -> str:
+    if name == 'smollm2':
+        from twinkle_core.fixtures.real_models import ensure_real_model
+
+        return str(ensure_real_model('smollm2'))
+    return str(ensure_tiny_model('tiny'))
 
 
 def tasks(rng: random.Random, pool: list[str], n_groups: int, group_size: int) -> list[dict[str, Any]]:
@@ -91,6 +118,7 @@ def called_tool(episode: dict[str, Any]) -> bool:
 
 
 def main(
+    model_name: str = 'tiny',
     steps: int = 20,
     prompts_per_step: int = 4,
     group_size: int = 8,
@@ -103,15 +131,34 @@ def main(
     warmup_tool_share: float = 0.25,
     positive_only: bool = True,
     seed: int = 0,
+    eval_every: int = 0,
+    eval_size: int = 100,
 ) -> dict[str, Any]:
+    spec = MODELS[model_name]
     rng = random.Random(seed)
-    pool = task_pool(rng, num_tasks)
+    pool = task_pool(rng, num_tasks, hard=spec['hard'])
     torch.manual_seed(seed)
-    model = TransformersModel(model_id=ensure_tiny_model('tiny'))
+    model = TransformersModel(model_id=model_dir(model_name))
+    if spec['lora']:
+        model.add_adapter_to_model('default', spec['lora'])
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+    curve: list[dict[str, float]] = []
+
+    def held_out(step: int) -> dict[str, float]:  # the first turn of held-out tasks, greedy
+        sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
+        m = evaluate(sampler, CalculatorCallTask(size=eval_size), template=template, batch_size=50, progress=False)
+        point = {'accuracy': m.metrics['accuracy'], 'tool_call_rate': m.metrics['format_rate']}
+        curve.append({'step': step, **point})
+        tqdm.write(
+            f'step {step}: held-out accuracy {point["accuracy"]:.3f}, tool-call rate {point["tool_call_rate"]:.3f}'
+        )
+        return point
+
+    if eval_every:
+        held_out(-1)  # the model before any training (-1: before the warm-start)
 
     # ---- 1. warm-start on the pool: the two formats (`warmup_tool_share` of the conversations call the tool) -----
-    model.set_optimizer('AdamW', lr=6e-3)
+    model.set_optimizer('AdamW', lr=spec['warmup_lr'])
     n_tool = round(8 * warmup_tool_share)
     for _ in tqdm(range(warmup_steps), desc='format SFT warm-start'):
         rows = [template.encode(warmup_conversation(t, rng, i < n_tool)) for i, t in enumerate(tasks(rng, pool, 8, 1))]
@@ -150,7 +197,14 @@ def main(
         max_staleness=max_staleness,
         partial_rollouts='continue',
     )
-    report = run_with_progress(driver, steps, desc='tool-use GRPO', metrics=('reward', 'tool_use'))
+    report = run_with_progress(
+        driver,
+        steps,
+        desc='tool-use GRPO',
+        metrics=('reward', 'tool_use'),
+        evaluator=held_out if eval_every else None,
+        eval_every=eval_every,
+    )
     rewards = [r.metrics['reward'] for r in report.steps]
     uses = [r.metrics['tool_use'] for r in report.steps]
     print('an episode:', ' | '.join(f'{m["role"]}: {m.get("content")!r}' for m in last[0]['messages'][1:]))
@@ -159,11 +213,19 @@ def main(
     print(f'mean reward over the first {window} steps: {first:.3f}; over the last {window}: {final:.3f}')
     print(f'tool use: {fmean(uses[:window]):.2f} at first, {fmean(uses[-window:]):.2f} at the end')
     print(off_policy_line(report.summary()))
-    return {'first_reward': first, 'last_reward': final, 'mean_rewards': rewards, 'tool_uses': uses, 'report': report}
+    return {
+        'first_reward': first,
+        'last_reward': final,
+        'mean_rewards': rewards,
+        'tool_uses': uses,
+        'held_out': curve,
+        'report': report,
+    }
 
 
 if __name__ == '__main__':
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--model', choices=sorted(MODELS), default='tiny')
     parser.add_argument('--steps', type=int, default=20)
     parser.add_argument('--prompts-per-step', type=int, default=4, help='tasks (GRPO groups) per step')
     parser.add_argument('--group-size', type=int, default=8)
@@ -180,8 +242,13 @@ if __name__ == '__main__':
         help='negative GRPO advantages become 0 (--no-positive-only: plain GRPO)',
     )
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--eval-every', type=int, default=0, help='held-out CalculatorCallTask every N steps (0: none)')
+    parser.add_argument('--eval-size', type=int, default=100)
     args = parser.parse_args()
     main(
+        model_name=args.model,
+        eval_every=args.eval_every,
+        eval_size=args.eval_size,
         steps=args.steps,
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,

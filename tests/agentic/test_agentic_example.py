@@ -68,7 +68,11 @@ def test_the_tool_loop_runs_and_trains(capsys):
     # the mechanics end to end (warm-start, rollouts with the tool offered, GRPO steps, the report); calling the tool
     # takes the full 200-step warm-start, and that RL then raises the reward and the tool use is the benchmark's
     # claim: `bench/learning_over_seeds.py --only tool` (16 steps, seeds 0 and 1, ~5 min a seed)
-    result = load_example('tool_grpo').main(steps=2, prompts_per_step=2, group_size=4, warmup_steps=5, max_tokens=40)
+    result = load_example('tool_grpo').main(
+        steps=2, prompts_per_step=2, group_size=4, warmup_steps=5, max_tokens=40, eval_every=2, eval_size=4
+    )
     rewards, uses = result['mean_rewards'], result['tool_uses']
+    assert [p['step'] for p in result['held_out']] == [-1, 0, 2]  # untrained, warm-started, after the last step
+    assert all(0.0 <= p['accuracy'] <= 1.0 and 0.0 <= p['tool_call_rate'] <= 1.0 for p in result['held_out'])
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards) and all(0.0 <= u <= 1.0 for u in uses)
     assert 'an episode: assistant:' in capsys.readouterr().out

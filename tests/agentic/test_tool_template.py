@@ -148,3 +148,43 @@ def test_markers_tokenize_into_a_few_tokens(tokenizers):
     for marker in ('<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>'):
         ids = new(marker, add_special_tokens=False)['input_ids']
         assert new.decode(ids) == marker and len(ids) <= len(marker)
+
+
+class ScriptedSampler:
+    """Returns the next of `turns` (texts, tokenized, ended by end-of-turn) for every prompt: the model's output is
+    the test's input here; the rollout around it is real."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.tokenizer, self.turns = tokenizer, list(turns)
+
+    def sample(self, prompts, params, **kwargs):
+        from twinkle_core.types import SampledSequence, SampleResponse
+
+        ids = self.tokenizer(self.turns.pop(0), add_special_tokens=False)['input_ids'] + [self.tokenizer.eos_token_id]
+        seq = SampledSequence(tokens=ids, logprobs=[-1.0] * len(ids), stop_reason='stop')
+        return [SampleResponse(sequences=[seq]) for _ in prompts]
+
+
+def test_a_template_without_tool_support_gets_tools_in_the_hermes_format(tokenizers):
+    """On a plain template (the fixture's old one: no tools), a multi-turn rollout prompts with the tools described
+    in the system turn and returns results in a user turn of `<tool_response>` blocks, and its token-exact episode is
+    what `Template` encodes for the same conversation (the rendering the server's /v1 uses too)."""
+    from twinkle_agentic.rollout import MultiTurnRollout
+    from twinkle_core.template.chat_template import ChatTemplate
+
+    old = tokenizers[0]
+    template = ChatTemplate(old)
+    assert not template.renders_tools and template.tool_format.name == 'hermes'
+    call = '<tool_call>\n{"name": "guess", "arguments": {"number": 50}}\n</tool_call>'
+    rollout = MultiTurnRollout(
+        ScriptedSampler(old, [call, 'Done.']), template, env=GuessNumberEnv, max_turns=2, sampling_params={}
+    )
+    (episode,) = rollout([{'messages': [{'role': 'user', 'content': 'Guess my number.'}], 'user_data': {'secret': 7}}])
+    text = old.decode(episode['input_ids'])
+    assert text.startswith('<|im_start|>system\n# Tools\n') and json.dumps(TOOLS[0]) in text
+    assert f'<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>\n' in text
+    encoded = template.encode({'messages': episode['messages'], 'tools': TOOLS})
+    n = len(encoded['input_ids'])  # the episode ends at the next generation prompt (after the env's last answer)
+    assert episode['input_ids'][:n] == encoded['input_ids'] and text.endswith('<|im_start|>assistant\n')
+    assert old.decode(episode['input_ids'][n:]) == '<|im_start|>assistant\n'
+    assert [t for t in encoded['labels'] if t != -100] == [t for t in episode['labels'] if t != -100]

@@ -20,8 +20,8 @@ import torch
 from openai_tools import CALL_TEXT, QUESTION, TOOLS, prompt_ids, request
 from server_names import MODEL, openai_client
 
+from twinkle_core.template.tool_calls import FORMATS, HermesFormat, ParsedCall, format_for
 from twinkle_server.api.openai.chat import ChatRenderer
-from twinkle_server.api.openai.tool_parsers import FORMATS, HermesFormat, ParsedCall, format_for
 
 RESULT = '{"temperature_c": 21}'
 HELLO = [{'role': 'user', 'content': 'Say hello.'}]
@@ -249,6 +249,47 @@ def test_fallback_rendering_on_a_template_without_tools(tokenizer):
     assert renderer.render(request(messages=QUESTION, tools=TOOLS, tool_choice='required')).prefill.endswith(
         '{"name": "'
     )
+
+
+def test_the_training_template_renders_tools_as_the_server_prompts(tokenizer):
+    """A template without tool support: `Template` (training) renders tools, calls and results as the plain turns
+    the server prompts with, so an adapter trained on them is served the same tokens; only the assistant's call
+    and answer are trained. The same conversation on a template that renders tools is passed through natively."""
+    from twinkle_core.registry import resolve
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = PLAIN_CHATML
+    renderer, template = ChatRenderer(tok), resolve('template', 'Template', model_id_or_tokenizer=tok)
+    assert not template.renders_tools and template.tool_format is renderer.tool_format
+    call = {'id': 'call_1', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': '{"city":"Paris"}'}}
+    system = [{'role': 'system', 'content': 'Be brief.'}]
+    turns = system + QUESTION + [{'role': 'assistant', 'content': '', 'tool_calls': [call]}]
+    turns += [{'role': 'tool', 'tool_call_id': 'call_1', 'content': RESULT}, {'role': 'tool', 'content': 'more'}]
+    answer = {'role': 'assistant', 'content': 'It is 21 C.'}
+
+    def served(messages, renderer=renderer) -> list[int]:
+        text = renderer.render(request(messages=messages, tools=TOOLS)).text
+        return tok(text, add_special_tokens=False)['input_ids']
+
+    for prompt in (system + QUESTION, turns):
+        assert template.encode({'messages': prompt, 'tools': TOOLS}, add_generation_prompt=True)['input_ids'] == (
+            served(prompt)
+        )
+    row = template.encode({'messages': turns + [answer], 'tools': TOOLS})
+    first_call = served(system + QUESTION)
+    assert row['input_ids'][: len(first_call)] == first_call  # each turn's prompt is a prefix of the episode
+    trained = tok.decode([t for t in row['labels'] if t != -100])
+    call_text = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
+    assert (
+        trained == f'{call_text}<|im_end|>It is 21 C.<|im_end|>'
+    )  # the arguments as the model wrote them; the tools, the system turn and the results are not trained
+    assert '<tool_response>\n21' not in trained and template.tool_format.parse(trained.split('<|im_end|>')[0]).calls
+
+    tok.chat_template = QWEN_STYLE  # a template that renders tools gets them as transformers passes them
+    native = resolve('template', 'Template', model_id_or_tokenizer=tok)
+    assert native.renders_tools and ChatRenderer(tok).native_tools
+    prompt = native.encode({'messages': turns, 'tools': TOOLS}, add_generation_prompt=True)['input_ids']
+    assert prompt == served(turns, ChatRenderer(tok)) and '<tools>' in tok.decode(prompt)
 
 
 def test_a_template_that_renders_tools_gets_them_natively(tokenizer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -9,6 +10,7 @@ from typing import Any, Literal, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.template import labels as L
+from twinkle_core.template import tool_calls
 from twinkle_core.template.base import Template
 from twinkle_core.template.tokenizer import load_tokenizer
 from twinkle_core.types import Trajectory
@@ -98,18 +100,36 @@ class ChatTemplate(Template):
         self, traj: Trajectory, messages: list[dict[str, Any]], add_generation_prompt: bool
     ) -> tuple[list[int], list[int] | None]:
         """Untruncated ``(input_ids, labels)`` of `messages` (`traj`'s, as rendered): labels from each message's
-        loss flag; or, for a generation prompt, the ids without trailing assistant turns and labels None."""
-        kwargs = self._render_kwargs(traj)
-        if add_generation_prompt:
-            return self._tokenize_prompt(prompt_messages(messages), kwargs), None
+        loss flag; or, for a generation prompt, the ids without trailing assistant turns and labels None.
+
+        Tools, tool calls and tool results go to a template that renders them itself as transformers passes them;
+        any other template gets them as plain turns in the tool-call format the served model is prompted and parsed
+        in (`tool_calls.plain_tool_turns`), so training and serving see the same prompt."""
+        kwargs = dict(self.chat_template_kwargs)
         flags = [m.loss if m.loss is not None else m.role == 'assistant' for m in traj.messages]
+        if add_generation_prompt:
+            messages = prompt_messages(messages)
+            flags = flags[: len(messages)]
+        if tool_calls.uses_tools(messages, traj.tools) and not self.renders_tools:
+            messages, sources = tool_calls.plain_tool_turns(messages, traj.tools, self.tool_format)
+            flags = [any(flags[j] for j in source) for source in sources]
+        else:
+            messages = tool_calls.native_tool_turns(messages)
+            if traj.tools:
+                kwargs['tools'] = traj.tools
+        if add_generation_prompt:
+            return self._tokenize_prompt(messages, kwargs), None
         return self._encode_with_labels(messages, flags, kwargs)
 
-    def _render_kwargs(self, traj: Trajectory) -> dict[str, Any]:
-        kwargs = dict(self.chat_template_kwargs)
-        if traj.tools:
-            kwargs['tools'] = traj.tools
-        return kwargs
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders tools, tool calls and tool results itself (`tool_calls.renders_tools`)."""
+        return tool_calls.renders_tools(self.tokenizer)
+
+    @functools.cached_property
+    def tool_format(self) -> tool_calls.ToolCallFormat:
+        """The tool-call format this model is prompted and parsed in (`tool_calls.format_for` its template)."""
+        return tool_calls.format_for(self.tokenizer.chat_template)
 
     def _tokenize_prompt(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[int]:
         text = L.render(self.tokenizer, messages, add_generation_prompt=True, **kwargs)
@@ -190,7 +210,8 @@ class ChatTemplate(Template):
                     )
                 except (OSError, TypeError):
                     digest.update(cls.__qualname__.encode())
-        digest.update(inspect.getsource(L).encode())
+        for module in (L, tool_calls):  # what renders the rows
+            digest.update(inspect.getsource(module).encode())
         return digest.hexdigest()[:32]
 
     def __repr__(self) -> str:

@@ -1,4 +1,5 @@
-"""Tool calls in a sampled assistant turn, Qwen3 / Hermes format, and their OpenAI message shape.
+"""Tool calls in a sampled assistant turn, Qwen3 / Hermes format (`twinkle_core.template.tool_calls.HermesFormat`,
+the format templates without tool support are prompted in), and their OpenAI message shape.
 
 A call is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; a turn may hold several, with text
 around them. `parse_turn` never raises: each block it cannot read becomes an entry of `ParsedTurn.errors`, a
@@ -13,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_CALL_OPEN = '<tool_call>'
-TOOL_CALL_CLOSE = '</tool_call>'
+from twinkle_core.template.tool_calls import HERMES, ParsedCall
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = HERMES.call_open, HERMES.call_close
 _BLOCK = re.compile(r'<tool_call>(.*?)</tool_call>', re.DOTALL)
 _SNIPPET = 80
 
@@ -101,13 +103,12 @@ def parse_turn(text: str) -> ParsedTurn:
 
 def format_tool_call(call: ToolCall) -> str:
     """The block a model writes for `call` (as the fixture and Qwen3 chat templates render it)."""
-    body = json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)
-    return f'{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}'
+    return HERMES.render_calls('', [ParsedCall(call.name, json.dumps(call.arguments, ensure_ascii=False))])
 
 
 def format_tool_response(output: str) -> str:
     """One tool result as the block Qwen3 puts in a user turn (consecutive results: join with ``'\\n'``)."""
-    return f'<tool_response>\n{output}\n</tool_response>'
+    return HERMES.render_results([output])
 
 
 def to_openai_tool_calls(calls: list[ToolCall], start: int = 0) -> list[dict[str, Any]]:

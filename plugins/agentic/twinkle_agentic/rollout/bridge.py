@@ -7,6 +7,10 @@ the chat template before and after the inserted messages and tokenises only the 
 follows the sampled turn's end-of-turn token. Re-tokenising a whole conversation can split the sampled tokens
 differently from how they were sampled, which makes their behaviour log-probs wrong (verl traced PPO divergence
 to it).
+
+A template that does not render tools itself (e.g. SmolLM2's plain ChatML) gets the episode's tools, calls and
+results as plain turns in the hermes format (`twinkle_core.template.tool_calls`), as `ChatTemplate` and the
+server's ``/v1`` render them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Sequence
 
 from twinkle_core.errors import InvalidInputError
 from twinkle_core.template import labels as L
+from twinkle_core.template.tool_calls import HERMES, plain_tool_turns, renders_tools, uses_tools
 
 
 class TurnBridge:
@@ -27,8 +32,11 @@ class TurnBridge:
             )
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
+        self.renders_tools = renders_tools(tokenizer)
 
     def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, **kw: Any) -> str:
+        if not self.renders_tools and uses_tools(messages, list(tools or [])):
+            messages, tools = plain_tool_turns(messages, list(tools or []), HERMES)[0], None
         kwargs = {**self.kwargs, **({'tools': list(tools)} if tools else {})}
         return L.render(self.tokenizer, messages, **kwargs, **kw)
 

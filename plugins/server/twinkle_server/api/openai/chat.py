@@ -3,25 +3,28 @@
 Tools: a template that renders tools, assistant tool calls and tool results itself (found by rendering a probe
 conversation once: `ChatRenderer.native_tools`) gets them as transformers passes them (``tools=`` and the messages'
 ``tool_calls`` / ``tool`` role). Any other template gets plain turns carrying the tool-call format's text
-(`tool_parsers.ToolCallFormat`): the tool list in the system message, calls in the assistant's text, results in a
-user turn. `tool_choice`: ``none`` renders no tools (and nothing is parsed), ``auto`` renders them, ``required`` and
-a named function also write the start of a call after the generation prompt (`RenderedChat.prefill`), so the model
-continues a call.
+(`twinkle_core.template.tool_calls`, shared with the training-side `ChatTemplate`): the tool list in the system
+message, calls in the assistant's text, results in a user turn. `tool_choice`: ``none`` renders no tools (and
+nothing is parsed), ``auto`` renders them, ``required`` and a named function also write the start of a call after
+the generation prompt (`RenderedChat.prefill`), so the model continues a call.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle_core.template.tool_calls import (
+    ToolCallFormat,
+    format_for,
+    native_tool_turns,
+    plain_tool_turns,
+    renders_tools,
+)
 from twinkle_server.api.openai.errors import invalid
 from twinkle_server.api.openai.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
-from twinkle_server.api.openai.tool_parsers import ParsedCall, ToolCallFormat, format_for
-
-PROBE_TOOL, PROBE_CALL, PROBE_RESULT = 'twinkle_probe_tool', 'twinkle_probe_call', 'twinkle_probe_result'
 
 
 @dataclass(frozen=True)
@@ -53,22 +56,8 @@ class ChatRenderer:
         """Whether the template renders tool definitions, assistant tool calls and tool results itself."""
         with self._lock:
             if self._native is None:
-                self._native = self._probe()
+                self._native = renders_tools(self.tokenizer)
             return self._native
-
-    def _probe(self) -> bool:
-        call = {'type': 'function', 'id': 'call_0', 'function': {'name': PROBE_CALL, 'arguments': {}}}
-        messages: list[dict[str, Any]] = [
-            {'role': 'user', 'content': 'hi'},
-            {'role': 'assistant', 'content': '', 'tool_calls': [call]},
-            {'role': 'tool', 'content': PROBE_RESULT, 'tool_call_id': 'call_0'},
-        ]
-        tool = {'type': 'function', 'function': {'name': PROBE_TOOL, 'parameters': {'type': 'object'}}}
-        try:
-            text = self._apply(messages, [tool], {})
-        except Exception:  # noqa: BLE001 - a template that fails on tools does not support them
-            return False
-        return all(marker in text for marker in (PROBE_TOOL, PROBE_CALL, PROBE_RESULT))
 
     def render(self, req: ChatCompletionRequest) -> RenderedChat:
         """The prompt of `req` (its messages, tools and tool_choice); a 400 for what cannot be rendered."""
@@ -87,10 +76,11 @@ class ChatRenderer:
         if isinstance(choice, NamedToolChoice) and choice.function.name not in {t['function']['name'] for t in tools}:
             raise invalid(f'tool_choice names {choice.function.name!r}, which is not in tools', param='tool_choice')
         fmt = self.tool_format
+        given = [_message_dict(m, i) for i, m in enumerate(req.messages)]
         if self.native_tools:
-            messages, listed = [_native_message(m, i) for i, m in enumerate(req.messages)], tools
+            messages, listed = native_tool_turns(given), tools
         else:
-            messages, listed = _plain_messages(req.messages, tools, fmt), []
+            messages, listed = plain_tool_turns(given, tools, fmt)[0], []
         text = self._render(messages, listed, kwargs)
         prefill = ''
         if choice == 'required' or isinstance(choice, NamedToolChoice):
@@ -140,54 +130,17 @@ def message_text(message: ChatMessage, index: int) -> str:
     return '\n'.join(texts)
 
 
-def _calls(message: ChatMessage) -> list[ParsedCall]:
-    return [ParsedCall(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-
-
-def _native_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """A message as transformers' chat templates take it (arguments as objects where they are JSON)."""
+def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A message as transformers' chat templates take it, its calls' arguments as the JSON text sent."""
     role = 'system' if message.role == 'developer' else message.role
     out: dict[str, Any] = {'role': role, 'content': message_text(message, index)}
     if message.tool_calls:
         out['tool_calls'] = [
-            {'type': 'function', 'id': c.id, 'function': {'name': c.function.name, 'arguments': _arguments(c)}}
+            {'type': 'function', 'id': c.id, 'function': {'name': c.function.name, 'arguments': c.function.arguments}}
             for c in message.tool_calls
         ]
     if message.role == 'tool':
         out['tool_call_id'] = message.tool_call_id or ''
     if message.name:
         out['name'] = message.name
-    return out
-
-
-def _arguments(call: Any) -> Any:
-    try:
-        return json.loads(call.function.arguments)
-    except ValueError:
-        return call.function.arguments
-
-
-def _plain_messages(messages: list[ChatMessage], tools: list[dict[str, Any]], fmt: ToolCallFormat) -> list[dict]:
-    """System / user / assistant turns only: tools in the system message, calls and results as `fmt`'s text."""
-    out: list[dict[str, Any]] = []
-    results: list[str] = []
-    for i, m in enumerate(messages):
-        if m.role == 'tool':
-            results.append(message_text(m, i))
-            continue
-        if results:
-            out.append({'role': 'user', 'content': fmt.render_results(results)})
-            results = []
-        text = message_text(m, i)
-        if m.role == 'assistant' and m.tool_calls:
-            text = fmt.render_calls(text, _calls(m))
-        out.append({'role': 'system' if m.role == 'developer' else m.role, 'content': text})
-    if results:
-        out.append({'role': 'user', 'content': fmt.render_results(results)})
-    if tools:
-        described = fmt.system_prompt(tools)
-        if out and out[0]['role'] == 'system':
-            out[0] = {'role': 'system', 'content': f'{out[0]["content"]}\n\n{described}'}
-        else:
-            out.insert(0, {'role': 'system', 'content': described})
     return out
