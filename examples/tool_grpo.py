@@ -60,10 +60,11 @@ from twinkle_core.rl import AsyncRLDriver, PolicyGradientStep, RolloutGroup, off
 
 ENV_KWARGS = {'intro': False, 'max_tool_calls': 2}
 LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}
-# per model: the warm-start's learning rate, the LoRA adapter (None: full fine-tuning), the tasks' expressions
+# per model: the warm-start's learning rate, the LoRA adapter (None: full fine-tuning), the tasks' expressions, the
+# rows per forward/backward pass of a GRPO step (a real model's 32 episodes in one pass outgrow 24 GB of memory)
 MODELS: dict[str, dict[str, Any]] = {
-    'tiny': {'warmup_lr': 6e-3, 'lora': None, 'hard': False},
-    'smollm2': {'warmup_lr': 1e-3, 'lora': LORA, 'hard': True},
+    'tiny': {'warmup_lr': 6e-3, 'lora': None, 'hard': False, 'micro_batch_size': None},
+    'smollm2': {'warmup_lr': 1e-3, 'lora': LORA, 'hard': True, 'micro_batch_size': 8},
 }
 
 
@@ -181,7 +182,12 @@ def main(
         )
         return EpisodeWorker(rollout, lambda: tasks(rng, pool, prompts_per_step, group_size), group_size)
 
-    policy_step = PolicyGradientStep(model, GRPOAdvantage(positive_only=positive_only), max_norm=1.0)
+    policy_step = PolicyGradientStep(
+        model,
+        GRPOAdvantage(positive_only=positive_only),
+        max_norm=1.0,
+        micro_batch_size=spec['micro_batch_size'],
+    )
     last: list[dict[str, Any]] = []
 
     def train_step(groups: list[RolloutGroup], step: int) -> dict[str, Any]:

@@ -229,3 +229,29 @@ def test_an_evaluator_sees_each_policy_version_between_steps(tiny_model_dir, cap
     assert 'policy version 4: eval accuracy 0.400' in capsys.readouterr().out
     with pytest.raises(InvalidInputError, match='eval_every must be >= 1'):
         AsyncRLDriver(model, worker_factory(model), trainer(model), groups_per_step=PROMPTS).run(1, evaluator=evaluator)
+
+
+def test_a_policy_gradient_step_in_micro_batches_equals_one_pass(tiny_model_dir):
+    """`PolicyGradientStep(micro_batch_size=...)`: the rows go in several passes, the update is that of one pass."""
+    import torch
+
+    groups = []
+    for g in range(2):  # two groups of 3 completions of one prompt, rewards that differ within each group
+        completions = [list(range(8 + i, 10 + 2 * i)) for i in range(3)]  # of 2, 3 and 4 tokens
+        rows = [{'input_ids': [5, 6, 7 + g] + c, 'labels': [-100] * 3 + c} for c in completions]  # on-policy rows
+        groups.append(RolloutGroup(rows=rows, rewards=[1.0, 0.0, 0.5]))
+    updated = []
+    for micro_batch_size in (None, 2):
+        torch.manual_seed(0)
+        model = new_model(tiny_model_dir)
+        model.set_optimizer('SGD', lr=1.0)  # the update is the gradient itself (Adam's first step is ~ its sign)
+        step = PolicyGradientStep(model, GRPOAdvantage(scale='group'), max_norm=None, micro_batch_size=micro_batch_size)
+        metrics = step(groups, 0)
+        assert metrics['reward'] == 0.5
+        updated.append([p.detach().clone() for p in model.model.parameters()])
+    start = new_model(tiny_model_dir).model.parameters()
+    moved = max((a - b).abs().max().item() for a, b in zip(updated[0], start))
+    assert moved > 1e-4  # the step did something
+    assert max((a - b).abs().max().item() for a, b in zip(*updated)) < 1e-6 * max(1.0, moved)
+    with pytest.raises(InvalidInputError, match='micro_batch_size'):  # the setting reaches the model
+        PolicyGradientStep(new_model(tiny_model_dir), GRPOAdvantage(), micro_batch_size=0)(groups, 0)

@@ -94,7 +94,9 @@ class PolicyGradientStep:
 
     The rows get their advantage from ``advantage_fn(rewards, group_size=...)`` (e.g. ``GRPOAdvantage``) per group;
     the model trains them with its loss (set it first: ``model.set_loss('GRPOLoss', ...)``) on `adapter_name`, then
-    clips the gradient norm to `max_norm` and steps. The metrics: ``reward`` (the mean over the groups' rollouts),
+    clips the gradient norm to `max_norm` and steps. `micro_batch_size`: rows per forward/backward pass (for a model
+    that takes it, e.g. `TransformersModel`: the gradients equal one pass, the activations are those of one
+    micro-batch); None: all rows in one pass. The metrics: ``reward`` (the mean over the groups' rollouts),
     the loss's metrics and `importance_ratio_stats` of the rows (when they carry the behaviour ``old_logps``).
     """
 
@@ -105,14 +107,16 @@ class PolicyGradientStep:
         *,
         max_norm: float | None = 1.0,
         adapter_name: str | None = None,
+        micro_batch_size: int | None = None,
     ) -> None:
         self.model, self.advantage_fn = model, advantage_fn
-        self.max_norm, self.adapter_name = max_norm, adapter_name
+        self.max_norm, self.adapter_name, self.micro_batch_size = max_norm, adapter_name, micro_batch_size
 
     def __call__(self, groups: list[RolloutGroup], step: int) -> dict[str, Any]:
         rows = rows_with_advantages(groups, self.advantage_fn)
         adapter = {} if self.adapter_name is None else {'adapter_name': self.adapter_name}
-        result = self.model.forward_backward(inputs=rows, **adapter)
+        passes = {} if self.micro_batch_size is None else {'micro_batch_size': self.micro_batch_size}
+        result = self.model.forward_backward(inputs=rows, **adapter, **passes)
         self.model.clip_grad_and_step(max_norm=self.max_norm, **adapter)
         metrics = {'reward': fmean(r for group in groups for r in group.rewards), **result.get('metrics', {})}
         if all(row.get('old_logps') is not None for row in rows):  # else: on-policy rows, no ratio to report
