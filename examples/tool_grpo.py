@@ -31,10 +31,10 @@ of 300 warm-up conversations calling the tool, plain GRPO) started with `tool_us
 ``--model smollm2``: SmolLM2-135M-Instruct with a LoRA adapter (r=16, all-linear). Its chat template has no tool
 support, so the tools are described in the system turn in the hermes format (as the server's /v1 prompts it). The
 untrained model never calls the tool and cannot do the arithmetic (3-4 digit products, `generate_expression`: a
-fresh pool of `--num-tasks` tasks). The warm-start is short (`--warmup-steps`, 1 in 4 conversations calling the
-tool, as above: greedy, the model then answers at once); every `--eval-every` steps the held-out
-`CalculatorCallTask` (100 other expressions, the first turn, greedy) reports the tool-call rate and accuracy.
-Measured curve and command: docs/benchmarks.md ("Tool use on SmolLM2").
+fresh pool of `--num-tasks` tasks). Every `--eval-every` steps the held-out `CalculatorCallTask` (100 other
+expressions, the first turn, greedy) reports the tool-call rate and accuracy. Measured (docs/benchmarks.md, "Tool
+use on SmolLM2"): 30 warm-start steps with 1 in 4 conversations calling the tool take both from 0 to 100 % by SFT
+alone; with 1 in 8 both stay 0 and GRPO found nothing to reinforce in 5 steps.
 """
 
 from __future__ import annotations
