@@ -50,6 +50,9 @@ class Loss(ABC):
     # Which of forward_backward's row keywords (``old_logps=``, ``advantages=``) the loss reads; a keyword given
     # for a loss that does not read it is refused. None: not declared (custom losses): nothing is checked.
     row_keywords: frozenset[str] | None = None
+    # True: each row's loss depends on that row alone (no pairs, no batch statistics), so a model may run a call's
+    # rows in several passes, each weighted by its share of the reduction, with the gradients of one pass.
+    rows_independent: bool = False
 
     @abstractmethod
     def __call__(self, inputs: dict[str, Any], outputs: dict[str, Any], **kwargs: Any) -> LossOutput:

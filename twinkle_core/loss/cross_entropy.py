@@ -40,6 +40,7 @@ class CrossEntropyLoss(Loss):
     under `candidates.ROW_CANDIDATE_LOGPS` in the metrics.
     """
 
+    rows_independent = True
     row_keywords = frozenset()
 
     def __init__(self, reduction: Reduction = 'token_mean', candidates: bool = False) -> None:

@@ -49,6 +49,7 @@ CHUNK_COPIES = 8
 class GKDLoss(Loss):
     """Generalised JSD between student and teacher token distributions at every loss position."""
 
+    rows_independent = True
     row_keywords = frozenset()
     needs_logits = True
     accepts_hidden_states = True

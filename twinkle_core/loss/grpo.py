@@ -52,6 +52,7 @@ class GRPOLoss(Loss):
     log-probs); ``ref_logps`` [B, T] when ``beta > 0``. ``epsilon_high=None`` means symmetric clipping.
     """
 
+    rows_independent = True
     row_keywords = frozenset({'old_logps', 'advantages'})
 
     def __init__(

@@ -40,6 +40,7 @@ from twinkle_core.loss.token_batch import TokenBatch
 class _SampledPolicyLoss(Loss):
     """Shared plumbing: read lp, q, A; sum the per-token objective; report the mean ratio."""
 
+    rows_independent = True
     row_keywords = frozenset({'old_logps', 'advantages'})
     reduction = 'sum'
 
@@ -129,6 +130,7 @@ class GSPOTokenLoss(Loss):
     or per-token inputs of the same names, which take precedence.
     """
 
+    rows_independent = True
     row_keywords = frozenset({'old_logps', 'advantages'})
     reduction = 'sum'
 
@@ -178,6 +180,7 @@ class StableReinforceLoss(Loss):
     truncated at 2), ``kl_coeff=0``.
     """
 
+    rows_independent = True
     row_keywords = frozenset({'old_logps', 'advantages'})
     reduction = 'sum'
 

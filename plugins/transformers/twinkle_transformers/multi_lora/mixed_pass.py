@@ -1,26 +1,20 @@
-"""One forward (and backward) of the base model over the micro-batches of several tenants.
+"""One forward (and backward) of the base model over the micro-batches of several tenants: `MixedPass`.
 
-`run_tenants` is the whole multi-tenant step:
-
-1. tenants are grouped by input processor (one collated layout per pass; by default everybody shares one), and
-   the `PassPlanner` splits each group into passes (one mixed pass, groups of tenants, or one by one) by measured
-   cost; each pass is timed and fed back to it;
-2. each pass's rows are collated tenant after tenant, every position carrying its tenant's adapter slot
+1. the pass's rows are collated tenant after tenant, every position carrying its tenant's adapter slot
    (``adapter_index``; padding gets -1), and run in ONE forward with per-token LoRA routing;
-3. each tenant's loss is computed on its own rows with its own loss; a loss that raises or is not finite rejects
-   that tenant only; the healthy losses (each times its accumulation scale) are summed and backpropagated ONCE;
-4. each tenant's fresh gradients are checked: non-finite ones are discarded and the tenant rejected; gradients
+2. each tenant's loss is computed on its own rows with its own loss; a loss that raises or is not finite rejects
+   that tenant only; the healthy losses (each times its accumulation scale and its `TenantWork.share`) are summed
+   and backpropagated ONCE;
+3. each tenant's fresh gradients are checked: non-finite ones are discarded and the tenant rejected; gradients
    accumulated by earlier micro-batches are kept aside during the pass and restored untouched either way.
 
 Tenants use disjoint parameters and (in a padded batch) disjoint rows, so a rejected tenant changes nothing of
-anybody else. If the shared collation or forward itself raises, the group is retried without the tenants whose
-rows do not collate, then tenant by tenant, so the failure is pinned on the tenant that causes it.
+anybody else. Which tenants share a pass, and what happens when a shared pass fails, is `passes`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,7 +25,6 @@ from twinkle_core.train.loss_step import rows_logprobs, run_loss, step_summary
 from twinkle_core.train.state import TrainState
 from twinkle_transformers.forward import forward_logps
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.pass_planner import PassPlanner, TenantSize, pass_cost_tokens
 from twinkle_transformers.multi_lora.tenant_batch import slice_outputs, slice_rows
 
 INDEX_FIELD = 'adapter_index'
@@ -45,6 +38,8 @@ class TenantWork:
     state: TrainState
     rows: list[dict[str, Any]]
     compute_loss: bool = True  # False: forward only for logprobs (no loss, no metrics)
+    share: float = 1.0  # this micro-batch's part of the call's loss (a piece of a split call: `tenant_split`)
+    summaries: list[dict[str, Any]] | None = None  # set: accepted summaries go here instead of `state.record`
     result: dict[str, Any] | None = None
     error: TenantStepError | None = None
     sub_batch: dict[str, Any] | None = field(default=None, repr=False)  # its rows of the collated batch
@@ -74,84 +69,6 @@ class _LossNeeds:
             min(chunks) if chunks else None,
             accepts_hidden_states=all(getattr(loss, 'accepts_hidden_states', False) for loss in needing),
         )
-
-
-def run_tenants(
-    model: torch.nn.Module,
-    manager: MultiLoraManager,
-    work: list[TenantWork],
-    *,
-    train: bool,
-    planner: PassPlanner,
-    device: torch.device | None = None,
-) -> None:
-    """Run every tenant's micro-batch (forward + backward when `train`); fills each `TenantWork.result` or
-    `.error`. Never raises for a tenant's fault. `planner` decides which tenants share a pass and learns from the
-    timing of each."""
-    for group in group_by_processor(work):
-        for members, cost_tokens in planned_passes(planner, group, train=train):
-            start = time.perf_counter()
-            clean = _run_isolating(model, manager, members, train=train, device=device)
-            if clean:  # a pass retried after a failure would teach the planner a wrong cost
-                planner.record(cost_tokens, time.perf_counter() - start, tenants=len(members), train=train)
-
-
-def planned_passes(planner: PassPlanner, group: list[TenantWork], *, train: bool) -> list[tuple[list[TenantWork], int]]:
-    """The passes `planner` chooses for one processor group, each with its cost tokens."""
-    packed = bool(getattr(group[0].state.processor, 'padding_free', False))
-    sizes = [TenantSize.of([len(row['input_ids']) for row in w.rows]) for w in group]
-    plan = planner.plan(sizes, packed=packed, train=train)
-    return [
-        ([group[i] for i in members], pass_cost_tokens([sizes[i] for i in members], packed=packed))
-        for members in plan.groups
-    ]
-
-
-def _run_isolating(
-    model: torch.nn.Module,
-    manager: MultiLoraManager,
-    group: list[TenantWork],
-    *,
-    train: bool,
-    device: torch.device | None,
-) -> bool:
-    """Run `group` in one pass; if the shared pass itself fails, pin the failure on the tenants causing it:
-    first tenants whose rows do not collate (the rest retry together), then, if the pass still fails, each
-    tenant alone. Returns whether the first pass went through (no retry)."""
-    try:
-        MixedPass(model, manager, group, train=train, device=device).run()
-        return True
-    except Exception as exc:
-        if len(group) == 1:
-            group[0].result, group[0].error = None, as_tenant_error(group[0].name, exc)
-            return False
-    collatable = []
-    for w in group:
-        try:
-            w.state.processor(w.rows)
-            collatable.append(w)
-        except Exception as exc:
-            w.result, w.error = None, TenantStepError(w.name, 'input', f'{type(exc).__name__}: {exc}')
-    if 1 < len(collatable) < len(group):
-        try:
-            MixedPass(model, manager, collatable, train=train, device=device).run()
-            return False
-        except Exception:
-            pass
-    for w in collatable:
-        _run_isolating(model, manager, [w], train=train, device=device)
-    return False
-
-
-def group_by_processor(work: list[TenantWork]) -> list[list[TenantWork]]:
-    """Tenants whose processors collate alike (same registry name and arguments, or the same instance)."""
-    groups: dict[Any, list[TenantWork]] = {}
-    for w in work:
-        spec = w.state.specs.get('processor', {})
-        name = spec.get('name', '')
-        key = (name, repr(sorted(spec.get('kwargs', {}).items()))) if ':' not in name else id(w.state.processor)
-        groups.setdefault(key, []).append(w)
-    return list(groups.values())
 
 
 class MixedPass:
@@ -224,13 +141,13 @@ class MixedPass:
         if self.train and self.total is not None and self.total.requires_grad:
             assert self.batch is not None  # a loss to backpropagate means the forward ran
             for w in self.group:
-                _stash_grads(self.manager, w)
+                stash_grads(self.manager, w)
             try:
                 with self.manager.adapter_indices(self.batch[INDEX_FIELD]):  # recomputation sees the same routing
                     self.total.backward()
             except Exception as exc:
                 for w in self.group:
-                    _restore_grads(self.manager, w, keep_new=False)
+                    restore_grads(self.manager, w, keep_new=False)
                 raise StageError('backward', exc) from exc
             for w in self.group:
                 keep = w.error is None and _grads_finite(self.manager, w)
@@ -242,12 +159,15 @@ class MixedPass:
                         'the gradients of this micro-batch are not '
                         'finite (NaN/inf); they were discarded and the adapter is unchanged.',
                     )
-                _restore_grads(self.manager, w, keep_new=keep)
+                restore_grads(self.manager, w, keep_new=keep)
         self.total = None
         for w in self.group:  # metrics only for tenants whose micro-batch was accepted
             summary = w.result.pop('_summary', None) if w.result is not None else None
             if w.error is None and summary is not None:
-                w.state.record(summary, is_training=self.train)
+                if w.summaries is not None:
+                    w.summaries.append(summary)
+                else:
+                    w.state.record(summary, is_training=self.train)
             w.sub_batch = w.sub_outputs = None
 
 
@@ -280,10 +200,10 @@ def _tenant_loss(w: TenantWork, *, train: bool) -> torch.Tensor | None:
         )
         return None
     result.update(loss=value, metrics=dict(out.get('metrics') or {}), _summary=step_summary(sub_batch, sub_out, loss))
-    return loss * w.state.loss_scale() if train else None
+    return loss * (w.state.loss_scale() * w.share) if train else None
 
 
-def _stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
+def stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
     """Set the gradients accumulated so far aside, so this pass's gradients can be checked on their own."""
     params = manager.parameters(w.name)
     w._stash = [p.grad for p in params]
@@ -291,7 +211,7 @@ def _stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
         p.grad = None
 
 
-def _restore_grads(manager: MultiLoraManager, w: TenantWork, *, keep_new: bool) -> None:
+def restore_grads(manager: MultiLoraManager, w: TenantWork, *, keep_new: bool) -> None:
     """Put the set-aside gradients back; add this pass's gradients to them when `keep_new`."""
     for p, old in zip(manager.parameters(w.name), w._stash):
         new = p.grad if keep_new else None
@@ -323,25 +243,3 @@ def as_tenant_error(name: str, exc: BaseException) -> TenantStepError:
     if isinstance(exc, StageError):
         return TenantStepError(name, exc.stage, str(exc))
     return TenantStepError(name, 'forward', f'{type(exc).__name__}: {exc}')
-
-
-def forward_passes(
-    model: torch.nn.Module,
-    manager: MultiLoraManager,
-    work: list[TenantWork],
-    planner: PassPlanner,
-    device: torch.device,
-    errors: dict[str, TenantStepError],
-) -> list[MixedPass]:
-    """`work`'s forwards with gradients, in the passes the planner sizes, kept for their losses and backward
-    (`MultiLoraTransformersModel.forward`); a pass that fails records its tenants' errors in `errors`."""
-    passes = []
-    for by_processor in group_by_processor(work):
-        for group, _ in planned_passes(planner, by_processor, train=True):
-            mixed_pass = MixedPass(model, manager, group, train=True, device=device)
-            try:
-                mixed_pass.forward()
-                passes.append(mixed_pass)
-            except Exception as exc:
-                errors.update({w.name: as_tenant_error(w.name, exc) for w in group})
-    return passes

@@ -42,13 +42,9 @@ from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import load_or_adopt, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.mixed_pass import (
-    TenantWork,
-    as_tenant_error,
-    forward_passes,
-    run_tenants,
-)
+from twinkle_transformers.multi_lora.mixed_pass import TenantWork, as_tenant_error
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, STRATEGIES, PassPlanner
+from twinkle_transformers.multi_lora.passes import forward_passes, run_tenants
 from twinkle_transformers.multi_lora.persistence import read_adapter, save_adapter
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.multi_lora.tenant_calls import PendingStep, split_by_tenant, step_outcome

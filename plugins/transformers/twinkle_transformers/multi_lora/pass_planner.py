@@ -146,8 +146,9 @@ class PassPlanner:
         self.last_plan: PassPlan | None = None
         self._choices = 0  # plans chosen by cost (strategy 'auto'), for the periodic revisit
         self._plans_made = 0  # the passes of plan 1 (the cold first step) are not measured
-        #: plans chosen per strategy, passes run, and plans that explored a new pass size
-        self.stats = {'mixed': 0, 'groups': 0, 'one_by_one': 0, 'passes': 0, 'exploring': 0}
+        #: plans chosen per strategy, passes run, plans that explored a new pass size, and calls of one tenant
+        #: above `max_pass_tokens` run in pieces (`tenant_split`)
+        self.stats = {'mixed': 0, 'groups': 0, 'one_by_one': 0, 'passes': 0, 'exploring': 0, 'split_calls': 0}
 
     def plan(self, sizes: Sequence[TenantSize], *, packed: bool, train: bool) -> PassPlan:
         """The passes for tenants of `sizes` (one processor group of one step)."""
