@@ -6,7 +6,8 @@ torch==2.13.0 transformers==5.19.0 peft==0.21.2 accelerate datasets trl``; TRL i
 project) -- on the same batches of self-cognition rows (1..`--max-turns` turns, loss on the answers only), in the
 same order (TRL's sampler set to sequential): `--warmup` untimed steps, then `--steps` timed ones; real (non-pad)
 tokens per second and the process's peak RSS. Rounds alternate the order of the processes; the median over rounds
-is reported, with ours / TRL for the same padding.
+is reported, with ours / TRL for the same padding. Gradient checkpointing is the same for both: off unless
+``--gradient-checkpointing`` (TRL's `SFTConfig` turns it on by default; it is set explicitly here).
 
     python bench/sft_vs_trl.py --trl-python trl-env/bin/python                       # SmolLM2-135M-Instruct
     python bench/sft_vs_trl.py --trl-python trl-env/bin/python --model tiny --rounds 5
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from trl_compare import add_common_flags, model_dir, peak_rss_mib, run_child, trl_run_settings
 
 LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear', 'lora_dropout': 0.0}
 LR = 1e-4
@@ -36,25 +36,19 @@ RUNS = {  # name -> (implementation, padding-free)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--trl-python', required=True, help='the python of an environment with trl installed')
-    parser.add_argument('--model', default=None, help='fixture size or a model dir (default: SmolLM2-135M-Instruct)')
+    add_common_flags(parser, steps=8, warmup=2, rounds=3)
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--max-turns', type=int, default=3)
-    parser.add_argument('--steps', type=int, default=8)
-    parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--json', help='write the results here')
-    parser.add_argument('--child', choices=['ours', 'trl'], help=argparse.SUPPRESS)
     parser.add_argument('--padding-free', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--batches', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         batches = json.loads(Path(args.batches).read_text())
         step = ours_steps if args.child == 'ours' else trl_steps
-        print(json.dumps(step(args.model, batches, args.warmup, args.padding_free)))
+        print(json.dumps(step(args.model, batches, args.warmup, args.padding_free, args.gradient_checkpointing)))
         return
-    model_dir, batches = prepare(args)
+    args.model_dir, batches = prepare(args)
     rates: dict[str, list[float]] = {name: [] for name in RUNS}
     peaks: dict[str, list[float]] = {name: [] for name in RUNS}
     names = list(RUNS)
@@ -64,7 +58,9 @@ def main() -> None:
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                result = run_child(args, name, model_dir, path)
+                implementation, padding_free = RUNS[name]
+                extra = ['--batches', str(path)] + (['--padding-free'] if padding_free else [])
+                result = run_child(__file__, implementation, args, extra)
                 rates[name].append(result['tokens_per_s'])
                 peaks[name].append(result['peak_rss_mib'])
                 print(
@@ -72,40 +68,20 @@ def main() -> None:
                     f'peak RSS {result["peak_rss_mib"]:.0f} MiB',
                     flush=True,
                 )
-    report(rates, peaks, args, model_dir)
+    report(rates, peaks, args, args.model_dir)
 
 
 def prepare(args: argparse.Namespace) -> tuple[str, list[list[dict]]]:
     from sft_throughput import build_batches
 
-    from twinkle_core.fixtures.tiny_model import SPECS, ensure_tiny_model
-
-    if args.model is None:
-        from twinkle_core.fixtures.real_models import ensure_real_model
-
-        model_dir = str(ensure_real_model('smollm2'))
-    else:
-        model_dir = str(ensure_tiny_model(args.model)) if args.model in SPECS else args.model
-    batches = build_batches(model_dir, args.warmup + args.steps, args.batch_size, args.max_turns, args.seed)
+    directory = model_dir(args.model)
+    batches = build_batches(directory, args.warmup + args.steps, args.batch_size, args.max_turns, args.seed)
     tokens = [sum(len(r['input_ids']) for r in b) for b in batches]
     print(
-        f'{model_dir}: {len(batches)} batches of {args.batch_size} rows, '
+        f'{directory}: {len(batches)} batches of {args.batch_size} rows, '
         f'{statistics.mean(tokens) / args.batch_size:.0f} tokens/row on average'
     )
-    return model_dir, [[{'input_ids': r['input_ids'], 'labels': r['labels']} for r in b] for b in batches]
-
-
-def run_child(args: argparse.Namespace, name: str, model_dir: str, batches: Path) -> dict:
-    implementation, padding_free = RUNS[name]
-    python = sys.executable if implementation == 'ours' else args.trl_python
-    cmd = [python, __file__, '--child', implementation, '--model', model_dir, '--batches', str(batches)]
-    cmd += ['--warmup', str(args.warmup), '--trl-python', args.trl_python]
-    cmd += ['--padding-free'] if padding_free else []
-    env = {**os.environ, 'TOKENIZERS_PARALLELISM': 'false'}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f'{name} failed:\n{done.stderr[-4000:]}')
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return directory, [[{'input_ids': r['input_ids'], 'labels': r['labels']} for r in b] for b in batches]
 
 
 def report(rates: dict, peaks: dict, args: argparse.Namespace, model_dir: str) -> None:
@@ -128,16 +104,10 @@ def report(rates: dict, peaks: dict, args: argparse.Namespace, model_dir: str) -
 
 
 # ---- the children: one implementation, `warmup` untimed steps, then the rest timed ---------------------------
-def peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def ours_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_free: bool) -> dict:
+def ours_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_free: bool, checkpointing: bool) -> dict:
     from twinkle_transformers.model import TransformersModel
 
-    model = TransformersModel(model_dir, dtype='float32')
+    model = TransformersModel(model_dir, dtype='float32', gradient_checkpointing=checkpointing)
     model.add_adapter_to_model('default', LORA)
     model.set_processor('CausalLMProcessor', padding_free=padding_free)
     model.set_optimizer('AdamW', lr=LR)
@@ -150,7 +120,7 @@ def ours_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_f
     return result(batches, warmup, time.perf_counter() - start)
 
 
-def trl_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_free: bool) -> dict:
+def trl_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_free: bool, checkpointing: bool) -> dict:
     import datasets
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -175,26 +145,12 @@ def trl_steps(model_dir: str, batches: list[list[dict]], warmup: int, padding_fr
         config = SFTConfig(
             output_dir=out,
             per_device_train_batch_size=len(batches[0]),
-            max_steps=len(batches),
-            learning_rate=LR,
-            lr_scheduler_type='constant',
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            optim='adamw_torch',
             train_sampling_strategy='sequential',
             padding_free=padding_free,
             completion_only_loss=True,
             max_length=None,
-            use_cpu=True,
-            bf16=False,
-            fp16=False,
-            save_strategy='no',
             logging_strategy='no',
-            report_to=[],
-            dataloader_num_workers=0,
-            disable_tqdm=True,
-            seed=0,
+            **trl_run_settings(lr=LR, steps=len(batches), gradient_checkpointing=checkpointing),
         )
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype='float32')
         trainer = SFTTrainer(
