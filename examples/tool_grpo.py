@@ -62,6 +62,7 @@ ENV_KWARGS = {'intro': False, 'max_tool_calls': 2}
 LORA = {'r': 16, 'lora_alpha': 32, 'target_modules': 'all-linear'}
 # per model: the warm-start's learning rate, the LoRA adapter (None: full fine-tuning), the tasks' expressions, the
 # rows per forward/backward pass of a GRPO step (a real model's 32 episodes in one pass outgrow 24 GB of memory)
+ADAPTER = 'default'  # the LoRA adapter of a LoRA policy: trained, published to the rollout sampler, sampled
 MODELS: dict[str, dict[str, Any]] = {
     'tiny': {'warmup_lr': 6e-3, 'lora': None, 'hard': False, 'micro_batch_size': None},
     'smollm2': {'warmup_lr': 1e-3, 'lora': LORA, 'hard': True, 'micro_batch_size': 8},
@@ -141,7 +142,7 @@ def main(
     torch.manual_seed(seed)
     model = TransformersModel(model_id=model_dir(model_name))
     if spec['lora']:
-        model.add_adapter_to_model('default', spec['lora'])
+        model.add_adapter_to_model(ADAPTER, spec['lora'])
     template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
     curve: list[dict[str, float]] = []
 
@@ -160,8 +161,8 @@ def main(
 
     # ---- 1. warm-start on the pool: the two formats (`warmup_tool_share` of the conversations call the tool) -----
     model.set_optimizer('AdamW', lr=spec['warmup_lr'])
-    n_tool = round(8 * warmup_tool_share)
-    for _ in tqdm(range(warmup_steps), desc='format SFT warm-start'):
+    for s in tqdm(range(warmup_steps), desc='format SFT warm-start'):
+        n_tool = round(8 * warmup_tool_share * (s + 1)) - round(8 * warmup_tool_share * s)  # the share, over the steps
         rows = [template.encode(warmup_conversation(t, rng, i < n_tool)) for i, t in enumerate(tasks(rng, pool, 8, 1))]
         model.forward_backward(inputs=rows)
         model.clip_grad_and_step()
@@ -179,6 +180,7 @@ def main(
             env_kwargs=ENV_KWARGS,
             sampling_params={'max_tokens': max_tokens, 'temperature': temperature},
             max_turns=3,
+            adapter_name=ADAPTER if spec['lora'] else None,  # the policy's adapter, as the driver publishes it
         )
         return EpisodeWorker(rollout, lambda: tasks(rng, pool, prompts_per_step, group_size), group_size)
 

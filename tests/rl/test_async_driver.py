@@ -255,3 +255,23 @@ def test_a_policy_gradient_step_in_micro_batches_equals_one_pass(tiny_model_dir)
     assert max((a - b).abs().max().item() for a, b in zip(*updated)) < 1e-6 * max(1.0, moved)
     with pytest.raises(InvalidInputError, match='micro_batch_size'):  # the setting reaches the model
         PolicyGradientStep(new_model(tiny_model_dir), GRPOAdvantage(), micro_batch_size=0)(groups, 0)
+
+
+def test_a_worker_that_would_not_sample_the_lora_policy_is_refused(tiny_model_dir):
+    """A LoRA policy reaches the worker's own sampler as an adapter; a worker sampling with adapter_name=None would
+    roll out the base model and train on its samples, silently. The driver refuses it, naming the fix."""
+    model = new_model(tiny_model_dir)
+    model.add_adapter_to_model('policy', {'r': 4, 'lora_alpha': 8})
+    template = resolve('template', 'Template', model_id_or_tokenizer=model.tokenizer)
+
+    def worker(adapter_name: str | None) -> Any:
+        return lambda: RepeatTaskWorker(
+            new_sampler(model), template, prompts_per_call=PROMPTS, group_size=GROUP, adapter_name=adapter_name
+        )
+
+    with pytest.raises(InvalidInputError, match=r"as adapter 'policy', but the worker samples with the base weights"):
+        AsyncRLDriver(model, worker(None), trainer(model), groups_per_step=PROMPTS)
+    with pytest.raises(InvalidInputError, match=r"samples with adapter 'other'.*adapter_name='policy'"):
+        AsyncRLDriver(model, worker('other'), trainer(model), groups_per_step=PROMPTS)
+    driver = AsyncRLDriver(model, worker('policy'), trainer(model), groups_per_step=PROMPTS)
+    assert driver.weights.sampler_adapter == 'policy'

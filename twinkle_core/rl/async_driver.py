@@ -37,7 +37,9 @@ PartialRollouts = Literal['finish', 'continue']
 
 
 class RolloutWorker(Protocol):
-    """Makes scored groups with its own ``sampler`` (which the driver keeps up to date)."""
+    """Makes scored groups with its own ``sampler`` (which the driver keeps up to date). A worker that declares
+    ``adapter_name`` (the sampler adapter it samples with; None: the base weights) is checked to sample the policy
+    the driver publishes (`check_samples_the_policy`)."""
 
     sampler: Any
 
@@ -96,6 +98,25 @@ class RunReport:
         }
 
 
+def check_samples_the_policy(worker: Any, policy_adapter: str | None) -> None:
+    """Raise when `worker` declares an ``adapter_name`` other than `policy_adapter`, the sampler adapter the policy
+    arrives as (None: a full-parameter policy, in the base weights): its rollouts would not come from the policy
+    being trained (e.g. a LoRA policy sampled with ``adapter_name=None`` gets the base model's samples)."""
+    samples_with = getattr(worker, 'adapter_name', _UNDECLARED)
+    if samples_with is _UNDECLARED or samples_with == policy_adapter:
+        return
+    policy = 'the base weights (full-parameter training)' if policy_adapter is None else f'adapter {policy_adapter!r}'
+    sampled = 'the base weights' if samples_with is None else f'adapter {samples_with!r}'
+    raise InvalidInputError(
+        f"The policy reaches the worker's sampler as {policy}, but the worker samples with {sampled}: its rollouts "
+        f'would not come from the policy being trained. Give the worker (or its rollout) adapter_name='
+        f'{policy_adapter!r}.'
+    )
+
+
+_UNDECLARED = object()
+
+
 class AsyncRLDriver:
     """Run `train_step` on groups from `worker_factory()`'s worker while it samples the next ones.
 
@@ -134,6 +155,7 @@ class AsyncRLDriver:
         self.partial_rollouts, self.max_worker_restarts = partial_rollouts, max_worker_restarts
         self.worker = worker_factory()
         self.weights = PolicyWeights(model, self.worker.sampler, adapter_name=adapter_name)
+        check_samples_the_policy(self.worker, self.weights.sampler_adapter)
         self.worker_restarts = 0
         self._rollout_busy: list[tuple[float, float]] = []
         self._t0 = 0.0
@@ -245,6 +267,7 @@ class AsyncRLDriver:
         self.worker_restarts += 1
         _shutdown(self.worker)
         self.worker = self.worker_factory()
+        check_samples_the_policy(self.worker, self.weights.sampler_adapter)
         self.weights.rebind(self.worker.sampler)
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from twinkle_core.errors import InvalidInputError, TwinkleError
 from twinkle_core.runtime.context import current_runtime
 from twinkle_core.weight_sync.base import ADAPTER, BASE, CheckpointEngine, LabelledBucket, WeightUpdate
-from twinkle_core.weight_sync.manager import CheckpointEngineManager, weight_sharing
+from twinkle_core.weight_sync.manager import CheckpointEngineManager, synced_adapter, weight_sharing
 
 
 class LatestWeightsEngine(CheckpointEngine):
@@ -90,6 +90,13 @@ class PolicyWeights:
         self._published = -1  # the newest version published (by either path)
         self.sampler_version = -1
         self.rebind(sampler)
+
+    @property
+    def sampler_adapter(self) -> str | None:
+        """The sampler adapter the policy arrives as: the model's LoRA adapter under its sampler-side name, or None
+        for a full-parameter policy (it arrives as the sampler's base weights)."""
+        adapter = synced_adapter(self._model, self._names['adapter_name'])
+        return None if adapter is None else self._names['sampler_adapter_name'] or adapter
 
     @property
     def latest_version(self) -> int:

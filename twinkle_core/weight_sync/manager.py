@@ -143,16 +143,7 @@ class CheckpointEngineManager:
 
     # ---- model side ----------------------------------------------------------------------------------------
     def _adapter(self) -> str | None:
-        adapters = self.model.list_adapters()
-        if self.adapter_name is not None:
-            if self.adapter_name not in adapters:
-                raise InvalidInputError(
-                    f'The model has no adapter {self.adapter_name!r}; adapters: {adapters or "none"}.'
-                )
-            return self.adapter_name
-        if len(adapters) > 1:
-            raise InvalidInputError(f'The model has several adapters {adapters}; pass adapter_name= to the manager.')
-        return adapters[0] if adapters else None
+        return synced_adapter(self.model, self.adapter_name)
 
     def _plan(self, merge: bool) -> tuple[dict[str, Any], Iterator[LabelledBucket]] | None:
         sharing = self._sharing()
@@ -221,6 +212,19 @@ class CheckpointEngineManager:
             merged=bool(update.metadata.get('merged')),
             adapter_name=adapter,
         )
+
+
+def synced_adapter(model: Any, adapter_name: str | None = None) -> str | None:
+    """The adapter of `model` a sync moves: `adapter_name` (checked to exist), else the model's only adapter, or
+    None when it has none (full-parameter training); several adapters and no name is an error."""
+    adapters = model.list_adapters()
+    if adapter_name is not None:
+        if adapter_name not in adapters:
+            raise InvalidInputError(f'The model has no adapter {adapter_name!r}; adapters: {adapters or "none"}.')
+        return adapter_name
+    if len(adapters) > 1:
+        raise InvalidInputError(f'The model has several adapters {adapters}; pass adapter_name= to the manager.')
+    return adapters[0] if adapters else None
 
 
 class _Counter:

@@ -30,6 +30,11 @@ class EpisodeWorker:
         self.new_prompts = new_prompts
         self.group_size = group_size
 
+    @property
+    def adapter_name(self) -> str | None:
+        """The sampler adapter the rollout samples with (checked by `AsyncRLDriver` against the policy's)."""
+        return self.rollout.adapter_name
+
     def __call__(self, context: RolloutContext) -> list[RolloutGroup]:
         prompts = self.new_prompts()
         size = self.group_size
