@@ -33,8 +33,9 @@ support, so the tools are described in the system turn in the hermes format (as 
 untrained model never calls the tool and cannot do the arithmetic (3-4 digit products, `generate_expression`: a
 fresh pool of `--num-tasks` tasks). Every `--eval-every` steps the held-out `CalculatorCallTask` (100 other
 expressions, the first turn, greedy) reports the tool-call rate and accuracy. Measured (docs/benchmarks.md, "Tool
-use on SmolLM2"): 30 warm-start steps with 1 in 4 conversations calling the tool take both from 0 to 100 % by SFT
-alone; with 1 in 8 both stay 0 and GRPO found nothing to reinforce in 5 steps.
+use on SmolLM2"; ``--warmup-steps 15 --warmup-tool-share 0.25 --steps 12 --lr 2e-4 --eval-every 4``, 29 min): the
+warm-start takes the held-out rate and accuracy from 0 to 0.94 / 0.92, GRPO the sampled tool use from 0.19 to 1.00
+in 3 steps and the held-out figures to 1.00 / 0.99.
 """
 
 from __future__ import annotations
