@@ -166,7 +166,9 @@ class ModelSpec:
     backend_args: dict[str, Any] = option(
         factory=dict,
         rule=MAPPING,
-        meaning='its constructor arguments, e.g. `{pass_strategy: mixed, max_length: 4096}`; `pass_strategy` only '
+        meaning='its constructor arguments, e.g. `{pass_strategy: mixed, max_length: 4096, max_pass_tokens: 4096}` '
+        "(`max_pass_tokens`: the tokens one pass holds, a tenant's larger call runs in pieces: docs/multi_tenant.md, "
+        '"Memory"); `pass_strategy` only '
         'for a backend that declares pass strategies (`ModelCapabilities.pass_strategies`, docs/extending.md), '
         'else the start fails naming the model; `gradient_checkpointing` (`true`, `selective`, `{every: 2}`, ...: '
         'docs/long_sequences.md) only for a backend that declares it (`ModelCapabilities.gradient_checkpointing`)',
