@@ -9,9 +9,10 @@ Run by tests/ray/test_server_on_ray.py in a process of its own (it owns the Ray 
 2. A Ray-mode server, started from a config file, serves the same two models from a two-node cluster
    (`ray.cluster_utils.Cluster`: a head node and a second node offering the custom resource ``node_b``; model
    'tiny-b' is pinned there): the same workload, concurrently on both models, sampling through model 'tiny-a''s
-   two sampler replicas.
-3. Fault: the training actor of 'tiny-a' is killed between two requests; the next request fails with the
-   server's error, the adapter comes back from its last checkpoint, training goes on; 'tiny-b' trains meanwhile.
+   two sampler replicas. 'tiny-a' trains on 2 data ranks (the multi-tenant backend, data-parallel).
+3. Fault: one of the 2 training actors of 'tiny-a' is killed between two requests; the next request fails with
+   the server's error, the adapter comes back from its last checkpoint, training goes on; 'tiny-b' trains
+   meanwhile.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ limits:
 models:
   - name: tiny-a
     path: {model_dir}
+    train_group: {{ranks: 2}}
     sampler_replicas: 2
   - name: tiny-b
     path: {model_dir}
@@ -233,6 +235,7 @@ def main(model_dir: str, work_dir: str) -> None:
     results['ray_start_s'] = time.monotonic() - started
     engines = running.service.hosts
     results['placement'] = {name: placement(engines[name]) for name in MODELS}
+    results['training_ranks'] = {name: len(engines[name].training.actors) for name in MODELS}
     results['nodes'] = {
         'head': ray.get_runtime_context().get_node_id(),
         'all': sorted(n['NodeID'] for n in ray.nodes() if n['Alive']),
@@ -249,9 +252,12 @@ def main(model_dir: str, work_dir: str) -> None:
     (work / 'results.json').write_text(json.dumps(results, indent=1))
 
 
-def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', axis: str = 'dp_size') -> None:
-    """A training group of 2 ranks (`backend` under a mesh of size 2 along `axis`: dp for TransformersModel, tp
-    for MegatronModel) against one rank: the same losses and per-row log-probs over three steps."""
+def main_dp(
+    model_dir: str, work_dir: str, backends: tuple[str, ...] = ('TransformersModel',), axis: str = 'dp_size'
+) -> None:
+    """A training group of 2 ranks (each backend under a mesh of size 2 along `axis`: dp for TransformersModel and
+    MultiLoraTransformersModel, tp for MegatronModel) against one rank: the same losses and per-row log-probs over
+    three steps. The multi-tenant backend trains two adapters in each call (one mixed call of both batches)."""
     from twinkle_server.config import GroupSpec, ModelSpec
     from twinkle_server.engine.model_host.base import AdamStep, LoraSpec, TrainBatch
     from twinkle_server.engine.ray_deploy import RayModelHost, connect, forwarded_env
@@ -263,30 +269,37 @@ def main_dp(model_dir: str, work_dir: str, backend: str = 'TransformersModel', a
     ]
     for row in rows:
         row['weights'] = [0.0, 0.0] + [1.0] * (len(row['input_ids']) - 2)
-    runs: dict = {}
-    for ranks in (1, 2):
-        spec = ModelSpec(
-            f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks), mesh={axis: ranks}
-        )
-        engine = RayModelHost(spec, model_dir, forwarded_env())
-        engine.add_adapter('a', LoraSpec(8, 16, ('all-linear',), seed=0))
-        steps = []
-        for _ in range(3):
-            result = engine.forward_backward([TrainBatch('a', rows, 'CrossEntropyLoss', {'reduction': 'sum'})])[0]
-            if isinstance(result, BaseException):
-                raise result
-            engine.optim_step('a', AdamStep(learning_rate=1e-2))
-            steps.append({'loss': result.loss, 'logprobs': result.logprobs})
-        runs[ranks] = steps
-        engine.close()
-    Path(work_dir, f'{backend}.json').write_text(json.dumps(runs))
+    for backend in backends:
+        adapters = ('a', 'b') if backend == 'MultiLoraTransformersModel' else ('a',)
+        runs: dict = {}
+        for ranks in (1, 2):
+            spec = ModelSpec(
+                f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks), mesh={axis: ranks}
+            )
+            engine = RayModelHost(spec, model_dir, forwarded_env())
+            for seed, adapter in enumerate(adapters):
+                engine.add_adapter(adapter, LoraSpec(8, 16, ('all-linear',), seed=seed))
+            steps = []
+            for _ in range(3):
+                batches = [
+                    TrainBatch(adapter, rows[: 5 - i], 'CrossEntropyLoss', {'reduction': 'sum'})
+                    for i, adapter in enumerate(adapters)
+                ]
+                for adapter, result in zip(adapters, engine.forward_backward(batches)):
+                    if isinstance(result, BaseException):
+                        raise result
+                    engine.optim_step(adapter, AdamStep(learning_rate=1e-2))
+                    steps.append({'adapter': adapter, 'loss': result.loss, 'logprobs': result.logprobs})
+            runs[ranks] = steps
+            engine.close()
+        Path(work_dir, f'{backend}.json').write_text(json.dumps(runs))
 
 
 if __name__ == '__main__':
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     if '--dp' in sys.argv:
-        main_dp(sys.argv[1], sys.argv[2])
+        main_dp(sys.argv[1], sys.argv[2], ('TransformersModel', 'MultiLoraTransformersModel'))
     elif '--megatron-tp' in sys.argv:
-        main_dp(sys.argv[1], sys.argv[2], 'MegatronModel', 'tp_size')
+        main_dp(sys.argv[1], sys.argv[2], ('MegatronModel',), 'tp_size')
     else:
         main(sys.argv[1], sys.argv[2])

@@ -59,9 +59,12 @@ def test_models_are_placed_as_configured(results) -> None:
     b = results['placement']['tiny-b']
     assert set(b) == {'tiny-b/train', 'tiny-b/sampler-0'} and all(node != head for node in b.values())
     assert set(results['placement']['tiny-a']) == {'tiny-a/train', 'tiny-a/sampler-0', 'tiny-a/sampler-1'}
+    assert results['training_ranks'] == {'tiny-a': 2, 'tiny-b': 1}  # tiny-a: the multi-tenant backend on 2 dp ranks
 
 
 def test_a_killed_training_actor_is_survived(results) -> None:
+    """One of tiny-a's two training ranks is killed: the next request fails clearly, the group restarts with the
+    adapter restored from its last checkpoint, and training goes on (tiny-b meanwhile)."""
     fault = results['fault']
     assert fault['failure'] and 'training workers died' in fault['failure'], fault['failure']
     assert 'restored from its last saved checkpoint' in fault['failure']
@@ -71,13 +74,17 @@ def test_a_killed_training_actor_is_survived(results) -> None:
     assert fault['other_model_losses'] is not None and len(fault['other_model_losses']) == 3
 
 
-@pytest.mark.parametrize('backend, flag', [('TransformersModel', '--dp'), ('MegatronModel', '--megatron-tp')])
-def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir, backend, flag) -> None:
-    """train_group.ranks=2 with a dp=2 mesh (TransformersModel: each rank trains its slice of every batch) or a
-    tp=2 mesh (MegatronModel: the ranks split every layer): losses and per-row log-probs (gathered from the data
-    ranks in order) equal one rank's, 1e-5."""
+@pytest.mark.parametrize(
+    'backends, flag',
+    [(('TransformersModel', 'MultiLoraTransformersModel'), '--dp'), (('MegatronModel',), '--megatron-tp')],
+)
+def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir, backends, flag) -> None:
+    """train_group.ranks=2 with a dp=2 mesh (TransformersModel and the multi-tenant MultiLoraTransformersModel, two
+    adapters mixed in each call: each rank trains its slice of every batch) or a tp=2 mesh (MegatronModel: the
+    ranks split every layer): losses and per-row log-probs (gathered from the data ranks in order) equal one rank's,
+    1e-5."""
     pytest.importorskip('ray')
-    if backend == 'MegatronModel':
+    if backends == ('MegatronModel',):
         pytest.importorskip('twinkle_megatron')
     done = subprocess.run(
         [sys.executable, str(SCENARIO), str(tiny_model_dir), str(tmp_path), flag],
@@ -86,10 +93,13 @@ def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    runs = json.loads((tmp_path / f'{backend}.json').read_text())
-    for one, two in zip(runs['1'], runs['2']):
-        assert two['loss'] == pytest.approx(one['loss'], rel=1e-5)
-        assert [len(r) for r in two['logprobs']] == [len(r) for r in one['logprobs']]
-        for a, b in zip(one['logprobs'], two['logprobs']):
-            assert b == pytest.approx(a, abs=1e-5)
-    assert runs['1'][-1]['loss'] < runs['1'][0]['loss']
+    for backend in backends:
+        runs = json.loads((tmp_path / f'{backend}.json').read_text())
+        assert [s['adapter'] for s in runs['2']] == [s['adapter'] for s in runs['1']]
+        for one, two in zip(runs['1'], runs['2']):
+            assert two['loss'] == pytest.approx(one['loss'], rel=1e-5)
+            assert [len(r) for r in two['logprobs']] == [len(r) for r in one['logprobs']]
+            for a, b in zip(one['logprobs'], two['logprobs']):
+                assert b == pytest.approx(a, abs=1e-5)
+        first, last = (next(s['loss'] for s in steps if s['adapter'] == 'a') for steps in (runs['1'], runs['1'][::-1]))
+        assert last < first

@@ -81,7 +81,8 @@ def test_ray_mode_builds_a_model_group_and_a_vllm_sampler_group(tmp_path, tiny_m
 def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
     """Training guide "HTTP Mode / Server Setup": `initialize(mode='http', groups=...)` in a script starts the
     service with the 'model' group as each model's training group and the 'sampler' group as its replicas; the
-    native client trains through it; SIGTERM drains and stops it."""
+    native client trains through it -- the multi-tenant backend on the listing's 4 data ranks, 2 rows a call (two
+    ranks hold none) -- and SIGTERM drains and stops it."""
     import signal
     import time
     import urllib.request
@@ -93,7 +94,7 @@ def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
     port, data_dir = free_port(), tmp_path / 'data'
     (tmp_path / 'server.yaml').write_text(
         f'server: {{port: {port}}}\nstorage: {{data_dir: {data_dir}}}\n'
-        f'deployment: {{mode: ray, ray: {{num_cpus: 4}}}}\nmodels:\n  - name: tiny\n    path: {tiny_model_dir}\n'
+        f'deployment: {{mode: ray, ray: {{num_cpus: 8}}}}\nmodels:\n  - name: tiny\n    path: {tiny_model_dir}\n'
     )
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'TWINKLE_SERVER_CONFIG': str(tmp_path / 'server.yaml')}
     proc = subprocess.Popen(
@@ -144,4 +145,4 @@ def test_http_mode_server_script_serves_on_ray(tmp_path, tiny_model_dir):
         except subprocess.TimeoutExpired:
             proc.kill()
             output = proc.communicate()[0]
-    assert 'tiny: training on 1 Ray worker(s), 2 sampler replica(s)' in output, output[-5000:]
+    assert 'tiny: training on 4 Ray worker(s), 4 sampler replica(s)' in output, output[-5000:]

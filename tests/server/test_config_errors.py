@@ -103,11 +103,13 @@ BAD = {
             'sizes to equal train_group.ranks)'
         ],
     ),
-    'several ranks for a one-rank backend': (
-        RAY + GOOD + '    train_group: {ranks: 2}\n',
+    'a mesh dimension the multi-tenant backend does not implement': (
+        RAY + GOOD + '    train_group: {ranks: 2}\n    mesh: {fsdp_size: 2}\n',
         [
-            ':8: models[0].train_group.ranks: MultiLoraTransformersModel trains on one rank (it takes no device_mesh) '
-            '(expected ranks: 1, or a backend that takes a mesh (e.g. TransformersModel, one adapter at a time))'
+            ':9: models[0].mesh: fsdp_size=2 (fully sharded data parallel) is not implemented by '
+            'MultiLoraTransformersModel (it implements: dp_size); MultiLoraTransformersModel replicates its base on '
+            'every data rank: use dp_size (or TransformersModel for one adapter over a sharded base) (expected the '
+            'mesh dimensions the backend implements)'
         ],
     ),
     'a sampler replica of several ranks': (

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -32,7 +31,9 @@ from twinkle_core.errors import InvalidInputError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
+from twinkle_core.model.mesh_support import check_mesh_support
 from twinkle_core.model.step_errors import TenantStepError
+from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.train.model_loading import default_device
 from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import TrainState
@@ -41,17 +42,18 @@ from twinkle_transformers import speed
 from twinkle_transformers.export import WeightExportMethods
 from twinkle_transformers.loading import load_or_adopt, max_model_length
 from twinkle_transformers.lora import lora_config, lora_config_json
+from twinkle_transformers.multi_lora.data_parallel import MESH_ADVICE, DataRanks
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import TenantWork, as_tenant_error
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, STRATEGIES, PassPlanner
 from twinkle_transformers.multi_lora.passes import forward_passes, run_tenants
-from twinkle_transformers.multi_lora.persistence import read_adapter, save_adapter
+from twinkle_transformers.multi_lora.persistence import AdapterCheckpointMethods
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.multi_lora.tenant_calls import PendingStep, split_by_tenant, step_outcome
 from twinkle_transformers.vision import language_config
 
 
-class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
+class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, WeightExportMethods, Model):
     """Many LoRA tenants on one frozen Hugging Face causal LM; tenants may share one forward/backward.
 
     Args (as `TransformersModel`): `model_id` (local directory, ``ms://``/``hf://`` reference or HF id),
@@ -63,15 +65,19 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
     'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap). `kernels`: layer
     kernels installed for training at load (as `TransformersModel`'s; `self.kernels` counts the replacements).
     `gradient_checkpointing`: True or a policy, as `TransformersModel`'s (recomputation in the mixed pass's
-    backward sees the same per-token routing).
+    backward sees the same per-token routing). `device_mesh`: data-parallel ranks (``dp_size``; default the
+    runtime's global mesh): each rank holds the base and every adapter and trains on its own rows of each tenant,
+    with the gradients, losses and metrics of one process over all of them (`data_parallel`).
     """
 
-    #: many tenants mixed in one call; one process (no ``device_mesh=``); ``pass_strategy=`` one of `STRATEGIES`
+    #: many tenants mixed in one call; data-parallel over ``device_mesh=``; ``pass_strategy=`` one of `STRATEGIES`
     capabilities = ModelCapabilities(
         mixed_adapters=True,
         max_adapters=None,
         takes_device=True,
-        takes_device_mesh=False,
+        takes_device_mesh=True,
+        mesh_dims=('dp',),
+        mesh_advice=MESH_ADVICE,
         pass_strategies=STRATEGIES,
         gradient_checkpointing=True,
     )
@@ -89,9 +95,12 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         max_pass_tokens: int | None = DEFAULT_MAX_PASS_TOKENS,
         kernels: Sequence[Any] = (),
         gradient_checkpointing: Any = False,
+        device_mesh: Any = None,
         **from_pretrained_kwargs: Any,
     ) -> None:
         self.planner = PassPlanner(pass_strategy, max_pass_tokens=max_pass_tokens)  # checks its arguments first
+        self.device_mesh = device_mesh if device_mesh is not None else global_device_mesh()
+        check_mesh_support(type(self), self.device_mesh)  # before any weight loads
         if (model_id is None) == (model is None):
             raise InvalidInputError(
                 'pass exactly one of model_id= (a path, hub reference or HF id) or model= (a loaded causal LM).'
@@ -108,6 +117,7 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         self.checkpointed_layers = speed.checkpoint_decoder_layers(self.model, gradient_checkpointing)
         self.manager = MultiLoraManager.attach(self.model)
+        self.data_ranks = DataRanks.of(self.device_mesh, self.manager)
         self.max_length, _ = max_model_length(self.model.config, max_length)
         self.limits = RowLimits(vocab_size=language_config(self.model.config).vocab_size, max_length=self.max_length)
         self.states: dict[str, TrainState] = {}
@@ -140,6 +150,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         )
         self.manager.add_adapter(name, config, **weights)
         self.states[name] = state
+        if self.data_ranks is not None and 'state_dict' not in weights:
+            self.data_ranks.broadcast_adapter(name)
 
     @remote_method('all', 'first')
     def remove_adapter(self, adapter_name: str) -> None:
@@ -243,7 +255,12 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         )
         for w in work:
             w.compute_loss = compute_loss
-        run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
+        if self.data_ranks is None:
+            run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
+        else:
+            call = self.data_ranks.begin(work, errors, self.states, train)
+            run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
+            work = self.data_ranks.finish(call, work, errors)
         return step_outcome(work, errors, mixed, return_errors=return_errors)
 
     def _prepare(
@@ -259,6 +276,8 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         batches, mixed = split_by_tenant(inputs, adapter_name, self._name, pinned=bool(self._current))
         work, errors = [], {}
         for name, batch in batches.items():
+            if self.data_ranks is not None and isinstance(batch, (list, tuple)) and not batch:
+                continue  # no rows of this tenant on this data rank: `DataRanks.begin` counts it as absent
             try:
                 state = self._state(name)
                 work.append(TenantWork(name, state, validate_rows(batch, self.limits)))
@@ -276,8 +295,9 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         one). Same input forms as `forward_backward`; returns logprobs (per tenant when mixed)."""
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
         self._eval_loss = None
+        call = self.data_ranks.begin(work, errors, self.states, True) if self.data_ranks is not None else None
         passes = forward_passes(self.model, self.manager, work, self.planner, self.device, errors)
-        self._pending = PendingStep(work, errors, mixed, passes)
+        self._pending = PendingStep(work, errors, mixed, passes, call)
         return step_outcome(work, errors, mixed, return_errors=False)
 
     @remote_method('all', 'mean', mutates=False)
@@ -292,8 +312,12 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
         pending = self._require_pending('calculate_loss')
         for mixed_pass in pending.passes:
             mixed_pass.losses()
-        out = step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
-        return {name: r['loss'] for name, r in out.items()} if pending.mixed else out['loss']
+        if self.data_ranks is None:
+            out = step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+            return {name: r['loss'] for name, r in out.items()} if pending.mixed else out['loss']
+        losses = self.data_ranks.agree_losses(pending.rank_call, pending.work, pending.errors)  # every rank's rows
+        out = step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)  # agreed errors raise
+        return losses if pending.mixed else next(iter(losses.values()))
 
     @remote_method('all', 'mean')
     @reports_failure('backward')
@@ -309,7 +333,10 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
                 mixed_pass.backward()
             except Exception as exc:
                 pending.errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
-        return step_outcome(pending.work, pending.errors, pending.mixed, return_errors=False)
+        work = pending.work
+        if self.data_ranks is not None:
+            work = self.data_ranks.finish(pending.rank_call, work, pending.errors)
+        return step_outcome(work, pending.errors, pending.mixed, return_errors=False)
 
     def model_info(self) -> dict[str, Any]:
         """``model_id``, ``max_length`` and ``pass_stats`` (how many passes of each plan the planner ran)."""
@@ -331,57 +358,3 @@ class MultiLoraTransformersModel(TrainStateMethods, WeightExportMethods, Model):
             'num_adapters': len(self.states),
             **self._state(name).describe(),
         }
-
-    # ---- checkpoints ---------------------------------------------------------------------------------------
-    @reports_failure('save')
-    def save(
-        self,
-        name: str,
-        *,
-        output_dir: str | None = None,
-        save_optimizer: bool = False,
-        adapter_name: str | None = None,
-        dataloader: Any = None,
-        extra_state: Any = None,
-        **kwargs: Any,
-    ) -> str:
-        """Write adapter checkpoint `name` under `output_dir` (default ``./output``) atomically; returns its
-        directory. PEFT format (loads with ``peft.PeftModel.from_pretrained``) plus, with `save_optimizer`,
-        the adapter's optimizer, scheduler, counters, ``dataloader.state_dict()`` and `extra_state`."""
-        adapter = self._name(adapter_name)
-        return save_adapter(
-            self.manager,
-            adapter,
-            self._state(adapter),
-            Path(output_dir or 'output') / name,
-            model_id=self.model_id,
-            save_optimizer=save_optimizer,
-            dataloader=dataloader,
-            extra_state=extra_state,
-        )
-
-    @reports_failure('load')
-    def load(
-        self,
-        path: str,
-        *,
-        load_optimizer: bool = False,
-        adapter_name: str | None = None,
-        gradient_accumulation_steps: int = 1,
-        **kwargs: Any,
-    ) -> None:
-        """Load an adapter checkpoint written by `save` (or any PEFT LoRA directory) into `adapter_name`.
-
-        A name that does not exist yet is created from the checkpoint's config: a fresh engine resumes under any
-        name. An existing adapter must have the same targets and ranks (else nothing changes and this raises).
-        `load_optimizer` restores the optimizer, scheduler and counters (the optimizer is rebuilt from its saved
-        registry name when not set). Global RNG states are NOT restored: they are shared by every tenant.
-        """
-        name = self._name(adapter_name)
-        config, weights, training = read_adapter(path, load_optimizer)
-        if name not in self.states:
-            self._add(name, config, gradient_accumulation_steps, state_dict=weights)
-        else:
-            self.manager.load_state_dict(name, weights)
-        if training is not None:
-            self.states[name].load_state_dict(training)

@@ -20,6 +20,7 @@ class PendingStep:
     errors: dict[str, TenantStepError]
     mixed: bool
     passes: list[MixedPass]
+    rank_call: Any = None  # the `data_parallel.RankCall` of a model on several data ranks
 
 
 def step_outcome(
@@ -34,6 +35,8 @@ def step_outcome(
         if w.error is None and w.result is not None
     }
     names = list(dict.fromkeys([*(w.name for w in work), *errors]))
+    if not names:
+        raise InvalidInputError('the call has no rows on any data rank; pass at least one row.')
     if not mixed:
         (name,) = names
         if name in errors:

@@ -91,7 +91,11 @@ def run_pieces(
     summaries = [summary for piece in work for summary in piece.summaries or ()]
     if w.result is not None and summaries:  # the call counts as one micro-batch, as it would unsplit
         counts = {key: sum(s[key] for s in summaries) for key in ('num_loss_tokens', 'num_correct', 'num_tokens')}
-        w.state.record({'loss': w.result['loss'], **counts}, is_training=train)
+        summary = {'loss': w.result['loss'], **counts}
+        if w.summaries is not None:  # the caller records it (`data_parallel`, after the ranks agree)
+            w.summaries.append(summary)
+        else:
+            w.state.record(summary, is_training=train)
 
 
 def _merged(work: list[TenantWork]) -> dict[str, Any]:
