@@ -2,6 +2,7 @@
 
     python multi_lora_worker.py --model DIR --out DIR                       # one process
     torchrun --nproc_per_node 2 multi_lora_worker.py --model DIR --out DIR --dp 2
+    torchrun --nproc_per_node 2 multi_lora_worker.py --model DIR --out DIR --fsdp 2     # the base sharded (FSDP2)
 
 Three tenants with different LoRA ranks, targets and losses share mixed passes: 'a' (r=4, all-linear, token-mean
 cross-entropy), 'b' (r=8, q/v only, sequence-mean cross-entropy, 2 calls a step), 'c' (r=2, all-linear, GRPO).
@@ -60,11 +61,22 @@ def with_advantages(rows: list[dict], advantages: list[float]) -> list[dict]:
     ]
 
 
+def base_elements(model) -> int:
+    """Elements of the frozen base this rank holds (its shards under FSDP2)."""
+    adapters = {id(p) for name in model.list_adapters() for p in model.manager.parameters(name)}
+    return sum(
+        (p.to_local() if hasattr(p, 'to_local') else p).numel()
+        for p in model.model.parameters()
+        if id(p) not in adapters
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument('--model', required=True)
     parser.add_argument('--out', required=True)
     parser.add_argument('--dp', type=int, default=1)
+    parser.add_argument('--fsdp', type=int, default=1, help='shard the frozen base over this many ranks (FSDP2)')
     parser.add_argument('--steps', type=int, default=3)
     parser.add_argument('--nan-step', type=int, default=2)
     args = parser.parse_args()
@@ -72,7 +84,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    mesh = DeviceMesh.from_sizes(dp_size=args.dp)
+    mesh = DeviceMesh.from_sizes(dp_size=args.dp, fsdp_size=args.fsdp)
     twinkle_core.initialize(mode='local', global_device_mesh=mesh if mesh.world_size > 1 else None)
     from twinkle_transformers.multi_lora import MultiLoraTransformersModel
 
@@ -128,6 +140,7 @@ def main() -> None:
             'digests': all_digests,
             'checkpoints': paths,
             'c_error': errors.get('c'),
+            'base_elements_per_rank': base_elements(model),
             'optimizer_steps': {name: model.states[name].optimizer_steps for name in TENANTS},
         }
         Path(args.out, 'result.json').write_text(json.dumps(result))

@@ -1,5 +1,5 @@
-"""TransformersModel hosted in a 2-actor Ray group trains exactly like one local process; GRPO with separate
-model and sampler groups syncs weights through the CheckpointEngine."""
+"""GRPO with separate model and sampler groups syncs weights through the CheckpointEngine; a reward model and a
+critic in Ray groups score and train like local ones. (A 2-actor model group: test_ray_model_group.py.)"""
 
 from __future__ import annotations
 
@@ -9,62 +9,11 @@ from pathlib import Path
 import pytest
 
 import twinkle_core
-from twinkle_core.dataset import DataLoader
-from twinkle_core.fixtures import random_token_rows
 from twinkle_core.mesh import DeviceGroup
 
 pytest.importorskip('ray')
 
-LORA = {'r': 8, 'lora_alpha': 16, 'target_modules': 'all-linear', 'init_lora_weights': 'gaussian'}
 EXAMPLES = Path(__file__).resolve().parents[2] / 'examples'
-
-
-def train(model, batches_or_loader) -> list[float]:
-    model.set_optimizer('AdamW', lr=1e-3)
-    losses = []
-    for batch in batches_or_loader:
-        losses.append(model.forward_backward(inputs=batch)['loss'])
-        model.clip_grad_and_step(max_norm=1.0)
-    return losses
-
-
-@pytest.mark.slow
-def test_two_actor_group_matches_local_training_and_saves_one_checkpoint(ray_cluster, tiny_model_dir, tmp_path) -> None:
-    import torch
-
-    from twinkle_transformers.model import TransformersModel
-
-    rows, eval_rows = random_token_rows(32), random_token_rows(6, seed=1)
-    torch.manual_seed(0)
-    seed_model = TransformersModel(tiny_model_dir)
-    seed_model.add_adapter_to_model('default', LORA)
-    start = seed_model.save('start', output_dir=str(tmp_path))  # both runs start from these adapter weights
-
-    local = TransformersModel(tiny_model_dir)
-    local.load(start)
-    local_losses = train(local, DataLoader(rows, batch_size=8))
-    local_eval = local.forward_only(inputs=eval_rows)
-
-    twinkle_core.initialize(mode='ray', groups=[DeviceGroup(name='model', ranks=2)])
-    try:
-        remote = TransformersModel(tiny_model_dir, remote_group='model')
-        remote.load(start)
-        # batches are made and used in the group (lazy: they never reach the driver)
-        loader = DataLoader(rows, batch_size=8, remote_group='model', lazy_collect=True)
-        remote_losses = train(remote, loader)
-        remote_eval = remote.forward_only(inputs=eval_rows)  # driver rows: split 3 + 3, concatenated back
-        saved = remote.save('final', output_dir=str(tmp_path))
-    finally:
-        twinkle_core.shutdown()
-
-    assert remote_losses == pytest.approx(local_losses, abs=1e-4)
-    assert remote_eval['loss'] == pytest.approx(local_eval['loss'], abs=1e-4)
-    assert len(remote_eval['logprobs']) == len(eval_rows)
-    for got, want in zip(remote_eval['logprobs'], local_eval['logprobs']):
-        assert got == pytest.approx(want, abs=1e-4)
-    reloaded = TransformersModel(tiny_model_dir)
-    reloaded.load(saved)
-    assert reloaded.forward_only(inputs=eval_rows)['loss'] == pytest.approx(local_eval['loss'], abs=1e-4)
 
 
 @pytest.mark.slow

@@ -104,12 +104,11 @@ BAD = {
         ],
     ),
     'a mesh dimension the multi-tenant backend does not implement': (
-        RAY + GOOD + '    train_group: {ranks: 2}\n    mesh: {fsdp_size: 2}\n',
+        RAY + GOOD + '    train_group: {ranks: 2}\n    mesh: {tp_size: 2}\n',
         [
-            ':9: models[0].mesh: fsdp_size=2 (fully sharded data parallel) is not implemented by '
-            'MultiLoraTransformersModel (it implements: dp_size); MultiLoraTransformersModel replicates its base on '
-            'every data rank: use dp_size (or TransformersModel for one adapter over a sharded base) (expected the '
-            'mesh dimensions the backend implements)'
+            ':9: models[0].mesh: tp_size=2 (tensor parallel) is not implemented by MultiLoraTransformersModel (it '
+            'implements: dp_size, fsdp_size); MultiLoraTransformersModel shards its base over fsdp_size and '
+            'replicates it over dp_size: use those (expected the mesh dimensions the backend implements)'
         ],
     ),
     'a sampler replica of several ranks': (

@@ -193,6 +193,9 @@ class ComponentProxy:
             if inputs.group is group and len(inputs.refs) == group.world_size:
                 return inputs.refs  # produced rank by rank in this group: each rank keeps its own part
             inputs = inputs.result()
+        mixed = getattr(getattr(self._twinkle_cls, 'capabilities', None), 'mixed_adapters', False)
+        if mixed and isinstance(inputs, dict) and 'input_ids' not in inputs:  # {adapter_name: rows} (`Model`)
+            return self._slice_tenants(inputs, method)
         if not isinstance(inputs, (list, tuple)):
             raise InvalidInputError(
                 f'{self._twinkle_cls.__name__}.{method} splits `inputs` across the '
@@ -206,6 +209,20 @@ class ComponentProxy:
                 f'{mesh.data_world_size} rows (a multiple of it balances the ranks).'
             )
         slices = [ray.put(s) for s in split_for_dp(list(inputs), mesh.data_world_size)]
+        return [slices[mesh.data_rank(r)] for r in range(group.world_size)]
+
+    def _slice_tenants(self, inputs: dict[str, Any], method: str) -> list[Any]:
+        """``{adapter_name: rows}`` (a multi-tenant call): each tenant's rows split across the data ranks; a tenant
+        with fewer rows than ranks leaves some ranks none of its rows (the model combines the ranks per tenant)."""
+        group, mesh = self._group, self._group.started_mesh
+        for name, rows in inputs.items():
+            if not isinstance(rows, (list, tuple)):
+                raise InvalidInputError(
+                    f'{self._twinkle_cls.__name__}.{method}: inputs[{name!r}] must be a list of rows (inputs is '
+                    f'{{adapter_name: rows}}); got {type(rows).__name__}.'
+                )
+        parts = {name: split_for_dp(list(rows), mesh.data_world_size) for name, rows in inputs.items()}
+        slices = [ray.put({name: p[d] for name, p in parts.items()}) for d in range(mesh.data_world_size)]
         return [slices[mesh.data_rank(r)] for r in range(group.world_size)]
 
     def _twinkle_iterate(self) -> Iterator[Any]:

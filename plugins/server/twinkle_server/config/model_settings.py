@@ -62,9 +62,8 @@ class GroupSpec:
         1,
         rule=int_rule(1),
         meaning='processes of the group (of each replica). More than one training rank needs a backend that takes a '
-        '`device_mesh` (`TransformersModel`; `MultiLoraTransformersModel` over `dp_size` only: each rank holds the '
-        'base and every adapter); a sampler replica is '
-        'one process (`ranks_per_replica: 1`; give it several GPUs with `num_gpus`, e.g. for vLLM '
+        '`device_mesh` (`TransformersModel`; `MultiLoraTransformersModel` over `dp_size` and `fsdp_size`); a sampler '
+        'replica is one process (`ranks_per_replica: 1`; give it several GPUs with `num_gpus`, e.g. for vLLM '
         '`tensor_parallel_size`)',
     )
     device_type: str | None = option(

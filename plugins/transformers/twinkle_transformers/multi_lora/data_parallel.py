@@ -1,9 +1,11 @@
-"""Data parallelism for the multi-tenant engine (``device_mesh=`` with ``dp_size`` > 1): `DataRanks`.
+"""The multi-tenant engine on several ranks (``device_mesh=`` with ``dp_size`` / ``fsdp_size`` > 1): `DataRanks`.
 
-Every data rank holds the frozen base and every adapter; a call's rows of each tenant are split across the ranks
-(each rank passes its own rows, as under torchrun; a tenant may have no rows on some ranks). Each rank runs its rows
-through passes its own planner chooses: there is no collective inside a pass, so ranks may plan differently. The
-ranks meet once per call (`DataRanks.begin` / `DataRanks.finish`):
+Every rank holds every adapter, whole; the frozen base is replicated on every rank (``dp``) or sharded by FSDP2
+(``fsdp``; HSDP with both). A call's rows of each tenant are split across the ranks (each rank passes its own rows,
+as under torchrun; a tenant may have no rows on some ranks). With a replicated base each rank runs its rows through
+passes its own planner chooses: there is no collective inside a pass, so ranks may plan differently. With a sharded
+base every forward and backward gathers the base's shards, so every rank runs the same passes
+(`passes.lockstep_passes`). Either way the ranks meet once per call (`DataRanks.begin` / `DataRanks.finish`):
 
 1. what each rank saw of each tenant is gathered (its error, or its loss weight, loss, metrics and counts). A tenant
    rejected on any rank is rejected on every rank, with that rank's error: nothing of it is applied anywhere;
@@ -30,17 +32,15 @@ from twinkle_core.model.step_errors import TenantStepError
 from twinkle_core.runtime import distributed
 from twinkle_core.train.loss_step import loss_weight
 from twinkle_core.train.state import TrainState
+from twinkle_transformers import parallel
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import TenantWork
 
 _COUNTS = ('num_loss_tokens', 'num_correct', 'num_tokens')
 
-_REPLICATED = 'MultiLoraTransformersModel replicates its base on every data rank: use dp_size'
-#: what to use instead of the mesh dimensions the multi-tenant engine does not implement (it implements dp)
-MESH_ADVICE: tuple[tuple[str, str], ...] = tuple(
-    (dim, _REPLICATED + (' (or TransformersModel for one adapter over a sharded base)' if dim != 'pp' else ''))
-    for dim in ('fsdp', 'tp', 'cp', 'ep', 'pp')
-)
+_ADVICE = 'MultiLoraTransformersModel shards its base over fsdp_size and replicates it over dp_size: use those'
+#: what to use instead of the mesh dimensions the multi-tenant engine does not implement (it implements dp, fsdp)
+MESH_ADVICE: tuple[tuple[str, str], ...] = tuple((dim, _ADVICE) for dim in ('tp', 'cp', 'ep', 'pp'))
 
 
 @dataclass
@@ -58,7 +58,7 @@ class DataRanks:
     """The data ranks of a `MultiLoraTransformersModel` (module docstring). Every method is collective: every rank
     calls it, in the same order."""
 
-    def __init__(self, mesh: DeviceMesh, manager: MultiLoraManager) -> None:
+    def __init__(self, mesh: DeviceMesh, model: torch.nn.Module, manager: MultiLoraManager) -> None:
         if not distributed.is_initialized():
             raise MeshError(
                 f'{mesh!r} needs a torch.distributed process group: call twinkle_core.initialize('
@@ -67,11 +67,15 @@ class DataRanks:
         distributed.init_process_group(mesh)  # checks the world size against the mesh
         self.mesh, self.manager = mesh, manager
         self.rank = distributed.get_rank()
+        #: the frozen base is sharded (FSDP2 over fsdp, HSDP with dp): every rank must run the same passes
+        self.sharded = mesh.size('fsdp') > 1
+        if self.sharded:  # the adapters, added later, stay plain tensors outside FSDP: combined by `finish`
+            parallel.apply_device_mesh(model, mesh)
 
     @classmethod
-    def of(cls, mesh: DeviceMesh | None, manager: MultiLoraManager) -> DataRanks | None:
+    def of(cls, mesh: DeviceMesh | None, model: torch.nn.Module, manager: MultiLoraManager) -> DataRanks | None:
         """`DataRanks` over `mesh`, or None for one rank (no mesh, or a mesh of one rank)."""
-        return None if mesh is None or mesh.world_size == 1 else cls(mesh, manager)
+        return None if mesh is None or mesh.world_size == 1 else cls(mesh, model, manager)
 
     # ---- adapters ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -93,8 +97,8 @@ class DataRanks:
         metrics to `finish`."""
         local = [w.name for w in work] + list(errors)
         names = sorted({name for names in _all_gather(local) for name in names})
-        present = {w.name for w in work} | set(errors)
-        call = RankCall(names, train)
+        present = {w.name for w in work}
+        call = RankCall(names, train)  # tenants with no rows here (or rows rejected here) join with none
         call.absent = [TenantWork(n, states[n], []) for n in names if n not in present and n in states]
         for w in [*work, *call.absent]:
             w.summaries = []

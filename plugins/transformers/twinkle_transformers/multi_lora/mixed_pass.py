@@ -88,8 +88,10 @@ class MixedPass:
         *,
         train: bool,
         device: torch.device | None = None,
+        lockstep: bool = False,
     ) -> None:
         self.model, self.manager, self.group, self.train, self.device = model, manager, group, train, device
+        self.lockstep = lockstep  # a sharded base: every rank backpropagates every pass (`data_parallel`)
         self.batch: dict[str, Any] | None = None
         self.outputs: dict[str, torch.Tensor] | None = None
         self.total: torch.Tensor | None = None
@@ -134,6 +136,9 @@ class MixedPass:
                 scaled = _tenant_loss(w, train=self.train)
                 if scaled is not None:
                     self.total = scaled if self.total is None else self.total + scaled
+            if self.lockstep and self.train and self.total is None and self.outputs is not None:
+                # nothing to train on this rank: a zero loss through every layer keeps the ranks' collectives paired
+                self.total = self.outputs['target_logps'].sum() * 0.0
         self._losses_done = True
 
     def backward(self) -> None:

@@ -46,7 +46,7 @@ from twinkle_transformers.multi_lora.data_parallel import MESH_ADVICE, DataRanks
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
 from twinkle_transformers.multi_lora.mixed_pass import TenantWork, as_tenant_error
 from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS, STRATEGIES, PassPlanner
-from twinkle_transformers.multi_lora.passes import forward_passes, run_tenants
+from twinkle_transformers.multi_lora.passes import forward_passes, lockstep_passes, run_lockstep, run_tenants
 from twinkle_transformers.multi_lora.persistence import AdapterCheckpointMethods
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
 from twinkle_transformers.multi_lora.tenant_calls import PendingStep, split_by_tenant, step_outcome
@@ -65,18 +65,19 @@ class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, We
     'one_by_one'. `max_pass_tokens`: the most (padded) tokens one pass may hold (None: no cap). `kernels`: layer
     kernels installed for training at load (as `TransformersModel`'s; `self.kernels` counts the replacements).
     `gradient_checkpointing`: True or a policy, as `TransformersModel`'s (recomputation in the mixed pass's
-    backward sees the same per-token routing). `device_mesh`: data-parallel ranks (``dp_size``; default the
-    runtime's global mesh): each rank holds the base and every adapter and trains on its own rows of each tenant,
-    with the gradients, losses and metrics of one process over all of them (`data_parallel`).
+    backward sees the same per-token routing). `device_mesh`: several ranks (default the runtime's global mesh),
+    the base replicated over ``dp_size`` and sharded by FSDP2 over ``fsdp_size``; each rank holds every adapter and
+    trains on its own rows of each tenant, with the gradients, losses and metrics of one process over all of them
+    (`data_parallel`).
     """
 
-    #: many tenants mixed in one call; data-parallel over ``device_mesh=``; ``pass_strategy=`` one of `STRATEGIES`
+    #: many tenants mixed in one call; dp/fsdp ranks of ``device_mesh=``; ``pass_strategy=`` one of `STRATEGIES`
     capabilities = ModelCapabilities(
         mixed_adapters=True,
         max_adapters=None,
         takes_device=True,
         takes_device_mesh=True,
-        mesh_dims=('dp',),
+        mesh_dims=('dp', 'fsdp'),
         mesh_advice=MESH_ADVICE,
         pass_strategies=STRATEGIES,
         gradient_checkpointing=True,
@@ -117,7 +118,7 @@ class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, We
         self.kernels = apply_kernels(self.model, kernels, mode='training', device=self.device.type)
         self.checkpointed_layers = speed.checkpoint_decoder_layers(self.model, gradient_checkpointing)
         self.manager = MultiLoraManager.attach(self.model)
-        self.data_ranks = DataRanks.of(self.device_mesh, self.manager)
+        self.data_ranks = DataRanks.of(self.device_mesh, self.model, self.manager)
         self.max_length, _ = max_model_length(self.model.config, max_length)
         self.limits = RowLimits(vocab_size=language_config(self.model.config).vocab_size, max_length=self.max_length)
         self.states: dict[str, TrainState] = {}
@@ -259,7 +260,12 @@ class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, We
             run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
         else:
             call = self.data_ranks.begin(work, errors, self.states, train)
-            run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
+            if self.data_ranks.sharded:
+                run_lockstep(
+                    lockstep_passes(self.model, self.manager, [*work, *call.absent], train=train, device=self.device)
+                )
+            else:
+                run_tenants(self.model, self.manager, work, train=train, planner=self.planner, device=self.device)
             work = self.data_ranks.finish(call, work, errors)
         return step_outcome(work, errors, mixed, return_errors=return_errors)
 
@@ -296,7 +302,12 @@ class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, We
         work, errors, mixed = self._prepare(inputs, adapter_name, train=True, extra=kwargs, method='forward')
         self._eval_loss = None
         call = self.data_ranks.begin(work, errors, self.states, True) if self.data_ranks is not None else None
-        passes = forward_passes(self.model, self.manager, work, self.planner, self.device, errors)
+        if call is not None and self.data_ranks is not None and self.data_ranks.sharded:
+            passes = lockstep_passes(self.model, self.manager, [*work, *call.absent], train=True, device=self.device)
+            for mixed_pass in passes:
+                mixed_pass.forward()  # raises on a failed shared forward: the ranks cannot retry apart
+        else:
+            passes = forward_passes(self.model, self.manager, work, self.planner, self.device, errors)
         self._pending = PendingStep(work, errors, mixed, passes, call)
         return step_outcome(work, errors, mixed, return_errors=False)
 

@@ -144,3 +144,49 @@ def forward_passes(
             except Exception as exc:
                 errors.update({w.name: as_tenant_error(w.name, exc) for w in group})
     return passes
+
+
+# ---- a sharded base: every rank runs the same passes (`data_parallel`) ------------------------------------------
+DUMMY_ROW = {'input_ids': [0, 0], 'labels': [-100, -100]}  # a rank's stand-in where it has no rows in a pass
+
+
+def lockstep_passes(
+    model: torch.nn.Module,
+    manager: MultiLoraManager,
+    members: list[TenantWork],
+    *,
+    train: bool,
+    device: torch.device | None,
+) -> list[MixedPass]:
+    """The passes of a call over a sharded base, the same on every rank: one per processor group of `members` (every
+    rank's tenants, in name order; those without rows here have none), whatever rows each rank holds. A tenant whose
+    rows do not collate here is rejected here (and by `DataRanks.finish` everywhere); a pass with no rows here runs
+    a dummy row through its first tenant's adapter that trains nothing, so that every rank runs every pass's
+    collectives. No planner: a pass per processor group, without the `max_pass_tokens` cap."""
+    passes = []
+    for group in group_by_processor(sorted(members, key=lambda w: w.name)):
+        local = []
+        for w in group:
+            if not w.rows:
+                continue
+            try:
+                w.state.processor(w.rows)
+                local.append(w)
+            except Exception as exc:
+                w.result, w.error = None, TenantStepError(w.name, 'input', f'{type(exc).__name__}: {exc}')
+        if not local:
+            stand_in = TenantWork(group[0].name, group[0].state, [dict(DUMMY_ROW)], compute_loss=False)
+            local = [stand_in]
+        passes.append(MixedPass(model, manager, local, train=train, device=device, lockstep=True))
+    return passes
+
+
+def run_lockstep(passes: list[MixedPass]) -> None:
+    """Run `lockstep_passes`; a pass that raises rejects its tenants on this rank (no retry: a retry would run
+    collectives the other ranks do not)."""
+    for mixed_pass in passes:
+        try:
+            mixed_pass.run()
+        except Exception as exc:
+            for w in mixed_pass.group:
+                w.result, w.error = None, as_tenant_error(w.name, exc)
