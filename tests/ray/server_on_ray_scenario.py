@@ -256,10 +256,12 @@ def main_dp(
     model_dir: str, work_dir: str, backends: tuple[str, ...] = ('TransformersModel',), axis: str = 'dp_size'
 ) -> None:
     """A training group of 2 ranks (each backend under a mesh of size 2 along `axis`: dp for TransformersModel and
-    MultiLoraTransformersModel, tp for MegatronModel) against one rank: the same losses and per-row log-probs over
-    three steps. The multi-tenant backend trains two adapters in each call (one mixed call of both batches)."""
+    MultiLoraTransformersModel, tp for MegatronModel) against one rank (the same model host, in this process): the
+    same losses and per-row log-probs over three steps. The multi-tenant backend trains two adapters in each call
+    (one mixed call of both batches)."""
     from twinkle_server.config import GroupSpec, ModelSpec
     from twinkle_server.engine.model_host.base import AdamStep, LoraSpec, TrainBatch
+    from twinkle_server.engine.model_host.local import LocalModelHost
     from twinkle_server.engine.ray_deploy import RayModelHost, connect, forwarded_env
 
     connect(num_cpus=4)
@@ -276,7 +278,10 @@ def main_dp(
             spec = ModelSpec(
                 f'dp{ranks}', model_dir, backend=backend, train_group=GroupSpec(ranks=ranks), mesh={axis: ranks}
             )
-            engine = RayModelHost(spec, model_dir, forwarded_env())
+            if ranks == 1:  # one rank: the same host, in this process (no actor)
+                engine = LocalModelHost('dp1', model_dir, backend=backend, sampler=None)
+            else:
+                engine = RayModelHost(spec, model_dir, forwarded_env())
             for seed, adapter in enumerate(adapters):
                 engine.add_adapter(adapter, LoraSpec(8, 16, ('all-linear',), seed=seed))
             steps = []
@@ -291,7 +296,8 @@ def main_dp(
                     engine.optim_step(adapter, AdamStep(learning_rate=1e-2))
                     steps.append({'adapter': adapter, 'loss': result.loss, 'logprobs': result.logprobs})
             runs[ranks] = steps
-            engine.close()
+            if isinstance(engine, RayModelHost):
+                engine.close()
         Path(work_dir, f'{backend}.json').write_text(json.dumps(runs))
 
 

@@ -81,8 +81,8 @@ def test_a_killed_training_actor_is_survived(results) -> None:
 def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir, backends, flag) -> None:
     """train_group.ranks=2 with a dp=2 mesh (TransformersModel and the multi-tenant MultiLoraTransformersModel, two
     adapters mixed in each call: each rank trains its slice of every batch) or a tp=2 mesh (MegatronModel: the
-    ranks split every layer): losses and per-row log-probs (gathered from the data ranks in order) equal one rank's,
-    1e-5."""
+    ranks split every layer): losses and per-row log-probs (gathered from the data ranks in order) equal one rank's
+    (the same model host in the scenario's process), 1e-5."""
     pytest.importorskip('ray')
     if backends == ('MegatronModel',):
         pytest.importorskip('twinkle_megatron')

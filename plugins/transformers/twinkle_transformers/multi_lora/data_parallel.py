@@ -170,6 +170,11 @@ class DataRanks:
                 errors[name] = _agreed_error(name, *failed)
         return accepted
 
+    def abandon(self, call: RankCall) -> None:
+        """Give every tenant of `call` back the gradients it had before `begin` (a call that will not finish)."""
+        for name in list(call.earlier_grads):
+            self._restore(call, name, keep_new=False)
+
     def _restore(self, call: RankCall, name: str, *, keep_new: bool) -> None:
         """Put `name`'s gradients from before the call back, plus the call's when `keep_new`."""
         earlier = call.earlier_grads.pop(name, None)

@@ -303,13 +303,25 @@ class MultiLoraTransformersModel(AdapterCheckpointMethods, TrainStateMethods, We
         self._eval_loss = None
         call = self.data_ranks.begin(work, errors, self.states, True) if self.data_ranks is not None else None
         if call is not None and self.data_ranks is not None and self.data_ranks.sharded:
-            passes = lockstep_passes(self.model, self.manager, [*work, *call.absent], train=True, device=self.device)
-            for mixed_pass in passes:
-                mixed_pass.forward()  # raises on a failed shared forward: the ranks cannot retry apart
+            passes = []
+            for mixed_pass in lockstep_passes(
+                self.model, self.manager, [*work, *call.absent], train=True, device=self.device
+            ):
+                try:  # no retry apart from the other ranks; `backward` rejects the pass's tenants on every rank
+                    mixed_pass.forward()
+                    passes.append(mixed_pass)
+                except Exception as exc:
+                    errors.update({w.name: as_tenant_error(w.name, exc) for w in mixed_pass.group})
         else:
             passes = forward_passes(self.model, self.manager, work, self.planner, self.device, errors)
         self._pending = PendingStep(work, errors, mixed, passes, call)
-        return step_outcome(work, errors, mixed, return_errors=False)
+        try:
+            return step_outcome(work, errors, mixed, return_errors=False)
+        except Exception:
+            if call is not None and self.data_ranks is not None:  # on several ranks no backward follows it
+                self.data_ranks.abandon(call)  # (the earlier gradients back)
+                self._pending = None
+            raise
 
     @remote_method('all', 'mean', mutates=False)
     @reports_failure('calculate_loss')
