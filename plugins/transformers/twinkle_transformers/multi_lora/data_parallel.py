@@ -34,7 +34,7 @@ from twinkle_core.train.loss_step import loss_weight
 from twinkle_core.train.state import TrainState
 from twinkle_transformers import parallel
 from twinkle_transformers.multi_lora.manager import MultiLoraManager
-from twinkle_transformers.multi_lora.mixed_pass import TenantWork
+from twinkle_transformers.multi_lora.mixed_pass import TenantWork, put_back
 
 _COUNTS = ('num_loss_tokens', 'num_correct', 'num_tokens')
 
@@ -178,11 +178,8 @@ class DataRanks:
     def _restore(self, call: RankCall, name: str, *, keep_new: bool) -> None:
         """Put `name`'s gradients from before the call back, plus the call's when `keep_new`."""
         earlier = call.earlier_grads.pop(name, None)
-        if earlier is None:
-            return
-        for p, old in zip(self.manager.parameters(name), earlier):
-            new = p.grad if keep_new else None
-            p.grad = old if new is None else (new if old is None else old.add_(new))
+        if earlier is not None:
+            put_back(self.manager.parameters(name), earlier, keep_new=keep_new)
 
     @torch.no_grad()
     def _combine_grads(self, w: TenantWork, scale: float) -> None:

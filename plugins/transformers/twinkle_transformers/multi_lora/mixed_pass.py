@@ -218,10 +218,15 @@ def stash_grads(manager: MultiLoraManager, w: TenantWork) -> None:
 
 def restore_grads(manager: MultiLoraManager, w: TenantWork, *, keep_new: bool) -> None:
     """Put the set-aside gradients back; add this pass's gradients to them when `keep_new`."""
-    for p, old in zip(manager.parameters(w.name), w._stash):
+    put_back(manager.parameters(w.name), w._stash, keep_new=keep_new)
+    w._stash = []
+
+
+def put_back(params: list[torch.nn.Parameter], earlier: list[torch.Tensor | None], *, keep_new: bool) -> None:
+    """Give `params` their `earlier` gradients again, plus the ones they hold now when `keep_new`."""
+    for p, old in zip(params, earlier):
         new = p.grad if keep_new else None
         p.grad = old if new is None else (new if old is None else old.add_(new))
-    w._stash = []
 
 
 def _grads_finite(manager: MultiLoraManager, w: TenantWork) -> bool:
