@@ -101,8 +101,10 @@ def test_sft_example_trains_a_moe_model_with_its_experts_split_over_two_ray_acto
     """``--strategy ep`` (the tiny Qwen3-MoE fixture, each actor half the experts) learns the identity and logs
     what one process logs. Compared at step 20 only: top-2 routing is chaotic on this toy model -- float32 noise
     flips a near-tied expert choice now and then, and the curves drift apart after step 20 (one process with
-    transformers' eager experts instead of grouped_mm ends 7% away at step 100, as the two-actor run does)."""
-    local = run_example('local', tmp_path / 'local', 'ep')
-    split = run_example('ray', tmp_path / 'ray-ep', 'ep')
+    transformers' eager experts instead of grouped_mm ends 7% away at step 100, as the two-actor run does).
+    60 steps (loss ~4.8 at step 20 -> ~1.4 at 60): each step is an all-to-all between the two actors, and on a
+    loaded 2-core CI machine a longer run spent minutes waiting for the other actor to be scheduled."""
+    local = run_example('local', tmp_path / 'local', 'ep', steps=60)
+    split = run_example('ray', tmp_path / 'ray-ep', 'ep', steps=60)
     assert not metric_mismatches({20: split[20]}, {20: local[20]})
-    assert split[100]['loss'] < 0.2 * split[20]['loss']
+    assert split[60]['loss'] < 0.4 * split[20]['loss']
