@@ -24,13 +24,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from multi_tenant_setup import build_engine, make_rows
+from multi_tenant_setup import build_engine, make_rows, parse_rank_bench_arguments, run_ranks
 
 STRATEGIES = ('mixed', 'one_by_one', 'auto')
 
@@ -81,42 +78,14 @@ def worker(args: argparse.Namespace) -> None:
     twinkle_core.shutdown()
 
 
-def run(args: argparse.Namespace, world: int, layout: str, strategy: str) -> dict:
-    out = Path(tempfile.mkdtemp(prefix='mt-ranks-')) / 'result.json'
-    cmd = [
-        sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', str(world), __file__,
-        '--worker', '--model-dir', args.model_dir, '--layout', layout, '--strategy', strategy, '--out', str(out),
-        '--tenants', str(args.tenants), '--rows', str(args.rows), '--tokens', str(args.tokens),
-        '--steps', str(args.steps), '--warmup', str(args.warmup),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    if done.returncode != 0:
-        raise SystemExit(f'{" ".join(cmd)} failed:\n{done.stderr[-4000:]}')
-    return json.loads(out.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--model', default='tiny', choices=('tiny', 'small'))
-    parser.add_argument('--model-dir', default=None)
     parser.add_argument('--world', type=int, nargs='+', default=[1, 2, 4])
-    parser.add_argument('--tenants', type=int, default=16)
-    parser.add_argument('--rows', type=int, default=4, help='global rows of each tenant a step')
-    parser.add_argument('--tokens', type=int, default=64)
-    parser.add_argument('--steps', type=int, default=4)
-    parser.add_argument('--warmup', type=int, default=6, help="untimed steps ('auto' explores pass sizes)")
-    parser.add_argument('--json', default=None)
-    parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--layout', default='dp', help=argparse.SUPPRESS)
     parser.add_argument('--strategy', default='auto', help=argparse.SUPPRESS)
-    parser.add_argument('--out', default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_rank_bench_arguments(parser, warmup=6)  # 'auto' explores pass sizes in the untimed steps
     if args.worker:
         return worker(args)
-    if args.model_dir is None:
-        from twinkle_core.fixtures.tiny_model import ensure_tiny_model
-
-        args.model_dir = str(ensure_tiny_model(args.model))
     results: dict = {'settings': {k: v for k, v in vars(args).items() if k not in ('worker', 'out')}, 'runs': []}
     one_process_bytes = None
     header = ('ranks', 'layout', 'strategy', 'tokens/s', 'base MiB/rank', 'base/1 proc', 'rss MiB')
@@ -124,7 +93,7 @@ def main() -> None:
     for world in args.world:
         for layout in ('dp', 'fsdp') if world > 1 else ('dp',):
             for strategy in STRATEGIES if layout == 'dp' else ('mixed',):
-                r = run(args, world, layout, strategy)
+                r = run_ranks(__file__, world, args, '--layout', layout, '--strategy', strategy)
                 one_process_bytes = one_process_bytes or r['base_bytes']
                 row = {'ranks': world, 'layout': layout if world > 1 else 'one', 'strategy': strategy, **r}
                 row['base_ratio'] = r['base_bytes'] / one_process_bytes

@@ -1,10 +1,18 @@
-"""What `bench/multi_tenant.py` builds and steps: the tenants' rows, the multi-tenant engine with N adapters, the
-N separate PEFT models baseline, and one training step of each kind (mixed pass, tenants one after another, PEFT
-models one after another)."""
+"""What the multi-tenant benches build and step: the tenants' rows, the multi-tenant engine with N adapters, the
+N separate PEFT models baseline, one training step of each kind (mixed pass, tenants one after another, PEFT
+models one after another); and, for the benches on several ranks, their common arguments and one torchrun launch of
+a configuration (`rank_bench_arguments`, `run_ranks`)."""
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 LR = 1e-4
 
@@ -114,3 +122,40 @@ def adapter_train_mb(model_dir: str, ranks: list[int], device: str = 'cpu') -> f
     engine = build_engine(model_dir, 1, ranks, device)
     params = sum(p.numel() for p in engine.manager.parameters('t0'))
     return params * 4 * 4 / 2**20  # fp32 weight + grad + exp_avg + exp_avg_sq
+
+
+def parse_rank_bench_arguments(parser: argparse.ArgumentParser, *, warmup: int) -> argparse.Namespace:
+    """`parser`'s arguments plus those both rank benches take (the model, the tenants' work a step, the steps, the
+    JSON output) and the hidden ones of a worker rank (``--worker``, ``--out``), parsed; outside a worker
+    ``model_dir`` is resolved (the generated fixture of ``--model`` unless given)."""
+    parser.add_argument('--model', default='tiny', choices=('tiny', 'small'))
+    parser.add_argument('--model-dir', default=None)
+    parser.add_argument('--tenants', type=int, default=16)
+    parser.add_argument('--rows', type=int, default=4, help='global rows of each tenant a step')
+    parser.add_argument('--tokens', type=int, default=64)
+    parser.add_argument('--steps', type=int, default=4)
+    parser.add_argument('--warmup', type=int, default=warmup, help='untimed steps first')
+    parser.add_argument('--json', default=None)
+    parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--out', default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.worker and args.model_dir is None:
+        from twinkle_core.fixtures.tiny_model import ensure_tiny_model
+
+        args.model_dir = str(ensure_tiny_model(args.model))
+    return args
+
+
+def run_ranks(script: str, world: int, args: argparse.Namespace, *extra: str) -> dict:
+    """`script` as a worker on `world` torchrun ranks with `args`' common arguments and `extra`; rank 0's JSON."""
+    out = Path(tempfile.mkdtemp(prefix='rank-bench-')) / 'result.json'
+    cmd = [
+        sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', str(world), script,
+        '--worker', '--model-dir', args.model_dir, '--out', str(out), '--tenants', str(args.tenants),
+        '--rows', str(args.rows), '--tokens', str(args.tokens), '--steps', str(args.steps),
+        '--warmup', str(args.warmup), *extra,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    if done.returncode != 0:
+        raise SystemExit(f'{" ".join(cmd)} failed:\n{done.stderr[-4000:]}')
+    return json.loads(out.read_text())

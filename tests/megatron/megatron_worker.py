@@ -7,7 +7,8 @@ the checkpoint path.
 ``old_logps``, DPO's pairs and reference log-probs, GKD's teacher). ``--resume-after K`` also saves a resumable
 checkpoint after step K, loads it into a fresh model and trains the remaining steps again (``resumed_losses``,
 ``resumed_after``). ``--neighbour`` trains a second adapter beside the first (``--adapter``), one step of it after
-each step of the first, on other rows with another optimizer: the first adapter's run must not change."""
+each step of the first, on other rows with another optimizer: the first adapter's run must not change.
+``--tenants mixed|separate`` trains three tenants instead, in mixed calls or one call per adapter (`tenants_run`)."""
 
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ def main() -> None:
     p.add_argument('--resume-after', type=int, default=None)
     p.add_argument('--neighbour', action='store_true', help='train a second adapter beside --adapter')
     p.add_argument('--head-seed', type=int, default=None, help='a value model: its new head drawn from this seed')
+    p.add_argument('--tenants', choices=('mixed', 'separate'), default=None, help='three tenants (tenants_run.py)')
     args = p.parse_args()
 
     world = env_world_size()
@@ -166,6 +168,14 @@ def main() -> None:
         return model
 
     model = build()
+    if args.tenants:
+        import tenants_run
+
+        result = tenants_run.run(model, args.tenants, args.steps, dp, dp_rank, batch_rows, args.out)
+        if env_rank() == 0:
+            Path(args.out, 'result.json').write_text(json.dumps({'world_size': world, **result}))
+        destroy_process_group()
+        return
     neighbour = None
     if args.neighbour:
         first = model.list_adapters()[0]

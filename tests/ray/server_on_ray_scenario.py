@@ -257,8 +257,8 @@ def main_dp(
 ) -> None:
     """A training group of 2 ranks (each backend under a mesh of size 2 along `axis`: dp for TransformersModel and
     MultiLoraTransformersModel, tp for MegatronModel) against one rank (the same model host, in this process): the
-    same losses and per-row log-probs over three steps. The multi-tenant backend trains two adapters in each call
-    (one mixed call of both batches)."""
+    same losses and per-row log-probs over three steps. The multi-adapter backends (MultiLoraTransformersModel,
+    MegatronModel) train two adapters in each call (one mixed call of both batches)."""
     from twinkle_server.config import GroupSpec, ModelSpec
     from twinkle_server.engine.model_host.base import AdamStep, LoraSpec, TrainBatch
     from twinkle_server.engine.model_host.local import LocalModelHost
@@ -272,7 +272,7 @@ def main_dp(
     for row in rows:
         row['weights'] = [0.0, 0.0] + [1.0] * (len(row['input_ids']) - 2)
     for backend in backends:
-        adapters = ('a', 'b') if backend == 'MultiLoraTransformersModel' else ('a',)
+        adapters = ('a',) if backend == 'TransformersModel' else ('a', 'b')  # single-tenant, or mixed calls
         runs: dict = {}
         for ranks in (1, 2):
             spec = ModelSpec(

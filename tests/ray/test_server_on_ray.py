@@ -80,9 +80,10 @@ def test_a_killed_training_actor_is_survived(results) -> None:
 )
 def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir, backends, flag) -> None:
     """train_group.ranks=2 with a dp=2 mesh (TransformersModel and the multi-tenant MultiLoraTransformersModel, two
-    adapters mixed in each call: each rank trains its slice of every batch) or a tp=2 mesh (MegatronModel: the
-    ranks split every layer): losses and per-row log-probs (gathered from the data ranks in order) equal one rank's
-    (the same model host in the scenario's process), 1e-5."""
+    adapters mixed in each call: each rank trains its slice of every batch) or a tp=2 mesh (MegatronModel, two
+    adapters mixed in each call's pipeline schedule: the ranks split every layer): losses and per-row log-probs
+    (gathered from the data ranks in order) equal one rank's (the same model host in the scenario's process),
+    1e-5."""
     pytest.importorskip('ray')
     if backends == ('MegatronModel',):
         pytest.importorskip('twinkle_megatron')
@@ -96,6 +97,7 @@ def test_a_training_group_of_two_ranks_equals_one_rank(tmp_path, tiny_model_dir,
     for backend in backends:
         runs = json.loads((tmp_path / f'{backend}.json').read_text())
         assert [s['adapter'] for s in runs['2']] == [s['adapter'] for s in runs['1']]
+        assert {s['adapter'] for s in runs['1']} == ({'a'} if backend == 'TransformersModel' else {'a', 'b'})
         for one, two in zip(runs['1'], runs['2']):
             assert two['loss'] == pytest.approx(one['loss'], rel=1e-5)
             assert [len(r) for r in two['logprobs']] == [len(r) for r in one['logprobs']]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 tinker = pytest.importorskip('tinker')
+from server_names import backend_server  # noqa: E402
 from tinker import types  # noqa: E402
 
 MODEL = 'tiny-single'
@@ -23,24 +24,10 @@ def single_adapter_server(request, tmp_path_factory, tiny_model_dir):
     backend = request.param
     if backend == 'MegatronModel':
         pytest.importorskip('twinkle_megatron')
-    from twinkle_server.launch import free_port, start_process
-    from twinkle_server.service.auth import create_api_key
-    from twinkle_server.store import Store
-
     logging.getLogger('tinker').setLevel(logging.ERROR)
-    data_dir, port = tmp_path_factory.mktemp('single-backend'), free_port()
-    store = Store(str(data_dir))
-    key = create_api_key(store, 'dora')
-    store.close()
-    proc = start_process(
-        {MODEL: str(tiny_model_dir)},
-        str(data_dir),
-        port,
-        extra_args=('--backend', backend, '--backend-args', '{"max_length": 256}', '--sampler', 'TorchSampler'),
-    )
-    yield f'http://127.0.0.1:{port}', key, backend
-    proc.terminate()
-    proc.wait(timeout=30)
+    data_dir = tmp_path_factory.mktemp('single-backend')
+    with backend_server(tiny_model_dir, data_dir, backend, 'dora', MODEL) as (url, key):
+        yield url, key, backend
 
 
 def test_the_backend_trains_through_the_sdk_and_hosts_the_adapters_it_declares(

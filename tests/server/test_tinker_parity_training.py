@@ -371,40 +371,6 @@ def test_two_tenants_with_different_optimizers_stay_isolated(server, service_cli
         )
 
 
-@pytest.fixture(scope='module')
-def megatron_server(tmp_path_factory, tiny_model_dir):
-    """A server whose training backend is `MegatronModel` (it builds Megatron's AdamW/Adam/SGD only)."""
-    pytest.importorskip('twinkle_megatron')
-    from twinkle_server.launch import free_port, start_process
-    from twinkle_server.service.auth import create_api_key
-    from twinkle_server.store import Store
-
-    data_dir, port = tmp_path_factory.mktemp('megatron-dimuon'), free_port()
-    store = Store(str(data_dir))
-    key = create_api_key(store, 'meg')
-    store.close()
-    proc = start_process(
-        {MODEL: str(tiny_model_dir)},
-        str(data_dir),
-        port,
-        extra_args=('--backend', 'MegatronModel', '--backend-args', '{"max_length": 256}', '--sampler', 'TorchSampler'),
-    )
-    yield f'http://127.0.0.1:{port}', key
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
-def test_dimuon_on_a_backend_without_it_is_a_user_error(megatron_server, sft_data):
-    url, key = megatron_server
-    client = tinker.ServiceClient(base_url=url, api_key=key)
-    with pytest.raises((tinker.APIStatusError, tinker.RequestFailedError), match='not available on the backend'):
-        client.create_lora_training_client(
-            base_model=MODEL, rank=4, seed=1, optimizer=types.DimuonOptimizerConfig()
-        ).result(timeout=120)
-    tc = client.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()  # AdamW still works there
-    assert math.isfinite(_ce_step(tc, sft_data, ADAM))
-
-
 # ---- the cookbook's async RL recipe with stable_reinforce (slow) ------------------------------------------------
 @pytest.mark.slow
 def test_math_rl_async_recipe_with_stable_reinforce(tmp_path, cookbook_env):

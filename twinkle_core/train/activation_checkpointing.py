@@ -18,8 +18,9 @@ state a forward reads besides its arguments (e.g. the multi-LoRA router) must st
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 from twinkle_core.errors import InvalidInputError
 
@@ -101,7 +102,12 @@ def attention_of(layer: nn.Module) -> nn.Module:
     )
 
 
-def checkpoint_module(module: nn.Module) -> None:
+#: called at each checkpointed forward with the checkpointed module; the context manager it returns is entered
+#: around that forward's recomputation (to set again what the forward read besides its arguments)
+RecomputeContext = Callable[['nn.Module'], ContextManager[Any]]
+
+
+def checkpoint_module(module: nn.Module, recompute_context: RecomputeContext | None = None) -> None:
     """Make `module`'s forward recompute in backward (in place; calling it again changes nothing)."""
     if _ORIGINAL in module.__dict__:
         return
@@ -113,7 +119,10 @@ def checkpoint_module(module: nn.Module) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
-        return checkpoint(original, *args, use_reentrant=False, **kwargs)
+        if recompute_context is None:
+            return checkpoint(original, *args, use_reentrant=False, **kwargs)
+        restore = recompute_context(module)  # what this forward reads, captured now
+        return checkpoint(original, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), restore), **kwargs)
 
     module.__dict__[_ORIGINAL] = original
     module.forward = forward
@@ -125,10 +134,12 @@ def apply_activation_checkpointing(
     *,
     indices: Sequence[int] | None = None,
     num_layers: int | None = None,
+    recompute_context: RecomputeContext | None = None,
 ) -> list[int]:
     """Checkpoint the decoder `layers` (or their attention blocks) that `gradient_checkpointing` chooses, in
     place; returns the chosen layer indices (empty when off). `indices` / `num_layers`: where the given layers
-    are in the whole model (a pipeline stage holds some of them); default: all of its layers, in order."""
+    are in the whole model (a pipeline stage holds some of them); default: all of its layers, in order.
+    `recompute_context`: see `RecomputeContext` (e.g. which LoRA adapter each forward used)."""
     policy = checkpoint_policy(gradient_checkpointing)
     if policy is None:
         return []
@@ -137,6 +148,6 @@ def apply_activation_checkpointing(
     picked = []
     for index, layer in zip(indices, layers):
         if index in chosen:
-            checkpoint_module(attention_of(layer) if policy.selective else layer)
+            checkpoint_module(attention_of(layer) if policy.selective else layer, recompute_context)
             picked.append(index)
     return picked

@@ -10,6 +10,7 @@ A single process (no launcher) gets a one-rank gloo group of its own, so the sam
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twinkle_core.errors import MeshError
@@ -74,7 +75,11 @@ def initialize(mesh: Any, layout: Layout, *, seed: int = 42) -> None:
                 f'Ray group of that size.'
             )
         backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-        dist.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)
+        # under `torchrun --nproc_per_node 1` the rendezvous goes through torchrun's own store (a store of our own on
+        # another port would wait for it forever)
+        agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+        init = 'env://' if agent else f'tcp://127.0.0.1:{free_port()}'
+        dist.init_process_group(backend=backend, init_method=init, rank=0, world_size=1)
         _owns_world = True
     world = dist.get_world_size()
     if layout.tp * layout.pp * layout.dp != world:

@@ -17,14 +17,13 @@ Initialisation is PEFT's (A Kaiming-uniform, B zero), drawn on the full tensors 
 adapter seed and the module name, then sharded: the same adapter whatever the layout.
 
 Several named adapters live side by side: a wrapped linear holds each adapter's `AdapterFactors` and adds the
-`active` one's update; `only_trainable` scopes gradients to one adapter (see `twinkle_megatron.units`).
+`active` one's update; which adapter is active and which train is `twinkle_megatron.adapter_scope`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from contextlib import contextmanager
 from typing import Any, Iterator, cast
 
 import torch
@@ -319,25 +318,6 @@ def _targets_wrapped(chunks: list[Any]) -> Iterator[tuple[nn.Module, str, str, s
 def lora_modules(chunks: list[Any]) -> dict[str, LoraParallelLinear]:
     """Global Megatron layer-linear name -> its LoRA wrapper, over all chunks."""
     return {name: getattr(parent, attr) for parent, attr, name, _, _ in _targets_wrapped(chunks)}
-
-
-@contextmanager
-def only_trainable(chunks: list[Any], adapter: str | None) -> Iterator[None]:
-    """Within the block `adapter` is the one every LoRA linear adds (None: the base model alone) and the other
-    adapters' factors do not require gradients, so what is built or reduced over ``requires_grad`` parameters
-    (Megatron DDP buffers, optimizers, `finalize_model_grads`) sees this adapter alone; they require gradients
-    again after it."""
-    others = []
-    for module in lora_modules(chunks).values():
-        module.active = adapter
-        others += [p for name, factors in module.adapters.items() if name != adapter for p in factors.parameters()]
-    for p in others:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p in others:
-            p.requires_grad_(True)
 
 
 def adapter_parameters(chunks: list[Any], adapter: str) -> list[nn.Parameter]:

@@ -19,21 +19,23 @@ dp > 1). The pieces:
     model.clip_grad_and_step()
 
 Several named adapters train on one frozen base, each with its own optimizer, loss and processor
-(`twinkle_megatron.units`); a call names its adapter with ``adapter_name=`` (needed once there are several).
+(`twinkle_megatron.adapters`, `twinkle_megatron.units`); a call names its adapter with ``adapter_name=`` (needed
+once there are several), or passes ``inputs={adapter_name: rows, ...}`` to train several in one pipeline schedule
+(`twinkle_megatron.mixed_step`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Callable, Iterator
 
 import torch
 
-from twinkle_core.errors import InvalidInputError, TwinkleError
+from twinkle_core.errors import TwinkleError
 from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.model.mesh_support import check_mesh_support
+from twinkle_core.model.mixed_calls import call_outcome, split_by_tenant
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.train.activation_checkpointing import apply_activation_checkpointing
 from twinkle_core.train.compile import compile_blocks
@@ -42,16 +44,14 @@ from twinkle_core.train.row_keywords import with_row_keywords
 from twinkle_core.train.state import FULL
 from twinkle_core.train.state_methods import TrainStateMethods, reports_failure
 from twinkle_core.weight_sync.weights import Bucket
-from twinkle_megatron import build, cpu_compat, groups, lora, schedule, step
+from twinkle_megatron import adapter_scope, build, cpu_compat, groups, mixed_step, schedule, step
+from twinkle_megatron.adapters import AdapterMethods
 from twinkle_megatron.architecture import Architecture, architecture_of, check_layout
-from twinkle_megatron.optim import MegatronTrainState
 from twinkle_megatron.persistence import MegatronPersistence
 from twinkle_megatron.units import TrainingUnit
 
-logger = logging.getLogger(__name__)
 
-
-class MegatronModel(TrainStateMethods, Model):
+class MegatronModel(AdapterMethods, TrainStateMethods, Model):
     """A trainable causal LM on Megatron-Core (kind ``model``, name ``MegatronModel``).
 
     Args:
@@ -70,9 +70,9 @@ class MegatronModel(TrainStateMethods, Model):
     """
 
     backend = 'megatron'
-    #: several named adapters, one call per adapter; placed by ``device=``, parallel over ``device_mesh=``
+    #: several named adapters, mixed in one call; placed by ``device=``, parallel over ``device_mesh=``
     capabilities = ModelCapabilities(
-        mixed_adapters=False,
+        mixed_adapters=True,
         max_adapters=None,
         takes_device=True,
         takes_device_mesh=True,
@@ -125,7 +125,11 @@ class MegatronModel(TrainStateMethods, Model):
         indices, layers = zip(*build.decoder_layers(self.chunks))  # regional compilation, activation checkpointing
         self.compile_backend = compile_blocks(layers, compile_layers)
         self.checkpointed_layers = apply_activation_checkpointing(
-            layers, gradient_checkpointing, indices=indices, num_layers=self.arch.num_layers
+            layers,
+            gradient_checkpointing,
+            indices=indices,
+            num_layers=self.arch.num_layers,
+            recompute_context=adapter_scope.recompute_routing,
         )
         self.distributed_optimizer = self.layout.dp > 1 if distributed_optimizer is None else distributed_optimizer
         self.tokenizer = load_tokenizer_if_any(self.model_dir)
@@ -155,80 +159,6 @@ class MegatronModel(TrainStateMethods, Model):
             return 0
         return self.ranks['ep'] * (self.arch.num_experts // self.layout.ep)
 
-    def _new_unit(self, name: str, lora_config: Any = None, gradient_accumulation_steps: int = 1) -> TrainingUnit:
-        return TrainingUnit(
-            name,
-            self.chunks,
-            lora_config=lora_config,
-            distributed=self.distributed_optimizer,
-            dtype=self.dtype,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-        )
-
-    # ---- adapters --------------------------------------------------------------------------------------------
-    def list_adapters(self) -> list[str]:
-        return [name for name in self.units if name != FULL]
-
-    def _name(self, adapter_name: str | None) -> str | None:
-        """The adapter a call addresses: `adapter_name`, else the model's only adapter (None: full-parameter
-        training)."""
-        adapters = self.list_adapters()
-        if adapter_name is None:
-            if len(adapters) > 1:
-                raise InvalidInputError(f'This model trains adapters {adapters}: name one with adapter_name=.')
-            return adapters[0] if adapters else None
-        if adapter_name not in adapters:
-            trained = f'adapters {adapters}' if adapters else 'all parameters (no adapter)'
-            raise InvalidInputError(f'Unknown adapter {adapter_name!r}: this model trains {trained}.')
-        return adapter_name
-
-    def unit_for(self, adapter_name: str | None) -> TrainingUnit:
-        """The training unit (adapter or full parameters: weights, optimizer, loss) a call addresses."""
-        return self.units[self._name(adapter_name) or FULL]
-
-    def _state(self, adapter_name: str | None) -> MegatronTrainState:
-        return self.unit_for(adapter_name).state
-
-    # ---- configuration ---------------------------------------------------------------------------------------
-    def add_adapter_to_model(
-        self, adapter_name: str, config: Any, *, gradient_accumulation_steps: int = 1, **kwargs: Any
-    ) -> None:
-        """Add the tensor-parallel LoRA adapter `adapter_name` on the frozen base (`config`: a ``peft.LoraConfig``
-        or a dict of its fields; ``target_modules`` defaults to ``'all-linear'``; ``seed``: initialisation seed,
-        default the model's), with its own optimizer, loss and processor, set after this call. The first adapter
-        ends full-parameter training (an optimizer set for it is dropped); more adapters can be added at any
-        time."""
-        lora.check_adapter_name(adapter_name)
-        if adapter_name == FULL:
-            raise InvalidInputError(f'{FULL!r} names full-parameter training here; pick another adapter name.')
-        if adapter_name in self.units:
-            raise InvalidInputError(f'Adapter {adapter_name!r} exists already; remove it first or pick another name.')
-        seed = int(kwargs.pop('seed', self.seed))
-        config = lora.lora_config(config, **kwargs)
-        full = self.units.pop(FULL, None)
-        if full is not None and full.state.optimizer is not None:
-            logger.warning('add_adapter_to_model drops the optimizer set before it; call set_optimizer again.')
-        lora.add_lora(
-            self.chunks,
-            self.arch,
-            config,
-            adapter=adapter_name,
-            tp=self.layout.tp,
-            tp_rank=self.ranks['tp'],
-            sequence_parallel=self.layout.sp,
-            seed=seed,
-        )
-        self.units[adapter_name] = self._new_unit(adapter_name, config, gradient_accumulation_steps)
-
-    def remove_adapter(self, adapter_name: str) -> None:
-        """Drop the adapter (its factors, optimizer and settings); without adapters left the model trains all
-        parameters again."""
-        if adapter_name not in self.list_adapters():
-            raise InvalidInputError(f'Unknown adapter {adapter_name!r}; adapters: {self.list_adapters() or "none"}.')
-        del self.units[adapter_name]
-        if not lora.remove_lora(self.chunks, adapter_name):
-            self.units[FULL] = self._new_unit(FULL)
-
     # ---- training step ---------------------------------------------------------------------------------------
     @reports_failure('forward_backward')
     def forward_backward(
@@ -236,6 +166,7 @@ class MegatronModel(TrainStateMethods, Model):
         *,
         inputs: Any,
         adapter_name: str | None = None,
+        return_errors: bool = False,
         old_logps: Any = None,
         advantages: Any = None,
         micro_batch_size: int | None = None,
@@ -243,13 +174,23 @@ class MegatronModel(TrainStateMethods, Model):
     ) -> dict[str, Any]:
         """Forward, loss and backward through the pipeline schedule. Returns ``{'loss', 'logprobs', 'metrics'}``.
         `micro_batch_size`: rows per pipeline micro-batch (default: the rows split into pp micro-batches); the
-        gradients equal one pass over all rows."""
+        gradients equal one pass over all rows. `inputs` may be ``{adapter_name: rows}`` (or rows that each carry
+        an ``adapter_name``): every adapter's rows in one schedule, per-adapter results (`mixed_step`; failed
+        adapters raised together as `MixedStepError`, or returned inline as ``{'error': ...}`` with
+        `return_errors`)."""
         reject_unknown_kwargs(
-            'forward_backward', kwargs, ('inputs', 'adapter_name', 'old_logps', 'advantages', 'micro_batch_size')
+            'forward_backward',
+            kwargs,
+            ('inputs', 'adapter_name', 'return_errors', 'old_logps', 'advantages', 'micro_batch_size'),
         )
-        unit = self.unit_for(adapter_name)
-        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=unit.state.loss)
+        several = adapter_name is None and len(self.units) > 1  # a mixed call: keywords go into each one's rows
+        loss = None if several else self.unit_for(adapter_name).state.loss
+        inputs = with_row_keywords(inputs, old_logps=old_logps, advantages=advantages, loss=loss)
         self._eval_loss = None
+        mixed = self._mixed(inputs, adapter_name, return_errors, micro_batch_size, training=True, compute_loss=True)
+        if mixed is not None:
+            return mixed
+        unit = self.unit_for(adapter_name)
         result = step.run(self, unit, inputs, micro_batch_size, training=True, compute_loss=True)
         unit.last_loss = result.get('loss')
         return result
@@ -260,18 +201,38 @@ class MegatronModel(TrainStateMethods, Model):
         *,
         inputs: Any,
         adapter_name: str | None = None,
+        return_errors: bool = False,
         compute_loss: bool = True,
         micro_batch_size: int | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`."""
-        reject_unknown_kwargs('forward_only', kwargs, ('inputs', 'adapter_name', 'compute_loss', 'micro_batch_size'))
+        """Forward without gradients: per-row logprobs, plus the loss when rows have labels and `compute_loss`.
+        Takes the inputs `forward_backward` takes."""
+        reject_unknown_kwargs(
+            'forward_only', kwargs, ('inputs', 'adapter_name', 'return_errors', 'compute_loss', 'micro_batch_size')
+        )
+        self._eval_loss = None
         with torch.no_grad():
+            mixed = self._mixed(
+                inputs, adapter_name, return_errors, micro_batch_size, training=False, compute_loss=compute_loss
+            )
+            if mixed is not None:
+                return mixed
             result = step.run(
                 self, self.unit_for(adapter_name), inputs, micro_batch_size, training=False, compute_loss=compute_loss
             )
         self._eval_loss = result.get('loss')
         return result
+
+    def _mixed(
+        self, inputs: Any, adapter_name: str | None, return_errors: bool, micro_batch_size: int | None, **run: bool
+    ) -> dict[str, Any] | None:
+        """The per-adapter results of a call over several adapters' rows (None: a call of one adapter)."""
+        tenants, mixed = split_by_tenant(inputs, adapter_name, lambda name: name or FULL)
+        if not mixed:
+            return None
+        names, results, errors = mixed_step.run_mixed(self, tenants, micro_batch_size=micro_batch_size, **run)
+        return call_outcome(names, results, errors, True, return_errors=return_errors)
 
     @reports_failure('calculate_loss')
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:

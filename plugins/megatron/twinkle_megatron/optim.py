@@ -50,6 +50,11 @@ def optimizer_config(name: Any, kwargs: dict[str, Any], *, distributed: bool, dt
             'set_optimizer("Adam", weight_decay=...): Megatron\'s Adam decays weights '
             'decoupled (AdamW); ask for "AdamW" instead.'
         )
+    if key == 'sgd' and distributed:
+        raise InvalidInputError(
+            "set_optimizer('SGD'): Megatron's distributed optimizer (ZeRO-1, the default when dp > 1) steps Adam "
+            'only; use AdamW / Adam, or build the model with distributed_optimizer=False.'
+        )
     betas = args.pop('betas', (0.9, 0.999))
     fp16 = dtype in (torch.bfloat16, torch.float16)
     return OptimizerConfig(
@@ -120,7 +125,7 @@ class MegatronTrainState(TrainState):
     ) -> None:
         super().__init__(name, parameters, gradient_accumulation_steps=gradient_accumulation_steps)
         self.chunks = chunks
-        self.scope = scope  # entered while the optimizer is built and the grads reduced (see lora.only_trainable)
+        self.scope = scope  # entered while the optimizer is built and the grads reduced (adapter_scope.only_trainable)
         self.prepare = prepare  # called before the optimizer is built (wraps `chunks` in Megatron DDP)
         self.distributed = distributed
         self.dtype = dtype

@@ -32,10 +32,14 @@ from twinkle_megatron.logps import full_logits, vocab_parallel_argmax, vocab_par
 
 @dataclass
 class MicroBatch:
-    """A collated micro-batch (`batch`, what the loss sees) and the fixed-shape tensors the model runs on."""
+    """A collated micro-batch (`batch`, what the loss sees), what its loss is and how it is scaled, and the
+    fixed-shape tensors the model runs on. In a mixed call each micro-batch is one adapter's (`adapter`)."""
 
     batch: dict[str, Any]
-    share: float  # this micro-batch's part of the call's loss
+    share: float  # this micro-batch's part of its adapter's loss in the call
+    loss: Any  # the adapter's twinkle loss
+    scale: float = 1.0  # times the loss before backward besides `share` (accumulation, data-parallel weighting)
+    adapter: str | None = None  # activated before the forward (a mixed call); None: as the caller set it
     model_inputs: dict[str, torch.Tensor | None] | None = None
 
 
@@ -147,20 +151,22 @@ def run(
     chunks: list[Any],
     micro: list[MicroBatch],
     *,
-    loss: Any,
     outputs: RowOutputs,
-    scale: float,
     forward_only: bool,
     compute_loss: bool,
     pad_token_id: int,
     pad_multiple: int,
     same_shape_group: Any = None,
+    activate: Callable[[str | None], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run `micro` through the pipeline; returns, on every rank, each micro-batch's per-row results (`outputs`:
     ``logprobs``, or a value model's ``values`` and ``scores``) and ``loss``, ``summary``, ``metrics`` where a loss
-    was computed. Backward runs unless `forward_only`.
+    was computed, or ``loss_error`` (the exception) where the loss raised: that micro-batch then backpropagates
+    nothing, and the schedule completes on every rank (a raise on the last stage alone would leave the other
+    stages waiting). Backward runs unless `forward_only`.
     `pad_multiple`: the model's sequence length is a multiple of it (tp under sequence parallelism);
-    `same_shape_group`: see `pad_model_inputs`."""
+    `same_shape_group`: see `pad_model_inputs`; `activate(adapter)`: called before each micro-batch's forward
+    with its `MicroBatch.adapter` (a mixed call)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     rows, width = pad_model_inputs(
@@ -169,17 +175,23 @@ def run(
 
     def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable[..., Any]]:
         m = next(data_iterator)
+        if activate is not None:
+            activate(m.adapter)
         output = model(**m.model_inputs)
         return output, lambda logits: _loss(m, logits)
 
     def _loss(m: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        produced = outputs.loss_outputs(logits, m.batch, loss)
+        produced = outputs.loss_outputs(logits, m.batch, m.loss)
         # device tensors only: fetched (`_fetch`) once the whole schedule, backward included, is queued
         info: dict[str, Any] = {'batch': m.batch, 'kept': outputs.kept(produced)}
         value = logits.sum() * 0.0  # keeps the graph when no loss is computed
         if compute_loss and bool(produced['mask'].any()):
-            result = run_loss(loss, m.batch, produced)
-            value = result['loss'] * (scale * m.share)
+            try:
+                result = run_loss(m.loss, m.batch, produced)
+            except Exception as exc:  # noqa: BLE001 - raised after the schedule, on every pipeline stage
+                info['loss_error'] = exc
+                return value, torch.ones((), dtype=torch.int), info
+            value = result['loss'] * (m.scale * m.share)
             info.update(metrics=dict(result.get('metrics') or {}), summary=summary_values(produced, result['loss']))
         return value, torch.ones((), dtype=torch.int), info
 

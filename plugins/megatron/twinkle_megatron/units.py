@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from twinkle_core.train.state import FULL
-from twinkle_megatron import lora
+from twinkle_megatron import adapter_scope, lora
 from twinkle_megatron.optim import MegatronTrainState
 
 
@@ -59,7 +59,7 @@ class TrainingUnit:
     @contextmanager
     def scope(self) -> Iterator[None]:
         """Use this unit: its adapter active and alone trainable (see the module docstring)."""
-        with lora.only_trainable(self.modules, self.adapter):
+        with adapter_scope.only_trainable(self.modules, self.adapter):
             yield
 
     def wrap(self) -> None:

@@ -32,6 +32,7 @@ from twinkle_core.hooks.emit import notify_model_loaded
 from twinkle_core.kernel import apply_kernels
 from twinkle_core.model.base import Model, ModelCapabilities, reject_unknown_kwargs
 from twinkle_core.model.mesh_support import check_mesh_support
+from twinkle_core.model.mixed_calls import split_by_tenant
 from twinkle_core.model.step_errors import TenantStepError
 from twinkle_core.runtime.context import global_device_mesh
 from twinkle_core.train.model_loading import default_device
@@ -49,7 +50,7 @@ from twinkle_transformers.multi_lora.pass_planner import DEFAULT_MAX_PASS_TOKENS
 from twinkle_transformers.multi_lora.passes import forward_passes, lockstep_passes, run_lockstep, run_tenants
 from twinkle_transformers.multi_lora.persistence import AdapterCheckpointMethods
 from twinkle_transformers.multi_lora.tenant_batch import RowLimits, validate_rows
-from twinkle_transformers.multi_lora.tenant_calls import PendingStep, split_by_tenant, step_outcome
+from twinkle_transformers.multi_lora.tenant_calls import PendingStep, step_outcome
 from twinkle_transformers.vision import language_config
 
 
