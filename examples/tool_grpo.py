@@ -41,6 +41,7 @@ in 3 steps and the held-out figures to 1.00 / 0.99.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 from statistics import fmean
 from typing import Any
@@ -149,7 +150,14 @@ def main(
 
     def held_out(step: int) -> dict[str, float]:  # the first turn of held-out tasks, greedy
         sampler = resolve_class('sampler', 'TorchSampler')(model=model)  # shares the policy's weights
-        m = evaluate(sampler, CalculatorCallTask(size=eval_size), template=template, batch_size=50, progress=False)
+        m = evaluate(  # logged as eval/calculator_call/* at the GRPO step (not the untrained model's, step -1)
+            sampler,
+            CalculatorCallTask(size=eval_size),
+            template=template,
+            batch_size=50,
+            progress=False,
+            step=step if step >= 0 else None,
+        )
         point = {'accuracy': m.metrics['accuracy'], 'tool_call_rate': m.metrics['format_rate']}
         curve.append({'step': step, **point})
         tqdm.write(
@@ -253,7 +261,9 @@ if __name__ == '__main__':
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--eval-every', type=int, default=0, help='held-out CalculatorCallTask every N steps (0: none)')
     parser.add_argument('--eval-size', type=int, default=100)
+    parser.add_argument('--metrics-jsonl', default='output/tool_grpo/metrics.jsonl', help='where the metrics go')
     args = parser.parse_args()
+    os.environ.setdefault('TWINKLE_METRICS_JSONL', args.metrics_jsonl)  # the curve: bench/plot_eval_curve.py
     main(
         model_name=args.model,
         eval_every=args.eval_every,
