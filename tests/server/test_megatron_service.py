@@ -7,6 +7,7 @@ is a clear user error."""
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -64,10 +65,20 @@ def test_tenants_queued_together_train_in_one_engine_call_with_their_solo_result
         busy.result()
         losses = [p.result().metrics['loss:sum'] for p in pending]
         assert losses == pytest.approx(solo, rel=1e-5)  # a mixed call gives each tenant its solo result
-    after, _ = _scrape(url)
-    delta = lambda name, **labels: _get(after, name, **labels) - _get(before, name, **labels)  # noqa: E731
-    items = delta('twinkle_work_items_total', model=MODEL, op='forward_backward', outcome='done')
-    calls = delta('twinkle_engine_call_seconds_count', model=MODEL, op='forward_backward')
+    # the scheduler counts an engine call once its requests are answered: wait for the last round's count
+    deadline = time.monotonic() + 30
+    while True:
+        after, _ = _scrape(url)
+        items, calls = (
+            _get(after, name, **labels) - _get(before, name, **labels)
+            for name, labels in (
+                ('twinkle_work_items_total', {'model': MODEL, 'op': 'forward_backward', 'outcome': 'done'}),
+                ('twinkle_engine_call_seconds_count', {'model': MODEL, 'op': 'forward_backward'}),
+            )
+        )
+        if items >= 2 * rounds or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert items == calls * 2 == 2 * rounds  # alice's and bob's requests shared each engine call
     # and they keep training independently afterwards (the mixed calls left no gradients behind)
     assert all(math.isfinite(_ce_step(tc, sft_data, ADAM)) for tc in (alice, bob))
