@@ -59,6 +59,7 @@ def test_tenants_queued_together_train_in_one_engine_call_with_their_solo_result
     for _ in range(rounds):
         # a long request holds the worker while alice's and bob's requests queue behind it
         busy = holder.forward(sft_data * 100, 'cross_entropy')  # 400 rows: ~2 s
+        _wait_until_running(url)  # (queued with it, they would join its engine call)
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(tc.forward_backward, sft_data, 'cross_entropy') for tc in (alice, bob)]
             pending = [f.result() for f in futures]  # both accepted (queued) while the holder runs
@@ -82,3 +83,11 @@ def test_tenants_queued_together_train_in_one_engine_call_with_their_solo_result
     assert items == calls * 2 == 2 * rounds  # alice's and bob's requests shared each engine call
     # and they keep training independently afterwards (the mixed calls left no gradients behind)
     assert all(math.isfinite(_ce_step(tc, sft_data, ADAM)) for tc in (alice, bob))
+
+
+def _wait_until_running(url: str, timeout: float = 60) -> None:
+    """Until the model's engine call is running (`/metrics`: twinkle_running_work)."""
+    deadline = time.monotonic() + timeout
+    while _get(_scrape(url)[0], 'twinkle_running_work', model=MODEL) < 1:
+        assert time.monotonic() < deadline, 'the holding request never started'
+        time.sleep(0.02)
